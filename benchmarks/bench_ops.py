@@ -1,0 +1,159 @@
+"""Benchmark the fused ops (bias_gelu, add_layer_norm), forward and backward, against PyTorch.
+
+On CUDA: triton.testing.do_bench GB/s of the "triton" backend against PyTorch eager and
+torch.compile of the same math, with the roofline floor from the bytes each op must move at
+3.0 TB/s (H100 HBM3). On the CPU: the "cpp" backend against the "torch" backend (plain eager), at
+BERT-base and BERT-large shapes; median of repeats, the ratio measured in the same run.
+
+    python benchmarks/bench_ops.py [--dtypes float32,bfloat16] [--json PATH] [--png PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+import fastbert
+from fastbert import reference
+from fastbert.timing import machine_info, median_s
+
+SHAPES = [(4096, 768), (4096, 3072), (4096, 1024)]  # tokens x hidden: BERT-base, its FFN, BERT-large
+HBM_BYTES_PER_S = 3.0e12  # H100 SXM
+
+
+def bytes_moved(op: str, direction: str, m: int, n: int, es: int) -> int:
+    """Bytes the op must read and write at the least (per-feature vectors are negligible)."""
+    tensors = {
+        ("bias_gelu", "fwd"): 2,  # read x, write y
+        ("bias_gelu", "bwd"): 3,  # read dy, x; write dx
+        ("add_layer_norm", "fwd"): 3,  # read x, residual; write y
+        ("add_layer_norm", "bwd"): 5,  # read dy, x, residual; write dx, dresidual
+    }[(op, direction)]
+    return tensors * m * n * es
+
+
+def make_case(op: str, m: int, n: int, dtype, device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, n, generator=g).to(device, dtype).requires_grad_(True)
+    dy = torch.randn(m, n, generator=g).to(device, dtype)
+    if op == "bias_gelu":
+        b = torch.randn(n, generator=g).to(device, dtype).requires_grad_(True)
+        inputs = [x, b]
+        eager = lambda x_, b_: reference.bias_gelu(x_, b_)  # noqa: E731
+        fused = lambda backend: (lambda x_, b_: fastbert.ops.bias_gelu(x_, b_, backend=backend))  # noqa: E731
+    else:
+        res = torch.randn(m, n, generator=g).to(device, dtype).requires_grad_(True)
+        w = torch.randn(n, generator=g).to(device, dtype).requires_grad_(True)
+        b = torch.randn(n, generator=g).to(device, dtype).requires_grad_(True)
+        inputs = [x, res, w, b]
+        eager = lambda *a: reference.add_layer_norm(*a)  # noqa: E731
+        fused = lambda backend: (lambda *a: fastbert.ops.add_layer_norm(*a, backend=backend))  # noqa: E731
+    return inputs, dy, eager, fused
+
+
+def time_fwd_bwd(fn, inputs, dy, device, budget_s):
+    with torch.no_grad():
+        fwd = median_s(lambda: fn(*inputs), device=device, budget_s=budget_s)
+    y = fn(*inputs)
+    bwd = median_s(lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True), device=device, budget_s=budget_s)
+    return fwd, bwd
+
+
+def run(dtypes, device, shapes=SHAPES, budget_s=3.0, progress=True):
+    if device == "cuda":
+        providers = {"fused": "triton", "baseline": "torch eager", "compiled": "torch.compile"}
+    else:
+        providers = {"fused": "cpp", "baseline": "torch"}
+    cases = [(op, m, n, dt) for dt in dtypes for op in ("bias_gelu", "add_layer_norm") for (m, n) in shapes]
+    rows = []
+    try:
+        from tqdm import tqdm
+
+        it = tqdm(cases, desc="bench_ops", disable=not progress, file=sys.stderr)
+    except ImportError:  # tqdm is a dependency; keep working without it
+        it = cases
+    for op, m, n, dtype in it:
+        inputs, dy, eager, fused = make_case(op, m, n, dtype, device)
+        fns = {providers["fused"]: fused(providers["fused"]), providers["baseline"]: eager}
+        if "compiled" in providers:
+            fns[providers["compiled"]] = torch.compile(eager)
+        times = {name: time_fwd_bwd(fn, inputs, dy, device, budget_s) for name, fn in fns.items()}
+        es = torch.empty((), dtype=dtype).element_size()
+        for d, direction in enumerate(("fwd", "bwd")):
+            nbytes = bytes_moved(op, direction, m, n, es)
+            row = {
+                "op": op, "direction": direction, "shape": [m, n], "dtype": str(dtype).replace("torch.", ""),
+                "bytes": nbytes,
+                "ms": {k: v[d] * 1e3 for k, v in times.items()},
+                "GB/s": {k: nbytes / v[d] / 1e9 for k, v in times.items()},
+                "speedup": times[providers["baseline"]][d] / times[providers["fused"]][d],
+            }
+            if device == "cuda":
+                row["roofline_ms"] = nbytes / HBM_BYTES_PER_S * 1e3
+            rows.append(row)
+    return providers, rows
+
+
+def print_table(providers, rows, out=sys.stdout):
+    fused, base = providers["fused"], providers["baseline"]
+    names = [fused, base] + ([providers["compiled"]] if "compiled" in providers else [])
+    head = f"{'op':<15}{'dir':<5}{'shape':>12}{'dtype':>10}" + "".join(f"{n + ' ms':>18}" for n in names)
+    head += f"{fused + ' GB/s':>14}" + (f"{'floor ms':>10}" if "compiled" in providers else "") + f"{'speedup':>10}"
+    print(head, file=out)
+    for r in rows:
+        line = f"{r['op']:<15}{r['direction']:<5}{'x'.join(map(str, r['shape'])):>12}{r['dtype']:>10}"
+        line += "".join(f"{r['ms'][n]:>18.3f}" for n in names) + f"{r['GB/s'][fused]:>14.1f}"
+        if "roofline_ms" in r:
+            line += f"{r['roofline_ms']:>10.3f}"
+        line += f"{r['speedup']:>9.2f}x"
+        print(line, file=out)
+    print(f"speedup = {base} time / {fused} time, both measured in this run on the same inputs", file=out)
+
+
+def plot(rows, providers, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot written", file=sys.stderr)
+        return
+    labels = [f"{r['op']} {r['direction']}\n{'x'.join(map(str, r['shape']))} {r['dtype']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.7), 4.5))
+    ax.bar(range(len(rows)), [r["speedup"] for r in rows], color="tab:blue")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7, ha="right")
+    ax.set_ylabel(f"speedup of {providers['fused']} over {providers['baseline']}")
+    ax.set_title("fastbert fused ops")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32,float16,bfloat16")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--budget", type=float, default=3.0, help="seconds of timing per measurement at most")
+    ap.add_argument("--json", default=None, help="write the rows as JSON here")
+    ap.add_argument("--png", default=None, help="draw the speedups here")
+    args = ap.parse_args(argv)
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    providers, rows = run(dtypes, args.device, budget_s=args.budget)
+    print(f"# {' '.join(['python'] + sys.argv)}")
+    print(f"# {json.dumps(machine_info())}")
+    print_table(providers, rows)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "machine": machine_info(), "providers": providers, "rows": rows}, f, indent=1)
+    if args.png:
+        plot(rows, providers, args.png)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from fastbert.cli import main
+
+sys.exit(main())

@@ -1,0 +1,25 @@
+"""The `fastbert` command."""
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "selfcheck": ("fastbert.selfcheck", "check every fused op on every backend here against the fp64 reference"),
+}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: fastbert COMMAND [options]\n\ncommands:")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:<12}{text}")
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    import importlib
+
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""bias + GELU: gelu(x + bias) over the last dim, fused into one pass.
+
+Layers, top to bottom: custom ops (opaque to torch.compile) -> autograd Function -> functional API.
+The kernels themselves live in kernels/bias_gelu.py (Triton) and csrc/bias_gelu.cpp (C++).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from fastbert import backend as _backend
+from fastbert import reference
+from fastbert.ops._common import as_rows, check_float, check_vector, impl
+
+APPROXIMATIONS = ("none", "tanh")
+
+
+@torch.library.custom_op("fastbert::bias_gelu_fwd", mutates_args=())
+def _bias_gelu_fwd(x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
+    # x: [rows, hidden] contiguous, bias: [hidden] -> y: [rows, hidden] in x.dtype
+    return impl(backend, "bias_gelu").bias_gelu_forward(x, bias, approximate)
+
+
+@_bias_gelu_fwd.register_fake
+def _(x, bias, approximate, backend):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("fastbert::bias_gelu_bwd", mutates_args=())
+def _bias_gelu_bwd(
+    dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    # dy, x: [rows, hidden] -> dx: [rows, hidden] in x.dtype, dbias: [hidden] in bias.dtype (fp32 sums)
+    return tuple(impl(backend, "bias_gelu").bias_gelu_backward(dy, x, bias, approximate))
+
+
+@_bias_gelu_bwd.register_fake
+def _(dy, x, bias, approximate, backend):
+    return torch.empty_like(x), torch.empty_like(bias)
+
+
+class BiasGeluFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, bias, approximate, backend):
+        ctx.save_for_backward(x, bias)
+        ctx.approximate, ctx.backend = approximate, backend
+        return torch.ops.fastbert.bias_gelu_fwd(x, bias, approximate, backend)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, bias = ctx.saved_tensors
+        dx, dbias = torch.ops.fastbert.bias_gelu_bwd(dy.contiguous(), x, bias, ctx.approximate, ctx.backend)
+        return dx, dbias, None, None
+
+
+def bias_gelu(
+    x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *, backend: Optional[str] = None
+) -> torch.Tensor:
+    """gelu(x + bias) over the last dim of x, forward and backward each one fused pass.
+
+    x: [..., hidden] float32/float16/bfloat16 (any layout; non-contiguous inputs are copied);
+    bias: [hidden], x's dtype or float32. approximate: "none" (exact erf GELU, what BERT checkpoints
+    use) or "tanh". Returns [..., hidden] in x's dtype. The bias gradient is reduced in float32.
+    backend: "triton", "cpp", "torch" or None (automatic; see fastbert.backend).
+    """
+    check_float("bias_gelu", "x", x)
+    if x.dim() == 0:
+        raise ValueError("fastbert.ops.bias_gelu: x must have at least one dim (the hidden size)")
+    check_vector("bias_gelu", "bias", bias, x)
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"fastbert.ops.bias_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    backend = _backend.resolve(backend, x)
+    if backend == "torch" or x.numel() == 0:
+        return reference.bias_gelu(x, bias, approximate)
+    y = BiasGeluFunction.apply(as_rows(x), bias.contiguous(), approximate, backend)
+    return y.view(x.shape)

@@ -1,0 +1,171 @@
+"""dropout + residual add + LayerNorm: layer_norm(dropout(x) + residual), fused into one pass.
+
+BERT's post-LN tail (BertSelfOutput, BertOutput). Statistics (mean, rstd) are kept in float32; the
+backward recomputes dropout(x) + residual from x, residual and the dropout seed, so neither the sum
+nor the mask is ever stored. Layers: custom ops -> autograd Function -> functional API; kernels in
+kernels/layer_norm.py (Triton) and csrc/layer_norm.cpp (C++).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from fastbert import backend as _backend
+from fastbert import reference
+from fastbert.ops._common import as_rows, check_device, check_float, check_vector, impl, seed_tensor
+
+MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
+
+
+def _seed_int(seed: Optional[torch.Tensor]) -> int:
+    return 0 if seed is None else int(seed.item())
+
+
+@torch.library.custom_op("fastbert::add_layer_norm_fwd", mutates_args=())
+def _add_layer_norm_fwd(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    dropout_p: float,
+    seed: Optional[torch.Tensor],
+    backend: str,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # x, residual: [rows, hidden]; weight, bias: [hidden]; seed: int64 [1] on the CPU
+    # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
+    return tuple(
+        impl(backend, "layer_norm").add_layer_norm_forward(
+            x, residual, weight, bias, eps, dropout_p, _seed_int(seed)
+        )
+    )
+
+
+@_add_layer_norm_fwd.register_fake
+def _(x, residual, weight, bias, eps, dropout_p, seed, backend):
+    stats = x.new_empty(x.shape[:1], dtype=torch.float32)
+    return torch.empty_like(x), stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("fastbert::add_layer_norm_bwd", mutates_args=())
+def _add_layer_norm_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    dropout_p: float,
+    seed: Optional[torch.Tensor],
+    backend: str,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # -> dx, dresidual [rows, hidden] in x.dtype; dweight, dbias [hidden] in weight.dtype (fp32 sums)
+    return tuple(
+        impl(backend, "layer_norm").add_layer_norm_backward(
+            dy, x, residual, weight, mean, rstd, dropout_p, _seed_int(seed)
+        )
+    )
+
+
+@_add_layer_norm_bwd.register_fake
+def _(dy, x, residual, weight, mean, rstd, dropout_p, seed, backend):
+    return torch.empty_like(x), torch.empty_like(residual), torch.empty_like(weight), torch.empty_like(weight)
+
+
+@torch.library.custom_op("fastbert::dropout_keep_mask", mutates_args=())
+def _dropout_keep_mask(seed: torch.Tensor, rows: int, cols: int, p: float, device: torch.device) -> torch.Tensor:
+    # -> bool [rows, cols]: the mask of fastbert.reference.dropout_keep_mask, kept opaque to
+    # torch.compile (inlined, its 10 Philox rounds of integer ops swamp inductor's lowering)
+    return reference.dropout_keep_mask(seed, (rows, cols), p, device)
+
+
+@_dropout_keep_mask.register_fake
+def _(seed, rows, cols, p, device):
+    return torch.empty((rows, cols), dtype=torch.bool, device=device)
+
+
+class AddLayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
+        y, mean, rstd = torch.ops.fastbert.add_layer_norm_fwd(
+            x, residual, weight, bias, eps, dropout_p, seed, backend
+        )
+        ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
+        ctx.dropout_p, ctx.backend = dropout_p, backend
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, residual, weight, mean, rstd, seed = ctx.saved_tensors
+        dx, dres, dw, db = torch.ops.fastbert.add_layer_norm_bwd(
+            dy.contiguous(), x, residual, weight, mean, rstd, ctx.dropout_p, seed, ctx.backend
+        )
+        return dx, dres, dw, db, None, None, None, None
+
+
+def add_layer_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float = 1e-12,
+    *,
+    dropout_p: float = 0.0,
+    backend: Optional[str] = None,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """layer_norm(dropout(x) + residual) over the last dim, one fused pass forward and backward.
+
+    x, residual: [..., hidden], the same shape and dtype (float32/float16/bfloat16; any layout,
+    non-contiguous inputs are copied). weight, bias: [hidden], x's dtype or float32. Returns
+    [..., hidden] in x's dtype; mean and rstd are computed and kept in float32.
+    dropout_p: probability of zeroing an element of x (kept ones scaled by 1/(1-p)). The mask is a
+    function of `seed` (an int in [0, 2**63); drawn from torch's RNG, or `generator`, when None), the
+    same on every backend (fastbert.reference.dropout_keep_mask), regenerated in the backward.
+    backend: "triton", "cpp", "torch" or None (automatic). The fused backends take hidden <= 8192.
+    """
+    op = "add_layer_norm"
+    check_float(op, "x", x)
+    check_float(op, "residual", residual)
+    if x.dim() == 0:
+        raise ValueError(f"fastbert.ops.{op}: x must have at least one dim (the hidden size)")
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"fastbert.ops.{op}: residual has shape {tuple(residual.shape)} but x has shape "
+            f"{tuple(x.shape)}; they must match"
+        )
+    if residual.dtype != x.dtype:
+        raise TypeError(
+            f"fastbert.ops.{op}: residual has dtype {residual.dtype} but x has dtype {x.dtype}; they must match"
+        )
+    check_device(op, "residual", residual, x)
+    check_vector(op, "weight", weight, x)
+    check_vector(op, "bias", bias, x)
+    if weight.dtype != bias.dtype:
+        raise TypeError(f"fastbert.ops.{op}: weight is {weight.dtype} but bias is {bias.dtype}; they must match")
+    if not eps > 0:
+        raise ValueError(f"fastbert.ops.{op}: eps must be > 0, got {eps}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"fastbert.ops.{op}: dropout_p must be in [0, 1), got {dropout_p}")
+    backend = _backend.resolve(backend, x)
+    seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
+    if backend == "torch" or x.numel() == 0:
+        keep = None
+        if dropout_p > 0 and x.numel() > 0:
+            hidden = x.shape[-1]
+            keep = torch.ops.fastbert.dropout_keep_mask(seed_t, x.numel() // hidden, hidden, dropout_p, x.device)
+            keep = keep.view(x.shape)
+        return reference.add_layer_norm(x, residual, weight, bias, eps, dropout_p, keep_mask=keep)
+    hidden = x.shape[-1]
+    if hidden > MAX_HIDDEN:
+        raise ValueError(
+            f"fastbert.ops.{op}: hidden size {hidden} is above the supported maximum {MAX_HIDDEN} "
+            f"of the {backend!r} backend; use backend='torch' for larger rows"
+        )
+    y = AddLayerNormFunction.apply(
+        as_rows(x), as_rows(residual), weight.contiguous(), bias.contiguous(), float(eps), float(dropout_p),
+        seed_t, backend,
+    )
+    return y.view(x.shape)
