@@ -139,11 +139,13 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32,float16,bfloat16")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--budget", type=float, default=3.0, help="seconds of timing per measurement at most")
+    ap.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES), help="tokens x hidden, comma-separated")
     ap.add_argument("--json", default=None, help="write the rows as JSON here")
     ap.add_argument("--png", default=None, help="draw the speedups here")
     args = ap.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    providers, rows = run(dtypes, args.device, budget_s=args.budget)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    providers, rows = run(dtypes, args.device, shapes=shapes, budget_s=args.budget)
     print(f"# {' '.join(['python'] + sys.argv)}")
     print(f"# {json.dumps(machine_info())}")
     print_table(providers, rows)

@@ -1,0 +1,51 @@
+"""The `fastbert` command and the op benchmark, at sizes that run in seconds."""
+import importlib.util
+import json
+import os
+
+import torch
+
+from fastbert import cli, selfcheck
+
+
+def test_cli_help_and_unknown_command(capsys):
+    assert cli.main(["--help"]) == 0
+    assert "selfcheck" in capsys.readouterr().out
+    assert cli.main(["no-such-command"]) == 2
+
+
+def test_selfcheck_cases_pass_on_every_backend_here():
+    for backend in selfcheck.available_backends("cpu"):
+        interpreted = backend == "triton"
+        op, shape, dtype = next(c for c in selfcheck.cases("cpu", interpreted) if c[0] == "add_layer_norm")
+        for name, ok, err, bound in selfcheck.check_case(op, shape, dtype, backend, "cpu"):
+            assert ok, (backend, name, err, bound)
+
+
+def test_selfcheck_flags_a_wrong_result():
+    ref = torch.randn(64, 64, dtype=torch.float64)
+    good = ref.float()
+    ok, _, _ = selfcheck.bound_check(good, good, ref, torch.float32)
+    assert ok
+    bad = good.clone()
+    bad[3, 5] += 1e-3
+    ok, err, bound = selfcheck.bound_check(bad, good, ref, torch.float32)
+    assert not ok and err > bound
+    nan = good.clone()
+    nan[0, 0] = float("nan")
+    assert not selfcheck.bound_check(nan, good, ref, torch.float32)[0]
+
+
+def test_bench_ops_runs_and_writes_json(tmp_path):
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_ops.py")
+    spec = importlib.util.spec_from_file_location("bench_ops", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    providers, rows = bench.run([torch.float32], "cpu", shapes=[(64, 96)], budget_s=0.05, progress=False)
+    assert len(rows) == 4  # two ops x forward/backward
+    for r in rows:
+        assert r["speedup"] > 0 and all(v > 0 for v in r["ms"].values())
+    out = tmp_path / "ops.json"
+    bench.main(["--dtypes", "float32", "--budget", "0.05", "--json", str(out), "--shapes", "64x96"])
+    data = json.loads(out.read_text())
+    assert data["rows"] and data["machine"]["torch"] == torch.__version__
