@@ -1,0 +1,86 @@
+"""Triton kernels of fastbert, installed as `fastbert.kernels`.
+
+One module per op, each laid out top to bottom as: jit kernels -> launch settings table ->
+plain-Python launchers (the functions `fastbert.ops` calls) -> `report_configs()`, which lists
+every compiled variant the launchers can pick, for the build report (`python -m
+fastbert.kernels.report`).
+
+    bias_gelu    bias_gelu_forward, bias_gelu_backward
+    layer_norm   add_layer_norm_forward, add_layer_norm_backward
+
+This file must stay importable without triton: the submodules import it, nothing here does.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+
+# Kernel modules whose variants the build report compiles. A new kernel module is added here
+# and exposes `report_configs()` yielding KernelBuild records.
+KERNEL_MODULES = ("bias_gelu", "layer_norm")
+
+
+class KernelBuild(NamedTuple):
+    """One compiled variant of a jit kernel, as a launcher can pick it.
+
+    name:       short kernel name shown in the report ("bias_gelu_fwd")
+    fn:         the @triton.jit function
+    signature:  {arg name: triton type} for every runtime argument ("*fp16", "i32", "i64", "fp32")
+    constexprs: {arg name: value} for every tl.constexpr argument
+    num_warps, num_stages, maxnreg: launch options, as the launcher passes them (maxnreg None:
+                not passed, ptxas picks the register budget)
+    config:     the human-readable description of the variant, a flat dict of scalars
+    divisible:  runtime arguments known to be multiples of 16 (pointers: 16-byte aligned), the
+                specialization Triton's JIT makes for them at launch (see `aligned_args`)
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    signature: Dict[str, str]
+    constexprs: Dict[str, Any]
+    num_warps: int
+    num_stages: int
+    config: Dict[str, Any]
+    divisible: Tuple[str, ...] = ()
+    maxnreg: Optional[int] = None
+
+
+def aligned_args(signature: Dict[str, str]) -> Tuple[str, ...]:
+    """The arguments the JIT marks divisible by 16 for an aligned problem (contiguous [M, N]
+    tensors with N % 16 == 0, fresh allocations): every pointer, every stride_* and N."""
+    return tuple(name for name, ty in signature.items()
+                 if ty.startswith("*") or (ty in ("i32", "i64") and (name.startswith("stride") or name == "N")))
+
+
+def num_sms(device) -> int:
+    """Streaming multiprocessors of `device`; 132 (an H100) for CPU tensors under the interpreter,
+    so the interpreter splits work the way a large GPU would."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 132
+
+
+_SM_COUNTS: Dict[int, int] = {}
+
+
+def _cuda_sm_count(index: int) -> int:
+    if index not in _SM_COUNTS:
+        import torch
+
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
+
+
+def split_rows(n_rows: int, block_m: int, max_programs: int):
+    """Split n_rows into at most max_programs contiguous chunks of whole BLOCK_M blocks.
+
+    Returns (rows_per_program, n_programs): rows_per_program is a multiple of block_m and
+    n_programs * rows_per_program >= n_rows > (n_programs - 1) * rows_per_program, so every
+    program gets at least one row. The split depends only on its arguments, which keeps the
+    per-program partial sums (and so the reduced gradients) deterministic.
+    """
+    n_blocks = -(-n_rows // block_m)
+    blocks_per_program = -(-n_blocks // max(1, min(n_blocks, max_programs)))
+    rows_per_program = blocks_per_program * block_m
+    return rows_per_program, -(-n_rows // rows_per_program)

@@ -1,0 +1,235 @@
+"""Fused bias + GELU over the last dim: y = gelu(x + bias), forward and backward.
+
+BERT's intermediate layer, between its two feed-forward GEMMs. Layout of this file: jit helpers
+and kernels, the launch settings table, the launchers `bias_gelu_forward` / `bias_gelu_backward`
+(plain Python; inputs arrive validated, 2-D, contiguous, on one device), then `report_configs`.
+
+approximate="none" is the exact erf GELU that BERT checkpoints use; "tanh" is the approximation
+    gelu(z) = 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3))).
+Everything is computed in fp32; y and dx are stored in x.dtype; dbias is reduced in fp32
+without atomics (per-program partials, then a fixed-order sum), so it is deterministic.
+"""
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from . import KernelBuild, aligned_args, num_sms, split_rows
+
+_SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
+_TANH_COEF = tl.constexpr(0.044715)
+
+
+@triton.jit
+def _tanh(a):
+    # tanh(a) = sign(a) (1 - e) / (1 + e) with e = exp(-2|a|) in (0, 1]: nothing overflows, and it
+    # saturates to +-1 for large |a|.
+    e = tl.exp(-2.0 * tl.abs(a))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(a < 0., -t, t)
+
+
+@triton.jit
+def _gelu(z, APPROXIMATE_TANH: tl.constexpr):
+    # z: fp32 tile -> gelu(z), fp32
+    if APPROXIMATE_TANH:
+        t = _tanh(z * _SQRT_2_OVER_PI * (1.0 + z * z * _TANH_COEF))
+        y = 0.5 * z * (1.0 + t)
+    else:
+        y = 0.5 * z * (1.0 + tl.math.erf(z * _SQRT1_2))
+    return y
+
+
+@triton.jit
+def _gelu_grad(z, APPROXIMATE_TANH: tl.constexpr):
+    # z: fp32 tile -> d gelu(z) / dz, fp32
+    if APPROXIMATE_TANH:
+        z2 = z * z
+        t = _tanh(z * _SQRT_2_OVER_PI * (1.0 + z2 * _TANH_COEF))
+        g = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + z2 * (3.0 * _TANH_COEF))
+    else:
+        # Phi(z) + z phi(z)
+        g = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2)) + z * tl.exp(-0.5 * z * z) * _INV_SQRT_2PI
+    return g
+
+
+@triton.jit
+def _bias_gelu_fwd_kernel(
+    Y, stride_ym,  # [M, N] out, x.dtype: gelu(x + bias)
+    X, stride_xm,  # [M, N] x.dtype
+    BIAS,  # [N] contiguous, x.dtype or fp32
+    M, N,  # rows, cols
+    APPROXIMATE_TANH: tl.constexpr,  # tanh approximation instead of the exact erf form
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # cols per program (grid axis 1 tiles N)
+):
+    row_start = tl.program_id(0).to(tl.int64) * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)  # relative to row_start
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    mask = (rows < M - row_start)[:, None] & col_mask[None, :]
+    X += row_start * stride_xm
+    Y += row_start * stride_ym
+
+    x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.).to(tl.float32)
+    b = tl.load(BIAS + cols, mask=col_mask, other=0.).to(tl.float32)
+    y = _gelu(x + b[None, :], APPROXIMATE_TANH)
+    tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bias_gelu_bwd_kernel(
+    DX, stride_dxm,  # [M, N] out, x.dtype: dy * gelu'(x + bias)
+    DBIAS_PARTIAL, stride_pm,  # [P, N] out, fp32: row p = sum of dx over program p's rows
+    DY, stride_dym,  # [M, N] x.dtype
+    X, stride_xm,  # [M, N] x.dtype
+    BIAS,  # [N] contiguous, x.dtype or fp32
+    M, N,  # rows, cols
+    rows_per_program,  # rows of one program along grid axis 0, a multiple of BLOCK_M
+    APPROXIMATE_TANH: tl.constexpr,  # tanh approximation instead of the exact erf form
+    BLOCK_M: tl.constexpr,  # rows per loop step
+    BLOCK_N: tl.constexpr,  # cols per program (grid axis 1 tiles N)
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK_M)  # relative to the step's first row
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    first_row = pid_m * rows_per_program
+    last_row = tl.minimum(first_row + rows_per_program, M)
+
+    b = tl.load(BIAS + cols, mask=col_mask, other=0.).to(tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for row_start in range(first_row, last_row, BLOCK_M):  # int64 row index, pointers rebuilt per step
+        mask = (rows < last_row - row_start)[:, None] & col_mask[None, :]
+        x = tl.load(X + row_start * stride_xm + rows[:, None] * stride_xm + cols[None, :],
+                    mask=mask, other=0.).to(tl.float32)
+        dy = tl.load(DY + row_start * stride_dym + rows[:, None] * stride_dym + cols[None, :],
+                     mask=mask, other=0.).to(tl.float32)
+        dx = dy * _gelu_grad(x + b[None, :], APPROXIMATE_TANH)  # 0 on masked lanes (dy = 0)
+        tl.store(DX + row_start * stride_dxm + rows[:, None] * stride_dxm + cols[None, :],
+                 dx.to(DX.dtype.element_ty), mask=mask)
+        acc += dx
+    tl.store(DBIAS_PARTIAL + pid_m * stride_pm + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launch settings: one table, used by the launchers and by report_configs alike.
+
+
+class Settings(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+_MIN_BLOCK_N = 64  # narrower rows are padded (masked) to 64 lanes
+_MAX_BLOCK_N = 256  # divides every BERT width (768, 1024, 3072, 4096): no masked column tiles
+_FWD_TILE = 4096  # elements per program in the forward: 16 per thread at 8 warps
+_BWD_TILE = 2048  # elements per loop step in the backward: 8 per thread per live tile at 8 warps
+_PROGRAMS_PER_SM = 4  # backward grid size, in programs per SM (rows x column tiles)
+
+
+def settings(n_cols: int, backward: bool = False) -> Settings:
+    """Tile shape and launch options for a [*, n_cols] problem (any n_cols >= 1)."""
+    block_n = min(max(triton.next_power_of_2(n_cols), _MIN_BLOCK_N), _MAX_BLOCK_N)
+    block_m = (_BWD_TILE if backward else _FWD_TILE) // block_n
+    return Settings(block_m=block_m, block_n=block_n, num_warps=8, num_stages=1)
+
+
+def _approximate_tanh(approximate: str) -> bool:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"fastbert: bias_gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate == "tanh"
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+
+
+def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    """y = gelu(x + bias): x [M, N] fp32/fp16/bf16, bias [N] x.dtype or fp32 -> y [M, N] x.dtype."""
+    tanh = _approximate_tanh(approximate)
+    M, N = x.shape
+    y = torch.empty_like(x)
+    if M == 0 or N == 0:
+        return y
+    s = settings(N)
+    grid = (triton.cdiv(M, s.block_m), triton.cdiv(N, s.block_n))
+    _bias_gelu_fwd_kernel[grid](
+        y, y.stride(0),
+        x, x.stride(0),
+        bias,
+        M, N,
+        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
+        num_warps=s.num_warps, num_stages=s.num_stages,
+    )
+    return y
+
+
+def bias_gelu_backward(
+    dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dbias): dx = dy * gelu'(x + bias) [M, N] in x.dtype, dbias = sum_rows(dx) [N] in bias.dtype."""
+    tanh = _approximate_tanh(approximate)
+    M, N = x.shape
+    dx = torch.empty_like(x)
+    if M == 0 or N == 0:
+        return dx, torch.zeros_like(bias)
+    s = settings(N, backward=True)
+    n_col_tiles = triton.cdiv(N, s.block_n)
+    max_row_programs = triton.cdiv(_PROGRAMS_PER_SM * num_sms(x.device), n_col_tiles)
+    rows_per_program, n_row_programs = split_rows(M, s.block_m, max_row_programs)
+    dbias_partial = torch.empty((n_row_programs, N), dtype=torch.float32, device=x.device)
+    _bias_gelu_bwd_kernel[(n_row_programs, n_col_tiles)](
+        dx, dx.stride(0),
+        dbias_partial, dbias_partial.stride(0),
+        dy, dy.stride(0),
+        x, x.stride(0),
+        bias,
+        M, N,
+        rows_per_program,
+        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
+        num_warps=s.num_warps, num_stages=s.num_stages,
+    )
+    return dx, dbias_partial.sum(0).to(bias.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Build report: every variant the launchers above can compile.
+
+_X_DTYPES = ("fp32", "fp16", "bf16")
+
+
+def report_configs(max_cols: int = 8192) -> Iterator[KernelBuild]:
+    """Every (kernel, settings, dtypes, flags) the launchers can pick for N in 1..max_cols."""
+    fwd = sorted({settings(n) for n in range(1, max_cols + 1)})
+    bwd = sorted({settings(n, backward=True) for n in range(1, max_cols + 1)})
+    for x_dt in _X_DTYPES:
+        for b_dt in dict.fromkeys((x_dt, "fp32")):
+            for approximate in ("none", "tanh"):
+                flags = {"APPROXIMATE_TANH": approximate == "tanh"}
+                for s in fwd:
+                    sig = {"Y": f"*{x_dt}", "stride_ym": "i32", "X": f"*{x_dt}", "stride_xm": "i32",
+                           "BIAS": f"*{b_dt}", "M": "i32", "N": "i32"}
+                    yield from _builds("bias_gelu_fwd", _bias_gelu_fwd_kernel, sig, flags, s, x_dt, b_dt, approximate)
+                for s in bwd:
+                    sig = {"DX": f"*{x_dt}", "stride_dxm": "i32", "DBIAS_PARTIAL": "*fp32", "stride_pm": "i32",
+                           "DY": f"*{x_dt}", "stride_dym": "i32", "X": f"*{x_dt}", "stride_xm": "i32",
+                           "BIAS": f"*{b_dt}", "M": "i32", "N": "i32", "rows_per_program": "i32"}
+                    yield from _builds("bias_gelu_bwd", _bias_gelu_bwd_kernel, sig, flags, s, x_dt, b_dt, approximate)
+
+
+def _builds(name, fn, sig, flags, s: Settings, x_dt, b_dt, approximate) -> Iterator[KernelBuild]:
+    constexprs = dict(flags, BLOCK_M=s.block_m, BLOCK_N=s.block_n)
+    # N % 16 == 0 (pointers, strides and N divisible by 16) is only possible when BLOCK_N >= 16
+    for aligned in (True, False) if s.block_n >= 16 else (False,):
+        config = {"x": x_dt, "bias": b_dt, "approximate": approximate,
+                  "BLOCK_M": s.block_m, "BLOCK_N": s.block_n, "aligned": aligned}
+        yield KernelBuild(name, fn, sig, constexprs, s.num_warps, s.num_stages, config,
+                          aligned_args(sig) if aligned else ())

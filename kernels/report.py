@@ -1,0 +1,321 @@
+"""Build report: compile every kernel variant the launchers can pick, for real GPUs, with no GPU.
+
+    python -m fastbert.kernels.report --arch sm_80,sm_90 --json build_report.json
+
+For each kernel module in fastbert.kernels.KERNEL_MODULES, `report_configs()` lists the variants
+(dtypes, feature flags, tile sizes, num_warps) from the same settings table its launchers use.
+A variant also fixes the divisibility-by-16 specialization Triton's JIT makes at launch
+(config "aligned": pointers, strides and N multiples of 16, as for N % 16 == 0; or none known).
+(The JIT also turns integer arguments equal to 1 into constants, e.g. M = 1: those variants
+only drop work from the ones compiled here and are not listed.)
+Each variant is compiled for each arch with triton.compile(ASTSource, GPUTarget("cuda", cc, 32));
+the cubin is read with cuobjdump from the triton wheel: registers, stack + local bytes (spills),
+shared memory, and whether the SASS uses the tensor cores (HMMA / HGMMA; the SASS is only
+disassembled when the PTX has a matrix instruction, since nothing else can produce one).
+
+One JSON record per (kernel, config, arch): kernel, arch, config, registers, spill_bytes,
+stack_bytes, local_bytes, shared_bytes, tensor_core, ok, error, compile_s. The exit status is
+non-zero when any variant fails to compile or spills.
+
+Compilation runs in worker subprocesses (--jobs, default: the CPU count) with TRITON_INTERPRET
+removed from their environment: under the interpreter `triton.jit` builds functions that cannot be
+compiled, so the report must never compile in a process that imported the kernels interpreted.
+The full report (920 variants for sm_80 + sm_90) takes about 2 to 4 minutes on 2 CPU cores with an
+empty Triton cache (~0.3 s of CPU per variant), seconds when Triton's cache already holds them.
+A new kernel module is added to KERNEL_MODULES and gives a `report_configs()`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from . import KERNEL_MODULES, KernelBuild
+
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+_W = 28  # width of the kernel-name column
+_RECORD_PREFIX = "@@record "
+
+
+# --------------------------------------------------------------------------------------------
+# The list of jobs: (build, arch), the same in the parent and in every worker.
+
+
+def _parse_archs(archs: Iterable[str]) -> List[str]:
+    out = []
+    for a in archs:
+        a = a.strip()
+        if not a:
+            continue
+        m = re.fullmatch(r"(?:sm_?)?(\d+)a?", a)
+        if not m:
+            raise ValueError(f"fastbert: unknown arch {a!r}; use sm_80, sm_90, ...")
+        out.append(f"sm_{m.group(1)}")
+    return out
+
+
+def kernel_builds(kernels: Optional[Sequence[str]] = None, quick: bool = False) -> List[KernelBuild]:
+    """Every KernelBuild of the kernel modules, optionally filtered.
+
+    kernels: keep builds whose kernel name contains one of these substrings.
+    quick: per kernel, only the first and the last variant its module lists (smallest and
+        largest tiles, flags off and on): a smoke test of every kernel in seconds.
+    """
+    builds: List[KernelBuild] = []
+    for mod_name in KERNEL_MODULES:
+        mod = importlib.import_module(f".{mod_name}", __package__)
+        builds.extend(mod.report_configs())
+    if kernels:
+        builds = [b for b in builds if any(k in b.name for k in kernels)]
+    if quick:
+        by_name: Dict[str, List[KernelBuild]] = {}
+        for b in builds:
+            by_name.setdefault(b.name, []).append(b)
+        builds = [b for bs in by_name.values() for b in (bs[:1] + bs[1:][-1:])]
+    return builds
+
+
+def _jobs(archs, kernels, quick) -> List[Tuple[KernelBuild, str]]:
+    return [(b, arch) for arch in archs for b in kernel_builds(kernels, quick)]
+
+
+# --------------------------------------------------------------------------------------------
+# Compiling one variant (inside a worker)
+
+
+def _cuobjdump() -> str:
+    import triton
+
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"cuobjdump not found in the triton wheel at {path}")
+    return path
+
+
+def _attrs(build: KernelBuild):
+    """Divisibility-by-16 hints, in the form the JIT passes them to the compiler."""
+    return {(build.fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in build.divisible}
+
+
+# PTX matrix instructions: the only source of HMMA / HGMMA in the SASS
+_PTX_MMA = re.compile(r"^\s*(mma|wmma|wgmma)\.", re.MULTILINE)
+
+
+def _resources(cubin: bytes, ptx: str) -> Dict[str, object]:
+    """Registers, stack, local, static shared bytes and tensor-core use read from a cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        tensor_core = False
+        if _PTX_MMA.search(ptx):
+            sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+            tensor_core = bool(re.search(r"\b(HMMA|HGMMA)\b", sass))
+    fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res))
+    return {
+        "registers": int(fields.get("REG", -1)),
+        "stack_bytes": int(fields.get("STACK", 0)),
+        "local_bytes": int(fields.get("LOCAL", 0)),
+        "static_shared_bytes": int(fields.get("SHARED", 0)),
+        "tensor_core": tensor_core,
+    }
+
+
+def compile_one(build: KernelBuild, arch: str) -> Dict[str, object]:
+    """Compile one variant for one arch; a record for the report (never raises)."""
+    record: Dict[str, object] = {
+        "kernel": build.name,
+        "arch": arch,
+        "config": dict(build.config, num_warps=build.num_warps, num_stages=build.num_stages,
+                       maxnreg=build.maxnreg),
+        "registers": None, "spill_bytes": None, "stack_bytes": None, "local_bytes": None,
+        "shared_bytes": None, "tensor_core": None,
+        "ok": False, "error": None, "compile_s": None,
+    }
+    t0 = time.perf_counter()
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        signature = dict(build.signature, **{k: "constexpr" for k in build.constexprs})
+        src = ASTSource(build.fn, signature, constexprs=build.constexprs,
+                        attrs=_attrs(build))
+        cc = int(arch[len("sm_"):])
+        options = {"num_warps": build.num_warps, "num_stages": build.num_stages}
+        if build.maxnreg is not None:
+            options["maxnreg"] = build.maxnreg
+        kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+        res = _resources(kernel.asm["cubin"], kernel.asm["ptx"])
+        res["shared_bytes"] = int(kernel.metadata.shared) + res.pop("static_shared_bytes")
+        res["spill_bytes"] = res["stack_bytes"] + res["local_bytes"]
+        record.update(res)
+        record["ok"] = True
+    except Exception as exc:  # a failed variant is a row of the report, not a crash
+        record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    record["compile_s"] = round(time.perf_counter() - t0, 3)
+    return record
+
+
+def _worker(archs, kernels, quick, shard: int, n_shards: int) -> None:
+    jobs = _jobs(archs, kernels, quick)
+    for build, arch in jobs[shard::n_shards]:
+        print(_RECORD_PREFIX + json.dumps(compile_one(build, arch)), flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The parent: spread the jobs over worker subprocesses, gather and print
+
+
+def _child_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # keep 3.9's default, silence its warning
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # see what the parent sees
+    return env
+
+
+def run_report(
+    archs: Sequence[str] = DEFAULT_ARCHS,
+    kernels: Optional[Sequence[str]] = None,
+    quick: bool = False,
+    jobs: Optional[int] = None,
+    progress: bool = False,
+) -> List[Dict[str, object]]:
+    """Compile the selected variants for `archs` in `jobs` worker subprocesses; the records."""
+    archs = _parse_archs(archs)
+    n_jobs = len(_jobs(archs, kernels, quick))
+    n_workers = max(1, min(jobs or os.cpu_count() or 1, n_jobs))
+    cmd = [sys.executable, "-m", f"{__package__}.report", "--worker", "--arch", ",".join(archs)]
+    if kernels:
+        cmd += ["--kernels", ",".join(kernels)]
+    if quick:
+        cmd += ["--quick"]
+    procs = [
+        subprocess.Popen(cmd + ["--shard", f"{i}/{n_workers}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=_child_env())
+        for i in range(n_workers)
+    ]
+    records: List[Dict[str, object]] = []
+    errors = []
+    # Workers print one line per record; read them in turn (each pipe drains as it is read, and
+    # stderr is small: warnings only, read at the end).
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    for p in procs:
+        sel.register(p.stdout, selectors.EVENT_READ, p)
+    open_pipes = len(procs)
+    while open_pipes:
+        for key, _ in sel.select():
+            line = key.fileobj.readline()
+            if not line:
+                sel.unregister(key.fileobj)
+                open_pipes -= 1
+                continue
+            if line.startswith(_RECORD_PREFIX):
+                records.append(json.loads(line[len(_RECORD_PREFIX):]))
+                if progress and len(records) % 50 == 0:
+                    print(f"  compiled {len(records)}/{n_jobs}", file=sys.stderr, flush=True)
+    for p in procs:
+        err = p.stderr.read()
+        if p.wait() != 0:
+            errors.append(err.strip()[-2000:])
+    if errors or len(records) != n_jobs:
+        raise RuntimeError(f"fastbert: report workers failed ({len(records)}/{n_jobs} records):\n" + "\n".join(errors))
+    records.sort(key=lambda r: (r["kernel"], r["arch"], json.dumps(r["config"], sort_keys=True)))
+    return records
+
+
+def _config_str(config: Dict[str, object]) -> str:
+    def fmt(v):
+        return {True: "1", False: "0"}.get(v, str(v)) if isinstance(v, bool) else str(v)
+
+    return " ".join(f"{k}={fmt(v)}" for k, v in config.items() if k not in ("num_warps", "num_stages", "maxnreg"))
+
+
+def format_table(records: Sequence[Dict[str, object]]) -> str:
+    head = f"{'kernel':<{_W}} {'arch':<6} {'warps':>5} {'regs':>4} {'spill':>5} {'smem':>6} {'TC':>2}  {'ok':<4} config"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        c = r["config"]
+        lines.append(
+            f"{r['kernel']:<{_W}} {r['arch']:<6} {c['num_warps']:>5} {str(r['registers']):>4} "
+            f"{str(r['spill_bytes']):>5} {str(r['shared_bytes']):>6} {'y' if r['tensor_core'] else '-':>2}  "
+            f"{'ok' if r['ok'] else 'FAIL':<4} {_config_str(c)}"
+            + (f"\n    error: {r['error']}" if r["error"] else "")
+        )
+    return "\n".join(lines)
+
+
+def format_summary(records: Sequence[Dict[str, object]], seconds: Optional[float] = None) -> str:
+    lines = [f"{'kernel':<{_W}} {'arch':<6} {'variants':>8} {'failed':>6} {'spilled':>7} "
+             f"{'max regs':>8} {'max smem':>8}  at max regs"]
+    groups: Dict[Tuple[str, str], List[Dict[str, object]]] = {}
+    for r in records:
+        groups.setdefault((r["kernel"], r["arch"]), []).append(r)
+    for (kernel, arch), rs in sorted(groups.items()):
+        good = [r for r in rs if r["ok"]]
+        worst = max(good, key=lambda r: r["registers"], default=None)
+        lines.append(
+            f"{kernel:<{_W}} {arch:<6} {len(rs):>8} {len(rs) - len(good):>6} "
+            f"{sum(1 for r in good if r['spill_bytes'] > 0):>7} "
+            f"{(worst['registers'] if worst else '-'):>8} {max((r['shared_bytes'] for r in good), default='-'):>8}  "
+            + (f"warps={worst['config']['num_warps']} {_config_str(worst['config'])}" if worst else "")
+        )
+    failed = [r for r in records if not r["ok"]]
+    spilled = [r for r in records if r["ok"] and r["spill_bytes"] > 0]
+    total = f"{len(records)} variants: {len(failed)} failed to compile, {len(spilled)} spill"
+    if seconds is not None:
+        total += f" ({seconds:.0f} s)"
+    lines.append(total)
+    return "\n".join(lines)
+
+
+def report_failed(records: Sequence[Dict[str, object]]) -> bool:
+    return any((not r["ok"]) or r["spill_bytes"] > 0 for r in records)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fastbert.kernels.report",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default=",".join(DEFAULT_ARCHS), help="comma-separated, e.g. sm_80,sm_90")
+    parser.add_argument("--json", metavar="PATH", help="write the records to this JSON file")
+    parser.add_argument("--kernels", default="", help="comma-separated substrings of kernel names to keep")
+    parser.add_argument("--quick", action="store_true", help="first and last variant of each kernel only")
+    parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    parser.add_argument("--summary-only", action="store_true", help="print the summary, not every variant")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    archs = _parse_archs(args.arch.split(","))
+    kernels = [k for k in args.kernels.split(",") if k] or None
+
+    if args.worker:
+        shard, n_shards = (int(v) for v in args.shard.split("/"))
+        _worker(archs, kernels, args.quick, shard, n_shards)
+        return 0
+
+    t0 = time.perf_counter()
+    records = run_report(archs, kernels, args.quick, args.jobs, progress=True)
+    seconds = time.perf_counter() - t0
+    if not args.summary_only:
+        print(format_table(records))
+        print()
+    print(format_summary(records, seconds))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 1 if report_failed(records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The build report compiles kernels for real GPUs without one (triton.compile + cuobjdump).
+
+A quick subset here (the first and last variant of every kernel, for sm_80); the full report is
+`python -m fastbert.kernels.report --arch sm_80,sm_90`.
+"""
+import pytest
+
+pytest.importorskip("triton")
+
+from fastbert.kernels import report  # noqa: E402
+
+FIELDS = {"kernel", "arch", "config", "registers", "spill_bytes", "shared_bytes", "tensor_core", "ok", "error"}
+
+
+@pytest.fixture(scope="module")
+def quick_records():
+    return report.run_report(archs=["sm_80"], quick=True, jobs=2)
+
+
+def test_quick_report_compiles_every_kernel_without_spills(quick_records):
+    assert quick_records, "the report compiled nothing"
+    for r in quick_records:
+        assert FIELDS <= set(r), f"missing fields {FIELDS - set(r)} in {r}"
+        assert r["arch"] == "sm_80"
+        assert r["ok"], f"{r['kernel']} {r['config']} failed to compile: {r['error']}"
+        assert r["error"] is None
+        assert r["spill_bytes"] == 0, f"{r['kernel']} {r['config']} spills {r['spill_bytes']} bytes"
+        assert 0 < r["registers"] <= 255
+        assert r["shared_bytes"] >= 0
+        assert r["tensor_core"] is False  # no matrix products in these kernels
+    names = {r["kernel"] for r in quick_records}
+    assert {b.name for b in report.kernel_builds()} == names  # every kernel took part
+
+
+def test_report_lists_every_setting_the_launchers_pick():
+    from fastbert.kernels import bias_gelu, layer_norm
+
+    builds = report.kernel_builds()
+    listed = {(b.name, b.config.get("BLOCK_M"), b.config["BLOCK_N"], b.num_warps) for b in builds}
+    for n in (1, 7, 64, 100, 384, 768, 1023, 1024, 3072, 4096, 4097, 8192):
+        s = bias_gelu.settings(n)
+        assert ("bias_gelu_fwd", s.block_m, s.block_n, s.num_warps) in listed
+        s = bias_gelu.settings(n, backward=True)
+        assert ("bias_gelu_bwd", s.block_m, s.block_n, s.num_warps) in listed
+        s = layer_norm.settings(n)
+        assert ("add_layer_norm_fwd", s.block_m, s.block_n, s.num_warps) in listed
+        s = layer_norm.settings(n, backward=True)
+        if s is None:  # wide rows: the two-pass backward
+            for name, s in (("add_layer_norm_bwd_row_sums", layer_norm.ROW_SUMS_SETTINGS),
+                            ("add_layer_norm_bwd_tiled", layer_norm.TILED_SETTINGS)):
+                assert (name, None, s.block_n, s.num_warps) in listed
+        else:
+            assert ("add_layer_norm_bwd", None, s.block_n, s.num_warps) in listed
+
+
+def test_table_and_summary_format(quick_records):
+    table = report.format_table(quick_records)
+    summary = report.format_summary(quick_records)
+    assert len(table.splitlines()) == len(quick_records) + 2
+    assert "0 failed to compile, 0 spill" in summary
+    assert not report.report_failed(quick_records)
+
+
+def test_failures_and_spills_fail_the_report():
+    good = {"ok": True, "spill_bytes": 0}
+    assert not report.report_failed([good])
+    assert report.report_failed([good, {"ok": True, "spill_bytes": 8}])
+    assert report.report_failed([good, {"ok": False, "spill_bytes": None}])
