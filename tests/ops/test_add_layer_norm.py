@@ -145,3 +145,38 @@ def test_add_layer_norm_hidden_above_maximum(fused):
     x = torch.randn(2, n, device=device_for(fused))
     with pytest.raises(ValueError, match=f"hidden size {n} is above the supported maximum 8192"):
         fastbert.ops.add_layer_norm(x, x, torch.ones(n, device=x.device), torch.zeros(n, device=x.device), backend=fused)
+
+
+def test_cpp_dropout_mask_is_bit_identical_to_the_reference():
+    from conftest import require
+
+    require("cpp")
+    from fastbert.backend import cpp_extension
+
+    for m, n, p, seed in [(7, 1023, 0.1, 1000), (64, 768, 0.3, 12345), (3, 4096, 0.5, 2**62 + 3), (1, 5, 0.9, 0)]:
+        got = cpp_extension().dropout_keep_mask(m, n, p, seed)
+        assert torch.equal(got, reference.dropout_keep_mask(seed, (m, n), p)), (m, n, p, seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpp_results_do_not_depend_on_the_thread_count(dtype):
+    # the parameter gradients are sums over rows: fixed chunks, fixed order, whatever the threads
+    from conftest import require
+
+    require("cpp")
+    x, res, w, b, dy = make_inputs((1027, 768), dtype, "cpu", 5)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            out, grads = run_with_grads(
+                lambda *a: fastbert.ops.add_layer_norm(*a, dropout_p=0.1, seed=9, backend="cpp"), [x, res, w, b], dy
+            )
+            out2, grads2 = run_with_grads(lambda x_, b_: fastbert.ops.bias_gelu(x_, b_, backend="cpp"), [x, b], dy)
+            results.append([out, *grads, out2, *grads2])
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b_ in zip(results[0], other):
+            assert torch.equal(a, b_)
