@@ -1,0 +1,238 @@
+// Helpers shared by the fused CPU kernels: output allocation and the fixed-order gradient reduction.
+// GCC 12 reports (maybe-)uninitialized values from inside its own AVX-512 intrinsic headers (false
+// positives on their "undefined" vector temporaries); this must come before any include.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/accumulate.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#if defined(__linux__)
+#include <dlfcn.h>
+#include <sys/mman.h>
+#endif
+
+#include "cpu_ops.h"
+#include "vec.h"
+
+namespace fastbert {
+
+const char* cpu_isa() { return vec::kIsa; }
+
+namespace detail {
+
+at::Tensor sum_partials(const double* partials, int64_t chunks, int64_t stride, int64_t n, at::ScalarType dtype) {
+  at::Tensor out = at::empty({n}, at::TensorOptions().dtype(dtype));
+  dispatch_float(dtype, "sum_partials", [&](auto tag) {
+    using T = decltype(tag);
+    T* o = out.data_ptr<T>();
+    // columns in parallel; each column is summed over chunks 0, 1, 2, ... whatever the split
+    at::parallel_for(0, n, 1024, [&](int64_t j0, int64_t j1) {
+      constexpr int64_t kBlock = 256;
+      double acc[kBlock];
+      for (int64_t j = j0; j < j1; j += kBlock) {
+        const int64_t len = std::min(j1 - j, kBlock);
+        for (int64_t i = 0; i < len; ++i) acc[i] = 0.0;
+        for (int64_t k = 0; k < chunks; ++k) {
+          const double* row = partials + k * stride + j;
+          for (int64_t i = 0; i < len; ++i) acc[i] += row[i];
+        }
+        for (int64_t i = 0; i < len; ++i) o[j + i] = static_cast<T>(static_cast<float>(acc[i]));
+      }
+    });
+  });
+  return out;
+}
+
+namespace {
+
+// Large outputs (32 MiB and more) come from a mapping allocator of their own instead of torch's
+// CPU allocator (malloc). glibc's malloc maps every block above its largest mmap threshold (32 MiB
+// on 64-bit) and unmaps it on free, so each such output is page-faulted in again, 4 KiB at a time,
+// on every call: on this kind of VM that costs more than the kernel itself (about 12 ms for a
+// 4096 x 3072 fp32 output, against about 3 ms of kernel). The allocator here
+//   - maps 2 MiB aligned with MADV_HUGEPAGE (transparent huge pages: one fault per 2 MiB), and
+//   - keeps a few freed mappings (at most kCacheEntries, kCacheBytes in all) and hands them out
+//     again to a request of exactly the same size, as a training or inference loop makes: those
+//     are neither faulted nor zeroed again. (Freshly mapped huge pages can also be slow on a VM
+//     whose host reclaims free guest memory; reused ones are not.)
+// Smaller outputs keep torch's allocator (glibc reuses its heap for them). This is on when malloc
+// is glibc's (jemalloc / tcmalloc keep large blocks for reuse themselves); FASTBERT_THP=0 in the
+// environment turns it off, FASTBERT_THP=1 on. fastbert._C.release_cached_memory() unmaps the kept
+// mappings.
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugeMin = size_t{32} << 20;
+
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#define FASTBERT_HUGE_ALLOC 1
+
+class HugePageAllocator final : public c10::Allocator {
+ public:
+  static constexpr size_t kCacheEntries = 4;
+  static constexpr size_t kCacheBytes = size_t{1} << 30;
+
+  // Never destroyed: tensors may outlive static destruction at exit.
+  static HugePageAllocator* get() {
+    static auto* a = new HugePageAllocator();
+    return a;
+  }
+
+  c10::DataPtr allocate(size_t n) override {
+    if (n < kHugeMin) return c10::GetCPUAllocator()->allocate(n);
+    const size_t len = (n + kHugePage - 1) / kHugePage * kHugePage;
+    void* a = take(len);
+    if (a == nullptr) a = map(len);
+    if (a == nullptr) return c10::GetCPUAllocator()->allocate(n);
+    return {a, new Mapping{a, len}, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  void release_cached() {
+    std::vector<Mapping> drop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      drop.swap(cache_);
+      cached_bytes_ = 0;
+    }
+    for (const Mapping& m : drop) munmap(m.base, m.len);
+  }
+
+ private:
+  struct Mapping {
+    void* base;
+    size_t len;
+  };
+
+  static void* map(size_t len) {
+    void* raw = mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    char* p = static_cast<char*>(raw);
+    char* a = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(p) + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1));
+    if (a > p) munmap(p, static_cast<size_t>(a - p));
+    char* end = p + len + kHugePage;
+    if (a + len < end) munmap(a + len, static_cast<size_t>(end - (a + len)));
+    madvise(a, len, MADV_HUGEPAGE);  // a hint: where THP is unavailable the pages are 4 KiB
+    return a;
+  }
+
+  void* take(size_t len) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = cache_.size(); i-- > 0;) {  // most recently freed first
+      if (cache_[i].len == len) {
+        void* a = cache_[i].base;
+        cache_.erase(cache_.begin() + static_cast<std::ptrdiff_t>(i));
+        cached_bytes_ -= len;
+        return a;
+      }
+    }
+    return nullptr;
+  }
+
+  static void release(void* ctx) {
+    std::unique_ptr<Mapping> m(static_cast<Mapping*>(ctx));
+    HugePageAllocator* self = get();
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      if (m->len <= kCacheBytes) {
+        // make room: the oldest entries go first
+        while (!self->cache_.empty() &&
+               (self->cache_.size() >= kCacheEntries || self->cached_bytes_ + m->len > kCacheBytes)) {
+          munmap(self->cache_.front().base, self->cache_.front().len);
+          self->cached_bytes_ -= self->cache_.front().len;
+          self->cache_.erase(self->cache_.begin());
+        }
+        self->cache_.push_back(*m);
+        self->cached_bytes_ += m->len;
+        return;
+      }
+    }
+    munmap(m->base, m->len);
+  }
+
+  std::mutex mu_;
+  std::vector<Mapping> cache_;  // oldest first
+  size_t cached_bytes_ = 0;
+};
+
+// Only glibc's malloc unmaps large blocks on free; an allocator such as jemalloc or tcmalloc
+// (LD_PRELOAD) keeps them for reuse, and then torch's allocator is the better path.
+bool malloc_is_glibc() {
+  Dl_info info;
+  void* m = dlsym(RTLD_DEFAULT, "malloc");
+  return m != nullptr && dladdr(m, &info) != 0 && info.dli_fname != nullptr &&
+         std::strstr(info.dli_fname, "libc.so") != nullptr;
+}
+
+bool huge_pages_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FASTBERT_THP");
+    if (v != nullptr) return std::strcmp(v, "0") != 0;
+    return malloc_is_glibc();
+  }();
+  return on;
+}
+#endif
+
+// An uninitialised contiguous CPU tensor of `sizes` and `dtype` (see above for the large ones).
+at::Tensor empty_contiguous(at::IntArrayRef sizes, at::ScalarType dtype) {
+#if defined(FASTBERT_HUGE_ALLOC)
+  const size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
+  if (huge_pages_enabled() && nbytes >= kHugeMin) {
+    return at::detail::empty_generic(sizes, HugePageAllocator::get(), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                     dtype, at::MemoryFormat::Contiguous);
+  }
+#endif
+  return at::empty(sizes, at::TensorOptions().dtype(dtype));
+}
+
+void release_block(void* ctx) { delete static_cast<at::Tensor*>(ctx); }
+
+// A tensor of x's shape and dtype over bytes [offset, offset + nbytes) of `block`, with a storage of
+// its own that keeps the block alive (and can still be resized like any CPU tensor's).
+at::Tensor carve(const at::Tensor& block, size_t offset, const at::Tensor& x) {
+  const size_t nbytes = static_cast<size_t>(x.numel()) * x.element_size();
+  c10::DataPtr data(static_cast<char*>(block.data_ptr()) + offset, new at::Tensor(block), &release_block,
+                    c10::Device(c10::DeviceType::CPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), c10::GetCPUAllocator(),
+                       /*resizable=*/true);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                          x.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(x.sizes());
+  return t;
+}
+
+}  // namespace
+
+at::Tensor empty_output(const at::Tensor& x) { return empty_contiguous(x.sizes(), x.scalar_type()); }
+
+void release_cached_memory() {
+#if defined(FASTBERT_HUGE_ALLOC)
+  HugePageAllocator::get()->release_cached();
+#endif
+}
+
+std::pair<at::Tensor, at::Tensor> empty_output_pair(const at::Tensor& x) {
+  const size_t nbytes = static_cast<size_t>(x.numel()) * x.element_size();
+  if (nbytes == 0) return {empty_output(x), empty_output(x)};
+  const size_t stride = (nbytes + 63) / 64 * 64;
+  at::Tensor block = empty_contiguous({static_cast<int64_t>(stride + nbytes)}, at::kByte);
+  return {carve(block, 0, x), carve(block, stride, x)};
+}
+
+}  // namespace detail
+}  // namespace fastbert
