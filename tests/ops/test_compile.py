@@ -52,6 +52,7 @@ def test_compile_fullgraph_matches_eager(backend, compiler):
 def test_compiled_graphs_hold_the_custom_ops():
     # the AOT-traced forward and backward graphs call the fused ops as single opaque nodes
     from conftest import require
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     require("cpp")
@@ -59,7 +60,7 @@ def test_compiled_graphs_hold_the_custom_ops():
 
     def capture(gm, example_inputs):
         seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm
+        return make_boxed_func(gm.forward)
 
     torch._dynamo.reset()
     model = Tail(dropout_p=0.1, backend="cpp")
