@@ -39,6 +39,13 @@ def _mulhilo(a: int, b: torch.Tensor):
     return hi & _M32, lo & _M32
 
 
+def check_seed(seed) -> int:
+    """`seed` as an int, checked to lie in [0, 2**63) (the range every backend takes)."""
+    if not 0 <= int(seed) < 2**63:
+        raise ValueError(f"fastbert: dropout seed must be in [0, 2**63), got {seed}")
+    return int(seed)
+
+
 def philox_uint32(seed, offsets: torch.Tensor) -> torch.Tensor:
     """Philox-4x32-10 word 0 for each int64 counter in `offsets` (uint32 values held in int64).
 
@@ -47,8 +54,8 @@ def philox_uint32(seed, offsets: torch.Tensor) -> torch.Tensor:
     """
     if isinstance(seed, torch.Tensor):
         seed = seed.reshape(()).to(device=offsets.device, dtype=torch.int64)
-    elif not 0 <= int(seed) < 2**63:
-        raise ValueError(f"fastbert: dropout seed must be in [0, 2**63), got {seed}")
+    else:
+        seed = check_seed(seed)
     offsets = offsets.to(torch.int64)
     c0 = offsets & _M32
     c1 = (offsets >> 32) & _M32

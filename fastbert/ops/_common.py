@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from fastbert import backend as _backend
+from fastbert.reference import check_seed, new_seed
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -58,11 +59,7 @@ def impl(backend: str, kernel_module: str):
 def seed_tensor(seed: Optional[int], generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """The dropout seed as an int64 CPU tensor of shape [1] (drawn from torch's RNG when None)."""
     if seed is None:
-        from fastbert.reference import new_seed
-
         return new_seed(generator)
     if isinstance(seed, torch.Tensor):
         return seed.reshape(1).to(device="cpu", dtype=torch.int64)
-    if not 0 <= int(seed) < 2**63:
-        raise ValueError(f"fastbert: dropout seed must be in [0, 2**63), got {seed}")
-    return torch.tensor([int(seed)], dtype=torch.int64)
+    return torch.tensor([check_seed(seed)], dtype=torch.int64)

@@ -2,7 +2,7 @@
 gradients, with and without dropout (the mask is a function of the seed, the same on every backend)."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for, run_with_grads
+from conftest import assert_within_bound, device_for, require, run_with_grads
 
 import fastbert
 from fastbert import reference
@@ -138,8 +138,6 @@ def test_add_layer_norm_bad_input_errors():
 
 @pytest.mark.parametrize("fused", ["cpp", "triton"])
 def test_add_layer_norm_hidden_above_maximum(fused):
-    from conftest import require
-
     require(fused)
     n = fastbert.ops.MAX_HIDDEN + 1
     x = torch.randn(2, n, device=device_for(fused))
@@ -148,8 +146,6 @@ def test_add_layer_norm_hidden_above_maximum(fused):
 
 
 def test_cpp_dropout_mask_is_bit_identical_to_the_reference():
-    from conftest import require
-
     require("cpp")
     from fastbert.backend import cpp_extension
 
@@ -161,8 +157,6 @@ def test_cpp_dropout_mask_is_bit_identical_to_the_reference():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpp_results_do_not_depend_on_the_thread_count(dtype):
     # the parameter gradients are sums over rows: fixed chunks, fixed order, whatever the threads
-    from conftest import require
-
     require("cpp")
     x, res, w, b, dy = make_inputs((1027, 768), dtype, "cpu", 5)
     threads = torch.get_num_threads()
