@@ -58,29 +58,30 @@ at::Tensor sum_partials(const double* partials, int64_t chunks, int64_t stride, 
 
 namespace {
 
-// Large outputs (32 MiB and more) come from a mapping allocator of their own instead of torch's
-// CPU allocator (malloc). glibc's malloc maps every block above its largest mmap threshold (32 MiB
-// on 64-bit) and unmaps it on free, so each such output is page-faulted in again, 4 KiB at a time,
-// on every call: on this kind of VM that costs more than the kernel itself (about 12 ms for a
-// 4096 x 3072 fp32 output, against about 3 ms of kernel). The allocator here
+// Large outputs (4 MiB and more) come from a mapping allocator of their own instead of torch's CPU
+// allocator (malloc). glibc's malloc maps every block above its mmap threshold (which starts at
+// 128 KiB and moves up to at most 32 MiB with the sizes freed so far) and unmaps it on free, and
+// trims its heap top back to the system beyond a matching trim threshold; such an output is then
+// page-faulted in again, 4 KiB at a time, on every call. Which calls pay depends on the history of
+// the heap: at 4096 x 768 fp32 (12 MiB) one run pays 3 ms a call on top of a 0.8 ms kernel, the next
+// none; at 4096 x 3072 (48 MiB) every call pays about 12 ms against 3 ms of kernel. The allocator here
 //   - maps 2 MiB aligned with MADV_HUGEPAGE (transparent huge pages: one fault per 2 MiB), and
 //   - keeps a few freed mappings (at most kCacheEntries, kCacheBytes in all) and hands them out
 //     again to a request of exactly the same size, as a training or inference loop makes: those
 //     are neither faulted nor zeroed again. (Freshly mapped huge pages can also be slow on a VM
 //     whose host reclaims free guest memory; reused ones are not.)
-// Smaller outputs keep torch's allocator (glibc reuses its heap for them). This is on when malloc
-// is glibc's (jemalloc / tcmalloc keep large blocks for reuse themselves); FASTBERT_THP=0 in the
-// environment turns it off, FASTBERT_THP=1 on. fastbert._C.release_cached_memory() unmaps the kept
-// mappings.
+// Smaller outputs keep torch's allocator. This is on when malloc is glibc's (jemalloc / tcmalloc
+// keep large blocks for reuse themselves); FASTBERT_THP=0 in the environment turns it off,
+// FASTBERT_THP=1 on. fastbert._C.release_cached_memory() unmaps the kept mappings.
 constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kHugeMin = size_t{32} << 20;
+constexpr size_t kHugeMin = size_t{4} << 20;
 
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 #define FASTBERT_HUGE_ALLOC 1
 
 class HugePageAllocator final : public c10::Allocator {
  public:
-  static constexpr size_t kCacheEntries = 4;
+  static constexpr size_t kCacheEntries = 16;
   static constexpr size_t kCacheBytes = size_t{1} << 30;
 
   // Never destroyed: tensors may outlive static destruction at exit.

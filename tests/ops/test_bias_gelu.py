@@ -51,6 +51,26 @@ def test_bias_gelu_matches_reference(backend, approximate):
             check_bias_gelu(backend, shape, dtype, approximate, seed=i)
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_over_the_whole_range(backend, approximate):
+    # a dense grid through the tails and the regions where the kernels switch formulas or clamp
+    # (the cpp erf forward's rational fit meets 0 and 1 between |x| = 5.8 and 6.3)
+    dev = device_for(backend)
+    x = torch.linspace(-12.0, 12.0, 4 * 2048).view(4, 2048)
+    x[0, :8] = torch.tensor([-6.3, -6.2, -6.0, -5.8, 5.8, 6.0, 6.2, 6.3])
+    b = torch.zeros(x.shape[1])
+    dy = torch.ones_like(x)
+    for dtype in dtypes_for(backend):
+        xs, bs, dys = x.to(dev, dtype), b.to(dev, dtype), dy.to(dev, dtype)
+        out, (dx, _) = run_with_grads(lambda x_, b_: fastbert.ops.bias_gelu(x_, b_, approximate, backend=backend), [xs, bs], dys)
+        pt, (pt_dx, _) = run_with_grads(lambda x_, b_: reference.bias_gelu(x_, b_, approximate), [xs, bs], dys)
+        r64, (r_dx, _) = run_with_grads(
+            lambda x_, b_: reference.bias_gelu(x_, b_, approximate), [xs.double(), bs.double()], dys.double()
+        )
+        assert_within_bound(f"{backend} {dtype} {approximate} y", out, pt, r64, dtype)
+        assert_within_bound(f"{backend} {dtype} {approximate} dx", dx, pt_dx, r_dx, dtype)
+
+
 def test_bias_gelu_fp32_bias_with_half_input(backend):
     # mixed precision: activations in half, the bias parameter kept in fp32
     check_bias_gelu(backend, (4, 768), torch.float16, "none", bias_dtype=torch.float32)
