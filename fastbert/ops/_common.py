@@ -56,6 +56,30 @@ def impl(backend: str, kernel_module: str):
     raise AssertionError(f"no fused launchers for backend {backend!r}")
 
 
+def fused_op(name: str, fake):
+    """Register `fn` as the torch.library custom op fastbert::<name> (with `fake` for its output
+    shapes) and return a caller that goes through the custom op only while torch.compile traces, so
+    the graph holds one opaque node, and calls `fn` straight in eager mode, where the custom op's
+    dispatch costs more than a small kernel (about 10 us a call on the CPU)."""
+
+    def wrap(fn):
+        op = torch.library.custom_op(f"fastbert::{name}", mutates_args=())(fn)
+        op.register_fake(fake)
+
+        def call(*args):
+            return op(*args) if torch.compiler.is_compiling() else fn(*args)
+
+        call.custom_op = op
+        return call
+
+    return wrap
+
+
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd has to record an op on these inputs."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def seed_tensor(seed: Optional[int], generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """The dropout seed as an int64 CPU tensor of shape [1] (drawn from torch's RNG when None)."""
     if seed is None:

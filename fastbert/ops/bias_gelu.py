@@ -11,23 +11,26 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import as_rows, check_float, check_vector, impl
+from fastbert.ops._common import as_rows, check_float, check_vector, fused_op, impl, needs_grad
 
 APPROXIMATIONS = ("none", "tanh")
 
 
-@torch.library.custom_op("fastbert::bias_gelu_fwd", mutates_args=())
+def _fake_fwd(x, bias, approximate, backend):
+    return torch.empty_like(x)
+
+
+@fused_op("bias_gelu_fwd", _fake_fwd)
 def _bias_gelu_fwd(x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
     # x: [rows, hidden] contiguous, bias: [hidden] -> y: [rows, hidden] in x.dtype
     return impl(backend, "bias_gelu").bias_gelu_forward(x, bias, approximate)
 
 
-@_bias_gelu_fwd.register_fake
-def _(x, bias, approximate, backend):
-    return torch.empty_like(x)
+def _fake_bwd(dy, x, bias, approximate, backend):
+    return torch.empty_like(x), torch.empty_like(bias)
 
 
-@torch.library.custom_op("fastbert::bias_gelu_bwd", mutates_args=())
+@fused_op("bias_gelu_bwd", _fake_bwd)
 def _bias_gelu_bwd(
     dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -35,22 +38,17 @@ def _bias_gelu_bwd(
     return tuple(impl(backend, "bias_gelu").bias_gelu_backward(dy, x, bias, approximate))
 
 
-@_bias_gelu_bwd.register_fake
-def _(dy, x, bias, approximate, backend):
-    return torch.empty_like(x), torch.empty_like(bias)
-
-
 class BiasGeluFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, bias, approximate, backend):
         ctx.save_for_backward(x, bias)
         ctx.approximate, ctx.backend = approximate, backend
-        return torch.ops.fastbert.bias_gelu_fwd(x, bias, approximate, backend)
+        return _bias_gelu_fwd(x, bias, approximate, backend)
 
     @staticmethod
     def backward(ctx, dy):
         x, bias = ctx.saved_tensors
-        dx, dbias = torch.ops.fastbert.bias_gelu_bwd(dy.contiguous(), x, bias, ctx.approximate, ctx.backend)
+        dx, dbias = _bias_gelu_bwd(dy.contiguous(), x, bias, ctx.approximate, ctx.backend)
         return dx, dbias, None, None
 
 
@@ -73,5 +71,7 @@ def bias_gelu(
     backend = _backend.resolve(backend, x)
     if backend == "torch" or x.numel() == 0:
         return reference.bias_gelu(x, bias, approximate)
-    y = BiasGeluFunction.apply(as_rows(x), bias.contiguous(), approximate, backend)
-    return y.view(x.shape)
+    rows, bias = as_rows(x), bias.contiguous()
+    if needs_grad(x, bias):
+        return BiasGeluFunction.apply(rows, bias, approximate, backend).view(x.shape)
+    return _bias_gelu_fwd(rows, bias, approximate, backend).view(x.shape)

@@ -13,7 +13,9 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import as_rows, check_device, check_float, check_vector, impl, seed_tensor
+from fastbert.ops._common import (
+    as_rows, check_device, check_float, check_vector, fused_op, impl, needs_grad, seed_tensor,
+)
 
 MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
 
@@ -22,7 +24,12 @@ def _seed_int(seed: Optional[torch.Tensor]) -> int:
     return 0 if seed is None else int(seed.item())
 
 
-@torch.library.custom_op("fastbert::add_layer_norm_fwd", mutates_args=())
+def _fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
+    stats = x.new_empty(x.shape[:1], dtype=torch.float32)
+    return torch.empty_like(x), stats, torch.empty_like(stats)
+
+
+@fused_op("add_layer_norm_fwd", _fake_fwd)
 def _add_layer_norm_fwd(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -42,13 +49,11 @@ def _add_layer_norm_fwd(
     )
 
 
-@_add_layer_norm_fwd.register_fake
-def _(x, residual, weight, bias, eps, dropout_p, seed, backend):
-    stats = x.new_empty(x.shape[:1], dtype=torch.float32)
-    return torch.empty_like(x), stats, torch.empty_like(stats)
+def _fake_bwd(dy, x, residual, weight, mean, rstd, dropout_p, seed, backend):
+    return torch.empty_like(x), torch.empty_like(residual), torch.empty_like(weight), torch.empty_like(weight)
 
 
-@torch.library.custom_op("fastbert::add_layer_norm_bwd", mutates_args=())
+@fused_op("add_layer_norm_bwd", _fake_bwd)
 def _add_layer_norm_bwd(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -68,11 +73,6 @@ def _add_layer_norm_bwd(
     )
 
 
-@_add_layer_norm_bwd.register_fake
-def _(dy, x, residual, weight, mean, rstd, dropout_p, seed, backend):
-    return torch.empty_like(x), torch.empty_like(residual), torch.empty_like(weight), torch.empty_like(weight)
-
-
 @torch.library.custom_op("fastbert::dropout_keep_mask", mutates_args=())
 def _dropout_keep_mask(seed: torch.Tensor, rows: int, cols: int, p: float, device: torch.device) -> torch.Tensor:
     # -> bool [rows, cols]: the mask of fastbert.reference.dropout_keep_mask, kept opaque to
@@ -88,9 +88,7 @@ def _(seed, rows, cols, p, device):
 class AddLayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
-        y, mean, rstd = torch.ops.fastbert.add_layer_norm_fwd(
-            x, residual, weight, bias, eps, dropout_p, seed, backend
-        )
+        y, mean, rstd = _add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
         ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
         ctx.dropout_p, ctx.backend = dropout_p, backend
         return y
@@ -98,7 +96,7 @@ class AddLayerNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, residual, weight, mean, rstd, seed = ctx.saved_tensors
-        dx, dres, dw, db = torch.ops.fastbert.add_layer_norm_bwd(
+        dx, dres, dw, db = _add_layer_norm_bwd(
             dy.contiguous(), x, residual, weight, mean, rstd, ctx.dropout_p, seed, ctx.backend
         )
         return dx, dres, dw, db, None, None, None, None
@@ -164,8 +162,7 @@ def add_layer_norm(
             f"fastbert.ops.{op}: hidden size {hidden} is above the supported maximum {MAX_HIDDEN} "
             f"of the {backend!r} backend; use backend='torch' for larger rows"
         )
-    y = AddLayerNormFunction.apply(
-        as_rows(x), as_rows(residual), weight.contiguous(), bias.contiguous(), float(eps), float(dropout_p),
-        seed_t, backend,
-    )
-    return y.view(x.shape)
+    args = (as_rows(x), as_rows(residual), weight.contiguous(), bias.contiguous(), float(eps), float(dropout_p), seed_t)
+    if needs_grad(x, residual, weight, bias):
+        return AddLayerNormFunction.apply(*args, backend).view(x.shape)
+    return _add_layer_norm_fwd(*args, backend)[0].view(x.shape)
