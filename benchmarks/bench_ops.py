@@ -3,9 +3,13 @@
 On CUDA: triton.testing.do_bench GB/s of the "triton" backend against PyTorch eager and
 torch.compile of the same math, with the roofline floor from the bytes each op must move at
 3.0 TB/s (H100 HBM3). On the CPU: the "cpp" backend against the "torch" backend (plain eager), at
-BERT-base and BERT-large shapes; median of repeats, the ratio measured in the same run.
+BERT-base and BERT-large shapes; the providers are called in turn, round after round, and the\nratio is of their medians, measured in the same run on the same inputs.
 
     python benchmarks/bench_ops.py [--dtypes float32,bfloat16] [--json PATH] [--png PATH]
+
+On the CPU, eager torch's times depend on glibc's heap (whether its 4 MiB+ temporaries are mapped
+and faulted in afresh on each call). For torch's best case, run with
+MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184 in the environment.
 """
 from __future__ import annotations
 
@@ -54,12 +58,16 @@ def make_case(op: str, m: int, n: int, dtype, device):
     return inputs, dy, eager, fused
 
 
-def time_fwd_bwd(fn, inputs, dy, device, budget_s):
+def time_fwd_bwd(fns, inputs, dy, device, budget_s):
+    """{provider: (forward seconds, backward seconds)}, the providers timed in turn (see timing)."""
     with torch.no_grad():
-        fwd = median_s(lambda: fn(*inputs), device=device, budget_s=budget_s)
-    y = fn(*inputs)
-    bwd = median_s(lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True), device=device, budget_s=budget_s)
-    return fwd, bwd
+        fwd = median_s({name: (lambda f=fn: f(*inputs)) for name, fn in fns.items()}, device=device, budget_s=budget_s)
+    outs = {name: fn(*inputs) for name, fn in fns.items()}
+    bwd = median_s(
+        {name: (lambda y=y: torch.autograd.grad(y, inputs, dy, retain_graph=True)) for name, y in outs.items()},
+        device=device, budget_s=budget_s,
+    )
+    return {name: (fwd[name], bwd[name]) for name in fns}
 
 
 def run(dtypes, device, shapes=SHAPES, budget_s=3.0, progress=True):
@@ -80,7 +88,7 @@ def run(dtypes, device, shapes=SHAPES, budget_s=3.0, progress=True):
         fns = {providers["fused"]: fused(providers["fused"]), providers["baseline"]: eager}
         if "compiled" in providers:
             fns[providers["compiled"]] = torch.compile(eager)
-        times = {name: time_fwd_bwd(fn, inputs, dy, device, budget_s) for name, fn in fns.items()}
+        times = time_fwd_bwd(fns, inputs, dy, device, budget_s)
         es = torch.empty((), dtype=dtype).element_size()
         for d, direction in enumerate(("fwd", "bwd")):
             nbytes = bytes_moved(op, direction, m, n, es)

@@ -3,33 +3,43 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
 
-def cpu_times(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 15, budget_s: Optional[float] = None) -> List[float]:
-    """Wall-clock seconds of `repeats` calls of fn() after `warmup` calls (fewer when budget_s runs out)."""
+def interleaved_cpu_times(
+    fns: Dict[str, Callable[[], object]], *, warmup: int = 2, repeats: int = 25, budget_s: Optional[float] = None
+) -> Dict[str, List[float]]:
+    """Wall-clock seconds of `repeats` rounds in which every fn is called once, in turn.
+
+    Calling the contenders in turn, rather than one after the other, gives each of them the same
+    machine: the same clock speed, the same neighbours, the same state of malloc's heap. On a shared
+    2-core VM, timings taken a few seconds apart drift by more than the differences measured here.
+    A round is dropped from nobody: the budget (seconds in all) only cuts the number of rounds."""
     for _ in range(warmup):
-        fn()
-    times: List[float] = []
+        for fn in fns.values():
+            fn()
+    times: Dict[str, List[float]] = {name: [] for name in fns}
     start = time.perf_counter()
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if budget_s is not None and time.perf_counter() - start > budget_s and len(times) >= 3:
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        if budget_s is not None and time.perf_counter() - start > budget_s and len(times[name]) >= 5:
             break
     return times
 
 
-def median_s(fn: Callable[[], object], *, device: str = "cpu", **kw) -> float:
-    """Median seconds per call: triton.testing.do_bench on CUDA, perf_counter medians on the CPU."""
+def median_s(fns: Dict[str, Callable[[], object]], *, device: str = "cpu", **kw) -> Dict[str, float]:
+    """Median seconds per call of each fn: triton.testing.do_bench on CUDA, medians of
+    interleaved perf_counter rounds (interleaved_cpu_times) on the CPU."""
     if device == "cuda":
         from triton.testing import do_bench
 
-        return do_bench(fn, return_mode="median") / 1e3
-    return statistics.median(cpu_times(fn, **kw))
+        return {name: do_bench(fn, return_mode="median") / 1e3 for name, fn in fns.items()}
+    return {name: statistics.median(t) for name, t in interleaved_cpu_times(fns, **kw).items()}
 
 
 def machine_info() -> dict:
