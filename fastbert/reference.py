@@ -8,6 +8,10 @@ from the same seed (and the backward regenerates it instead of storing it):
     u = word 0 of Philox-4x32-10 with counter (lo32(offset), hi32(offset), 0, 0), key (lo32(seed), hi32(seed))
         (exactly triton.language.randint(seed, offset));
     the element is kept when (u >> 8) >= dropout_threshold(p) = floor(p * 2**24), scaled by 1 / (1 - p).
+Attention dropout (on the softmax probabilities) uses the same rule with its own counter:
+    probability (sequence b, head h, query i, key j) has offset = (b * heads + h) * 2**32 + i * 2**16 + j,
+    i and j counted from the sequence's first real token (so the padded and the packed layouts of a
+    batch draw the same mask); sequences are at most 2**16 tokens long when dropout is on.
 """
 from __future__ import annotations
 
@@ -155,6 +159,41 @@ class AddLayerNorm(nn.Module):
 # --------------------------------------------------------------------------------------------
 # attention with a padding mask
 
+MAX_DROPOUT_SEQLEN = 1 << 16  # attention dropout counters hold a query and a key position in 16 bits each
+
+
+def attention_dropout_offsets(
+    batch: int, heads: int, seq_q: int, seq_k: int, starts: Optional[torch.Tensor] = None, device=None
+) -> torch.Tensor:
+    """int64 [batch, heads, seq_q, seq_k]: the attention dropout counter of each probability (see the
+    module docstring). starts: int [batch], each sequence's first real position (zeros when None)."""
+    if max(seq_q, seq_k) > MAX_DROPOUT_SEQLEN:
+        raise ValueError(
+            f"attention dropout takes sequences of at most {MAX_DROPOUT_SEQLEN} tokens, got {max(seq_q, seq_k)}"
+        )
+    b = torch.arange(batch, dtype=torch.int64, device=device).view(-1, 1, 1, 1)
+    h = torch.arange(heads, dtype=torch.int64, device=device).view(1, -1, 1, 1)
+    i = torch.arange(seq_q, dtype=torch.int64, device=device).view(1, 1, -1, 1)
+    j = torch.arange(seq_k, dtype=torch.int64, device=device).view(1, 1, 1, -1)
+    if starts is not None:
+        st = starts.to(device=device, dtype=torch.int64).view(-1, 1, 1, 1)
+        i, j = (i - st) & 0xFFFF, (j - st) & 0xFFFF  # positions before the start are padding anyway
+    return ((b * heads + h) << 32) + (i << 16) + j
+
+
+def attention_keep_mask(
+    seed, batch: int, heads: int, seq_q: int, seq_k: int, p: float, starts: Optional[torch.Tensor] = None, device=None
+) -> torch.Tensor:
+    """bool [batch, heads, seq_q, seq_k]: the probabilities attention dropout keeps, for `seed`."""
+    u = philox_uint32(seed, attention_dropout_offsets(batch, heads, seq_q, seq_k, starts, device))
+    return (u >> 8) >= dropout_threshold(p)
+
+
+def mask_starts(attention_mask: torch.Tensor) -> torch.Tensor:
+    """int64 [batch]: the first real position of each row of a [batch, seq] mask (0 for a row with none)."""
+    m = attention_mask.to(torch.bool)
+    return torch.where(m.any(-1), m.to(torch.int8).argmax(-1), 0).to(torch.int64)
+
 
 def attention(
     q: torch.Tensor,
@@ -167,9 +206,10 @@ def attention(
 ) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v, spelled out; q, k, v: [batch, heads, seq, head_dim].
 
-    attention_mask: [batch, seq], 1/True = real token. Padded keys get no weight; a query with no
-    real key returns zeros. keep_mask ([batch, heads, seq, seq] bool) applies dropout to the
-    probabilities when dropout_p > 0 (drawn with torch's RNG when not given).
+    attention_mask: [batch, seq], 1/True = real token. Padded keys get no weight; padded queries
+    return zeros (and pass no gradient), and so does a query with no real key. keep_mask
+    ([batch, heads, seq, seq] bool) applies dropout to the probabilities when dropout_p > 0 (drawn
+    with torch's RNG when not given; attention_keep_mask gives fastbert's counter-based mask).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
@@ -183,7 +223,35 @@ def attention(
         if keep_mask is None:
             keep_mask = torch.rand_like(probs, dtype=torch.float32) >= dropout_p
         probs = probs * keep_mask.to(probs.dtype) / (1.0 - dropout_p)
-    return torch.matmul(probs, v)
+    out = torch.matmul(probs, v)
+    if attention_mask is not None:
+        out = out * attention_mask.to(out.dtype)[:, None, :, None]
+    return out
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    dropout_p: float = 0.0,
+    scale: Optional[float] = None,
+    keep_mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """attention over packed sequences, one at a time; q, k, v: [total_tokens, heads, head_dim],
+    cu_seqlens: [batch + 1], sequence b is tokens cu_seqlens[b]:cu_seqlens[b + 1].
+    keep_mask: bool [batch, heads, >= max_seqlen, >= max_seqlen] (sequence b uses its top-left corner)."""
+    out = torch.zeros_like(q)
+    bounds = cu_seqlens.tolist()
+    for b in range(len(bounds) - 1):
+        lo, hi = bounds[b], bounds[b + 1]
+        if hi == lo:
+            continue
+        qs, ks, vs = (t[lo:hi].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        keep = None if keep_mask is None else keep_mask[b : b + 1, :, : hi - lo, : hi - lo]
+        o = attention(qs, ks, vs, None, dropout_p, scale, keep)
+        out[lo:hi] = o.squeeze(0).transpose(0, 1)
+    return out
 
 
 class Attention(nn.Module):
