@@ -1,0 +1,428 @@
+"""Scaled-dot-product attention with a padding mask, padded and packed (varlen).
+
+    attention(q, k, v, attention_mask=None, *, dropout_p=0.0, scale=None, backend=None)
+        q, k, v:        [batch, heads, seq, head_dim]
+        attention_mask: [batch, seq], 1/True = real token (HF convention); None = no padding
+        returns:        [batch, heads, seq, head_dim]; zeros at padded query positions
+    varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, dropout_p=0.0, scale=None, backend=None)
+        q, k, v:        [total_tokens, heads, head_dim], sequences packed one after another
+        cu_seqlens:     int32 [batch + 1], sequence b is tokens cu_seqlens[b]:cu_seqlens[b + 1]
+        max_seqlen:     int >= every sequence's length
+        returns:        [total_tokens, heads, head_dim]
+
+Padded keys get no weight; a query with no real key returns zeros (never NaN), and padded queries
+pass no gradient. Dropout acts on the probabilities with fastbert's counter-based rule
+(fastbert.reference: the same mask on every backend and in both layouts, regenerated in the
+backward). Backends: "triton" (flash-style kernels, kernels/attention.py), "cpp" (real tokens
+only, csrc/attention.cpp), "torch" (torch.nn.functional.scaled_dot_product_attention; the
+reference layer when dropout is on, so the mask follows the same rule).
+
+Layers: custom ops (opaque to torch.compile) -> autograd Functions -> functional API.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from fastbert import backend as _backend
+from fastbert import reference
+from fastbert.ops._common import FLOAT_DTYPES, check_device, fused_op, impl, needs_grad, seed_tensor
+
+TRITON_HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # what the Triton kernels compile for
+MAX_HEAD_DIM = 256  # the cpp backend
+
+
+def _seed_int(seed: Optional[torch.Tensor]) -> int:
+    return 0 if seed is None else int(seed.item())
+
+
+def _no_mask(device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.bool, device=device)
+
+
+# --------------------------------------------------------------------------------------------
+# custom ops: the fused launchers behind one schema
+
+
+def _lse_like(q: torch.Tensor, varlen: bool) -> torch.Tensor:
+    # padded: fp32 [batch, heads, seq]; varlen: fp32 [heads, total_tokens]
+    shape = (q.shape[1], q.shape[0]) if varlen else q.shape[:3]
+    return q.new_empty(shape, dtype=torch.float32)
+
+
+def _keep_like(q: torch.Tensor, return_mask: bool, batch: int, seq: int) -> torch.Tensor:
+    heads = q.shape[-2] if q.dim() == 3 else q.shape[1]
+    return q.new_empty((batch, heads, seq, seq) if return_mask else (0,), dtype=torch.bool)
+
+
+def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend):
+    return torch.empty_like(q), _lse_like(q, False), _keep_like(q, return_mask, q.shape[0], q.shape[2])
+
+
+@fused_op("attention_fwd", _fake_fwd)
+def _attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: Optional[torch.Tensor],
+    scale: float,
+    dropout_p: float,
+    seed: Optional[torch.Tensor],
+    return_mask: bool,
+    backend: str,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, lse, keep = impl(backend, "attention").attention_forward(
+        q, k, v, key_mask, scale, dropout_p, _seed_int(seed), return_mask
+    )
+    return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
+
+
+def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, backend):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@fused_op("attention_bwd", _fake_bwd)
+def _attention_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    key_mask: Optional[torch.Tensor],
+    scale: float,
+    dropout_p: float,
+    seed: Optional[torch.Tensor],
+    backend: str,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(
+        impl(backend, "attention").attention_backward(do, q, k, v, out, lse, key_mask, scale, dropout_p, _seed_int(seed))
+    )
+
+
+def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
+    batch = cu_seqlens.shape[0] - 1
+    return torch.empty_like(q), _lse_like(q, True), _keep_like(q, return_mask, batch, max_seqlen)
+
+
+@fused_op("varlen_attention_fwd", _fake_varlen_fwd)
+def _varlen_attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float,
+    dropout_p: float,
+    seed: Optional[torch.Tensor],
+    return_mask: bool,
+    backend: str,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, lse, keep = impl(backend, "attention").varlen_attention_forward(
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, _seed_int(seed), return_mask
+    )
+    return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
+
+
+def _fake_varlen_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed, backend):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@fused_op("varlen_attention_bwd", _fake_varlen_bwd)
+def _varlen_attention_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float,
+    dropout_p: float,
+    seed: Optional[torch.Tensor],
+    backend: str,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(
+        impl(backend, "attention").varlen_attention_backward(
+            do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, _seed_int(seed)
+        )
+    )
+
+
+def _fake_keep(seed, batch, heads, seq, p, starts):
+    return torch.empty((batch, heads, seq, seq), dtype=torch.bool, device=starts.device if starts is not None else "cpu")
+
+
+@fused_op("attention_keep_mask", _fake_keep)
+def _attention_keep_mask(
+    seed: torch.Tensor, batch: int, heads: int, seq: int, p: float, starts: Optional[torch.Tensor]
+) -> torch.Tensor:
+    # the torch backend's dropout mask, opaque to torch.compile like fastbert::dropout_keep_mask
+    device = starts.device if starts is not None else seed.device
+    return reference.attention_keep_mask(seed, batch, heads, seq, seq, p, starts, device)
+
+
+# --------------------------------------------------------------------------------------------
+# autograd
+
+
+class AttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend):
+        out, lse, keep = _attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend)
+        ctx.save_for_backward(q, k, v, out, lse, key_mask, seed)
+        ctx.scale, ctx.dropout_p, ctx.backend = scale, dropout_p, backend
+        ctx.mark_non_differentiable(keep)
+        return out, keep
+
+    @staticmethod
+    def backward(ctx, dout, _dkeep):
+        q, k, v, out, lse, key_mask, seed = ctx.saved_tensors
+        dq, dk, dv = _attention_bwd(
+            dout.contiguous(), q, k, v, out, lse, key_mask, ctx.scale, ctx.dropout_p, seed, ctx.backend
+        )
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+class VarlenAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
+        out, lse, keep = _varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, seed)
+        ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.backend = max_seqlen, scale, dropout_p, backend
+        ctx.mark_non_differentiable(keep)
+        return out, keep
+
+    @staticmethod
+    def backward(ctx, dout, _dkeep):
+        q, k, v, out, lse, cu_seqlens, seed = ctx.saved_tensors
+        dq, dk, dv = _varlen_attention_bwd(
+            dout.contiguous(), q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.dropout_p, seed, ctx.backend
+        )
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# checks shared by both entry points
+
+
+def _check_qkv(op: str, q, k, v, dims: int, layout: str) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fastbert.ops.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"fastbert.ops.{op}: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
+    if q.dim() != dims:
+        raise ValueError(f"fastbert.ops.{op}: q must be {layout}, got shape {tuple(q.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.shape != q.shape:
+            raise ValueError(
+                f"fastbert.ops.{op}: {name} has shape {tuple(t.shape)} but q has shape {tuple(q.shape)}; "
+                f"q, k and v must all be {layout} with the same sizes"
+            )
+        if t.dtype != q.dtype:
+            raise TypeError(f"fastbert.ops.{op}: {name} has dtype {t.dtype} but q has dtype {q.dtype}; they must match")
+        check_device(op, name, t, q)
+
+
+def _check_options(op: str, backend: str, head_dim: int, dropout_p: float, scale: Optional[float], seq: int) -> float:
+    if backend == "triton" and head_dim not in TRITON_HEAD_DIMS:
+        raise ValueError(
+            f"fastbert.ops.{op}: head_dim {head_dim} is not supported by the 'triton' backend; "
+            f"supported: {TRITON_HEAD_DIMS}"
+        )
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"fastbert.ops.{op}: head_dim {head_dim} is not supported; it must be in 1..{MAX_HEAD_DIM}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"fastbert.ops.{op}: dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p > 0 and seq > reference.MAX_DROPOUT_SEQLEN:
+        raise ValueError(
+            f"fastbert.ops.{op}: attention dropout takes sequences of at most {reference.MAX_DROPOUT_SEQLEN} "
+            f"tokens, got {seq}"
+        )
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"fastbert.ops.{op}: scale must be a finite number > 0, got {scale!r}")
+    return float(scale)
+
+
+def _as_bool_mask(op: str, attention_mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"fastbert.ops.{op}: attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+    batch, seq = q.shape[0], q.shape[2]
+    if tuple(attention_mask.shape) != (batch, seq):
+        raise ValueError(
+            f"fastbert.ops.{op}: attention_mask has shape {tuple(attention_mask.shape)}; it must be "
+            f"[batch, seq] = ({batch}, {seq}) for q of shape {tuple(q.shape)}"
+        )
+    check_device(op, "attention_mask", attention_mask, q)
+    if attention_mask.is_floating_point() and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError(f"fastbert.ops.{op}: a floating attention_mask must hold only 0 and 1 (1 = real token)")
+    return (attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0).contiguous()
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# the "torch" backend
+
+
+def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask):
+    keep = None
+    if dropout_p > 0:
+        starts = reference.mask_starts(mask) if mask is not None else None
+        keep = _attention_keep_mask(seed, q.shape[0], q.shape[1], q.shape[2], dropout_p, starts)
+        keep = keep.to(q.device)
+        out = reference.attention(q, k, v, mask, dropout_p, scale, keep_mask=keep)
+    elif mask is None:
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    else:
+        # padded queries may see every key: their rows stay finite (SDPA gives NaN for a row with no
+        # key at all), and are zeroed below; real queries see the real keys only
+        allowed = mask[:, None, None, :] | ~mask[:, None, :, None]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+        out = out * mask[:, None, :, None].to(out.dtype)
+    if return_mask:
+        if keep is None:
+            keep = torch.ones(q.shape[:3] + (q.shape[2],), dtype=torch.bool, device=q.device)
+        return out, keep
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the functional API
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    *,
+    dropout_p: float = 0.0,
+    scale: Optional[float] = None,
+    backend: Optional[str] = None,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    return_dropout_mask: bool = False,
+):
+    """softmax(q k^T * scale, padded keys masked) v, one fused pass (see the module docstring).
+
+    q, k, v: [batch, heads, seq, head_dim], one dtype (float32/float16/bfloat16), any strides.
+    attention_mask: [batch, seq] (bool, integer, or float 0/1), 1/True = real token, or None.
+    dropout_p: on the attention probabilities; the mask is a function of `seed` (an int in
+    [0, 2**63); drawn from torch's RNG, or `generator`, when None). scale: default 1/sqrt(head_dim).
+    return_dropout_mask: also return the bool [batch, heads, seq, seq] keep-mask the backend used
+    (all True without dropout), for checking a backend against the reference.
+    Returns [batch, heads, seq, head_dim] in q's dtype (zeros at padded query positions).
+    """
+    op = "attention"
+    _check_qkv(op, q, k, v, 4, "[batch, heads, seq, head_dim]")
+    backend = _backend.resolve(backend, q)
+    scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, q.shape[2])
+    mask = None if attention_mask is None else _as_bool_mask(op, attention_mask, q)
+    seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
+    if backend == "torch" or q.numel() == 0:
+        return _torch_attention(q, k, v, mask, scale, float(dropout_p), seed_t, return_dropout_mask)
+    q, k, v = (_rows_contiguous(t) for t in (q, k, v))
+    args = (q, k, v, mask, scale, float(dropout_p), seed_t, bool(return_dropout_mask))
+    if needs_grad(q, k, v):
+        out, keep = AttentionFunction.apply(*args, backend)
+    else:
+        out, _, keep = _attention_fwd(*args, backend)
+    if return_dropout_mask:
+        if keep.numel() == 0:  # no dropout: every probability kept
+            keep = torch.ones(q.shape[:3] + (q.shape[2],), dtype=torch.bool, device=q.device)
+        return out, keep
+    return out
+
+
+def _check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"fastbert.ops.{op}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"fastbert.ops.{op}: cu_seqlens must be int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        raise ValueError(f"fastbert.ops.{op}: cu_seqlens must be 1-D [batch + 1], got shape {tuple(cu_seqlens.shape)}")
+    check_device(op, "cu_seqlens", cu_seqlens, q)
+    if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 0:
+        raise TypeError(f"fastbert.ops.{op}: max_seqlen must be an int >= 0, got {max_seqlen!r}")
+    cu = cu_seqlens.tolist()  # one small copy: the bounds are checked on the host
+    if cu[0] != 0 or cu[-1] != q.shape[0]:
+        raise ValueError(
+            f"fastbert.ops.{op}: cu_seqlens must start at 0 and end at total_tokens = {q.shape[0]}, "
+            f"got {cu[0]} ... {cu[-1]}"
+        )
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"fastbert.ops.{op}: cu_seqlens must be non-decreasing, got {cu}")
+    if lengths and max(lengths) > max_seqlen:
+        raise ValueError(
+            f"fastbert.ops.{op}: max_seqlen is {max_seqlen} but sequence {lengths.index(max(lengths))} "
+            f"has {max(lengths)} tokens"
+        )
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    dropout_p: float = 0.0,
+    scale: Optional[float] = None,
+    backend: Optional[str] = None,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    return_dropout_mask: bool = False,
+):
+    """attention over packed sequences (see the module docstring for the shapes).
+
+    Each sequence attends within itself only. The same options as `attention`; the dropout mask
+    of sequence b is the one `attention` draws for row b of a right-padded batch, so the two entry
+    points agree. return_dropout_mask: also return bool [batch, heads, max_seqlen, max_seqlen].
+    """
+    op = "varlen_attention"
+    _check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]")
+    _check_cu_seqlens(op, cu_seqlens, max_seqlen, q)
+    backend = _backend.resolve(backend, q)
+    scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, max_seqlen)
+    seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
+    batch = cu_seqlens.shape[0] - 1
+    if backend == "torch" or q.numel() == 0:
+        return _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, float(dropout_p), seed_t, return_dropout_mask)
+    q, k, v = (_rows_contiguous(t) for t in (q, k, v))
+    args = (q, k, v, cu_seqlens.contiguous(), max_seqlen, scale, float(dropout_p), seed_t, bool(return_dropout_mask))
+    if needs_grad(q, k, v):
+        out, keep = VarlenAttentionFunction.apply(*args, backend)
+    else:
+        out, _, keep = _varlen_attention_fwd(*args, backend)
+    if return_dropout_mask:
+        if keep.numel() == 0:
+            keep = torch.ones((batch, q.shape[1], max_seqlen, max_seqlen), dtype=torch.bool, device=q.device)
+        return out, keep
+    return out
+
+
+def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask):
+    """The packed batch padded to max_seqlen, through the padded torch path, and packed again."""
+    from fastbert.ops.padding import pad
+
+    batch = cu_seqlens.shape[0] - 1
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    positions = torch.arange(max_seqlen, device=q.device)
+    mask = positions[None, :] < lengths[:, None]  # [batch, max_seqlen]
+    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    padded = [pad(t, indices, batch, max_seqlen).transpose(1, 2) for t in (q, k, v)]  # [batch, heads, seq, d]
+    res = _torch_attention(*padded, mask, scale, dropout_p, seed, return_mask)
+    out, keep = res if return_mask else (res, None)
+    packed = out.transpose(1, 2).reshape(batch * max_seqlen, q.shape[1], q.shape[2]).index_select(0, indices)
+    return (packed, keep) if return_mask else packed

@@ -1,0 +1,119 @@
+"""Unpad once, pad once: move a padded batch to packed tokens and back.
+
+    unpad(hidden, attention_mask) -> (packed, indices, cu_seqlens, max_seqlen)
+        hidden:         [batch, seq, ...]   any dtype
+        attention_mask: [batch, seq]        bool or integer (1/True = real token, HF convention)
+        packed:         [total_tokens, ...] the real tokens, sequence after sequence, in order
+        indices:        int64 [total_tokens], flat position b * seq + s of each packed token
+        cu_seqlens:     int32 [batch + 1], sequence b is packed[cu_seqlens[b]:cu_seqlens[b + 1]]
+        max_seqlen:     int, the longest sequence (0 for an all-padding batch)
+    pad(packed, indices, batch, seqlen) -> hidden
+        packed [total_tokens, ...] -> hidden [batch, seqlen, ...], zeros at padded positions
+
+Both are a gather and a scatter with autograd Functions of their own (the gradient of one is the
+other), so the unpadded model path pays for exactly the real tokens. On the CPU the index
+building runs in the C++ extension (one pass over the mask); elsewhere in torch ops.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from fastbert import backend as _backend
+
+
+def _check_mask(op: str, attention_mask: torch.Tensor) -> None:
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"fastbert.ops.{op}: attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"fastbert.ops.{op}: attention_mask must be [batch, seq], got shape {tuple(attention_mask.shape)}"
+        )
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        # HF masks are long; float masks of 0/1 are accepted when they really are 0/1
+        if not ((attention_mask == 0) | (attention_mask == 1)).all():
+            raise ValueError(f"fastbert.ops.{op}: a floating attention_mask must hold only 0 and 1")
+
+
+def unpad_indices(attention_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """(indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask."""
+    _check_mask("unpad", attention_mask)
+    ext = _backend.cpp_extension() if attention_mask.device.type == "cpu" else None
+    if ext is not None and hasattr(ext, "unpad_indices"):
+        m = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+        indices, cu_seqlens, max_seqlen = ext.unpad_indices(m.contiguous())
+        return indices, cu_seqlens, int(max_seqlen)
+    m = attention_mask != 0
+    seqlens = m.sum(dim=1, dtype=torch.int32)
+    indices = torch.nonzero(m.flatten(), as_tuple=False).flatten()
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    max_seqlen = int(seqlens.max().item()) if seqlens.numel() else 0
+    return indices, cu_seqlens, max_seqlen
+
+
+class _Gather(torch.autograd.Function):
+    """rows [n, ...] -> rows[indices] [len(indices), ...]; backward scatters into zeros."""
+
+    @staticmethod
+    def forward(ctx, rows, indices):
+        ctx.save_for_backward(indices)
+        ctx.n = rows.shape[0]
+        return rows.index_select(0, indices)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (indices,) = ctx.saved_tensors
+        out = grad.new_zeros((ctx.n,) + tuple(grad.shape[1:]))
+        out.index_copy_(0, indices, grad)  # indices are distinct: no sums, no atomics
+        return out, None
+
+
+class _Scatter(torch.autograd.Function):
+    """packed [t, ...] -> zeros [n, ...] with row indices[i] = packed[i]; backward gathers."""
+
+    @staticmethod
+    def forward(ctx, packed, indices, n):
+        ctx.save_for_backward(indices)
+        out = packed.new_zeros((n,) + tuple(packed.shape[1:]))
+        out.index_copy_(0, indices, packed)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (indices,) = ctx.saved_tensors
+        return grad.index_select(0, indices), None, None
+
+
+def unpad(hidden: torch.Tensor, attention_mask: torch.Tensor):
+    """The real tokens of a padded batch, packed: see the module docstring for every shape."""
+    if not isinstance(hidden, torch.Tensor):
+        raise TypeError(f"fastbert.ops.unpad: hidden must be a torch.Tensor, got {type(hidden).__name__}")
+    _check_mask("unpad", attention_mask)
+    if hidden.dim() < 2 or tuple(hidden.shape[:2]) != tuple(attention_mask.shape):
+        raise ValueError(
+            f"fastbert.ops.unpad: hidden has shape {tuple(hidden.shape)} but attention_mask has shape "
+            f"{tuple(attention_mask.shape)}; hidden must be [batch, seq, ...] with [batch, seq] = the mask's shape"
+        )
+    if attention_mask.device != hidden.device:
+        raise ValueError(f"fastbert.ops.unpad: attention_mask is on {attention_mask.device} but hidden is on {hidden.device}")
+    indices, cu_seqlens, max_seqlen = unpad_indices(attention_mask)
+    rows = hidden.reshape((hidden.shape[0] * hidden.shape[1],) + tuple(hidden.shape[2:]))
+    return _Gather.apply(rows, indices), indices, cu_seqlens, max_seqlen
+
+
+def pad(packed: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    """packed [total_tokens, ...] back to [batch, seqlen, ...], zeros at the padded positions."""
+    if not isinstance(packed, torch.Tensor) or not isinstance(indices, torch.Tensor):
+        raise TypeError("fastbert.ops.pad: packed and indices must be torch.Tensors")
+    if indices.dim() != 1 or indices.dtype != torch.int64:
+        raise ValueError(f"fastbert.ops.pad: indices must be int64 [total_tokens], got {indices.dtype} {tuple(indices.shape)}")
+    if packed.dim() < 1 or packed.shape[0] != indices.shape[0]:
+        raise ValueError(
+            f"fastbert.ops.pad: packed has {packed.shape[0] if packed.dim() else 0} rows but indices has "
+            f"{indices.shape[0]}; they must match"
+        )
+    if batch < 0 or seqlen < 0:
+        raise ValueError(f"fastbert.ops.pad: batch and seqlen must be >= 0, got {batch}, {seqlen}")
+    out = _Scatter.apply(packed, indices, batch * seqlen)
+    return out.view((batch, seqlen) + tuple(packed.shape[1:]))
