@@ -1,7 +1,20 @@
 """fastbert: BERT on hand-written fused kernels (Triton on GPU, fused C++ on CPU)."""
 from fastbert import ops, reference
 from fastbert.backend import BACKENDS
+from fastbert.modeling import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["ops", "reference", "BACKENDS", "__version__"]
+__all__ = [
+    "ops", "reference", "BACKENDS", "__version__",
+    "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
+    "BertForTokenClassification", "BertForQuestionAnswering",
+]
