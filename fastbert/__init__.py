@@ -10,11 +10,12 @@ from fastbert.modeling import (
     BertForTokenClassification,
     BertModel,
 )
+from fastbert.sentence import SentenceEncoder
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ops", "reference", "BACKENDS", "__version__",
     "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-    "BertForTokenClassification", "BertForQuestionAnswering",
+    "BertForTokenClassification", "BertForQuestionAnswering", "SentenceEncoder",
 ]

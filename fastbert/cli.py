@@ -5,6 +5,7 @@ import sys
 
 COMMANDS = {
     "selfcheck": ("fastbert.selfcheck", "check every fused op on every backend here against the fp64 reference"),
+    "encode": ("fastbert.sentence", "embed lines of text with a sentence-transformers model (.npy out)"),
 }
 
 
