@@ -595,7 +595,20 @@ def _check_ids(name: str, t: Optional[torch.Tensor], shape, upper: int, what: st
             raise ValueError(f"fastbert: {name} must be in [0, {upper}) ({what}), got values in [{lo}, {hi}]")
 
 
+def _check_mask(mask, shape) -> None:
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"fastbert: attention_mask must be a torch.Tensor, got {type(mask).__name__}")
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"fastbert: attention_mask has shape {tuple(mask.shape)}; it must be {tuple(shape)} like input_ids")
+    if mask.numel() and not ((mask == 0) | (mask == 1)).all():
+        raise ValueError("fastbert: attention_mask must be in {0, 1} (0 = padding, 1 = real token)")
+
+
 class BertModel(BertPreTrainedModel):
+    # a batch with padding runs packed (unpad once, varlen attention, pad once); False keeps every
+    # batch padded (the two paths agree at real tokens; the switch is there to check that)
+    unpad_inputs: bool = True
+
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
@@ -624,15 +637,14 @@ class BertModel(BertPreTrainedModel):
             _check_ids("token_type_ids", token_type_ids, input_ids.shape, cfg.type_vocab_size, "type_vocab_size")
             _check_ids("position_ids", position_ids, None, cfg.max_position_embeddings, "max_position_embeddings")
             if attention_mask is not None:
-                _check_ids("attention_mask", attention_mask.to(torch.int64) if attention_mask.dtype == torch.bool else attention_mask,
-                           input_ids.shape, 2, "0 = padding, 1 = real token")
+                _check_mask(attention_mask, input_ids.shape)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if position_ids is None:
             position_ids = torch.arange(seq, device=input_ids.device).expand(bsz, seq)
         hidden = self.embeddings(input_ids, token_type_ids, position_ids)
         mask = None if attention_mask is None else attention_mask.to(torch.bool)
-        packed = mask is not None and not compiling and not bool(mask.all())
+        packed = self.unpad_inputs and mask is not None and not compiling and not bool(mask.all())
         if packed:
             h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, mask)
             for layer in self.encoder.layer:
