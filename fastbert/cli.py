@@ -6,6 +6,7 @@ import sys
 COMMANDS = {
     "selfcheck": ("fastbert.selfcheck", "check every fused op on every backend here against the fp64 reference"),
     "encode": ("fastbert.sentence", "embed lines of text with a sentence-transformers model (.npy out)"),
+    "bench": ("fastbert.encoder_bench:quick", "time the encoder against transformers and the GEMM floor (about a minute)"),
 }
 
 
@@ -18,8 +19,9 @@ def main(argv=None) -> int:
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     import importlib
 
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    module_name, _, function = COMMANDS[argv[0]][0].partition(":")
+    module = importlib.import_module(module_name)
+    return int(getattr(module, function or "main")(argv[1:]) or 0)
 
 
 if __name__ == "__main__":
