@@ -1,5 +1,5 @@
 """fastbert: BERT on hand-written fused kernels (Triton on GPU, fused C++ on CPU)."""
-from fastbert import ops, reference
+from fastbert import data, masking, ops, reference
 from fastbert.backend import BACKENDS
 from fastbert.modeling import (
     BertConfig,
@@ -15,7 +15,7 @@ from fastbert.sentence import SentenceEncoder
 __version__ = "0.1.0"
 
 __all__ = [
-    "ops", "reference", "BACKENDS", "__version__",
+    "ops", "reference", "masking", "data", "BACKENDS", "__version__",
     "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
     "BertForTokenClassification", "BertForQuestionAnswering", "SentenceEncoder",
 ]
