@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "cpu_ops.h"
+#include "masking.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastbert C++ extension: fused CPU kernels";
@@ -32,6 +33,49 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "vector code; fastbert.reference.philox_uint32).");
   m.def("philox_uint32_scalar", &fastbert::philox_uint32_scalar, py::arg("seed"), py::arg("start"),
         py::arg("count"), "philox_uint32 computed one counter at a time in plain C++.");
+  m.def("attention_forward", &fastbert::attention_forward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("key_mask"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
+        py::arg("return_dropout_mask"),
+        "(out, lse, keep) of softmax(q k^T * scale, padded keys masked) v for q, k, v [batch, heads, seq, head_dim] "
+        "(one float dtype, last dim contiguous) and key_mask None or [batch, seq] (True / nonzero = real token). "
+        "out: contiguous, q's dtype, zeros at padded queries; lse: float32 [batch, heads, seq]; keep: the bool "
+        "[batch, heads, seq, seq] dropout keep-mask when return_dropout_mask, else an empty bool tensor [0].");
+  m.def("attention_backward", &fastbert::attention_backward, py::arg("do"), py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("out"), py::arg("lse"), py::arg("key_mask"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
+        "(dq, dk, dv) of attention_forward (contiguous, q's dtype; zeros at padded positions; thread-count "
+        "independent). The dropout mask is regenerated from seed.");
+  m.def("varlen_attention_forward", &fastbert::varlen_attention_forward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
+        py::arg("return_dropout_mask"),
+        "(out, lse, keep) of attention over packed sequences: q, k, v [tokens, heads, head_dim], cu_seqlens int32 "
+        "[batch + 1]. lse: float32 [heads, tokens]; keep: bool [batch, heads, max_seqlen, max_seqlen] when "
+        "return_dropout_mask, else an empty bool tensor [0].");
+  m.def("varlen_attention_backward", &fastbert::varlen_attention_backward, py::arg("do"), py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
+        py::arg("dropout_p"), py::arg("seed"), "(dq, dk, dv) of varlen_attention_forward.");
+  m.def("unpad_indices", &fastbert::unpad_indices, py::arg("attention_mask"),
+        "(indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen int) of a [batch, seq] CPU mask "
+        "(bool, integer or float; nonzero = real token): indices are the flat positions b * seq + s of the real "
+        "tokens in row-major order.");
+  // token masking (masking.h)
+  m.def("mask_tokens", &fastbert::mask_tokens, py::arg("input_ids"), py::arg("special_tokens_mask"),
+        py::arg("attention_mask"), py::arg("word_start_mask"), py::arg("special_token_ids"),
+        py::arg("mask_token_id"), py::arg("vocab_size"), py::arg("mlm_probability"), py::arg("mask_replace_prob"),
+        py::arg("random_replace_prob"), py::arg("max_predictions"), py::arg("seed"), py::arg("bernoulli"),
+        py::call_guard<py::gil_scoped_release>(),
+        "(masked_input_ids, labels) int64 [batch, seq] by fastbert's MLM masking rule (fastbert.masking.mask_tokens; "
+        "the rule in fastbert.reference.mask_tokens). Masks: None or [batch, seq] bool / integer; "
+        "special_token_ids: None or int64 [n]; max_predictions < 0: no limit.");
+  m.def("word_start_table", &fastbert::word_start_table, py::arg("tokens"),
+        "bool [len(tokens)]: True where a WordPiece token starts a word (does not begin with '##').");
+  m.def("word_starts", &fastbert::word_starts, py::arg("input_ids"), py::arg("table"),
+        py::call_guard<py::gil_scoped_release>(),
+        "bool tensor shaped like int64 input_ids: table[input_ids], ids checked against the table's size.");
+  m.def(
+      "pad_id_lists",
+      [](py::object rows, int64_t seq, int64_t pad_value) { return fastbert::pad_id_lists(rows.ptr(), seq, pad_value); },
+      py::arg("rows"), py::arg("seq"), py::arg("pad_value"),
+      "int64 [len(rows), seq]: each row (a list or tuple of ints) followed by pad_value.");
   m.def("cpu_isa", &fastbert::cpu_isa, "The vector instruction set the kernels were compiled for.");
   m.def("release_cached_memory", &fastbert::detail::release_cached_memory,
         "Unmap the freed large-output mappings the kernels keep for reuse (at most 4 of them, 1 GiB in all).");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/Optional.h>
 
 #include "vec.h"
 
@@ -33,6 +34,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backwa
 at::Tensor dropout_keep_mask(int64_t rows, int64_t cols, double p, int64_t seed);
 at::Tensor philox_uint32(int64_t seed, int64_t start, int64_t count);         // the kernels' vector path
 at::Tensor philox_uint32_scalar(int64_t seed, int64_t start, int64_t count);  // one counter at a time
+// attention.cpp: q, k, v [batch, heads, seq, head_dim] (padded) or [tokens, heads, head_dim] (packed),
+// one float dtype, last dim contiguous. lse: float32 [batch, heads, seq] / [heads, tokens]. keep: the
+// bool dropout keep-mask [batch, heads, n, n] when asked for, else an empty bool tensor of shape [0].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                                  const at::Tensor& v,
+                                                                  const c10::optional<at::Tensor>& key_mask,
+                                                                  double scale, double dropout_p, int64_t seed,
+                                                                  bool return_dropout_mask);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const c10::optional<at::Tensor>& key_mask, double scale, double dropout_p, int64_t seed);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                                         const at::Tensor& v,
+                                                                         const at::Tensor& cu_seqlens,
+                                                                         int64_t max_seqlen, double scale,
+                                                                         double dropout_p, int64_t seed,
+                                                                         bool return_dropout_mask);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale, double dropout_p,
+    int64_t seed);
+
+// padding.cpp: (indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask
+std::tuple<at::Tensor, at::Tensor, int64_t> unpad_indices(const at::Tensor& attention_mask);
+
 // cpu_common.cpp
 const char* cpu_isa();  // "avx512", "avx2" or "scalar"
 

@@ -61,5 +61,10 @@ inline vec::Vf keep_scale(uint64_t base, const Keys& keys, uint32_t thresh, floa
   return vec::keep_scale(words(base, keys), thresh, scale);
 }
 
+// the same for the counters base + i * step of lane i (a column of a row-major counter grid)
+inline vec::Vf keep_scale_step(uint64_t base, uint64_t step, const Keys& keys, uint32_t thresh, float scale) {
+  return vec::keep_scale(vec::philox_word0_step(base, step, kRoundA, kRoundB, keys.k0, keys.k1), thresh, scale);
+}
+
 }  // namespace philox
 }  // namespace fastbert

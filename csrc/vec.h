@@ -51,6 +51,7 @@ inline Vf vmin(Vf a, Vf b) { return {_mm512_min_ps(a.v, b.v)}; }  // b when a is
 inline Vf vmax(Vf a, Vf b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline Vf vabs(Vf a) { return {_mm512_abs_ps(a.v)}; }
 inline float hsum(Vf a) { return _mm512_reduce_add_ps(a.v); }
+inline float hmax(Vf a) { return _mm512_reduce_max_ps(a.v); }
 // lanes of `if_neg` where x < 0, else lanes of `otherwise`
 inline Vf where_negative(Vf x, Vf if_neg, Vf otherwise) {
   __mmask16 m = _mm512_cmp_ps_mask(x.v, _mm512_setzero_ps(), _CMP_LT_OQ);
@@ -85,6 +86,12 @@ inline float hsum(Vf a) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+inline float hmax(Vf a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
 inline Vf where_negative(Vf x, Vf if_neg, Vf otherwise) {
   __m256 m = _mm256_cmp_ps(x.v, _mm256_setzero_ps(), _CMP_LT_OQ);
   return {_mm256_blendv_ps(otherwise.v, if_neg.v, m)};
@@ -108,6 +115,7 @@ inline Vf vmin(Vf a, Vf b) { return {a.v < b.v ? a.v : b.v}; }  // b when a is N
 inline Vf vmax(Vf a, Vf b) { return {a.v > b.v ? a.v : b.v}; }
 inline Vf vabs(Vf a) { return {std::fabs(a.v)}; }
 inline float hsum(Vf a) { return a.v; }
+inline float hmax(Vf a) { return a.v; }
 inline Vf where_negative(Vf x, Vf if_neg, Vf otherwise) { return x.v < 0.0f ? if_neg : otherwise; }
 inline Vf recip(Vf d) { return {1.0f / d.v}; }
 
@@ -155,6 +163,64 @@ inline Vf vexp(Vf x) {
 }
 #else
 inline Vf vexp(Vf x) { return {std::exp(x.v)}; }
+#endif
+
+// exp(x) for x <= 88.3 whose lanes below -87.33 (where e^x leaves the normal range), -inf
+// included, are exactly 0: softmax weights of masked entries, which must carry no weight at all.
+inline Vf vexp_or_zero(Vf x) {
+  const Vf lo = set1(-87.33654f);
+  return where_negative(x - lo, set1(0.0f), vexp(vmax(x, lo)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// transpose of a kWidth x kWidth block held in kWidth vectors: r[i] lane j <- r[j] lane i
+
+#if defined(FASTBERT_VEC_AVX512)
+inline void transpose(Vf* r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
+  }
+  // u[4i + k], 128-bit lane l: column 4l + k of rows 4i .. 4i + 3
+  __m512 u[16];
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512 ab_even = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);
+    const __m512 ab_odd = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xDD);
+    const __m512 cd_even = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+    const __m512 cd_odd = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xDD);
+    r[k].v = _mm512_shuffle_f32x4(ab_even, cd_even, 0x88);
+    r[8 + k].v = _mm512_shuffle_f32x4(ab_even, cd_even, 0xDD);
+    r[4 + k].v = _mm512_shuffle_f32x4(ab_odd, cd_odd, 0x88);
+    r[12 + k].v = _mm512_shuffle_f32x4(ab_odd, cd_odd, 0xDD);
+  }
+}
+#elif defined(FASTBERT_VEC_AVX2)
+inline void transpose(Vf* r) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k].v = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+    r[4 + k].v = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+  }
+}
+#else
+inline void transpose(Vf*) {}
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -327,6 +393,18 @@ inline Vf keep_scale(Vu u, uint32_t threshold, float scale) {
   return {_mm512_maskz_mov_ps(keep, _mm512_set1_ps(scale))};
 }
 inline void store_u32(uint32_t* p, Vu a) { _mm512_storeu_si512(p, a.v); }
+// word 0 for the counters base + i * step of lane i
+inline Vu philox_word0_step(uint64_t base, uint64_t step, uint32_t ra, uint32_t rb, const uint32_t* k0,
+                            const uint32_t* k1) {
+  const __m512i b = _mm512_set1_epi64(static_cast<long long>(base));
+  const __m512i s = _mm512_set1_epi64(static_cast<long long>(step));
+  const __m512i lo_i = _mm512_mullo_epi64(s, _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m512i hi_i = _mm512_mullo_epi64(s, _mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15));
+  __m512i lo = detail::philox8(_mm512_add_epi64(b, lo_i), ra, rb, k0, k1);
+  __m512i hi = detail::philox8(_mm512_add_epi64(b, hi_i), ra, rb, k0, k1);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  return {_mm512_permutex2var_epi32(lo, even, hi)};
+}
 
 #elif defined(FASTBERT_VEC_AVX2)
 namespace detail {
@@ -365,6 +443,14 @@ inline Vf keep_scale(Vu u, uint32_t threshold, float scale) {
   return {_mm256_and_ps(_mm256_castsi256_ps(keep), _mm256_set1_ps(scale))};
 }
 inline void store_u32(uint32_t* p, Vu a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), a.v); }
+inline Vu philox_word0_step(uint64_t base, uint64_t step, uint32_t ra, uint32_t rb, const uint32_t* k0,
+                            const uint32_t* k1) {
+  const auto at = [&](uint64_t i) { return static_cast<long long>(base + i * step); };
+  __m256i lo = detail::philox4(_mm256_setr_epi64x(at(0), at(1), at(2), at(3)), ra, rb, k0, k1);
+  __m256i hi = detail::philox4(_mm256_setr_epi64x(at(4), at(5), at(6), at(7)), ra, rb, k0, k1);
+  __m256 packed = _mm256_shuffle_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi), _MM_SHUFFLE(2, 0, 2, 0));
+  return {_mm256_permute4x64_epi64(_mm256_castps_si256(packed), _MM_SHUFFLE(3, 1, 2, 0))};
+}
 
 #else
 inline Vu philox_word0(uint64_t base, uint32_t ra, uint32_t rb, const uint32_t* k0, const uint32_t* k1) {
@@ -382,6 +468,10 @@ inline Vu philox_word0(uint64_t base, uint32_t ra, uint32_t rb, const uint32_t* 
 }
 inline Vf keep_scale(Vu u, uint32_t threshold, float scale) { return {(u.v >> 8) >= threshold ? scale : 0.0f}; }
 inline void store_u32(uint32_t* p, Vu a) { *p = a.v; }
+inline Vu philox_word0_step(uint64_t base, uint64_t /*step*/, uint32_t ra, uint32_t rb, const uint32_t* k0,
+                            const uint32_t* k1) {
+  return philox_word0(base, ra, rb, k0, k1);
+}
 #endif
 
 // ---------------------------------------------------------------------------------------------
