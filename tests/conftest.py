@@ -60,3 +60,30 @@ def run_with_grads(fn, inputs, grad_out):
 def backend(request):
     require(request.param)
     return request.param
+
+
+# ---------------------------------------------------------------------------------------------
+# pretraining tests (tests/pretraining): one tiny prepared corpus per session, one thread
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "pretraining"))
+    from pretraining_helpers import make_tiny_data
+
+    return make_tiny_data(str(tmp_path_factory.mktemp("tiny_data")))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_in_pretraining_tests(request):
+    """The pretraining models are tiny: one thread runs them as fast as two, and far faster when
+    the cores are shared with other work."""
+    if "pretraining" not in str(request.node.fspath):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,188 @@
+"""The training loop: exact resumption, checkpoints written on a signal, damaged checkpoints named,
+the output directory loading in fastbert and transformers, bad settings."""
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+import fastbert
+from fastbert.pretraining import checkpoint as ckpt
+from fastbert.pretraining.trainer import TrainError, Trainer, train
+
+from pretraining_helpers import tiny_config
+
+
+def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tiny_data, tmp_path):
+    full = train(tiny_config(tiny_data, str(tmp_path / "full"), max_steps=6, grad_accum=2))
+    assert len(full.losses) == 6 and not full.interrupted
+
+    out = str(tmp_path / "split")
+    first = train(tiny_config(tiny_data, out, max_steps=6, grad_accum=2, stop_after=3))
+    assert first.interrupted and first.step == 3 and first.checkpoint.endswith("step-00000003.pt")
+    second = train(tiny_config(tiny_data, out, max_steps=6, grad_accum=2, resume="auto"))
+    assert second.step == 6
+    assert first.losses + second.losses == full.losses  # bit for bit
+    a = fastbert.BertForPreTraining.from_pretrained(str(tmp_path / "full"))
+    b = fastbert.BertForPreTraining.from_pretrained(out)
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert first.first_eval == full.first_eval and second.last_eval == full.last_eval
+    # the log holds each step once
+    steps = [r["step"] for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if r["type"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_sigterm_writes_a_checkpoint_and_stops(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    before = signal.getsignal(signal.SIGTERM)
+
+    def on_step(trainer, step, loss):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    result = Trainer(tiny_config(tiny_data, out, max_steps=50), on_step=on_step).train()
+    assert result.interrupted and result.signal == signal.SIGTERM and result.step == 2
+    assert ckpt.find_latest(os.path.join(out, "checkpoints")) == result.checkpoint
+    state = ckpt.load_checkpoint(result.checkpoint)
+    assert state["step"] == 2 and state["consumed"] == 2
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is restored
+    with pytest.raises(TrainError, match="max_steps"):  # a changed schedule is refused
+        train(tiny_config(tiny_data, out, max_steps=4, resume="auto"))
+
+
+def test_sigterm_then_resume(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+
+    def on_step(trainer, step, loss):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = Trainer(tiny_config(tiny_data, out, max_steps=4), on_step=on_step).train()
+    assert first.interrupted and first.signal == signal.SIGINT
+    second = train(tiny_config(tiny_data, out, max_steps=4, resume="auto"))
+    assert second.step == 4 and len(second.losses) == 2
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "missing", "garbage_manifest", "not_a_checkpoint"])
+def test_a_damaged_checkpoint_is_named_and_never_skipped(tiny_data, tmp_path, damage):
+    out = str(tmp_path / "run")
+    result = train(tiny_config(tiny_data, out, max_steps=2))
+    path = result.checkpoint
+    manifest = os.path.join(out, "checkpoints", "checkpoints.json")
+    if damage == "truncated":
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[: len(data) // 3])
+        expect = "partial or damaged"
+    elif damage == "flipped":
+        data = bytearray(open(path, "rb").read())
+        data[len(data) // 2] ^= 0xFF
+        open(path, "wb").write(bytes(data))
+        expect = "SHA-256"
+    elif damage == "missing":
+        os.remove(path)
+        expect = "missing"
+    elif damage == "garbage_manifest":
+        open(manifest, "w").write("{not json")
+        expect = "manifest .* is damaged"
+    else:
+        os.remove(manifest)
+        torch.save({"something": 1}, path)
+        with pytest.raises(TrainError, match="not a fastbert pretraining checkpoint"):
+            train(tiny_config(tiny_data, out, max_steps=4, resume=path))
+        return
+    with pytest.raises(TrainError, match=expect) as info:
+        train(tiny_config(tiny_data, out, max_steps=4, resume="auto"))
+    assert "cannot resume" in str(info.value)
+
+
+def test_resume_with_nothing_to_resume_is_an_error(tiny_data, tmp_path):
+    with pytest.raises(TrainError, match="no checkpoint"):
+        train(tiny_config(tiny_data, str(tmp_path / "empty"), resume="auto"))
+
+
+def test_changed_settings_are_refused_on_resume_and_old_runs_kept(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    train(tiny_config(tiny_data, out, max_steps=2))
+    with pytest.raises(TrainError, match="lr: checkpoint 0.001, now 0.002"):
+        train(tiny_config(tiny_data, out, max_steps=2, lr=2e-3, resume="auto"))
+    with pytest.raises(TrainError, match="--resume .* --overwrite"):
+        train(tiny_config(tiny_data, out, max_steps=2))
+    assert train(tiny_config(tiny_data, out, max_steps=1, overwrite=True)).step == 1
+
+
+def test_max_seq_length_beyond_max_position_embeddings_is_an_error(tiny_data, tmp_path):
+    with pytest.raises(TrainError, match="max_seq_length 32 is larger than the model's max_position_embeddings 16"):
+        train(tiny_config(tiny_data, str(tmp_path / "o"), max_position_embeddings=16))
+
+
+def test_output_directory_loads_in_fastbert_and_transformers(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    result = train(tiny_config(tiny_data, out, max_steps=3, eval_every=2, plot=True, whole_word_mask=True))
+    assert result.first_eval is not None and result.last_eval is not None
+    recs = [json.loads(line) for line in open(os.path.join(out, "log.jsonl"))]
+    assert [r["step"] for r in recs if r["type"] == "eval"] == [0, 2, 3]
+    train_rec = [r for r in recs if r["type"] == "train"][0]
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "tokens_per_s"):
+        assert key in train_rec
+    try:
+        import matplotlib  # noqa: F401
+
+        assert os.path.isfile(os.path.join(out, "curves.png"))
+    except ImportError:
+        pass
+    ours = fastbert.BertForPreTraining.from_pretrained(out)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForPreTraining.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    enc = tok(["the value of an object", "a list"], ["is kept", "of items"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        a = ours(**enc)
+        b = hf(**enc)
+    real = enc["attention_mask"].bool()
+    assert torch.allclose(a.prediction_logits[real], b.prediction_logits[real], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(a.seq_relationship_logits, b.seq_relationship_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_autocast_and_accumulation_run(tiny_data, tmp_path):
+    result = train(tiny_config(tiny_data, str(tmp_path / "bf16"), max_steps=2, precision="bf16", grad_accum=2))
+    assert all(torch.isfinite(torch.tensor(result.losses)))
+
+
+TINY_ARGS = ["--hidden-size", "32", "--num-layers", "2", "--num-heads", "2", "--intermediate-size", "64",
+             "--max-position-embeddings", "64", "--batch-size", "8", "--vocab-size", "300", "--max-seq-length", "32",
+             "--eval-batch-size", "32", "--eval-max-batches", "1", "--no-progress", "--no-plot", "--eval-fraction", "0.2"]
+
+
+def test_pretrain_cli_prepares_a_corpus_reuses_it_and_reports(tmp_path, capsys):
+    from fastbert import cli
+    from pretraining_helpers import small_documents
+    from fastbert.pretraining.corpus import write_documents
+
+    corpus = str(tmp_path / "corpus.txt")
+    write_documents(small_documents(30)(), corpus)
+    out = str(tmp_path / "run")
+    assert cli.main(["pretrain", "--corpus", corpus, "--out", out, "--max-steps", "2", *TINY_ARGS]) == 0
+    printed = capsys.readouterr().out
+    assert "preparing" in printed and "pairs (train)" in printed
+    for line in ("MLM loss", "MLM accuracy", "NSP accuracy", "start (step 0)", "end (step 2)", f"output: {out}"):
+        assert line in printed, line
+    assert os.path.isfile(os.path.join(out, "data", "index.json"))
+    # a second run with the same data settings reuses the prepared data; a damaged checkpoint stops it
+    ckpt_file = ckpt.find_latest(os.path.join(out, "checkpoints"))
+    with open(ckpt_file, "r+b") as f:
+        f.truncate(100)
+    assert cli.main(["pretrain", "--corpus", corpus, "--out", out, "--max-steps", "2", "--resume", *TINY_ARGS]) == 2
+    captured = capsys.readouterr()
+    assert "reusing" in captured.out
+    assert "error: cannot resume" in captured.err and os.path.basename(ckpt_file) in captured.err
+
+
+def test_pretrain_cli_bad_input(tmp_path, capsys):
+    from fastbert import cli
+
+    assert cli.main(["pretrain", "--corpus", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o"), *TINY_ARGS]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["pretrain", "--data", str(tmp_path / "nodata"), "--out", str(tmp_path / "o"), *TINY_ARGS]) == 2
+    assert "does not exist" in capsys.readouterr().err
