@@ -199,6 +199,13 @@ def config_from_args(args, data_dir: str, started: float | None = None) -> Train
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     apply_defaults(args)
+    if not (args.corpus or args.data) and args.resume is None and not args.overwrite:
+        # the built-in demo starts over in its directory (a run on one's own corpus is never overwritten
+        # without --overwrite)
+        args.overwrite = True
+        earlier = os.path.isfile(os.path.join(args.out, "checkpoints", "checkpoints.json"))
+        if earlier and os.environ.get("RANK", "0") == "0":
+            print(f"note: starting over in {args.out} (--resume would continue the run there instead)")
     t0 = time.perf_counter()
     started = time.time()
     info = init_distributed(args.device)

@@ -5,6 +5,12 @@ The tokenizer is BERT's: BertNormalizer (clean text, CJK characters split, lower
 stripping unless cased), BertPreTokenizer (whitespace and punctuation), WordPiece with "##"
 continuation pieces. The saved directory (tokenizer.json, vocab.txt, tokenizer_config.json,
 special_tokens_map.json) loads with transformers' AutoTokenizer / BertTokenizerFast.
+
+The `tokenizers` trainer breaks ties between equally frequent merges in hash-map order, which
+changes from process to process: two trainings on the same text can end a few tokens apart. A
+prepared data directory keeps its vocabulary (and `fastbert pretrain` reuses a prepared directory),
+so a run and its resumption always share one; pass a vocabulary (--vocab) to pin it across
+preparations.
 """
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def test_prepare_with_a_given_vocab_txt_and_the_cli(tmp_path, capsys):
     assert b["splits"]["eval"]["documents"] == 6
     # a tokenizer.json works as well, and gives the same ids
     third = str(tmp_path / "third")
-    prepare_data(third, corpus=[path], vocab=os.path.join(first, "tokenizer.json"), max_seq_length=24, dupe_factor=1,
+    prepare_data(third, corpus=[path], vocab=os.path.join(first, "tokenizer.json"), max_seq_length=24, dupe_factor=5,
                  eval_fraction=0.1, progress=False, log=lambda *a: None)
     x, y = InstanceDataset(out, "train"), InstanceDataset(third, "train")
     assert len(x) == len(y) and all((x[i][0] == y[i][0]).all() for i in range(len(x)))
