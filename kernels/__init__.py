@@ -7,6 +7,8 @@ fastbert.kernels.report`).
 
     bias_gelu    bias_gelu_forward, bias_gelu_backward
     layer_norm   add_layer_norm_forward, add_layer_norm_backward
+    attention    attention_forward, attention_backward,
+                 varlen_attention_forward, varlen_attention_backward
 
 This file must stay importable without triton: the submodules import it, nothing here does.
 """
@@ -16,7 +18,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 # Kernel modules whose variants the build report compiles. A new kernel module is added here
 # and exposes `report_configs()` yielding KernelBuild records.
-KERNEL_MODULES = ("bias_gelu", "layer_norm")
+KERNEL_MODULES = ("bias_gelu", "layer_norm", "attention")
 
 
 class KernelBuild(NamedTuple):

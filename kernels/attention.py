@@ -47,7 +47,8 @@ tl.randint does with an int64 offset) so that no int64 tile is formed; it is kep
 (u >> 8) >= floor(p * 2**24). It acts on the normalised probabilities (the row sum l includes the
 dropped ones; kept ones are scaled by 1 / (1 - p)); the backward regenerates it. With
 return_dropout_mask the forward also writes the keep-mask (a debug path: each program first
-writes its rows of the [S x S] block, every column, with the same `_keep` call its key loop makes).
+writes its rows of the [S x S] block, every column, and its key loop then reads its mask back
+from there instead of drawing it).
 
 Matrix products accumulate in fp32; fp16 / bf16 inputs feed the tensor cores directly, fp32 inputs
 use input_precision="tf32x3" on the GPU (three TF32 tensor-core products, about fp32 accuracy) and
@@ -217,13 +218,14 @@ def _attention_fwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     if RETURN_MASK:
-        # the debug output: these rows of the keep-mask, every column, drawn by the very call the
-        # key loop below makes (done first, while no tile is live)
+        # the debug output, first (while no tile is live): these rows of the keep-mask, every
+        # column; the key loop below reads its mask back from it, so it is the mask used
+        KEEP_rows = KEEP + rows.to(tl.int64)[:, None] * seq
         for start_n in range(0, seq, BLOCK_N):
             cols = start_n + offs_n
             keep = _keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
-            tl.store(KEEP + rows.to(tl.int64)[:, None] * seq + cols[None, :], keep,
-                     mask=(rows < seq)[:, None] & (cols < seq)[None, :])
+            tl.store(KEEP_rows + cols[None, :], keep, mask=(rows < seq)[:, None] & (cols < seq)[None, :])
+        tl.debug_barrier()  # other threads of the program read it back
 
     CHECK: tl.constexpr = not EVEN
     # a query tile wholly outside [lo, hi) loads nothing and runs no key loop: its rows output zeros
@@ -253,7 +255,11 @@ def _attention_fwd_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
-            keep = _keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
+            if RETURN_MASK:
+                keep = tl.load(KEEP_rows + cols[None, :], mask=(rows < seq)[:, None] & (cols < seq)[None, :],
+                               other=0) != 0
+            else:
+                keep = _keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
             p = tl.where(keep, p, 0.)
         v = _load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
                        head_dim, CHECK)
@@ -556,7 +562,7 @@ _TABLE = {
     ("bwd_dq", True, 32): Settings(64, 64, 4, 2, None),
     ("bwd_dq", True, 64): Settings(64, 32, 8, 2, None),
     ("bwd_dq", True, 128): Settings(64, 32, 8, 2, None),
-    ("bwd_dq", False, 32): Settings(16, 64, 4, 2, None),
+    ("bwd_dq", False, 32): Settings(16, 32, 4, 2, None),
     ("bwd_dq", False, 64): Settings(16, 32, 4, 2, None),
     ("bwd_dq", False, 128): Settings(16, 16, 4, 2, None),
 }
@@ -897,8 +903,8 @@ def _arg_type(name: str, dt: str) -> str:
 
 
 def _build(name: str, fn, s: Settings, dt: str, constexprs: Dict[str, object], config: Dict[str, object]):
-    while not isinstance(fn, triton.runtime.JITFunction):
-        fn = fn.fn  # the jit function under @triton.heuristics
+    while isinstance(fn, triton.runtime.Heuristics):
+        fn = fn.fn  # the jit (or, interpreted, the interpreter's) function under @triton.heuristics
     signature = {a: _arg_type(a, dt) for a in fn.arg_names if a not in constexprs}
     # every pointer and stride of q, k, v, do and the outputs is a multiple of 16 (_aligned), and
     # so is head_dim

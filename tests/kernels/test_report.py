@@ -27,7 +27,8 @@ def test_quick_report_compiles_every_kernel_without_spills(quick_records):
         assert r["spill_bytes"] == 0, f"{r['kernel']} {r['config']} spills {r['spill_bytes']} bytes"
         assert 0 < r["registers"] <= 255
         assert r["shared_bytes"] >= 0
-        assert r["tensor_core"] is False  # no matrix products in these kernels
+        # the attention products run on the tensor cores; nothing else has a matrix product
+        assert r["tensor_core"] is (r["kernel"] in ("attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"))
     names = {r["kernel"] for r in quick_records}
     assert {b.name for b in report.kernel_builds()} == names  # every kernel took part
 
@@ -36,7 +37,7 @@ def test_report_lists_every_setting_the_launchers_pick():
     from fastbert.kernels import bias_gelu, layer_norm
 
     builds = report.kernel_builds()
-    listed = {(b.name, b.config.get("BLOCK_M"), b.config["BLOCK_N"], b.num_warps) for b in builds}
+    listed = {(b.name, b.config.get("BLOCK_M"), b.config.get("BLOCK_N"), b.num_warps) for b in builds}
     for n in (1, 7, 64, 100, 384, 768, 1023, 1024, 3072, 4096, 4097, 8192):
         s = bias_gelu.settings(n)
         assert ("bias_gelu_fwd", s.block_m, s.block_n, s.num_warps) in listed
@@ -51,6 +52,23 @@ def test_report_lists_every_setting_the_launchers_pick():
                 assert (name, None, s.block_n, s.num_warps) in listed
         else:
             assert ("add_layer_norm_bwd", None, s.block_n, s.num_warps) in listed
+
+
+def test_report_lists_every_attention_setting_the_launchers_pick():
+    import torch
+
+    from fastbert.kernels import attention
+
+    builds = report.kernel_builds()
+    listed = {(b.name, b.config.get("dtype"), b.config.get("BLOCK_M"), b.config.get("BLOCK_N"), b.config.get("BLOCK_D"),
+               b.num_warps) for b in builds}
+    for head_dim in attention.HEAD_DIMS:
+        bd = attention.block_d(head_dim)
+        for dt, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+            for kernel in attention.KERNELS:
+                s = attention.settings(head_dim, dtype, kernel)
+                block_n = None if kernel == "bwd_preprocess" else s.block_n
+                assert (f"attention_{kernel}", dt, s.block_m, block_n, bd, s.num_warps) in listed, (kernel, dt, head_dim)
 
 
 def test_table_and_summary_format(quick_records):
