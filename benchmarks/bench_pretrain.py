@@ -27,12 +27,17 @@ import statistics
 import sys
 import time
 
-import torch
+# OpenMP threads that wait by spinning burn the core a descheduled partner needs when the machine is
+# shared (a pretraining step ran 6x slower); sleeping waits cost both contenders the same. This must
+# be set before torch loads the OpenMP runtime. An OMP_WAIT_POLICY already set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import fastbert
+import torch  # noqa: E402
+
+import fastbert  # noqa: E402
 from fastbert.masking import mask_tokens
-from fastbert.pretraining.trainer import PretrainingObjective, _cast_embeddings_under_autocast, param_groups
-from fastbert.timing import interleaved_cpu_times, machine_info
+from fastbert.pretraining.trainer import PretrainingObjective, cast_embeddings_under_autocast, param_groups  # noqa: E402
+from fastbert.timing import interleaved_cpu_times, machine_info  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PAD, CLS, SEP, MASK = 0, 101, 102, 103  # BERT's ids
@@ -139,7 +144,7 @@ def main(argv=None) -> int:
             ap.error(f"unknown dtype {d!r}; choose from {sorted(DTYPES)}")
 
     command = "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]) if argv is None else "bench_pretrain " + " ".join(argv)
-    info = machine_info()
+    info = dict(machine_info(), omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"))
     print(f"# {command}")
     print(f"# {json.dumps(info)}")
     batches = make_batches(args.batches, args.batch_size, args.seq, args.vocab, args.lengths)
@@ -154,11 +159,11 @@ def main(argv=None) -> int:
         amp = DTYPES[dname]
         ours, theirs = build(args, device)
         if amp is not None:
-            _cast_embeddings_under_autocast(ours, device.type)
+            cast_embeddings_under_autocast(ours, device.type)
         ours_trainer = fastbert.BertForPreTraining(ours.config).to(device).train()
         ours_trainer.load_state_dict(ours.state_dict())
         if amp is not None:
-            _cast_embeddings_under_autocast(ours_trainer, device.type)
+            cast_embeddings_under_autocast(ours_trainer, device.type)
         objective = PretrainingObjective(ours_trainer)
         fns = {
             "transformers": step_fn(lambda b: theirs(**b).loss, theirs, batches, device, amp),

@@ -212,8 +212,9 @@ def _check_text(stats: corpus_mod.CorpusStats, corpus) -> None:
 def format_summary(index: dict) -> str:
     s = index["summary"]
     c = s["corpus"]
+    source = index["settings"].get("corpus")
     rows = [
-        ("files", c["files"]),
+        ("source", "the built-in corpus (pydoc_data.topics)") if source == "built-in" else ("files", c["files"]),
         ("documents", s["documents"]),
         ("sentences", s["sentences"]),
         ("tokens (corpus)", s["corpus_tokens"]),

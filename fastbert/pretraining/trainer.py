@@ -234,7 +234,7 @@ class PretrainingObjective(nn.Module):
         return loss, stats
 
 
-def _cast_embeddings_under_autocast(model: BertForPreTraining, device_type: str) -> None:
+def cast_embeddings_under_autocast(model: BertForPreTraining, device_type: str) -> None:
     """Under autocast the embeddings' output (LayerNorm, float32) is the residual of the first
     layer's add_layer_norm, whose other input comes out of an autocast GEMM in bf16 / fp16; the op
     wants one dtype. Cast the embeddings' output to the autocast dtype, as the GEMMs that read it
@@ -460,7 +460,7 @@ class Trainer:
         self.model.set_backend(cfg.backend)
         self.model.to(self.device).train()
         if cfg.precision != "fp32":
-            _cast_embeddings_under_autocast(self.model, self.device.type)
+            cast_embeddings_under_autocast(self.model, self.device.type)
         self.objective = PretrainingObjective(self.model)
         if self.info.distributed:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -652,8 +652,8 @@ class Trainer:
                 self.print(f"held-out at step 0: {_eval_line(self.first_eval)}")
         else:
             self.print(f"resumed from {path} at step {self.step}")
-        eval_s = time.perf_counter() - t_eval if path is None else 0.0
-        step_s = 0.0  # the slowest step so far
+        eval_s = time.perf_counter() - t_eval if path is None else 0.0  # the slowest evaluation so far
+        step_s = 0.0
 
         bar = None
         if cfg.progress and info.is_main:
@@ -698,6 +698,7 @@ class Trainer:
                 self.step += 1
                 step_loss = self._all_reduce(step_loss / cfg.grad_accum).item() / info.world_size
                 result.losses.append(step_loss)
+                step_s = max(step_s, time.perf_counter() - t_step)  # the slowest step so far
                 window_loss += step_loss
                 window_steps += 1
                 if bar is not None:
@@ -723,7 +724,9 @@ class Trainer:
                     window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
 
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
+                    t_eval = time.perf_counter()
                     ev = self.evaluate()
+                    eval_s = max(eval_s, time.perf_counter() - t_eval)
                     if ev is not None:
                         self.last_eval = ev
                         logger.write({"type": "eval", "step": self.step, **ev})
@@ -737,9 +740,8 @@ class Trainer:
                 if self.on_step is not None:
                     self.on_step(self, self.step, step_loss)
 
-                step_s = max(step_s, time.perf_counter() - t_step)
                 out_of_time = (cfg.time_limit is not None
-                               and time.time() - started + 1.5 * eval_s + 2 * step_s + 5.0 > cfg.time_limit)
+                               and time.time() - started + 1.5 * eval_s + 2 * step_s + 15.0 > cfg.time_limit)
                 flag = 1.0 if (stop.signum is not None or (cfg.stop_after is not None and self.step >= cfg.stop_after)) else 0.0
                 flag = max(flag, 2.0 if out_of_time else 0.0)
                 if info.distributed:

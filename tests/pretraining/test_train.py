@@ -186,3 +186,14 @@ def test_pretrain_cli_bad_input(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert cli.main(["pretrain", "--data", str(tmp_path / "nodata"), "--out", str(tmp_path / "o"), *TINY_ARGS]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_time_limit_stops_early_with_a_final_evaluation_and_a_checkpoint(tiny_data, tmp_path):
+    import time
+
+    out = str(tmp_path / "run")
+    result = train(tiny_config(tiny_data, out, max_steps=50, time_limit=16.0, started=time.time() - 10.0))
+    assert result.time_limited and not result.interrupted and result.step == 1  # 10 + 15 s of margin > 16 s
+    assert result.last_eval is not None and result.checkpoint is not None
+    resumed = train(tiny_config(tiny_data, out, max_steps=50, resume="auto"))
+    assert resumed.step == 50
