@@ -78,5 +78,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "int64 [len(rows), seq]: each row (a list or tuple of ints) followed by pad_value.");
   m.def("cpu_isa", &fastbert::cpu_isa, "The vector instruction set the kernels were compiled for.");
   m.def("release_cached_memory", &fastbert::detail::release_cached_memory,
-        "Unmap the freed large-output mappings the kernels keep for reuse (at most 4 of them, 1 GiB in all).");
+        "Unmap the freed large-output mappings the kernels keep for reuse (at most 64 of them, 1 GiB in all).");
+  m.def(
+      "empty", [](std::vector<int64_t> sizes, at::ScalarType dtype) { return fastbert::detail::empty(sizes, dtype); },
+      py::arg("sizes"), py::arg("dtype"),
+      "An uninitialised contiguous CPU tensor; one of 4 MiB or more comes from the mapping allocator the kernels' "
+      "outputs use (huge pages, freed mappings reused by a request of the same size), not from malloc.");
 }

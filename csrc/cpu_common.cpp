@@ -66,10 +66,12 @@ namespace {
 // the heap: at 4096 x 768 fp32 (12 MiB) one run pays 3 ms a call on top of a 0.8 ms kernel, the next
 // none; at 4096 x 3072 (48 MiB) every call pays about 12 ms against 3 ms of kernel. The allocator here
 //   - maps 2 MiB aligned with MADV_HUGEPAGE (transparent huge pages: one fault per 2 MiB), and
-//   - keeps a few freed mappings (at most kCacheEntries, kCacheBytes in all) and hands them out
-//     again to a request of exactly the same size, as a training or inference loop makes: those
-//     are neither faulted nor zeroed again. (Freshly mapped huge pages can also be slow on a VM
-//     whose host reclaims free guest memory; reused ones are not.)
+//   - keeps freed mappings (at most kCacheEntries, kCacheBytes in all) and hands one out again
+//     to a request of the same size, as a training or inference loop makes, or of up to 2x
+//     smaller: those are neither faulted nor zeroed again. A sentence-encoding loop over batches
+//     sorted by length makes a few sizes per batch and dozens in all, hence 64 entries (with 16,
+//     fastbert's linear layers and ops evicted each other's mappings). Freshly mapped huge pages
+//     can also be slow on a VM whose host reclaims free guest memory; reused ones are not.
 // Smaller outputs keep torch's allocator. This is on when malloc is glibc's (jemalloc / tcmalloc
 // keep large blocks for reuse themselves); FASTBERT_THP=0 in the environment turns it off,
 // FASTBERT_THP=1 on. fastbert._C.release_cached_memory() unmaps the kept mappings.
@@ -81,7 +83,7 @@ constexpr size_t kHugeMin = size_t{4} << 20;
 
 class HugePageAllocator final : public c10::Allocator {
  public:
-  static constexpr size_t kCacheEntries = 16;
+  static constexpr size_t kCacheEntries = 64;
   static constexpr size_t kCacheBytes = size_t{1} << 30;
 
   // Never destroyed: tensors may outlive static destruction at exit.
@@ -93,10 +95,10 @@ class HugePageAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     if (n < kHugeMin) return c10::GetCPUAllocator()->allocate(n);
     const size_t len = (n + kHugePage - 1) / kHugePage * kHugePage;
-    void* a = take(len);
-    if (a == nullptr) a = map(len);
-    if (a == nullptr) return c10::GetCPUAllocator()->allocate(n);
-    return {a, new Mapping{a, len}, &release, c10::Device(c10::DeviceType::CPU)};
+    Mapping m{nullptr, len};
+    if (!take(len, &m)) m.base = map(len);
+    if (m.base == nullptr) return c10::GetCPUAllocator()->allocate(n);
+    return {m.base, new Mapping(m), &release, c10::Device(c10::DeviceType::CPU)};
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -131,17 +133,21 @@ class HugePageAllocator final : public c10::Allocator {
     return a;
   }
 
-  void* take(size_t len) {
+  // The smallest kept mapping of at least len bytes and at most twice that (the most recently
+  // freed among equals), whole: a loop whose sizes shrink, such as sentence batches sorted by
+  // length, keeps reusing the mappings its first, largest step made.
+  bool take(size_t len, Mapping* out) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = cache_.size(); i-- > 0;) {  // most recently freed first
-      if (cache_[i].len == len) {
-        void* a = cache_[i].base;
-        cache_.erase(cache_.begin() + static_cast<std::ptrdiff_t>(i));
-        cached_bytes_ -= len;
-        return a;
-      }
+    size_t best = cache_.size();
+    for (size_t i = cache_.size(); i-- > 0;) {
+      const size_t l = cache_[i].len;
+      if (l >= len && l / 2 <= len && (best == cache_.size() || l < cache_[best].len)) best = i;
     }
-    return nullptr;
+    if (best == cache_.size()) return false;
+    *out = cache_[best];
+    cache_.erase(cache_.begin() + static_cast<std::ptrdiff_t>(best));
+    cached_bytes_ -= out->len;
+    return true;
   }
 
   static void release(void* ctx) {
@@ -220,6 +226,8 @@ at::Tensor carve(const at::Tensor& block, size_t offset, const at::Tensor& x) {
 }  // namespace
 
 at::Tensor empty_output(const at::Tensor& x) { return empty_contiguous(x.sizes(), x.scalar_type()); }
+
+at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype) { return empty_contiguous(sizes, dtype); }
 
 void release_cached_memory() {
 #if defined(FASTBERT_HUGE_ALLOC)

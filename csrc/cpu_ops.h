@@ -194,6 +194,8 @@ inline int64_t row_grain(int64_t cols) {
 
 // A contiguous output like x (large ones on transparent huge pages where the system allows it).
 at::Tensor empty_output(const at::Tensor& x);
+// An uninitialised contiguous CPU tensor; 4 MiB and more from the reusing mapping allocator.
+at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype);
 
 // Two contiguous outputs like x from one allocation; each tensor has its own storage (no
 // aliasing: the byte ranges are disjoint) and the memory goes back when both are freed.

@@ -15,6 +15,11 @@ in turn, round after round, on the same inputs, and each figure is a median (fas
 
     python benchmarks/bench_encoder.py [--workloads var128,full128,var512,minilm] [--dtypes float32,bfloat16]
         [--layers 12] [--rounds 3] [--json PATH] [--png PATH]
+    python benchmarks/bench_encoder.py --ablations --workloads var128 --dtypes float32
+
+--ablations times fastbert with one of its CPU choices undone at a time (the padded path instead
+of the packed one, torch's ops instead of the fused C++ ones, one thread) against itself and the
+GEMM floor.
 """
 from __future__ import annotations
 
@@ -153,6 +158,70 @@ def run_encoder_workload(name, layers, dtypes, rounds, g, progress):
     return rows
 
 
+def ablation_providers(layers: int, dtype, ids, mask) -> Dict[str, object]:
+    """fastbert with one of its CPU choices undone at a time, on the same weights and inputs:
+    the padded path instead of the packed one, torch's ops instead of the fused C++ ones, one
+    thread instead of all; and the GEMM floor."""
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig(**base_config(layers), attn_implementation="sdpa")).eval()
+    model = fastbert.hf.from_transformers(hf).eval()
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    threads = torch.get_num_threads()
+
+    def variant(backend=None, unpad=True, n_threads=threads):
+        def call():
+            model.set_backend(backend)
+            model.unpad_inputs = unpad
+            torch.set_num_threads(n_threads)
+            try:
+                return model(ids, mask)
+            finally:
+                torch.set_num_threads(threads)
+
+        return call
+
+    tag = "fp32" if dtype == torch.float32 else "bf16"
+    provs = {
+        f"fastbert {tag}": variant(),
+        f"padded path {tag}": variant(unpad=False),
+        f"torch ops {tag}": variant(backend="torch"),
+        f"torch ops, padded path {tag}": variant(backend="torch", unpad=False),
+    }
+    if threads > 1:
+        provs[f"fastbert, 1 thread {tag}"] = variant(n_threads=1)
+    provs[f"GEMM floor {tag}"] = gemm_floor(model, int(mask.sum()), dtype)
+    return provs
+
+
+def run_ablations(name, layers, dtypes, rounds, g, progress) -> List[dict]:
+    spec = WORKLOADS[name]
+    ids, mask = make_batch(spec["batch"], spec["lo"], spec["hi"], g)
+    tokens = int(mask.sum())
+    rows = []
+    for dtype in dtypes:
+        provs = ablation_providers(layers, dtype, ids, mask)
+        with torch.no_grad():
+            times = _timed(provs, rounds, f"{name} ablations ({len(provs)} variants x {rounds} rounds)", progress)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        tag = "fp32" if dtype == torch.float32 else "bf16"
+        base, floor = med[f"fastbert {tag}"], med[f"GEMM floor {tag}"]
+        for k, v in med.items():
+            rows.append({"workload": name, "provider": k, "dtype": tag, "ms": v * 1e3, "tokens_per_s": tokens / v,
+                         "vs_fastbert": v / base, "vs_floor": v / floor, "real_tokens": tokens, "layers": layers})
+    return rows
+
+
+def print_ablations(rows, out=sys.stdout):
+    print(f"{'workload':<9}{'variant':<30}{'ms/batch':>11}{'tokens/s':>11}{'time vs fastbert':>18}{'vs GEMM floor':>15}",
+          file=out)
+    for r in rows:
+        print(f"{r['workload']:<9}{r['provider']:<30}{r['ms']:>11.1f}{r['tokens_per_s']:>11.0f}{r['vs_fastbert']:>17.2f}x"
+              f"{r['vs_floor']:>14.2f}x", file=out)
+
+
 def _timed(provs, rounds, desc, progress):
     from tqdm import tqdm
 
@@ -287,6 +356,8 @@ def main(argv=None, defaults=None, prog=None):
     ap.add_argument("--layers", type=int, default=d["layers"], help="encoder layers of the BERT-base-shaped model")
     ap.add_argument("--rounds", type=int, default=d["rounds"], help="timed rounds (after one warm-up round)")
     ap.add_argument("--minilm-sentences", type=int, default=1000)
+    ap.add_argument("--ablations", action="store_true",
+                    help="instead: fastbert with one CPU choice undone at a time (padded path, torch ops, one thread)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--png", default=None)
     args = ap.parse_args(argv)
@@ -299,10 +370,16 @@ def main(argv=None, defaults=None, prog=None):
     if unknown:
         ap.error(f"unknown workloads {unknown}; choose from {list(WORKLOADS) + ['minilm']}")
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    rows = run(args.workloads.split(","), dtypes, args.layers, args.rounds, args.minilm_sentences)
+    if args.ablations:
+        if "minilm" in args.workloads.split(","):
+            ap.error("--ablations runs on the BERT-base workloads, not minilm")
+        g = torch.Generator().manual_seed(0)
+        rows = [r for w in args.workloads.split(",") for r in run_ablations(w, args.layers, dtypes, args.rounds, g, True)]
+    else:
+        rows = run(args.workloads.split(","), dtypes, args.layers, args.rounds, args.minilm_sentences)
     print(f"# {prog or 'python'} {' '.join(argv if argv is not None else sys.argv)}")
     print(f"# {json.dumps(machine_info())}")
-    print_table(rows)
+    (print_ablations if args.ablations else print_table)(rows)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastbert import backend as fb_backend
 from fastbert import ops
 
 CONFIG_NAME = "config.json"
@@ -297,6 +298,34 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
 
+_LARGE_OUTPUT_BYTES = 4 << 20
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear(x, weight, bias). For inference on the CPU an output of 4 MiB or more is written
+    into a tensor from the C++ extension's mapping allocator (fastbert._C.empty) instead of one from
+    malloc: glibc maps such a block afresh on every call and the GEMM then page-faults it in 4 KiB at
+    a time (at 8982 x 1536 fp32 that took 44 ms a call against 31 ms into a reused buffer; the bias
+    an addmm first copies into its output pays the faults too). Under autograd, while compiling,
+    off the CPU or without the extension: F.linear."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (x.device.type != "cpu" or rows * weight.shape[0] * x.element_size() < _LARGE_OUTPUT_BYTES
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                             or (bias is not None and bias.requires_grad)))
+            or torch.compiler.is_compiling() or x.dtype != weight.dtype):
+        return F.linear(x, weight, bias)
+    ext = fb_backend.cpp_extension()
+    if ext is None:
+        return F.linear(x, weight, bias)
+    out = ext.empty([*x.shape[:-1], weight.shape[0]], x.dtype)
+    x2, out2 = x.reshape(rows, x.shape[-1]), out.view(rows, weight.shape[0])
+    if bias is None:
+        torch.mm(x2, weight.t(), out=out2)
+    else:
+        torch.addmm(bias, x2, weight.t(), out=out2)
+    return out
+
+
 def _dropout_p(module: nn.Module, p: float) -> float:
     return p if module.training else 0.0
 
@@ -320,7 +349,7 @@ class BertLayer(nn.Module, _Backend):
         sa, so = self.attention.self, self.attention.output
         heads, d = sa.num_attention_heads, sa.attention_head_size
         w, b = sa.qkv_weight()
-        qkv = F.linear(hidden, w, b)
+        qkv = _linear(hidden, w, b)
         p_attn = _dropout_p(self, sa.dropout_p)
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
@@ -331,14 +360,14 @@ class BertLayer(nn.Module, _Backend):
             q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
             ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend)
             ctx = ctx.transpose(1, 2).reshape(bsz, seq, heads * d)
-        attn = F.linear(ctx, so.dense.weight, so.dense.bias)
+        attn = _linear(ctx, so.dense.weight, so.dense.bias)
         h1 = ops.add_layer_norm(
             attn, hidden, so.LayerNorm.weight, so.LayerNorm.bias, so.LayerNorm.eps,
             dropout_p=_dropout_p(self, so.dropout.p), backend=self.backend,
         )
-        inter = F.linear(h1, self.intermediate.dense.weight)
+        inter = _linear(h1, self.intermediate.dense.weight)
         inter = _activation(inter, self.intermediate.dense.bias, self.intermediate.hidden_act, self.backend)
-        out = F.linear(inter, self.output.dense.weight, self.output.dense.bias)
+        out = _linear(inter, self.output.dense.weight, self.output.dense.bias)
         return ops.add_layer_norm(
             out, h1, self.output.LayerNorm.weight, self.output.LayerNorm.bias, self.output.LayerNorm.eps,
             dropout_p=_dropout_p(self, self.output.dropout.p), backend=self.backend,
@@ -369,7 +398,7 @@ class BertPredictionHeadTransform(nn.Module, _Backend):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = _activation(F.linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
+        h = _activation(_linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
         return F.layer_norm(h, h.shape[-1:], self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps)
 
 
@@ -658,6 +687,23 @@ class BertModel(BertPreTrainedModel):
         return out if return_dict else out.to_tuple()
 
 
+def _real_token_head(head: nn.Module, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """head(hidden) [batch, seq, ...], computed at real tokens only when the batch has padding
+    (zeros at padded positions). The MLM head's vocabulary GEMM on padded rows is wasted work, and
+    its LayerNorm turns the all-zero padded rows of last_hidden_state (with a zero dense bias, as
+    initialised) into a rstd of 1/sqrt(eps), whose fp16 backward gives NaN gradients even though
+    those rows take no loss."""
+    if attention_mask is None or torch.compiler.is_compiling():
+        return head(hidden)
+    mask = attention_mask.to(torch.bool)
+    if bool(mask.all()):
+        return head(hidden)
+    bsz, seq = mask.shape
+    indices = mask.reshape(-1).nonzero().squeeze(1)
+    out = head(hidden.reshape(bsz * seq, -1).index_select(0, indices))
+    return ops.pad(out, indices, bsz, seq)
+
+
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
@@ -681,7 +727,8 @@ class BertForPreTraining(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 next_sentence_label=None, return_dict=True):
         out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
-        scores, nsp = self.cls(out.last_hidden_state, out.pooler_output)
+        scores = _real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
+        nsp = self.cls.seq_relationship(out.pooler_output)
         loss = None
         if labels is not None and next_sentence_label is not None:
             loss = _ce(scores, labels) + _ce(nsp, next_sentence_label)
@@ -707,7 +754,7 @@ class BertForMaskedLM(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None, return_dict=True):
         out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
-        scores = self.cls(out.last_hidden_state)
+        scores = _real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
         loss = _ce(scores, labels) if labels is not None else None
         res = MaskedLMOutput(loss=loss, logits=scores)
         return res if return_dict else res.to_tuple()

@@ -1,0 +1,66 @@
+"""The C++ extension's allocator for large CPU outputs (fastbert._C.empty) and the inference
+linear layers that write into it (fastbert.modeling._linear)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import require
+
+from fastbert import backend as fb_backend
+from fastbert import modeling
+
+
+@pytest.fixture
+def ext():
+    require("cpp")
+    ext = fb_backend.cpp_extension()
+    ext.release_cached_memory()
+    yield ext
+    ext.release_cached_memory()
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (1024, 1024), (2, 700, 1536)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_empty_gives_a_usable_contiguous_tensor(ext, shape, dtype):
+    t = ext.empty(list(shape), dtype)
+    assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu"
+    t.fill_(3)
+    assert (t == 3).all()
+    t.resize_(0)  # its storage is resizable like any CPU tensor's
+
+
+def test_freed_large_blocks_serve_requests_up_to_twice_smaller(ext):
+    import os
+    import platform
+    import sys
+
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc" or os.environ.get("FASTBERT_THP") == "0":
+        pytest.skip("large outputs come from the mapping allocator only on Linux with glibc's malloc")
+    big = ext.empty([1024, 4096], torch.float32)  # 16 MiB
+    ptr = big.data_ptr()
+    big.fill_(1)
+    del big
+    smaller = ext.empty([1024, 2500], torch.float32)  # 9.8 MiB: the freed mapping serves it
+    assert smaller.data_ptr() == ptr
+    del smaller
+    again = ext.empty([1024, 4096], torch.float32)
+    assert again.data_ptr() == ptr
+    del again
+    much_smaller = ext.empty([1024, 1100], torch.float32)  # 4.3 MiB: under half of it, a mapping of its own
+    assert much_smaller.data_ptr() != ptr
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_linear_into_the_allocator_matches_f_linear(ext, bias, dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 1500, 384, generator=g).to(dtype)  # 2 x 1500 x 1536 outputs: over 4 MiB
+    w = torch.randn(1536, 384, generator=g).to(dtype)
+    b = torch.randn(1536, generator=g).to(dtype) if bias else None
+    with torch.no_grad():
+        out = modeling._linear(x, w, b)
+        torch.testing.assert_close(out, F.linear(x, w, b), atol=0, rtol=0)
+    # under autograd it is F.linear, gradients included
+    xg = x.clone().requires_grad_(True)
+    out = modeling._linear(xg, w, b)
+    out.float().sum().backward()
+    assert xg.grad is not None and out.requires_grad
