@@ -39,3 +39,31 @@ def test_two_process_gloo_run_and_resume(tiny_data, tmp_path):
     assert steps == [1, 2, 3, 4]
     model = fastbert.BertForPreTraining.from_pretrained(out)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def final_eval(out):
+    evals = [r for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if r["type"] == "eval"]
+    return evals[0], evals[-1]
+
+
+def test_one_and_two_processes_converge_alike(tiny_data, tmp_path):
+    """The same global batch (8 pairs) and settings at 1 process and at 2 (4 pairs each): the
+    held-out MLM loss falls by about as much (the runs differ in dropout and mask streams, so
+    not to the bit)."""
+    common = ["--data", tiny_data, "--max-steps", "60", "--lr", "2e-3", "--eval-every", "0", *TINY]
+    common[common.index("--batch-size") + 1] = "8"
+    one_out, two_out = str(tmp_path / "one"), str(tmp_path / "two")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    one = subprocess.run([sys.executable, "-m", "fastbert.cli", "pretrain", "--out", one_out, *common], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert one.returncode == 0, one.stdout + one.stderr
+    two_args = list(common)
+    two_args[two_args.index("--batch-size") + 1] = "4"
+    two = torchrun(["--out", two_out, *two_args])
+    assert two.returncode == 0, two.stdout + two.stderr
+    (start1, end1), (start2, end2) = final_eval(one_out), final_eval(two_out)
+    assert abs(start1["mlm_loss"] - start2["mlm_loss"]) < 1e-3  # the same initial weights and held-out masks
+    fall1, fall2 = start1["mlm_loss"] - end1["mlm_loss"], start2["mlm_loss"] - end2["mlm_loss"]
+    # measured: 5.994 -> 5.409 (1 process) and -> 5.414 (2 processes)
+    assert fall1 > 0.3 and fall2 > 0.3, (fall1, fall2)
+    assert abs(fall1 - fall2) < 0.2 * max(fall1, fall2), (start1, end1, start2, end2)
