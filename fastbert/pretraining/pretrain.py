@@ -253,7 +253,10 @@ def main(argv=None) -> int:
     print(f"output: {os.path.abspath(args.out)}")
     print("  config.json, model.safetensors, vocab.txt, tokenizer.json   the model "
           "(fastbert.BertForPreTraining.from_pretrained / transformers)")
-    print("  log.jsonl, curves.png, checkpoints/                         training log, curves, resumable state")
+    if os.path.isfile(os.path.join(args.out, "curves.png")):
+        print("  log.jsonl, curves.png, checkpoints/                         training log, curves, resumable state")
+    else:
+        print("  log.jsonl, checkpoints/                                     training log, resumable state")
     print(f"wall time {time.perf_counter() - t0:.1f} s")
     if result.signal:
         return 128 + int(result.signal)
