@@ -83,5 +83,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "empty", [](std::vector<int64_t> sizes, at::ScalarType dtype) { return fastbert::detail::empty(sizes, dtype); },
       py::arg("sizes"), py::arg("dtype"),
       "An uninitialised contiguous CPU tensor; one of 4 MiB or more comes from the mapping allocator the kernels' "
-      "outputs use (huge pages, freed mappings reused by a request of the same size), not from malloc.");
+      "outputs use (huge pages, freed mappings reused by a request of the same size or up to 2x smaller), "
+      "not from malloc.");
 }

@@ -57,6 +57,18 @@ def make_batch(batch, lo, hi, g, vocab=30522):
     return ids * mask, mask
 
 
+def dtype_tag(dtype) -> str:
+    return "fp32" if dtype == torch.float32 else "bf16"
+
+
+def random_transformers_bert(layers: int, impl: str = "sdpa"):
+    """transformers' BertModel with BERT-base shapes and the same random weights on every call."""
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.BertModel(transformers.BertConfig(**base_config(layers), attn_implementation=impl)).eval()
+
+
 def gemm_floor(model, tokens: int, dtype):
     """A callable running exactly the model's linear layers on `tokens` rows, in `dtype`."""
     cfg = model.config
@@ -87,17 +99,12 @@ def gemm_floor(model, tokens: int, dtype):
 
 
 def encoder_providers(layers: int, dtypes, ids, mask):
-    import transformers
-
-    torch.manual_seed(0)
-    hf = {impl: transformers.BertModel(transformers.BertConfig(**base_config(layers), attn_implementation=impl)).eval()
-          for impl in ("sdpa", "eager")}
-    hf["eager"].load_state_dict(hf["sdpa"].state_dict())
+    hf = {impl: random_transformers_bert(layers, impl) for impl in ("sdpa", "eager")}
     fb = fastbert.hf.from_transformers(hf["sdpa"]).eval()
     tokens = int(mask.sum())
     provs: Dict[str, object] = {}
     for dtype in dtypes:
-        tag = "fp32" if dtype == torch.float32 else "bf16"
+        tag = dtype_tag(dtype)
         fm = fb if dtype == torch.float32 else _copy_to(fb, dtype)
         provs[f"fastbert {tag}"] = (lambda m=fm: m(ids, mask))
         for impl, hm in hf.items():
@@ -126,7 +133,7 @@ def summarise(times: Dict[str, List[float]], tokens: int, dtypes) -> List[dict]:
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = []
     for dtype in dtypes:
-        tag = "fp32" if dtype == torch.float32 else "bf16"
+        tag = dtype_tag(dtype)
         # transformers in bf16: the faster of cast and autocast, as a user would pick
         for impl in ("sdpa", "eager"):
             variants = {k: v for k, v in med.items() if k.startswith(f"transformers {impl} {tag}")}
@@ -164,11 +171,7 @@ def ablation_providers(layers: int, dtype, ids, mask) -> Dict[str, object]:
     """fastbert with one of its CPU choices undone at a time, on the same weights and inputs:
     the padded path instead of the packed one, torch's ops instead of the fused C++ ones, one
     thread instead of all; and the GEMM floor."""
-    import transformers
-
-    torch.manual_seed(0)
-    hf = transformers.BertModel(transformers.BertConfig(**base_config(layers), attn_implementation="sdpa")).eval()
-    model = fastbert.hf.from_transformers(hf).eval()
+    model = fastbert.hf.from_transformers(random_transformers_bert(layers)).eval()
     if dtype != torch.float32:
         model = model.to(dtype)
     threads = torch.get_num_threads()
@@ -185,7 +188,7 @@ def ablation_providers(layers: int, dtype, ids, mask) -> Dict[str, object]:
 
         return call
 
-    tag = "fp32" if dtype == torch.float32 else "bf16"
+    tag = dtype_tag(dtype)
     provs = {
         f"fastbert {tag}": variant(),
         f"padded path {tag}": variant(unpad=False),
@@ -208,7 +211,7 @@ def run_ablations(name, layers, dtypes, rounds, g, progress) -> List[dict]:
         with torch.no_grad():
             times = _timed(provs, rounds, f"{name} ablations ({len(provs)} variants x {rounds} rounds)", progress)
         med = {k: statistics.median(v) for k, v in times.items()}
-        tag = "fp32" if dtype == torch.float32 else "bf16"
+        tag = dtype_tag(dtype)
         base, floor = med[f"fastbert {tag}"], med[f"GEMM floor {tag}"]
         for k, v in med.items():
             rows.append({"workload": name, "provider": k, "dtype": tag, "ms": v * 1e3, "tokens_per_s": tokens / v,

@@ -298,18 +298,14 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
 
-_LARGE_OUTPUT_BYTES = 4 << 20
-
-
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """F.linear(x, weight, bias). For inference on the CPU an output of 4 MiB or more is written
-    into a tensor from the C++ extension's mapping allocator (fastbert._C.empty) instead of one from
-    malloc: glibc maps such a block afresh on every call and the GEMM then page-faults it in 4 KiB at
-    a time (at 8982 x 1536 fp32 that took 44 ms a call against 31 ms into a reused buffer; the bias
-    an addmm first copies into its output pays the faults too). Under autograd, while compiling,
-    off the CPU or without the extension: F.linear."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (x.device.type != "cpu" or rows * weight.shape[0] * x.element_size() < _LARGE_OUTPUT_BYTES
+    """F.linear(x, weight, bias). For inference on the CPU the output comes from fastbert._C.empty,
+    which gives one of 4 MiB or more from the C++ extension's mapping allocator instead of malloc:
+    glibc maps such a block afresh on every call and the GEMM then page-faults it in 4 KiB at a time
+    (at 8982 x 1536 fp32 that took 44 ms a call against 31 ms into a reused buffer; the bias an
+    addmm first copies into its output pays the faults too). Under autograd, while compiling, off
+    the CPU, for empty inputs or without the extension: F.linear."""
+    if (x.device.type != "cpu" or x.numel() == 0
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                              or (bias is not None and bias.requires_grad)))
             or torch.compiler.is_compiling() or x.dtype != weight.dtype):
@@ -318,7 +314,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
     if ext is None:
         return F.linear(x, weight, bias)
     out = ext.empty([*x.shape[:-1], weight.shape[0]], x.dtype)
-    x2, out2 = x.reshape(rows, x.shape[-1]), out.view(rows, weight.shape[0])
+    x2, out2 = x.reshape(-1, x.shape[-1]), out.view(-1, weight.shape[0])
     if bias is None:
         torch.mm(x2, weight.t(), out=out2)
     else:
@@ -695,13 +691,10 @@ def _real_token_head(head: nn.Module, hidden: torch.Tensor, attention_mask: Opti
     those rows take no loss."""
     if attention_mask is None or torch.compiler.is_compiling():
         return head(hidden)
-    mask = attention_mask.to(torch.bool)
-    if bool(mask.all()):
+    if bool(attention_mask.to(torch.bool).all()):
         return head(hidden)
-    bsz, seq = mask.shape
-    indices = mask.reshape(-1).nonzero().squeeze(1)
-    out = head(hidden.reshape(bsz * seq, -1).index_select(0, indices))
-    return ops.pad(out, indices, bsz, seq)
+    rows, indices, _, _ = ops.unpad(hidden, attention_mask)
+    return ops.pad(head(rows), indices, *attention_mask.shape)
 
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
