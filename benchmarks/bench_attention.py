@@ -9,7 +9,7 @@ On the CPU: the "cpp" backend (padded batch, and packed through varlen_attention
 with a padding mask over the padded batch and eager, on a batch of 32 sequences with lengths
 uniform in 16..128 (seq 128, 12 heads, head dim 64).
 
-The providers are called in turn, round after round (fastbert.timing), and every ratio is of
+The providers are called in turn, round after round (fastbert.bench.timing), and every ratio is of
 medians measured in this run on the same inputs. FLOPs count real tokens only:
 forward 4 * sum(len_b^2) * heads * head_dim, backward 2.5x that.
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 import fastbert
 from fastbert import reference
-from fastbert.timing import machine_info, median_s
+from fastbert.bench.timing import machine_info, median_s
 
 PEAK_FLOPS = 800e12  # H100 SXM dense fp16/bf16 tensor-core, rounded
 HBM_BYTES_PER_S = 3.0e12

@@ -6,7 +6,7 @@
 """
 import sys
 
-from fastbert.encoder_bench import main
+from fastbert.bench.encoder import main
 
 if __name__ == "__main__":
     sys.exit(main())

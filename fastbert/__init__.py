@@ -1,7 +1,7 @@
 """fastbert: BERT on hand-written fused kernels (Triton on GPU, fused C++ on CPU)."""
 from fastbert import data, masking, ops, reference
 from fastbert.backend import BACKENDS
-from fastbert.modeling import (
+from fastbert.model import (
     BertConfig,
     BertForMaskedLM,
     BertForPreTraining,

@@ -8,6 +8,7 @@ Optional imports (triton, the extension) are guarded here and nowhere else.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 from typing import Optional
@@ -86,3 +87,19 @@ def resolve(backend: Optional[str], t: torch.Tensor) -> str:
                 "reinstall with: pip install --no-build-isolation -e ."
             )
     return backend
+
+
+def cpp_function(name: str):
+    """The extension's function `name`, or None when the extension is not built or predates it."""
+    ext = cpp_extension()
+    return getattr(ext, name, None) if ext is not None else None
+
+
+def impl(backend: str, kernel_module: str):
+    """The module holding the `<op>_forward` / `<op>_backward` launchers of a fused backend:
+    the extension for "cpp", fastbert.kernels.<kernel_module> for "triton"."""
+    if backend == "cpp":
+        return cpp_extension()
+    if backend == "triton":
+        return importlib.import_module(f"fastbert.kernels.{kernel_module}")
+    raise AssertionError(f"no fused launchers for backend {backend!r}")

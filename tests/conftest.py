@@ -9,9 +9,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-import fastbert  # noqa: E402
 from fastbert import backend as fb_backend  # noqa: E402
-
 from fastbert.selfcheck import bound_check, with_grads  # noqa: E402  (the one error bound)
 
 

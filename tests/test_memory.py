@@ -1,12 +1,12 @@
 """The C++ extension's allocator for large CPU outputs (fastbert._C.empty) and the inference
-linear layers that write into it (fastbert.modeling._linear)."""
+linear layers that write into it (fastbert.ops.linear)."""
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import require
 
 from fastbert import backend as fb_backend
-from fastbert import modeling
+from fastbert import ops
 
 
 @pytest.fixture
@@ -57,10 +57,10 @@ def test_inference_linear_into_the_allocator_matches_f_linear(ext, bias, dtype):
     w = torch.randn(1536, 384, generator=g).to(dtype)
     b = torch.randn(1536, generator=g).to(dtype) if bias else None
     with torch.no_grad():
-        out = modeling._linear(x, w, b)
+        out = ops.linear(x, w, b)
         torch.testing.assert_close(out, F.linear(x, w, b), atol=0, rtol=0)
     # under autograd it is F.linear, gradients included
     xg = x.clone().requires_grad_(True)
-    out = modeling._linear(xg, w, b)
+    out = ops.linear(xg, w, b)
     out.float().sum().backward()
     assert xg.grad is not None and out.requires_grad

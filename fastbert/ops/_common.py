@@ -1,12 +1,10 @@
 """Shared pieces of the functional ops: input checks with readable errors, backend lookup, seeds."""
 from __future__ import annotations
 
-import importlib
 from typing import Optional
 
 import torch
 
-from fastbert import backend as _backend
 from fastbert.reference import check_seed, new_seed
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -46,14 +44,6 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1, t.shape[-1])
 
 
-def impl(backend: str, kernel_module: str):
-    """The module holding the `<op>_forward` / `<op>_backward` launchers of a fused backend:
-    the extension fastbert._C for "cpp", fastbert.kernels.<kernel_module> for "triton"."""
-    if backend == "cpp":
-        return _backend.cpp_extension()
-    if backend == "triton":
-        return importlib.import_module(f"fastbert.kernels.{kernel_module}")
-    raise AssertionError(f"no fused launchers for backend {backend!r}")
 
 
 def fused_op(name: str, fake):

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import FLOAT_DTYPES, check_device, fused_op, impl, needs_grad, seed_tensor
+from fastbert.ops._common import FLOAT_DTYPES, check_device, fused_op, needs_grad, seed_tensor
 
 TRITON_HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # what the Triton kernels compile for
 MAX_HEAD_DIM = 256  # the cpp backend
@@ -74,7 +74,7 @@ def _attention_fwd(
     return_mask: bool,
     backend: str,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    out, lse, keep = impl(backend, "attention").attention_forward(
+    out, lse, keep = _backend.impl(backend, "attention").attention_forward(
         q, k, v, key_mask, scale, dropout_p, _seed_int(seed), return_mask
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
@@ -99,7 +99,7 @@ def _attention_bwd(
     backend: str,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tuple(
-        impl(backend, "attention").attention_backward(do, q, k, v, out, lse, key_mask, scale, dropout_p, _seed_int(seed))
+        _backend.impl(backend, "attention").attention_backward(do, q, k, v, out, lse, key_mask, scale, dropout_p, _seed_int(seed))
     )
 
 
@@ -121,7 +121,7 @@ def _varlen_attention_fwd(
     return_mask: bool,
     backend: str,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    out, lse, keep = impl(backend, "attention").varlen_attention_forward(
+    out, lse, keep = _backend.impl(backend, "attention").varlen_attention_forward(
         q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, _seed_int(seed), return_mask
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
@@ -147,7 +147,7 @@ def _varlen_attention_bwd(
     backend: str,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tuple(
-        impl(backend, "attention").varlen_attention_backward(
+        _backend.impl(backend, "attention").varlen_attention_backward(
             do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, _seed_int(seed)
         )
     )

@@ -11,7 +11,7 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import as_rows, check_float, check_vector, fused_op, impl, needs_grad
+from fastbert.ops._common import as_rows, check_float, check_vector, fused_op, needs_grad
 
 APPROXIMATIONS = ("none", "tanh")
 
@@ -23,7 +23,7 @@ def _fake_fwd(x, bias, approximate, backend):
 @fused_op("bias_gelu_fwd", _fake_fwd)
 def _bias_gelu_fwd(x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
     # x: [rows, hidden] contiguous, bias: [hidden] -> y: [rows, hidden] in x.dtype
-    return impl(backend, "bias_gelu").bias_gelu_forward(x, bias, approximate)
+    return _backend.impl(backend, "bias_gelu").bias_gelu_forward(x, bias, approximate)
 
 
 def _fake_bwd(dy, x, bias, approximate, backend):
@@ -35,7 +35,7 @@ def _bias_gelu_bwd(
     dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     # dy, x: [rows, hidden] -> dx: [rows, hidden] in x.dtype, dbias: [hidden] in bias.dtype (fp32 sums)
-    return tuple(impl(backend, "bias_gelu").bias_gelu_backward(dy, x, bias, approximate))
+    return tuple(_backend.impl(backend, "bias_gelu").bias_gelu_backward(dy, x, bias, approximate))
 
 
 class BiasGeluFunction(torch.autograd.Function):

@@ -14,7 +14,13 @@ import torch
 from fastbert import backend as _backend
 from fastbert import reference
 from fastbert.ops._common import (
-    as_rows, check_device, check_float, check_vector, fused_op, impl, needs_grad, seed_tensor,
+    as_rows,
+    check_device,
+    check_float,
+    check_vector,
+    fused_op,
+    needs_grad,
+    seed_tensor,
 )
 
 MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
@@ -43,7 +49,7 @@ def _add_layer_norm_fwd(
     # x, residual: [rows, hidden]; weight, bias: [hidden]; seed: int64 [1] on the CPU
     # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
     return tuple(
-        impl(backend, "layer_norm").add_layer_norm_forward(
+        _backend.impl(backend, "layer_norm").add_layer_norm_forward(
             x, residual, weight, bias, eps, dropout_p, _seed_int(seed)
         )
     )
@@ -67,7 +73,7 @@ def _add_layer_norm_bwd(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # -> dx, dresidual [rows, hidden] in x.dtype; dweight, dbias [hidden] in weight.dtype (fp32 sums)
     return tuple(
-        impl(backend, "layer_norm").add_layer_norm_backward(
+        _backend.impl(backend, "layer_norm").add_layer_norm_backward(
             dy, x, residual, weight, mean, rstd, dropout_p, _seed_int(seed)
         )
     )

@@ -13,7 +13,7 @@
 
 Command line: `fastbert prepare --help`, `fastbert pretrain --help`.
 """
-from fastbert.pretraining.prepare import prepare_data
-from fastbert.pretraining.trainer import TrainConfig, TrainResult, Trainer, train
+from fastbert.data.prepare import prepare_data
+from fastbert.pretraining.trainer import TrainConfig, Trainer, TrainResult, train
 
 __all__ = ["prepare_data", "TrainConfig", "TrainResult", "Trainer", "train"]

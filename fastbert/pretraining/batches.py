@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from fastbert.data import PretrainingCollator
+from fastbert.data.shards import InstanceDataset
 from fastbert.masking import word_start_table
-from fastbert.pretraining.shards import InstanceDataset
 
 _MASK_STREAM = 1
 _EVAL_STREAM = 2

@@ -15,15 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 
-from fastbert.pretraining.prepare import PrepareError, add_data_arguments, format_summary, prepare_from_args
-from fastbert.pretraining.trainer import (
-    PRECISIONS, TrainConfig, TrainError, barrier, format_eval_table, init_distributed, train,
-)
+from fastbert.data.prepare import PrepareError, add_data_arguments, format_summary, prepare_from_args
 from fastbert.pretraining.checkpoint import CheckpointError
+from fastbert.pretraining.trainer import (
+    PRECISIONS,
+    TrainConfig,
+    TrainError,
+    barrier,
+    format_eval_table,
+    init_distributed,
+    train,
+)
 
 DEFAULT_OUT = "fastbert-pretrain-out"
 # Settings that differ between the built-in run (a demo that must finish in minutes on two CPU cores,
@@ -111,7 +116,7 @@ def _data_request(args) -> dict:
     req = {k: getattr(args, k) for k in keys}
     if args.corpus:
         files = []
-        from fastbert.pretraining.corpus import expand_paths
+        from fastbert.data.corpus import expand_paths
 
         for f in expand_paths(args.corpus):
             st = os.stat(f)
@@ -148,7 +153,7 @@ def _prepare(args, info) -> str:
             "the options of the original run"
         )
     if info.is_main:
-        from fastbert.pretraining import default_corpus
+        from fastbert.data import default_corpus
 
         t0 = time.perf_counter()
         what = ", ".join(args.corpus) if args.corpus else "the built-in corpus (pydoc_data.topics)"

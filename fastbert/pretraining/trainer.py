@@ -34,21 +34,20 @@ import math
 import os
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from fastbert.modeling import BertConfig, BertForPreTraining
+from fastbert.data.shards import INDEX, InstanceDataset
+from fastbert.model import BertConfig, BertForPreTraining
 from fastbert.pretraining import checkpoint as ckpt
 from fastbert.pretraining.batches import BatchPlan, EvalPlan, make_collator
-from fastbert.pretraining.shards import INDEX, InstanceDataset
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")

@@ -3,11 +3,9 @@ import pytest
 import torch
 
 import fastbert
+from fastbert.data.shards import InstanceDataset
 from fastbert.pretraining.batches import BatchPlan, make_collator
-from fastbert.pretraining.shards import InstanceDataset
 from fastbert.pretraining.trainer import PretrainingObjective, linear_schedule, param_groups, summarize
-
-from pretraining_helpers import tiny_config
 
 
 def _model_and_batch(tiny_data, seed=0):

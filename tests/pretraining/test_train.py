@@ -6,12 +6,11 @@ import signal
 
 import pytest
 import torch
+from pretraining_helpers import tiny_config
 
 import fastbert
 from fastbert.pretraining import checkpoint as ckpt
-from fastbert.pretraining.trainer import TrainError, Trainer, train
-
-from pretraining_helpers import tiny_config
+from fastbert.pretraining.trainer import Trainer, TrainError, train
 
 
 def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tiny_data, tmp_path):
@@ -156,9 +155,10 @@ TINY_ARGS = ["--hidden-size", "32", "--num-layers", "2", "--num-heads", "2", "--
 
 
 def test_pretrain_cli_prepares_a_corpus_reuses_it_and_reports(tmp_path, capsys):
-    from fastbert import cli
     from pretraining_helpers import small_documents
-    from fastbert.pretraining.corpus import write_documents
+
+    from fastbert import cli
+    from fastbert.data.corpus import write_documents
 
     corpus = str(tmp_path / "corpus.txt")
     write_documents(small_documents(30)(), corpus)

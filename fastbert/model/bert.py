@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Tuple
@@ -23,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastbert import backend as fb_backend
 from fastbert import ops
 
 CONFIG_NAME = "config.json"
@@ -298,29 +296,6 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """F.linear(x, weight, bias). For inference on the CPU the output comes from fastbert._C.empty,
-    which gives one of 4 MiB or more from the C++ extension's mapping allocator instead of malloc:
-    glibc maps such a block afresh on every call and the GEMM then page-faults it in 4 KiB at a time
-    (at 8982 x 1536 fp32 that took 44 ms a call against 31 ms into a reused buffer; the bias an
-    addmm first copies into its output pays the faults too). Under autograd, while compiling, off
-    the CPU, for empty inputs or without the extension: F.linear."""
-    if (x.device.type != "cpu" or x.numel() == 0
-            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                             or (bias is not None and bias.requires_grad)))
-            or torch.compiler.is_compiling() or x.dtype != weight.dtype):
-        return F.linear(x, weight, bias)
-    ext = fb_backend.cpp_extension()
-    if ext is None:
-        return F.linear(x, weight, bias)
-    out = ext.empty([*x.shape[:-1], weight.shape[0]], x.dtype)
-    x2, out2 = x.reshape(-1, x.shape[-1]), out.view(-1, weight.shape[0])
-    if bias is None:
-        torch.mm(x2, weight.t(), out=out2)
-    else:
-        torch.addmm(bias, x2, weight.t(), out=out2)
-    return out
-
 
 def _dropout_p(module: nn.Module, p: float) -> float:
     return p if module.training else 0.0
@@ -345,7 +320,7 @@ class BertLayer(nn.Module, _Backend):
         sa, so = self.attention.self, self.attention.output
         heads, d = sa.num_attention_heads, sa.attention_head_size
         w, b = sa.qkv_weight()
-        qkv = _linear(hidden, w, b)
+        qkv = ops.linear(hidden, w, b)
         p_attn = _dropout_p(self, sa.dropout_p)
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
@@ -356,14 +331,14 @@ class BertLayer(nn.Module, _Backend):
             q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
             ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend)
             ctx = ctx.transpose(1, 2).reshape(bsz, seq, heads * d)
-        attn = _linear(ctx, so.dense.weight, so.dense.bias)
+        attn = ops.linear(ctx, so.dense.weight, so.dense.bias)
         h1 = ops.add_layer_norm(
             attn, hidden, so.LayerNorm.weight, so.LayerNorm.bias, so.LayerNorm.eps,
             dropout_p=_dropout_p(self, so.dropout.p), backend=self.backend,
         )
-        inter = _linear(h1, self.intermediate.dense.weight)
+        inter = ops.linear(h1, self.intermediate.dense.weight)
         inter = _activation(inter, self.intermediate.dense.bias, self.intermediate.hidden_act, self.backend)
-        out = _linear(inter, self.output.dense.weight, self.output.dense.bias)
+        out = ops.linear(inter, self.output.dense.weight, self.output.dense.bias)
         return ops.add_layer_norm(
             out, h1, self.output.LayerNorm.weight, self.output.LayerNorm.bias, self.output.LayerNorm.eps,
             dropout_p=_dropout_p(self, self.output.dropout.p), backend=self.backend,
@@ -394,7 +369,7 @@ class BertPredictionHeadTransform(nn.Module, _Backend):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = _activation(_linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
+        h = _activation(ops.linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
         return F.layer_norm(h, h.shape[-1:], self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps)
 
 

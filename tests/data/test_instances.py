@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fastbert.pretraining.instances import PairMaker, TokenizedCorpus, split_documents
+from fastbert.data.instances import PairMaker, TokenizedCorpus, split_documents
 
 CLS, SEP = 2, 3
 

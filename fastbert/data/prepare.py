@@ -17,10 +17,10 @@ import time
 import warnings
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from fastbert.pretraining import corpus as corpus_mod
-from fastbert.pretraining import shards as shards_mod
-from fastbert.pretraining import vocab as vocab_mod
-from fastbert.pretraining.instances import PairMaker, TokenizedCorpus, split_documents
+from fastbert.data import corpus as corpus_mod
+from fastbert.data import shards as shards_mod
+from fastbert.data import vocab as vocab_mod
+from fastbert.data.instances import PairMaker, TokenizedCorpus, split_documents
 
 
 class PrepareError(ValueError):
@@ -135,7 +135,7 @@ def prepare_data(
         raise PrepareError("fastbert prepare: the corpus gave no tokens at all (every sentence was empty once tokenized)")
     if n_docs < 2:
         raise PrepareError(
-            f"fastbert prepare: the corpus has 1 document; next-sentence prediction needs at least 2 (NotNext "
+            "fastbert prepare: the corpus has 1 document; next-sentence prediction needs at least 2 (NotNext "
             "pairs take their second segment from a different document). Separate documents with a blank line "
             "(format 'lines') or two blank lines (format 'paragraphs')."
         )

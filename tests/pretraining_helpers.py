@@ -2,8 +2,8 @@
 import itertools
 import os
 
-from fastbert.pretraining import default_corpus
-from fastbert.pretraining.prepare import prepare_data
+from fastbert.data import default_corpus
+from fastbert.data.prepare import prepare_data
 from fastbert.pretraining.trainer import TrainConfig
 
 

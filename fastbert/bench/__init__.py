@@ -1,0 +1,1 @@
+"""What `fastbert bench` and benchmarks/ run: workloads, providers, timing, tables and plots."""
