@@ -1,4 +1,5 @@
-"""Shared pieces of the functional ops: input checks with readable errors, backend lookup, seeds."""
+"""Shared pieces of the functional ops: the custom-op wrapper, autograd and layout helpers, seeds
+(input checks: fastbert.ops.checks)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -6,37 +7,6 @@ from typing import Optional
 import torch
 
 from fastbert.reference import check_seed, new_seed
-
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def check_float(op: str, name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"fastbert.ops.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"fastbert.ops.{op}: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
-
-
-def check_vector(op: str, name: str, t: torch.Tensor, x: torch.Tensor) -> None:
-    """`t` is a per-feature parameter of x: shape [hidden], dtype x's or float32, x's device."""
-    check_float(op, name, t)
-    n = x.shape[-1]
-    if t.dim() != 1 or t.shape[0] != n:
-        raise ValueError(
-            f"fastbert.ops.{op}: {name} has shape {tuple(t.shape)} but x has hidden size {n} "
-            f"(x.shape = {tuple(x.shape)}); {name} must have shape ({n},)"
-        )
-    if t.dtype not in (x.dtype, torch.float32):
-        raise TypeError(
-            f"fastbert.ops.{op}: {name} has dtype {t.dtype} but x has dtype {x.dtype}; "
-            f"{name} must be {x.dtype} or float32"
-        )
-    check_device(op, name, t, x)
-
-
-def check_device(op: str, name: str, t: torch.Tensor, x: torch.Tensor) -> None:
-    if t.device != x.device:
-        raise ValueError(f"fastbert.ops.{op}: {name} is on {t.device} but x is on {x.device}")
 
 
 def as_rows(t: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import FLOAT_DTYPES, check_device, fused_op, needs_grad, seed_tensor
+from fastbert.ops._common import fused_op, needs_grad, seed_tensor
+from fastbert.ops.checks import FLOAT_DTYPES, check_device
 
 TRITON_HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # what the Triton kernels compile for
 MAX_HEAD_DIM = 256  # the cpp backend

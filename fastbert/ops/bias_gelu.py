@@ -11,7 +11,8 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import as_rows, check_float, check_vector, fused_op, needs_grad
+from fastbert.ops._common import as_rows, fused_op, needs_grad
+from fastbert.ops.checks import check_float, check_vector
 
 APPROXIMATIONS = ("none", "tanh")
 

@@ -13,15 +13,8 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import (
-    as_rows,
-    check_device,
-    check_float,
-    check_vector,
-    fused_op,
-    needs_grad,
-    seed_tensor,
-)
+from fastbert.ops._common import as_rows, fused_op, needs_grad, seed_tensor
+from fastbert.ops.checks import check_device, check_float, check_vector
 
 MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
 
