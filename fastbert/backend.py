@@ -89,6 +89,11 @@ def resolve(backend: Optional[str], t: torch.Tensor) -> str:
     return backend
 
 
+def cpp_available() -> bool:
+    """True when the extension is built (it warns once when it is not)."""
+    return cpp_extension() is not None
+
+
 def cpp_function(name: str):
     """The extension's function `name`, or None when the extension is not built or predates it."""
     ext = cpp_extension()

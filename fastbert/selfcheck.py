@@ -1,20 +1,27 @@
-"""`fastbert selfcheck`: every fused op on every backend this machine can run, against the fp64
-reference, forward and every gradient, with the error bound the tests use:
+"""`fastbert selfcheck`: every op of fastbert.ops on every backend this machine can run, against
+the fp64 reference, forward and every gradient, with the error bound the tests use:
 
     err(backend, fp64 reference) <= 2 * err(torch in the same dtype, fp64 reference) + ATOL[dtype] * scale
+
+Ops whose result is exact (unpad / pad, token masking) must match their reference bit for bit.
 """
 from __future__ import annotations
 
 import sys
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, Iterator, List, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
 import fastbert
 from fastbert import backend as fb_backend
 from fastbert import reference
 
 ATOL = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+Row = Tuple[str, bool, float, float]  # (tensor name, ok, error, bound)
+
+# ops with one implementation behind them (no backend argument) are checked once, as "auto"
+SINGLE = ("unpad/pad", "linear")
 
 
 def bound_check(out: torch.Tensor, torch_out: torch.Tensor, ref64: torch.Tensor, dtype) -> Tuple[bool, float, float]:
@@ -27,6 +34,14 @@ def bound_check(out: torch.Tensor, torch_out: torch.Tensor, ref64: torch.Tensor,
     return ok, err, bound
 
 
+def exact_check(name: str, got: torch.Tensor, want: torch.Tensor) -> Row:
+    """(name, ok, number of differing elements, 0): for results that must match exactly."""
+    if got.shape != want.shape:
+        return name, False, float(max(got.numel(), want.numel())), 0.0
+    wrong = float((got != want).sum().item())
+    return name, wrong == 0, wrong, 0.0
+
+
 def with_grads(fn: Callable, inputs: Sequence[torch.Tensor], grad_out: torch.Tensor):
     """fn(*inputs) on fresh leaf copies -> (output, [gradient of each input])."""
     leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
@@ -35,46 +50,162 @@ def with_grads(fn: Callable, inputs: Sequence[torch.Tensor], grad_out: torch.Ten
     return [out.detach()] + [t.grad for t in leaves]
 
 
+def compare(names: Sequence[str], fused: Callable, ref: Callable, inputs, grad_out, dtype) -> List[Row]:
+    """fused vs ref (same dtype) vs ref in fp64, output and the gradient of every input."""
+    got = with_grads(fused, inputs, grad_out)
+    base = with_grads(ref, inputs, grad_out)
+    r64 = with_grads(ref, [t.double() for t in inputs], grad_out.double())
+    return [(name, *bound_check(a, b, c, dtype)) for name, a, b, c in zip(names, got, base, r64)]
+
+
 def available_backends(device: str) -> List[str]:
     names = ["torch"]
-    if device == "cpu" and fb_backend.cpp_extension() is not None:
+    if device == "cpu" and fb_backend.cpp_available():
         names.append("cpp")
     if fb_backend.triton_available() and (device == "cuda" or fb_backend.triton_interpreting()):
         names.append("triton")
     return names
 
 
-def cases(device: str, interpreted: bool):
-    shapes = [(3, 7), (4, 768)] if interpreted else [(512, 768), (512, 3072), (333, 1023)]
+def op_backends(op: str, device: str) -> List[str]:
+    """The backends `op` runs on here: "auto" for single-implementation ops, no triton for masking."""
+    if op in SINGLE:
+        return ["auto"]
+    names = available_backends(device)
+    return [b for b in names if b != "triton"] if op == "mask_tokens" else names
+
+
+def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dtype]]:
+    """(op, shape, dtype) for every check; small shapes when Triton runs under the interpreter.
+    Shapes: [rows, hidden] for the elementwise ops, [batch, heads, seq, head_dim] for attention,
+    [batch, seq, hidden] for unpad/pad, [batch, seq] for masking, [rows, in, out] for linear."""
+    rows = [(3, 7), (4, 768)] if interpreted else [(512, 768), (512, 3072), (333, 1023)]
     dtypes = [torch.float32, torch.float16] if interpreted else [torch.float32, torch.bfloat16]
+    attn = [(3, 2, 17, 16)] if interpreted else [(4, 4, 97, 64)]
     for op in ("bias_gelu", "add_layer_norm"):
-        for shape in shapes:
+        for shape in rows:
             for dtype in dtypes:
                 yield op, shape, dtype
+    for op in ("attention", "varlen_attention"):
+        for shape in attn:
+            for dtype in dtypes:
+                yield op, shape, dtype
+    yield "unpad/pad", (5, 33, 24), torch.float32
+    yield "mask_tokens", (16, 128), torch.int64
+    for dtype in (torch.float32, torch.bfloat16):
+        yield "linear", (1500, 512, 768), dtype  # a 4.6 MiB fp32 output: the reusing allocator serves it
 
 
-def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Tuple[str, bool, float, float]]:
-    g = torch.Generator().manual_seed(0)
+def _mixed_mask(batch: int, seq: int, g: torch.Generator) -> torch.Tensor:
+    """Rows: full, empty, then random lengths; odd rows left-padded."""
+    lengths = [seq, 0] + torch.randint(1, seq + 1, (batch - 2,), generator=g).tolist()
+    mask = torch.zeros(batch, seq, dtype=torch.int64)
+    for b, n in enumerate(lengths):
+        if b % 2:
+            mask[b, seq - n:] = 1
+        else:
+            mask[b, :n] = 1
+    return mask
+
+
+def _elementwise(op, shape, dtype, backend, device, g) -> List[Row]:
     m, n = shape
     x = torch.randn(m, n, generator=g).to(device, dtype)
     dy = torch.randn(m, n, generator=g).to(device, dtype)
     if op == "bias_gelu":
         inputs = [x, torch.randn(n, generator=g).to(device, dtype)]
-        names = ["y", "dx", "dbias"]
         fused = lambda *a: fastbert.ops.bias_gelu(*a, backend=backend)  # noqa: E731
-        ref = reference.bias_gelu
+        return compare(["y", "dx", "dbias"], fused, reference.bias_gelu, inputs, dy, dtype)
+    inputs = [x, torch.randn(m, n, generator=g).to(device, dtype),
+              (1 + torch.randn(n, generator=g)).to(device, dtype), torch.randn(n, generator=g).to(device, dtype)]
+    p, seed = 0.1, 1234
+    keep = reference.dropout_keep_mask(seed, shape, p, device)
+    fused = lambda *a: fastbert.ops.add_layer_norm(*a, dropout_p=p, seed=seed, backend=backend)  # noqa: E731
+    ref = lambda *a: reference.add_layer_norm(*a, dropout_p=p, keep_mask=keep)  # noqa: E731
+    return compare(["y", "dx", "dresidual", "dweight", "dbias"], fused, ref, inputs, dy, dtype)
+
+
+def _attention(op, shape, dtype, backend, device, g) -> List[Row]:
+    batch, heads, seq, d = shape
+    mask = _mixed_mask(batch, seq, g).to(device)
+    q, k, v, dout = (torch.randn(batch, heads, seq, d, generator=g).to(device, dtype) for _ in range(4))
+    p, seed = 0.1, 4321
+    keep = reference.attention_keep_mask(seed, batch, heads, seq, seq, p, reference.mask_starts(mask), device)
+    real = mask.bool()[:, None, :, None]
+    ref = lambda q_, k_, v_: reference.attention(q_, k_, v_, mask, p, keep_mask=keep)  # noqa: E731
+    if op == "attention":
+        fused = lambda q_, k_, v_: fastbert.ops.attention(  # noqa: E731
+            q_, k_, v_, mask, dropout_p=p, seed=seed, backend=backend)
     else:
-        inputs = [x, torch.randn(m, n, generator=g).to(device, dtype),
-                  (1 + torch.randn(n, generator=g)).to(device, dtype), torch.randn(n, generator=g).to(device, dtype)]
-        names = ["y", "dx", "dresidual", "dweight", "dbias"]
-        p, seed = 0.1, 1234
-        keep = reference.dropout_keep_mask(seed, shape, p, device)
-        fused = lambda *a: fastbert.ops.add_layer_norm(*a, dropout_p=p, seed=seed, backend=backend)  # noqa: E731
-        ref = lambda *a: reference.add_layer_norm(*a, dropout_p=p, keep_mask=keep)  # noqa: E731
-    got = with_grads(fused, inputs, dy)
-    base = with_grads(ref, inputs, dy)
-    r64 = with_grads(ref, [t.double() for t in inputs], dy.double())
-    return [(name, *bound_check(a, b, c, dtype)) for name, a, b, c in zip(names, got, base, r64)]
+        _, indices, cu_seqlens, max_seqlen = fastbert.ops.unpad(q.transpose(1, 2), mask)
+
+        def fused(q_, k_, v_):
+            packed = [fastbert.ops.unpad(t.transpose(1, 2), mask)[0] for t in (q_, k_, v_)]
+            out = fastbert.ops.varlen_attention(*packed, cu_seqlens, max_seqlen, dropout_p=p, seed=seed,
+                                                backend=backend)
+            return fastbert.ops.pad(out, indices, batch, seq).transpose(1, 2)
+    return compare(["out", "dq", "dk", "dv"], lambda *a: fused(*a) * real, lambda *a: ref(*a) * real,
+                   [q, k, v], dout, dtype)
+
+
+def _unpad_pad(shape, device, g) -> List[Row]:
+    batch, seq, hidden = shape
+    mask = _mixed_mask(batch, seq, g).to(device)
+    x = torch.randn(batch, seq, hidden, generator=g).to(device)
+    packed, indices, cu_seqlens, max_seqlen = fastbert.ops.unpad(x, mask)
+    lengths = mask.sum(1)
+    want_cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    back = fastbert.ops.pad(packed, indices, batch, seq)
+    return [
+        exact_check("packed", packed, x[mask.bool()]),
+        exact_check("cu_seqlens", cu_seqlens, want_cu),
+        ("max_seqlen", max_seqlen == int(lengths.max()), float(abs(max_seqlen - int(lengths.max()))), 0.0),
+        exact_check("pad", back, x * mask[..., None]),
+    ]
+
+
+def _mask_tokens(shape, backend, g) -> List[Row]:
+    batch, seq = shape
+    vocab, mask_id = 1000, 4
+    ids = torch.randint(5, vocab, shape, generator=g)
+    attention_mask = _mixed_mask(batch, seq, g)
+    ids[:, 0] = 2
+    word_start = torch.rand(shape, generator=g) > 0.3
+    kw = dict(mask_token_id=mask_id, vocab_size=vocab, attention_mask=attention_mask, seed=99,
+              special_token_ids=[0, 1, 2, 3, 4])
+    rows = []
+    for tag, extra in (("", {}), ("wwm ", {"word_start_mask": word_start})):
+        got = fastbert.masking.mask_tokens(ids, backend=backend, **kw, **extra)
+        want = reference.mask_tokens(ids, **kw, **extra)
+        rows += [exact_check(tag + "input_ids", got[0], want[0]), exact_check(tag + "labels", got[1], want[1])]
+    return rows
+
+
+def _linear(shape, dtype, device, g) -> List[Row]:
+    m, k, n = shape
+    x, dy = torch.randn(m, k, generator=g).to(device, dtype), torch.randn(m, n, generator=g).to(device, dtype)
+    w, b = torch.randn(n, k, generator=g).to(device, dtype) / k**0.5, torch.randn(n, generator=g).to(device, dtype)
+    with torch.no_grad():  # the inference path
+        infer = fastbert.ops.linear(x, w, b)
+        base, r64 = F.linear(x, w, b), F.linear(x.double(), w.double(), b.double())
+    rows = [("y (inference)", *bound_check(infer, base, r64, dtype))]
+    return rows + compare(["y", "dx", "dweight", "dbias"], fastbert.ops.linear, F.linear, [x, w, b], dy, dtype)
+
+
+def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
+    """The rows (tensor, ok, err, bound) of one op on one backend, on fresh seeded inputs."""
+    g = torch.Generator().manual_seed(0)
+    if op in ("bias_gelu", "add_layer_norm"):
+        return _elementwise(op, shape, dtype, backend, device, g)
+    if op in ("attention", "varlen_attention"):
+        return _attention(op, shape, dtype, backend, device, g)
+    if op == "unpad/pad":
+        return _unpad_pad(shape, device, g)
+    if op == "mask_tokens":
+        return _mask_tokens(shape, backend, g)
+    if op == "linear":
+        return _linear(shape, dtype, device, g)
+    raise ValueError(f"fastbert selfcheck: unknown op {op!r}")
 
 
 def main(argv=None) -> int:
@@ -84,19 +215,22 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="fastbert selfcheck", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     args = ap.parse_args(argv)
     device = args.device
-    backends = available_backends(device)
-    print(f"fastbert {fastbert.__version__}, torch {torch.__version__}, device {device}, backends {backends}")
-    todo = [(b, *c) for b in backends for c in cases(device, b == "triton" and device == "cpu")]
+    if device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available here")
+    print(f"fastbert {fastbert.__version__}, torch {torch.__version__}, device {device}, "
+          f"backends {available_backends(device)}")
+    todo = [(b, op, shape, dtype) for b in available_backends(device) + ["auto"]
+            for op, shape, dtype in cases(device, b == "triton" and device == "cpu") if b in op_backends(op, device)]
     failures, lines = 0, []
     for b, op, shape, dtype in tqdm(todo, desc="selfcheck", file=sys.stderr):
         for name, ok, err, bound in check_case(op, shape, dtype, b, device):
             failures += not ok
-            lines.append(f"{b:<8}{op:<16}{str(shape):<14}{str(dtype)[6:]:<10}{name:<11}{err:>11.2e}{bound:>11.2e}  "
+            lines.append(f"{b:<8}{op:<18}{str(shape):<18}{str(dtype)[6:]:<10}{name:<17}{err:>11.2e}{bound:>11.2e}  "
                          + ("ok" if ok else "FAIL"))
-    print(f"{'backend':<8}{'op':<16}{'shape':<14}{'dtype':<10}{'tensor':<11}{'max err':>11}{'bound':>11}")
+    print(f"{'backend':<8}{'op':<18}{'shape':<18}{'dtype':<10}{'tensor':<17}{'max err':>11}{'bound':>11}")
     print("\n".join(lines))
     print(f"{len(lines) - failures} passed, {failures} failed")
     return 1 if failures else 0

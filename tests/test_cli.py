@@ -22,6 +22,31 @@ def test_selfcheck_cases_pass_on_every_backend_here():
             assert ok, (backend, name, err, bound)
 
 
+def test_selfcheck_covers_every_op_and_passes_on_every_backend_here():
+    import fastbert
+
+    small = list(selfcheck.cases("cpu", True))
+    covered = {op for op, _, _ in small} | {"unpad", "pad", "masking"}
+    public = {name for name in fastbert.ops.__all__ if name != "MAX_HIDDEN"} | {"mask_tokens"}
+    assert public <= covered, public - covered
+    for backend in selfcheck.available_backends("cpu") + ["auto"]:
+        for op, shape, dtype in small:
+            if backend not in selfcheck.op_backends(op, "cpu"):
+                continue
+            for name, ok, err, bound in selfcheck.check_case(op, shape, dtype, backend, "cpu"):
+                assert ok, (backend, op, name, err, bound)
+
+
+def test_selfcheck_exact_ops_flag_any_difference():
+    a = torch.arange(12)
+    assert selfcheck.exact_check("x", a, a.clone())[1]
+    b = a.clone()
+    b[4] = -1
+    name, ok, wrong, _ = selfcheck.exact_check("x", b, a)
+    assert not ok and wrong == 1
+    assert not selfcheck.exact_check("x", a[:5], a)[1]
+
+
 def test_selfcheck_flags_a_wrong_result():
     ref = torch.randn(64, 64, dtype=torch.float64)
     good = ref.float()
