@@ -16,6 +16,9 @@ from fastbert.ops.checks import check_float, check_vector
 
 APPROXIMATIONS = ("none", "tanh")
 
+# transformers' hidden_act names of the GELU forms -> `approximate` of bias_gelu ("none": exact erf)
+GELU_FORMS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
+
 
 def _fake_fwd(x, bias, approximate, backend):
     return torch.empty_like(x)

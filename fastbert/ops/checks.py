@@ -16,7 +16,7 @@ _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def where_of(op: str) -> str:
-    return op if "." in op else f"fastbert.ops.{op}"
+    return op if op.startswith("fastbert") else f"fastbert.ops.{op}"
 
 
 def check_tensor(op: str, name: str, t) -> None:
@@ -81,7 +81,7 @@ def check_binary_mask(op: str, name: str, mask) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
     if mask.numel() and not ((mask == 0) | (mask == 1)).all():
-        raise ValueError(f"{where_of(op)}: {name} must hold only 0 and 1 (0 = padding, 1 = real token)")
+        raise ValueError(f"{where_of(op)}: {name} must be in {{0, 1}}: only 0 and 1 (0 = padding, 1 = real token)")
     return mask != 0
 
 

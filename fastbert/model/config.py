@@ -1,0 +1,135 @@
+"""BertConfig: the fields of transformers' BertConfig, read from and written to config.json."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any, Dict
+
+import torch
+import torch.nn.functional as F
+
+from fastbert.ops.bias_gelu import GELU_FORMS
+
+CONFIG_NAME = "config.json"
+# activations other than the GELU forms of fastbert.ops.bias_gelu, run unfused
+OTHER_ACTIVATIONS = {"relu": F.relu, "silu": F.silu, "swish": F.silu, "tanh": torch.tanh}
+
+
+
+class BertConfig:
+    """The fields of transformers' BertConfig, with its defaults (BERT-base). Unknown keys are
+    kept as attributes and written back, as transformers does, so a config round-trips."""
+
+    model_type = "bert"
+    _defaults: Dict[str, Any] = dict(
+        vocab_size=30522,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        hidden_act="gelu",
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+        initializer_range=0.02,
+        layer_norm_eps=1e-12,
+        pad_token_id=0,
+        position_embedding_type="absolute",
+        use_cache=True,
+        classifier_dropout=None,
+        problem_type=None,
+        tie_word_embeddings=True,
+    )
+
+    def __init__(self, **kwargs):
+        kwargs.pop("model_type", None)
+        for k, v in self._defaults.items():
+            setattr(self, k, kwargs.pop(k, v))
+        id2label = kwargs.pop("id2label", None)
+        num_labels = kwargs.pop("num_labels", None)
+        kwargs.pop("label2id", None)
+        if id2label is not None:
+            self.id2label = {int(k): v for k, v in id2label.items()}
+        else:
+            self.id2label = {i: f"LABEL_{i}" for i in range(2 if num_labels is None else int(num_labels))}
+        if num_labels is not None and int(num_labels) != len(self.id2label):
+            self.id2label = {i: f"LABEL_{i}" for i in range(int(num_labels))}
+        for k, v in kwargs.items():  # anything else transformers wrote (architectures, dtype, ...)
+            setattr(self, k, v)
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"fastbert.BertConfig: hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        if self.hidden_act not in GELU_FORMS and self.hidden_act not in OTHER_ACTIVATIONS:
+            raise ValueError(
+                f"fastbert.BertConfig: hidden_act {self.hidden_act!r} is not supported; "
+                f"supported: {sorted(GELU_FORMS) + sorted(OTHER_ACTIVATIONS)}"
+            )
+        if self.position_embedding_type != "absolute":
+            raise ValueError(
+                f"fastbert.BertConfig: position_embedding_type {self.position_embedding_type!r} is not "
+                "supported; fastbert implements 'absolute' (what BERT checkpoints use)"
+            )
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label)
+
+    @num_labels.setter
+    def num_labels(self, n: int) -> None:
+        self.id2label = {i: f"LABEL_{i}" for i in range(n)}
+
+    @property
+    def label2id(self) -> Dict[str, int]:
+        return {v: k for k, v in self.id2label.items()}
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = {k: copy.deepcopy(v) for k, v in vars(self).items() if not k.startswith("_")}
+        d["id2label"] = {str(k): v for k, v in self.id2label.items()}
+        d["label2id"] = self.label2id
+        d["model_type"] = self.model_type
+        return dict(sorted(d.items()))
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "BertConfig":
+        return cls(**d)
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "BertConfig":
+        """From a config.json, or a directory holding one."""
+        file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"fastbert.BertConfig: no {CONFIG_NAME} at {path}")
+        try:
+            with open(file, encoding="utf-8") as f:
+                d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"fastbert.BertConfig: {file} is not valid JSON ({e})") from None
+        model_type = d.get("model_type", "bert")
+        if model_type != "bert":
+            raise ValueError(
+                f"fastbert.BertConfig: {file} describes a {model_type!r} model; fastbert loads BERT (model_type 'bert')"
+            )
+        return cls.from_dict(d)
+
+    def save_pretrained(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BertConfig) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"BertConfig {json.dumps(self.to_dict(), indent=2, sort_keys=True)}"

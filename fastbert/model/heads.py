@@ -1,0 +1,188 @@
+"""The task models: BertModel with the heads of pretraining, masked LM, sequence and token
+classification and extractive question answering."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastbert import ops
+from fastbert.model.bert import BertModel
+from fastbert.model.config import BertConfig
+from fastbert.model.layers import BertOnlyMLMHead, BertPreTrainingHeads
+from fastbert.model.outputs import (
+    BertForPreTrainingOutput,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from fastbert.model.pretrained import BertPreTrainedModel
+
+
+def _real_token_head(head: nn.Module, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """head(hidden) [batch, seq, ...], computed at real tokens only when the batch has padding
+    (zeros at padded positions). The MLM head's vocabulary GEMM on padded rows is wasted work, and
+    its LayerNorm turns the all-zero padded rows of last_hidden_state (with a zero dense bias, as
+    initialised) into a rstd of 1/sqrt(eps), whose fp16 backward gives NaN gradients even though
+    those rows take no loss."""
+    if attention_mask is None or torch.compiler.is_compiling():
+        return head(hidden)
+    if bool(attention_mask.to(torch.bool).all()):
+        return head(hidden)
+    rows, indices, _, _ = ops.unpad(hidden, attention_mask)
+    return ops.pad(head(rows), indices, *attention_mask.shape)
+
+
+def _classifier(config: BertConfig):
+    """(dropout, linear) of a classification head: classifier_dropout, else hidden_dropout_prob."""
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p), nn.Linear(config.hidden_size, config.num_labels)
+
+
+def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+
+
+class _TiedMLMHead(BertPreTrainedModel):
+    """A model whose MLM decoder is the word-embedding matrix (one parameter, as transformers ties it)."""
+
+    _tied_weights_keys = {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def tie_weights(self) -> None:
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+
+class BertForPreTraining(_TiedMLMHead):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.post_init()
+        self.tie_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                next_sentence_label=None, return_dict=True):
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+        scores = _real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
+        nsp = self.cls.seq_relationship(out.pooler_output)
+        loss = None
+        if labels is not None and next_sentence_label is not None:
+            loss = _ce(scores, labels) + _ce(nsp, next_sentence_label)
+        res = BertForPreTrainingOutput(loss=loss, prediction_logits=scores, seq_relationship_logits=nsp)
+        return res if return_dict else res.to_tuple()
+
+
+class BertForMaskedLM(_TiedMLMHead):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.post_init()
+        self.tie_weights()
+
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None, return_dict=True
+    ):
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+        scores = _real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
+        loss = _ce(scores, labels) if labels is not None else None
+        res = MaskedLMOutput(loss=loss, logits=scores)
+        return res if return_dict else res.to_tuple()
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config)
+        self.dropout, self.classifier = _classifier(config)
+        self.post_init()
+
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None, return_dict=True
+    ):
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+        logits = self.classifier(self.dropout(out.pooler_output))
+        loss = None
+        if labels is not None:
+            problem = self.config.problem_type
+            if problem is None:
+                if self.num_labels == 1:
+                    problem = "regression"
+                elif labels.dtype in (torch.long, torch.int):
+                    problem = "single_label_classification"
+                else:
+                    problem = "multi_label_classification"
+                self.config.problem_type = problem
+            if problem == "regression":
+                loss = (
+                    F.mse_loss(logits.squeeze(), labels.squeeze())
+                    if self.num_labels == 1
+                    else F.mse_loss(logits, labels)
+                )
+            elif problem == "single_label_classification":
+                loss = _ce(logits, labels)
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits, labels)
+        res = SequenceClassifierOutput(loss=loss, logits=logits)
+        return res if return_dict else res.to_tuple()
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout, self.classifier = _classifier(config)
+        self.post_init()
+
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None, return_dict=True
+    ):
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+        logits = self.classifier(self.dropout(out.last_hidden_state))
+        loss = _ce(logits, labels) if labels is not None else None
+        res = TokenClassifierOutput(loss=loss, logits=logits)
+        return res if return_dict else res.to_tuple()
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        start_positions=None,
+        end_positions=None,
+        return_dict=True,
+    ):
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+        logits = self.qa_outputs(out.last_hidden_state)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            start_positions = start_positions.reshape(-1)
+            end_positions = end_positions.reshape(-1)
+            ignored = start_logits.size(1)  # positions outside the input are ignored, as in transformers
+            start_positions = start_positions.clamp(0, ignored)
+            end_positions = end_positions.clamp(0, ignored)
+            loss = (
+                F.cross_entropy(start_logits.float(), start_positions, ignore_index=ignored)
+                + F.cross_entropy(end_logits.float(), end_positions, ignore_index=ignored)
+            ) / 2
+        res = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits)
+        return res if return_dict else res.to_tuple()

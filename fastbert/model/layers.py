@@ -1,0 +1,199 @@
+"""The encoder's layers on fastbert.ops, with transformers' module and parameter names."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastbert import ops
+from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
+from fastbert.ops.bias_gelu import GELU_FORMS
+
+
+class _Backend:
+    """Mixin: the fastbert.ops backend a module's ops run on (None: automatic), set model-wide."""
+
+    backend: Optional[str] = None
+
+
+class BertEmbeddings(nn.Module, _Backend):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, token_type_ids, position_ids):
+        words = self.word_embeddings(input_ids)
+        rest = self.token_type_embeddings(token_type_ids) + self.position_embeddings(position_ids)
+        h = ops.add_layer_norm(
+            words, rest.to(words.dtype), self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps,
+            backend=self.backend,
+        )
+        return self.dropout(h)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_attention_heads = config.num_attention_heads
+        self.attention_head_size = config.head_dim
+        self.all_head_size = config.hidden_size
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+        self._packed = None  # (key, weight, bias): the QKV weights concatenated, for inference
+
+    def qkv_weight(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The three projections as one [3 * hidden, hidden] GEMM. Under autograd the concatenation
+        is part of the graph; for inference it is kept until a weight changes."""
+        params = (self.query.weight, self.key.weight, self.value.weight, self.query.bias, self.key.bias, self.value.bias)
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return torch.cat(params[:3]), torch.cat(params[3:])
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, torch.cat(params[:3]).detach(), torch.cat(params[3:]).detach())
+        return self._packed[1], self._packed[2]
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.hidden_act = config.hidden_act
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+
+
+def _dropout_p(module: nn.Module, p: float) -> float:
+    return p if module.training else 0.0
+
+
+def _activation(x: torch.Tensor, bias: torch.Tensor, act: str, backend) -> torch.Tensor:
+    if act in GELU_FORMS:
+        return ops.bias_gelu(x, bias, GELU_FORMS[act], backend=backend)
+    return OTHER_ACTIVATIONS[act](x + bias)
+
+
+class BertLayer(nn.Module, _Backend):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]]):
+        """hidden: [batch, seq, hidden] (padded path, mask [batch, seq] or None) or
+        [tokens, hidden] (packed path, packed = (cu_seqlens, max_seqlen))."""
+        sa, so = self.attention.self, self.attention.output
+        heads, d = sa.num_attention_heads, sa.attention_head_size
+        w, b = sa.qkv_weight()
+        qkv = ops.linear(hidden, w, b)
+        p_attn = _dropout_p(self, sa.dropout_p)
+        if packed is not None:
+            q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
+            ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], dropout_p=p_attn, backend=self.backend)
+            ctx = ctx.reshape(-1, heads * d)
+        else:
+            bsz, seq = hidden.shape[:2]
+            q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
+            ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend)
+            ctx = ctx.transpose(1, 2).reshape(bsz, seq, heads * d)
+        attn = ops.linear(ctx, so.dense.weight, so.dense.bias)
+        h1 = ops.add_layer_norm(
+            attn, hidden, so.LayerNorm.weight, so.LayerNorm.bias, so.LayerNorm.eps,
+            dropout_p=_dropout_p(self, so.dropout.p), backend=self.backend,
+        )
+        inter = ops.linear(h1, self.intermediate.dense.weight)
+        inter = _activation(inter, self.intermediate.dense.bias, self.intermediate.hidden_act, self.backend)
+        out = ops.linear(inter, self.output.dense.weight, self.output.dense.bias)
+        return ops.add_layer_norm(
+            out, h1, self.output.LayerNorm.weight, self.output.LayerNorm.bias, self.output.LayerNorm.eps,
+            dropout_p=_dropout_p(self, self.output.dropout.p), backend=self.backend,
+        )
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden[:, 0]))
+
+
+class BertPredictionHeadTransform(nn.Module, _Backend):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.hidden_act = config.hidden_act
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = _activation(ops.linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
+        return F.layer_norm(h, h.shape[-1:], self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps)
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder.bias = self.bias  # one parameter under both names, as in transformers
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden))
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+    def forward(self, sequence_output):
+        return self.predictions(sequence_output)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, sequence_output, pooled_output):
+        return self.predictions(sequence_output), self.seq_relationship(pooled_output)
