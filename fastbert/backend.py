@@ -94,10 +94,25 @@ def cpp_available() -> bool:
     return cpp_extension() is not None
 
 
+_predates = set()
+
+
 def cpp_function(name: str):
-    """The extension's function `name`, or None when the extension is not built or predates it."""
+    """The extension's function `name`, or None when the extension is not built or predates it
+    (then with one warning per function)."""
     ext = cpp_extension()
-    return getattr(ext, name, None) if ext is not None else None
+    if ext is None:
+        return None
+    fn = getattr(ext, name, None)
+    if fn is None and name not in _predates:
+        _predates.add(name)
+        warnings.warn(
+            f"fastbert: the built extension fastbert._C predates {name}; it runs in plain PyTorch. "
+            "Rebuild with: pip install --no-build-isolation -e .",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return fn
 
 
 def impl(backend: str, kernel_module: str):

@@ -35,15 +35,12 @@ random ordinary token, 10% unchanged; whole-word masking from WordPiece "##" con
 """
 from __future__ import annotations
 
-from itertools import chain
 from typing import Iterable, List, Mapping, Optional, Sequence
 
-import numpy as np
 import torch
 
-from fastbert import backend as _backend
 from fastbert import masking as _masking
-from fastbert.ops.padding import unpad_indices
+from fastbert.ops.padding import pad_id_lists, unpad_indices
 
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -203,33 +200,4 @@ class PretrainingCollator:
     @staticmethod
     def _pad(rows: List, lengths: List[int], seq: int, real: torch.Tensor, value: int, name: str) -> torch.Tensor:
         """int64 [batch, seq]: the rows left-aligned, `value` after them."""
-        if all(isinstance(r, torch.Tensor) for r in rows):
-            for r in rows:
-                if r.dim() != 1 or r.is_floating_point() or r.is_complex() or r.dtype == torch.bool:
-                    raise TypeError(
-                        f"PretrainingCollator: {name} tensors must be 1-D integer tensors, "
-                        f"got {r.dtype} {tuple(r.shape)}"
-                    )
-            out = torch.full((len(rows), seq), value, dtype=torch.int64)
-            out.masked_scatter_(real, torch.cat([r.to(torch.int64) for r in rows]))
-            return out
-        rows = [r.tolist() if isinstance(r, torch.Tensor) else r for r in rows]
-        ext = _backend.cpp_extension()
-        if ext is not None and hasattr(ext, "pad_id_lists") and all(isinstance(r, (list, tuple)) for r in rows):
-            try:
-                return ext.pad_id_lists(rows, seq, value)
-            except TypeError as exc:
-                raise TypeError(f"PretrainingCollator: {name} must hold integer ids ({exc})") from None
-        # without the extension: through float64 (exact for ids below 2**53), so that a value that
-        # is not an integer is caught rather than truncated
-        try:
-            values = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=sum(lengths))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"PretrainingCollator: {name} must be lists of ints or 1-D integer tensors ({exc})"
-            ) from None
-        if not (np.isfinite(values).all() and np.array_equal(values, np.floor(values))):
-            raise TypeError(f"PretrainingCollator: {name} holds values that are not integers")
-        out = torch.full((len(rows), seq), value, dtype=torch.int64)
-        out.masked_scatter_(real, torch.from_numpy(values.astype(np.int64)))
-        return out
+        return pad_id_lists(rows, lengths, seq, real, value, f"PretrainingCollator: {name}")

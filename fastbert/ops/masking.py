@@ -40,13 +40,20 @@ from __future__ import annotations
 
 import numbers
 import os
-import warnings
 from typing import Iterable, Optional, Sequence, Tuple, Union
 
 import torch
 
 from fastbert import backend as _backend
 from fastbert import reference as _reference
+from fastbert.ops.checks import (
+    check_binary_mask,
+    check_ids,
+    check_int,
+    check_prob,
+    check_shape_like,
+    check_tensor,
+)
 
 __all__ = ["mask_tokens", "word_start_table", "word_starts", "draw_seed", "IGNORE_INDEX"]
 
@@ -56,35 +63,22 @@ _MAX_ROWS = 2**29  # counters (4 * row + stream) * 2**32 + position stay below 2
 _MAX_SEQ = 2**31
 _MAX_VOCAB = 2**31
 
-_warned_stale = False
 
 
-def _ext():
-    """The extension when it has the masking kernels, else None (warning once when it is stale)."""
-    global _warned_stale
-    ext = _backend.cpp_extension()
-    if ext is not None and not hasattr(ext, "mask_tokens"):
-        if not _warned_stale:
-            warnings.warn(
-                "fastbert: the built extension fastbert._C predates the masking kernels; token masking "
-                "runs in plain PyTorch. Rebuild with: pip install --no-build-isolation -e .",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            _warned_stale = True
-        return None
-    return ext
+def _cpp(name: str):
+    """The extension's masking function `name`, or None (fastbert.backend warns when it predates them)."""
+    return _backend.cpp_function(name)
 
 
 def _use_cpp(op: str, backend: Optional[str], t: torch.Tensor) -> bool:
     if backend is None:
-        return t.device.type == "cpu" and _ext() is not None
+        return t.device.type == "cpu" and _cpp(op) is not None
     if backend == "torch":
         return False
     if backend == "cpp":
         if t.device.type != "cpu":
             raise RuntimeError(f"fastbert.masking.{op}: backend='cpp' runs on CPU tensors, got tensors on {t.device}")
-        if _ext() is None:
+        if _cpp(op) is None:
             raise RuntimeError(
                 f"fastbert.masking.{op}: backend='cpp' asked for but the C++ extension with the masking kernels "
                 "is not built; reinstall with: pip install --no-build-isolation -e ."
@@ -98,61 +92,25 @@ def draw_seed(generator: Optional[torch.Generator] = None) -> int:
     return int(torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64, generator=generator))
 
 
+def _where(op: str) -> str:
+    return f"fastbert.masking.{op}"
+
+
 def _check_ids(op: str, input_ids) -> torch.Tensor:
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"fastbert.masking.{op}: input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
-    if input_ids.dtype == torch.bool or input_ids.is_floating_point() or input_ids.is_complex():
-        raise TypeError(
-            f"fastbert.masking.{op}: input_ids must hold integer token ids (int64, int32, ...), got {input_ids.dtype}"
-        )
-    if input_ids.dtype != torch.int64:
-        input_ids = input_ids.to(torch.int64)
-    return input_ids.contiguous()
-
-
-def _check_int(op: str, name: str, value, lo: int, hi: Optional[int] = None, hi_name: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-            value = int(value)
-        else:
-            raise TypeError(f"fastbert.masking.{op}: {name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if value < lo or (hi is not None and value >= hi):
-        bound = f"[{lo}, {hi_name or hi})" if hi is not None else f">= {lo}"
-        raise ValueError(f"fastbert.masking.{op}: {name} = {value} is outside {bound}")
-    return value
-
-
-def _check_prob(op: str, name: str, p) -> float:
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(f"fastbert.masking.{op}: {name} must be a float in [0, 1], got {type(p).__name__} {p!r}")
-    p = float(p)
-    if not 0.0 <= p <= 1.0:  # also rejects NaN
-        raise ValueError(f"fastbert.masking.{op}: {name} must be in [0, 1], got {p}")
-    return p
+    check_ids(_where(op), "input_ids", input_ids)
+    return input_ids.to(torch.int64).contiguous()
 
 
 def _check_mask(op: str, name: str, mask, ids: torch.Tensor) -> Optional[torch.Tensor]:
     if mask is None:
         return None
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"fastbert.masking.{op}: {name} must be a torch.Tensor or None, got {type(mask).__name__}")
-    if tuple(mask.shape) != tuple(ids.shape):
-        raise ValueError(
-            f"fastbert.masking.{op}: {name} has shape {tuple(mask.shape)} but input_ids has shape "
-            f"{tuple(ids.shape)}; they must match"
-        )
+    check_tensor(_where(op), name, mask)
+    check_shape_like(_where(op), name, mask, ids.shape)
     if mask.device != ids.device:
         raise ValueError(f"fastbert.masking.{op}: {name} is on {mask.device} but input_ids is on {ids.device}")
-    if mask.is_complex():
-        raise TypeError(f"fastbert.masking.{op}: {name} has dtype {mask.dtype}; it must be bool or integer")
-    if mask.is_floating_point():
-        if not ((mask == 0) | (mask == 1)).all():
-            raise ValueError(f"fastbert.masking.{op}: a floating {name} must hold only 0 and 1")
-        mask = mask != 0
-    elif mask.dtype not in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
-        mask = mask != 0
-    return mask.contiguous()
+    if mask.dtype in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
+        return mask.contiguous()
+    return check_binary_mask(_where(op), name, mask).contiguous()
 
 
 def _check_special_ids(op: str, special_token_ids, vocab_size: int) -> Optional[torch.Tensor]:
@@ -164,7 +122,7 @@ def _check_special_ids(op: str, special_token_ids, vocab_size: int) -> Optional[
             raise TypeError(f"fastbert.masking.{op}: special_token_ids must hold integer ids, got {t.dtype}")
         ids = special_token_ids.reshape(-1).to(device="cpu", dtype=torch.int64)
     else:
-        values = [_check_int(op, "a special token id", v, 0) for v in special_token_ids]
+        values = [check_int(_where(op), "a special token id", v, 0) for v in special_token_ids]
         ids = torch.tensor(values, dtype=torch.int64)
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         bad = ids[(ids < 0) | (ids >= vocab_size)][0].item()
@@ -204,42 +162,66 @@ def mask_tokens(
     if ids.dim() != 2:
         raise ValueError(f"fastbert.masking.{op}: input_ids must be [batch, seq], got shape {tuple(ids.shape)}")
     if ids.shape[0] >= _MAX_ROWS or ids.shape[1] >= _MAX_SEQ:
-        raise ValueError(f"fastbert.masking.{op}: at most 2**29 - 1 rows and 2**31 - 1 columns, got {tuple(ids.shape)}")
-    vocab_size = _check_int(op, "vocab_size", vocab_size, 1, _MAX_VOCAB, "2**31")
-    mask_token_id = _check_int(op, "mask_token_id", mask_token_id, 0, vocab_size, f"vocab_size = {vocab_size}")
-    mlm_probability = _check_prob(op, "mlm_probability", mlm_probability)
-    mask_replace_prob = _check_prob(op, "mask_replace_prob", mask_replace_prob)
-    random_replace_prob = _check_prob(op, "random_replace_prob", random_replace_prob)
-    if mask_replace_prob + random_replace_prob > 1.0 + 1e-12:
         raise ValueError(
-            f"fastbert.masking.{op}: mask_replace_prob + random_replace_prob must be at most 1 "
-            f"(the rest of the selected tokens stay unchanged), got {mask_replace_prob} + {random_replace_prob}"
+            f"fastbert.masking.{op}: at most 2**29 - 1 rows and 2**31 - 1 columns, got {tuple(ids.shape)}"
         )
-    if max_predictions is not None:
-        max_predictions = _check_int(op, "max_predictions", max_predictions, 0)
+    rule = _check_rule(op, mask_token_id, vocab_size, mlm_probability, mask_replace_prob, random_replace_prob,
+                       max_predictions, selection)
+    masks = {name: _check_mask(op, name, m, ids) for name, m in (
+        ("special_tokens_mask", special_tokens_mask), ("attention_mask", attention_mask),
+        ("word_start_mask", word_start_mask))}
+    special_ids = _check_special_ids(op, special_token_ids, rule["vocab_size"])
+    seed = _check_seed(op, seed, generator)
+    if _use_cpp(op, backend, ids):
+        r = rule
+        return _cpp("mask_tokens")(
+            ids, masks["special_tokens_mask"], masks["attention_mask"], masks["word_start_mask"], special_ids,
+            r["mask_token_id"], r["vocab_size"], r["mlm_probability"], r["mask_replace_prob"],
+            r["random_replace_prob"], -1 if r["max_predictions"] is None else r["max_predictions"], seed,
+            r["selection"] == "bernoulli",
+        )
+    _check_id_range(op, ids, rule["vocab_size"])
+    special = None if special_ids is None else special_ids.tolist()
+    return _reference.mask_tokens(ids, **rule, **masks, seed=seed, special_token_ids=special)
+
+
+def _check_rule(op, mask_token_id, vocab_size, mlm_probability, mask_replace_prob, random_replace_prob,
+                max_predictions, selection) -> dict:
+    """The scalar settings of mask_tokens, checked, as keyword arguments of the reference rule."""
+    where = _where(op)
+    vocab_size = check_int(where, "vocab_size", vocab_size, 1, _MAX_VOCAB, "2**31")
+    rule = dict(
+        vocab_size=vocab_size,
+        mask_token_id=check_int(where, "mask_token_id", mask_token_id, 0, vocab_size, f"vocab_size = {vocab_size}"),
+        mlm_probability=check_prob(where, "mlm_probability", mlm_probability),
+        mask_replace_prob=check_prob(where, "mask_replace_prob", mask_replace_prob),
+        random_replace_prob=check_prob(where, "random_replace_prob", random_replace_prob),
+        max_predictions=None if max_predictions is None else check_int(where, "max_predictions", max_predictions, 0),
+        selection=selection,
+    )
+    if rule["mask_replace_prob"] + rule["random_replace_prob"] > 1.0 + 1e-12:
+        raise ValueError(
+            f"{where}: mask_replace_prob + random_replace_prob must be at most 1 (the rest of the selected "
+            f"tokens stay unchanged), got {rule['mask_replace_prob']} + {rule['random_replace_prob']}"
+        )
     if selection not in SELECTIONS:
-        raise ValueError(f"fastbert.masking.{op}: selection must be one of {SELECTIONS}, got {selection!r}")
-    special_tokens_mask = _check_mask(op, "special_tokens_mask", special_tokens_mask, ids)
-    attention_mask = _check_mask(op, "attention_mask", attention_mask, ids)
-    word_start_mask = _check_mask(op, "word_start_mask", word_start_mask, ids)
-    special_ids = _check_special_ids(op, special_token_ids, vocab_size)
+        raise ValueError(f"{where}: selection must be one of {SELECTIONS}, got {selection!r}")
+    return rule
+
+
+def _check_seed(op: str, seed, generator) -> int:
+    """`seed` checked, or one drawn from `generator` (torch's default generator when None)."""
     if seed is not None:
         if generator is not None:
             raise ValueError(f"fastbert.masking.{op}: pass generator or seed, not both")
-        seed = _check_int(op, "seed", seed, 0, 2**63, "2**63")
-    else:
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"fastbert.masking.{op}: generator must be a torch.Generator, got {type(generator).__name__}"
-            )
-        seed = draw_seed(generator)
+        return check_int(_where(op), "seed", seed, 0, 2**63, "2**63")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"fastbert.masking.{op}: generator must be a torch.Generator, got {type(generator).__name__}")
+    return draw_seed(generator)
 
-    if _use_cpp(op, backend, ids):
-        return _ext().mask_tokens(
-            ids, special_tokens_mask, attention_mask, word_start_mask, special_ids, mask_token_id, vocab_size,
-            mlm_probability, mask_replace_prob, random_replace_prob,
-            -1 if max_predictions is None else max_predictions, seed, selection == "bernoulli",
-        )
+
+def _check_id_range(op: str, ids: torch.Tensor, vocab_size: int) -> None:
+    """Every id in [0, vocab_size), or an error naming the first one outside (the extension checks its own)."""
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         flat = ((ids < 0) | (ids >= vocab_size)).flatten().nonzero()[0].item()
         row, col = divmod(flat, ids.shape[1])
@@ -247,12 +229,6 @@ def mask_tokens(
             f"fastbert.masking.{op}: input_ids[{row}, {col}] = {ids[row, col].item()} is outside "
             f"[0, vocab_size = {vocab_size})"
         )
-    return _reference.mask_tokens(
-        ids, mask_token_id=mask_token_id, vocab_size=vocab_size, special_tokens_mask=special_tokens_mask,
-        attention_mask=attention_mask, mlm_probability=mlm_probability, mask_replace_prob=mask_replace_prob,
-        random_replace_prob=random_replace_prob, max_predictions=max_predictions, word_start_mask=word_start_mask,
-        seed=seed, special_token_ids=None if special_ids is None else special_ids.tolist(), selection=selection,
-    )
 
 
 VocabLike = Union[Sequence[str], dict, str, os.PathLike, torch.Tensor]
@@ -288,11 +264,11 @@ def word_start_table(vocab: VocabLike, *, backend: Optional[str] = None) -> torc
             )
         return vocab
     tokens = vocab_tokens(vocab)
-    if backend != "torch" and (backend == "cpp" or _ext() is not None):
-        ext = _ext()
-        if ext is None:
-            raise RuntimeError("fastbert.masking.word_start_table: backend='cpp' but the extension is not built")
-        return ext.word_start_table(tokens)
+    build = _cpp("word_start_table") if backend != "torch" else None
+    if build is not None:
+        return build(tokens)
+    if backend == "cpp":
+        raise RuntimeError("fastbert.masking.word_start_table: backend='cpp' but the extension is not built")
     return _reference.word_start_table(tokens)
 
 
@@ -303,7 +279,7 @@ def word_starts(input_ids: torch.Tensor, vocab: VocabLike, *, backend: Optional[
     ids = _check_ids(op, input_ids)
     table = word_start_table(vocab, backend=backend)
     if _use_cpp(op, backend, ids):
-        return _ext().word_starts(ids, table.contiguous())
+        return _cpp("word_starts")(ids, table.contiguous())
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.numel()):
         raise ValueError(
             f"fastbert.masking.{op}: input_ids must be in [0, {table.numel()}) (the vocabulary's size), got "

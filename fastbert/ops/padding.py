@@ -16,35 +16,35 @@ building runs in the C++ extension (one pass over the mask); elsewhere in torch 
 """
 from __future__ import annotations
 
-from typing import Tuple
+from itertools import chain
+from typing import List, Tuple
 
+import numpy as np
 import torch
 
 from fastbert import backend as _backend
+from fastbert.ops.checks import check_binary_mask, check_tensor
 
 
-def _check_mask(op: str, attention_mask: torch.Tensor) -> None:
-    if not isinstance(attention_mask, torch.Tensor):
-        raise TypeError(f"fastbert.ops.{op}: attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+def _check_mask(op: str, attention_mask) -> torch.Tensor:
+    """The [batch, seq] mask as bool (bool or integer masks as given; floating ones must be 0/1)."""
+    check_tensor(op, "attention_mask", attention_mask)
     if attention_mask.dim() != 2:
         raise ValueError(
             f"fastbert.ops.{op}: attention_mask must be [batch, seq], got shape {tuple(attention_mask.shape)}"
         )
     if attention_mask.is_floating_point() or attention_mask.is_complex():
-        # HF masks are long; float masks of 0/1 are accepted when they really are 0/1
-        if not ((attention_mask == 0) | (attention_mask == 1)).all():
-            raise ValueError(f"fastbert.ops.{op}: a floating attention_mask must hold only 0 and 1")
+        return check_binary_mask(op, "attention_mask", attention_mask)
+    return attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
 
 
 def unpad_indices(attention_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, int]:
     """(indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask."""
-    _check_mask("unpad", attention_mask)
-    ext = _backend.cpp_extension() if attention_mask.device.type == "cpu" else None
-    if ext is not None and hasattr(ext, "unpad_indices"):
-        m = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
-        indices, cu_seqlens, max_seqlen = ext.unpad_indices(m.contiguous())
+    m = _check_mask("unpad", attention_mask)
+    build = _backend.cpp_function("unpad_indices") if m.device.type == "cpu" else None
+    if build is not None:
+        indices, cu_seqlens, max_seqlen = build(m.contiguous())
         return indices, cu_seqlens, int(max_seqlen)
-    m = attention_mask != 0
     seqlens = m.sum(dim=1, dtype=torch.int32)
     indices = torch.nonzero(m.flatten(), as_tuple=False).flatten()
     cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
@@ -117,3 +117,34 @@ def pad(packed: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) ->
         raise ValueError(f"fastbert.ops.pad: batch and seqlen must be >= 0, got {batch}, {seqlen}")
     out = _Scatter.apply(packed, indices, batch * seqlen)
     return out.view((batch, seqlen) + tuple(packed.shape[1:]))
+
+
+def pad_id_lists(rows: List, lengths: List[int], seq: int, real: torch.Tensor, value: int, name: str) -> torch.Tensor:
+    """int64 [batch, seq]: rows of ids (lists of ints or 1-D integer tensors) left-aligned, `value`
+    after them; `real` is the bool [batch, seq] mask of the positions the rows fill. A value that is
+    not an integer is a TypeError naming `name`."""
+    if all(isinstance(r, torch.Tensor) for r in rows):
+        for r in rows:
+            if r.dim() != 1 or r.is_floating_point() or r.is_complex() or r.dtype == torch.bool:
+                raise TypeError(f"{name} tensors must be 1-D integer tensors, got {r.dtype} {tuple(r.shape)}")
+        out = torch.full((len(rows), seq), value, dtype=torch.int64)
+        out.masked_scatter_(real, torch.cat([r.to(torch.int64) for r in rows]))
+        return out
+    rows = [r.tolist() if isinstance(r, torch.Tensor) else r for r in rows]
+    build = _backend.cpp_function("pad_id_lists")
+    if build is not None and all(isinstance(r, (list, tuple)) for r in rows):
+        try:
+            return build(rows, seq, value)
+        except TypeError as exc:
+            raise TypeError(f"{name} must hold integer ids ({exc})") from None
+    # without the extension: through float64 (exact for ids below 2**53), so that a value that is not
+    # an integer is caught rather than truncated
+    try:
+        values = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=sum(lengths))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be lists of ints or 1-D integer tensors ({exc})") from None
+    if not (np.isfinite(values).all() and np.array_equal(values, np.floor(values))):
+        raise TypeError(f"{name} holds values that are not integers")
+    out = torch.full((len(rows), seq), value, dtype=torch.int64)
+    out.masked_scatter_(real, torch.from_numpy(values.astype(np.int64)))
+    return out
