@@ -10,7 +10,7 @@ fastbert.masking. Providers:
   fastbert                 fastbert.BertForPreTraining(**batch).loss: the same call on the fused ops
                            (logits of every position, as transformers computes them)
   fastbert trainer step    the step `fastbert pretrain` takes: the same model and loss, with the MLM
-                           head run on the masked tokens only (fastbert.pretraining.trainer.PretrainingObjective)
+                           head run on the masked tokens only (fastbert.pretraining.objective.PretrainingObjective)
 
 fp32, and bf16 under torch.autocast (both models). The providers are called in turn, round after
 round (fastbert.bench.timing), and every ratio is of medians measured in this run.
@@ -37,7 +37,8 @@ import torch  # noqa: E402
 import fastbert  # noqa: E402
 from fastbert.bench.timing import interleaved_cpu_times, machine_info  # noqa: E402
 from fastbert.masking import mask_tokens
-from fastbert.pretraining.trainer import PretrainingObjective, cast_embeddings_under_autocast, param_groups  # noqa: E402
+from fastbert.pretraining.objective import PretrainingObjective, cast_embeddings_under_autocast  # noqa: E402
+from fastbert.pretraining.schedule import param_groups  # noqa: E402
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PAD, CLS, SEP, MASK = 0, 101, 102, 103  # BERT's ids

@@ -4,7 +4,7 @@ import os
 
 from fastbert.data import default_corpus
 from fastbert.data.prepare import prepare_data
-from fastbert.pretraining.trainer import TrainConfig
+from fastbert.pretraining.config import TrainConfig
 
 
 def small_documents(n=60):

@@ -1,15 +1,16 @@
 """BERT pretraining (MLM + NSP) on fastbert's fused ops: raw text to a trained BertForPreTraining.
 
-    corpus.py          text files -> documents of sentences (two layouts; bad lines counted and skipped)
-    default_corpus.py  the built-in corpus: the standard library's pydoc_data.topics
-    vocab.py           WordPiece vocabularies with `tokenizers`: train one, or load vocab.txt / tokenizer.json
-    instances.py       sentence pairs after BERT's create_pretraining_data recipe
-    shards.py          pairs on disk: memory-mapped numpy shards and an index
-    prepare.py         `fastbert prepare`: all of the above
+    config.py          TrainConfig, TrainResult, TrainError, the model config a run builds
+    objective.py       the MLM + NSP loss with the MLM head on the masked tokens only
+    schedule.py        AdamW parameter groups, warm-up + linear decay
+    distributed.py     the process group, collectives, the replica check, stop signals
     batches.py         which pairs each process reads at each step; masking (fastbert.masking, C++)
-    checkpoint.py      atomic, verified checkpoints
-    trainer.py         the loop: AdamW, warm-up + linear decay, clipping, accumulation, autocast, DDP, logs, curves
+    checkpoint.py      atomic, verified checkpoints; what the Trainer saves and resumes from
+    logs.py            log.jsonl, the held-out table, curves.png
+    trainer.py         the loop: accumulation, clipping, autocast, DDP, evaluation, the time limit
     pretrain.py        `fastbert pretrain`
+
+The data it reads is made by fastbert.data (corpus, vocab, instances, shards, `fastbert prepare`).
 
 Command line: `fastbert prepare --help`, `fastbert pretrain --help`.
 """

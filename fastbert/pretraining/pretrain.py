@@ -20,15 +20,10 @@ import time
 
 from fastbert.data.prepare import PrepareError, add_data_arguments, format_summary, prepare_from_args
 from fastbert.pretraining.checkpoint import CheckpointError
-from fastbert.pretraining.trainer import (
-    PRECISIONS,
-    TrainConfig,
-    TrainError,
-    barrier,
-    format_eval_table,
-    init_distributed,
-    train,
-)
+from fastbert.pretraining.config import PRECISIONS, TrainConfig, TrainError
+from fastbert.pretraining.distributed import barrier, init_distributed
+from fastbert.pretraining.logs import format_eval_table
+from fastbert.pretraining.trainer import train
 
 DEFAULT_OUT = "fastbert-pretrain-out"
 # Settings that differ between the built-in run (a demo that must finish in minutes on two CPU cores,

@@ -5,7 +5,8 @@ import torch
 import fastbert
 from fastbert.data.shards import InstanceDataset
 from fastbert.pretraining.batches import BatchPlan, make_collator
-from fastbert.pretraining.trainer import PretrainingObjective, linear_schedule, param_groups, summarize
+from fastbert.pretraining.objective import PretrainingObjective, summarize
+from fastbert.pretraining.schedule import linear_schedule, param_groups
 
 
 def _model_and_batch(tiny_data, seed=0):

@@ -10,7 +10,8 @@ from pretraining_helpers import tiny_config
 
 import fastbert
 from fastbert.pretraining import checkpoint as ckpt
-from fastbert.pretraining.trainer import Trainer, TrainError, train
+from fastbert.pretraining.config import TrainError
+from fastbert.pretraining.trainer import Trainer, train
 
 
 def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tiny_data, tmp_path):
