@@ -40,9 +40,8 @@ from typing import Iterable, List, Mapping, Optional, Sequence
 import torch
 
 from fastbert import masking as _masking
+from fastbert.data.vocab import SPECIAL_TOKENS as BERT_SPECIAL_TOKENS
 from fastbert.ops.padding import pad_id_lists, unpad_indices
-
-BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 class PretrainingCollator:

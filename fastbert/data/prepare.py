@@ -61,112 +61,37 @@ def prepare_data(
     fresh iterable of documents (lists of sentences) each time it is called."""
     if (corpus is None) == (documents is None):
         raise ValueError("fastbert prepare: give exactly one of corpus (paths) or documents")
-    if dupe_factor < 1:
-        raise PrepareError(f"fastbert prepare: dupe_factor must be >= 1, got {dupe_factor}")
-    if not 0.0 <= short_seq_prob <= 1.0:
-        raise PrepareError(f"fastbert prepare: short_seq_prob must be in [0, 1], got {short_seq_prob}")
-    if not 0.0 <= eval_fraction < 1.0:
-        raise PrepareError(f"fastbert prepare: eval_fraction must be in [0, 1), got {eval_fraction}")
-    if max_seq_length < 8:
-        raise PrepareError(f"fastbert prepare: max_seq_length must be >= 8, got {max_seq_length}")
+    _check_settings(dupe_factor, short_seq_prob, eval_fraction, max_seq_length)
     t0 = time.perf_counter()
-    if corpus is not None:
-        try:
-            files = corpus_mod.expand_paths(corpus)
-        except FileNotFoundError as e:
-            raise PrepareError(str(e)) from None
-        if not files:
-            raise PrepareError(f"fastbert prepare: no files found in {', '.join(map(str, corpus))}")
-
-        def documents_fn(stats=None):
-            return corpus_mod.read_documents(files, corpus_format, stats)
-    else:
-        def documents_fn(stats=None):
-            for doc in documents():
-                if stats is not None:
-                    stats.documents += 1
-                    stats.sentences += len(doc)
-                yield doc
-
+    documents_fn = _document_source(corpus, documents, corpus_format)
     os.makedirs(out_dir, exist_ok=True)
     stale = os.path.join(out_dir, shards_mod.INDEX)
     if os.path.exists(stale):
         os.remove(stale)  # the directory is not valid data until the new index is written
 
-    # ---- vocabulary
-    if vocab is not None:
-        try:
-            tok = vocab_mod.load_tokenizer(vocab, lowercase=None if lowercase else False)
-        except (FileNotFoundError, ValueError) as e:
-            raise PrepareError(str(e)) from None
-        log(f"vocabulary: {vocab} ({tok.get_vocab_size()} tokens)")
-    else:
-        bar = _progress(progress, desc="vocabulary: reading", unit=" doc")
-        stats0 = corpus_mod.CorpusStats()
-
-        def sentences():
-            for doc in documents_fn(stats0):
-                if bar is not None:
-                    bar.update(1)
-                yield from doc
-
-        tv = time.perf_counter()
-        tok = vocab_mod.train_wordpiece(sentences(), vocab_size, lowercase=lowercase, min_frequency=min_frequency)
-        if bar is not None:
-            bar.close()
-        _check_text(stats0, corpus)
-        log(f"vocabulary: trained {tok.get_vocab_size()} WordPiece tokens (asked for {vocab_size}) in "
-            f"{time.perf_counter() - tv:.1f} s")
+    tok = _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, min_frequency, progress, log)
     special = vocab_mod.check_special_tokens(tok)
     vocab_mod.save_tokenizer(tok, out_dir, model_max_length=max_seq_length)
-
-    # ---- tokenize into a disk-backed store
     stats = corpus_mod.CorpusStats()
     tok_dir = os.path.join(out_dir, "tokenized")
-    bar = _progress(progress, desc="tokenizing", unit=" sent")
-    tc = TokenizedCorpus.build(documents_fn(stats), tok, tok_dir, progress=bar)
-    if bar is not None:
-        bar.close()
-    _check_text(stats, corpus)
-    for path in stats.binary_files:
-        warnings.warn(f"fastbert prepare: skipped {path}: binary file (NUL bytes), not text", stacklevel=2)
-    n_docs = tc.num_documents
-    if n_docs == 0:
-        raise PrepareError("fastbert prepare: the corpus gave no tokens at all (every sentence was empty once tokenized)")
-    if n_docs < 2:
-        raise PrepareError(
-            "fastbert prepare: the corpus has 1 document; next-sentence prediction needs at least 2 (NotNext "
-            "pairs take their second segment from a different document). Separate documents with a blank line "
-            "(format 'lines') or two blank lines (format 'paragraphs')."
-        )
+    tc = _tokenize(documents_fn, stats, tok, tok_dir, corpus, progress)
 
-    # ---- pairs -> shards
-    train_docs, eval_docs = split_documents(n_docs, eval_fraction, seed)
+    train_docs, eval_docs = split_documents(tc.num_documents, eval_fraction, seed)
     if eval_fraction > 0 and len(eval_docs) == 0:
-        log(f"note: {n_docs} documents are too few for a held-out split; there is none")
-    splits = {}
-    pair_stats = {}
+        log(f"note: {tc.num_documents} documents are too few for a held-out split; there is none")
+    splits, pair_stats = {}, {}
     for split, docs, s in (("train", train_docs, seed), ("eval", eval_docs, seed + 1)):
-        if len(docs) == 0:
-            continue
-        maker = PairMaker(tc, docs, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, seed=s)
-        writer = shards_mod.ShardWriter(out_dir, split, vocab_size=tok.get_vocab_size(), shard_size=shard_size, seed=s)
-        bar = _progress(progress, desc=f"pairs ({split})", unit=" pair")
-        for inst in maker.instances(dupe_factor):
-            writer.add(inst.input_ids(special["[CLS]"], special["[SEP]"]), inst.segment_a_length, int(inst.is_random_next))
-            if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
-        splits[split] = writer.close()
-        splits[split]["documents"] = int(len(docs))
-        pair_stats[split] = maker.stats.as_dict()
+        if len(docs):
+            splits[split], pair_stats[split] = _write_pairs(
+                out_dir, split, tc, docs, tok.get_vocab_size(), special, max_seq_length=max_seq_length,
+                short_seq_prob=short_seq_prob, dupe_factor=dupe_factor, shard_size=shard_size, seed=s,
+                progress=progress)
     if not keep_tokenized:
         shutil.rmtree(tok_dir, ignore_errors=True)
 
     summary = {
         "corpus": stats.as_dict(),
-        "documents": n_docs,
+        "documents": tc.num_documents,
         "sentences": int(tc.meta["sentences"]),
         "corpus_tokens": int(tc.meta["tokens"]),
         "skipped_empty_sentences": int(tc.meta["empty_sentences"]),
@@ -193,6 +118,104 @@ def prepare_data(
     }
     shards_mod.write_index(out_dir, index)
     return index
+
+
+def _check_settings(dupe_factor: int, short_seq_prob: float, eval_fraction: float, max_seq_length: int) -> None:
+    if dupe_factor < 1:
+        raise PrepareError(f"fastbert prepare: dupe_factor must be >= 1, got {dupe_factor}")
+    if not 0.0 <= short_seq_prob <= 1.0:
+        raise PrepareError(f"fastbert prepare: short_seq_prob must be in [0, 1], got {short_seq_prob}")
+    if not 0.0 <= eval_fraction < 1.0:
+        raise PrepareError(f"fastbert prepare: eval_fraction must be in [0, 1), got {eval_fraction}")
+    if max_seq_length < 8:
+        raise PrepareError(f"fastbert prepare: max_seq_length must be >= 8, got {max_seq_length}")
+
+
+def _document_source(corpus, documents, corpus_format: str) -> Callable:
+    """documents_fn(stats=None): a fresh iterable of documents on every call, counting into stats."""
+    if corpus is not None:
+        try:
+            files = corpus_mod.expand_paths(corpus)
+        except FileNotFoundError as e:
+            raise PrepareError(str(e)) from None
+        if not files:
+            raise PrepareError(f"fastbert prepare: no files found in {', '.join(map(str, corpus))}")
+
+        def documents_fn(stats=None):
+            return corpus_mod.read_documents(files, corpus_format, stats)
+    else:
+        def documents_fn(stats=None):
+            for doc in documents():
+                if stats is not None:
+                    stats.documents += 1
+                    stats.sentences += len(doc)
+                yield doc
+    return documents_fn
+
+
+def _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, min_frequency, progress, log):
+    """The tokenizer: loaded from `vocab`, or a WordPiece vocabulary trained on the corpus."""
+    if vocab is not None:
+        try:
+            tok = vocab_mod.load_tokenizer(vocab, lowercase=None if lowercase else False)
+        except (FileNotFoundError, ValueError) as e:
+            raise PrepareError(str(e)) from None
+        log(f"vocabulary: {vocab} ({tok.get_vocab_size()} tokens)")
+        return tok
+    bar = _progress(progress, desc="vocabulary: reading", unit=" doc")
+    stats0 = corpus_mod.CorpusStats()
+
+    def sentences():
+        for doc in documents_fn(stats0):
+            if bar is not None:
+                bar.update(1)
+            yield from doc
+
+    tv = time.perf_counter()
+    tok = vocab_mod.train_wordpiece(sentences(), vocab_size, lowercase=lowercase, min_frequency=min_frequency)
+    if bar is not None:
+        bar.close()
+    _check_text(stats0, corpus)
+    log(f"vocabulary: trained {tok.get_vocab_size()} WordPiece tokens (asked for {vocab_size}) in "
+        f"{time.perf_counter() - tv:.1f} s")
+    return tok
+
+
+def _tokenize(documents_fn, stats, tok, tok_dir: str, corpus, progress: bool) -> TokenizedCorpus:
+    """The corpus tokenized into a disk-backed store; at least 2 documents (NSP needs them)."""
+    bar = _progress(progress, desc="tokenizing", unit=" sent")
+    tc = TokenizedCorpus.build(documents_fn(stats), tok, tok_dir, progress=bar)
+    if bar is not None:
+        bar.close()
+    _check_text(stats, corpus)
+    for path in stats.binary_files:
+        warnings.warn(f"fastbert prepare: skipped {path}: binary file (NUL bytes), not text", stacklevel=3)
+    if tc.num_documents == 0:
+        raise PrepareError("fastbert prepare: the corpus gave no tokens at all (every sentence was empty once tokenized)")
+    if tc.num_documents < 2:
+        raise PrepareError(
+            "fastbert prepare: the corpus has 1 document; next-sentence prediction needs at least 2 (NotNext "
+            "pairs take their second segment from a different document). Separate documents with a blank line "
+            "(format 'lines') or two blank lines (format 'paragraphs')."
+        )
+    return tc
+
+
+def _write_pairs(out_dir, split, tc, docs, vocab_size, special, *, max_seq_length, short_seq_prob, dupe_factor,
+                 shard_size, seed, progress):
+    """Sentence pairs of one split into its shards -> (the split's index entry, pair statistics)."""
+    maker = PairMaker(tc, docs, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, seed=seed)
+    writer = shards_mod.ShardWriter(out_dir, split, vocab_size=vocab_size, shard_size=shard_size, seed=seed)
+    bar = _progress(progress, desc=f"pairs ({split})", unit=" pair")
+    for inst in maker.instances(dupe_factor):
+        writer.add(inst.input_ids(special["[CLS]"], special["[SEP]"]), inst.segment_a_length, int(inst.is_random_next))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    entry = writer.close()
+    entry["documents"] = int(len(docs))
+    return entry, maker.stats.as_dict()
 
 
 def _check_text(stats: corpus_mod.CorpusStats, corpus) -> None:
