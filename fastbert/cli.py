@@ -7,7 +7,8 @@ COMMANDS = {
     "selfcheck": ("fastbert.selfcheck", "check every fused op on every backend here against the fp64 reference"),
     "encode": ("fastbert.sentence", "embed lines of text with a sentence-transformers model (.npy out)"),
     "prepare": ("fastbert.data.prepare", "text files -> WordPiece vocabulary -> MLM + NSP sentence pairs on disk"),
-    "pretrain": ("fastbert.pretraining.pretrain", "pretrain BERT (MLM + NSP) on the fused ops; no arguments: the built-in demo"),
+    "pretrain": ("fastbert.pretraining.pretrain",
+                 "pretrain BERT (MLM + NSP) on the fused ops; no arguments: the built-in demo"),
     "bench": ("fastbert.bench.encoder:quick", "time the encoder against transformers and the GEMM floor (about a minute)"),
 }
 

@@ -42,8 +42,37 @@ def _classifier(config: BertConfig):
     return nn.Dropout(p), nn.Linear(config.hidden_size, config.num_labels)
 
 
-def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _ce(logits: torch.Tensor, labels: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Mean cross-entropy over the labelled positions (fp32), or None without labels."""
+    if labels is None:
+        return None
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+
+
+def _output(cls, return_dict: bool, **fields):
+    out = cls(**fields)
+    return out if return_dict else out.to_tuple()
+
+
+def _sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """transformers' rule: regression for one label, else single- or multi-label by the labels' dtype
+    (the choice is stored in config.problem_type)."""
+    problem = config.problem_type
+    if problem is None:
+        if config.num_labels == 1:
+            problem = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            problem = "single_label_classification"
+        else:
+            problem = "multi_label_classification"
+        config.problem_type = problem
+    if problem == "regression":
+        if config.num_labels == 1:
+            return F.mse_loss(logits.squeeze(), labels.squeeze())
+        return F.mse_loss(logits, labels)
+    if problem == "single_label_classification":
+        return _ce(logits, labels)
+    return F.binary_cross_entropy_with_logits(logits, labels)
 
 
 class _TiedMLMHead(BertPreTrainedModel):
@@ -74,8 +103,8 @@ class BertForPreTraining(_TiedMLMHead):
         loss = None
         if labels is not None and next_sentence_label is not None:
             loss = _ce(scores, labels) + _ce(nsp, next_sentence_label)
-        res = BertForPreTrainingOutput(loss=loss, prediction_logits=scores, seq_relationship_logits=nsp)
-        return res if return_dict else res.to_tuple()
+        return _output(BertForPreTrainingOutput, return_dict, loss=loss, prediction_logits=scores,
+                       seq_relationship_logits=nsp)
 
 
 class BertForMaskedLM(_TiedMLMHead):
@@ -86,14 +115,11 @@ class BertForMaskedLM(_TiedMLMHead):
         self.post_init()
         self.tie_weights()
 
-    def forward(
-        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None, return_dict=True
-    ):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                return_dict=True):
         out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
         scores = _real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
-        loss = _ce(scores, labels) if labels is not None else None
-        res = MaskedLMOutput(loss=loss, logits=scores)
-        return res if return_dict else res.to_tuple()
+        return _output(MaskedLMOutput, return_dict, loss=_ce(scores, labels), logits=scores)
 
 
 class BertForSequenceClassification(BertPreTrainedModel):
@@ -104,34 +130,12 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.dropout, self.classifier = _classifier(config)
         self.post_init()
 
-    def forward(
-        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None, return_dict=True
-    ):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                return_dict=True):
         out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
         logits = self.classifier(self.dropout(out.pooler_output))
-        loss = None
-        if labels is not None:
-            problem = self.config.problem_type
-            if problem is None:
-                if self.num_labels == 1:
-                    problem = "regression"
-                elif labels.dtype in (torch.long, torch.int):
-                    problem = "single_label_classification"
-                else:
-                    problem = "multi_label_classification"
-                self.config.problem_type = problem
-            if problem == "regression":
-                loss = (
-                    F.mse_loss(logits.squeeze(), labels.squeeze())
-                    if self.num_labels == 1
-                    else F.mse_loss(logits, labels)
-                )
-            elif problem == "single_label_classification":
-                loss = _ce(logits, labels)
-            else:
-                loss = F.binary_cross_entropy_with_logits(logits, labels)
-        res = SequenceClassifierOutput(loss=loss, logits=logits)
-        return res if return_dict else res.to_tuple()
+        loss = None if labels is None else _sequence_classification_loss(self.config, logits, labels)
+        return _output(SequenceClassifierOutput, return_dict, loss=loss, logits=logits)
 
 
 class BertForTokenClassification(BertPreTrainedModel):
@@ -142,14 +146,11 @@ class BertForTokenClassification(BertPreTrainedModel):
         self.dropout, self.classifier = _classifier(config)
         self.post_init()
 
-    def forward(
-        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None, return_dict=True
-    ):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                return_dict=True):
         out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
         logits = self.classifier(self.dropout(out.last_hidden_state))
-        loss = _ce(logits, labels) if labels is not None else None
-        res = TokenClassifierOutput(loss=loss, logits=logits)
-        return res if return_dict else res.to_tuple()
+        return _output(TokenClassifierOutput, return_dict, loss=_ce(logits, labels), logits=logits)
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
@@ -160,16 +161,8 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        start_positions=None,
-        end_positions=None,
-        return_dict=True,
-    ):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None,
+                end_positions=None, return_dict=True):
         out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
         logits = self.qa_outputs(out.last_hidden_state)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
@@ -184,5 +177,5 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 F.cross_entropy(start_logits.float(), start_positions, ignore_index=ignored)
                 + F.cross_entropy(end_logits.float(), end_positions, ignore_index=ignored)
             ) / 2
-        res = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits)
-        return res if return_dict else res.to_tuple()
+        return _output(QuestionAnsweringModelOutput, return_dict, loss=loss, start_logits=start_logits,
+                       end_logits=end_logits)

@@ -61,12 +61,20 @@ class BertSelfAttention(nn.Module):
         return self._packed[1], self._packed[2]
 
 
-class BertSelfOutput(nn.Module):
-    def __init__(self, config: BertConfig):
+class _DenseLayerNorm(nn.Module):
+    """The tail of an attention or feed-forward block: dense (in_features -> hidden), dropout, and
+    LayerNorm over the residual sum (run fused by BertLayer)."""
+
+    def __init__(self, config: BertConfig, in_features: int):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+
+class BertSelfOutput(_DenseLayerNorm):
+    def __init__(self, config: BertConfig):
+        super().__init__(config, config.hidden_size)
 
 
 class BertAttention(nn.Module):
@@ -83,12 +91,9 @@ class BertIntermediate(nn.Module):
         self.hidden_act = config.hidden_act
 
 
-class BertOutput(nn.Module):
+class BertOutput(_DenseLayerNorm):
     def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        super().__init__(config, config.intermediate_size)
 
 
 

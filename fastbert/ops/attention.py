@@ -36,6 +36,10 @@ TRITON_HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # what the Triton kernels compile 
 MAX_HEAD_DIM = 256  # the cpp backend
 
 
+Tensor = torch.Tensor
+Tensors3 = Tuple[Tensor, Tensor, Tensor]
+
+
 def _seed_int(seed: Optional[torch.Tensor]) -> int:
     return 0 if seed is None else int(seed.item())
 
@@ -64,17 +68,8 @@ def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend):
 
 
 @fused_op("attention_fwd", _fake_fwd)
-def _attention_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_mask: Optional[torch.Tensor],
-    scale: float,
-    dropout_p: float,
-    seed: Optional[torch.Tensor],
-    return_mask: bool,
-    backend: str,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], scale: float, dropout_p: float,
+                   seed: Optional[Tensor], return_mask: bool, backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").attention_forward(
         q, k, v, key_mask, scale, dropout_p, _seed_int(seed), return_mask
     )
@@ -86,22 +81,10 @@ def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, backend):
 
 
 @fused_op("attention_bwd", _fake_bwd)
-def _attention_bwd(
-    do: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    key_mask: Optional[torch.Tensor],
-    scale: float,
-    dropout_p: float,
-    seed: Optional[torch.Tensor],
-    backend: str,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return tuple(
-        _backend.impl(backend, "attention").attention_backward(do, q, k, v, out, lse, key_mask, scale, dropout_p, _seed_int(seed))
-    )
+def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key_mask: Optional[Tensor],
+                   scale: float, dropout_p: float, seed: Optional[Tensor], backend: str) -> Tensors3:
+    launch = _backend.impl(backend, "attention").attention_backward
+    return tuple(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, _seed_int(seed)))
 
 
 def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
@@ -110,18 +93,8 @@ def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, re
 
 
 @fused_op("varlen_attention_fwd", _fake_varlen_fwd)
-def _varlen_attention_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    scale: float,
-    dropout_p: float,
-    seed: Optional[torch.Tensor],
-    return_mask: bool,
-    backend: str,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float,
+                          dropout_p: float, seed: Optional[Tensor], return_mask: bool, backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").varlen_attention_forward(
         q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, _seed_int(seed), return_mask
     )
@@ -133,20 +106,9 @@ def _fake_varlen_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropo
 
 
 @fused_op("varlen_attention_bwd", _fake_varlen_bwd)
-def _varlen_attention_bwd(
-    do: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    scale: float,
-    dropout_p: float,
-    seed: Optional[torch.Tensor],
-    backend: str,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _varlen_attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor,
+                          max_seqlen: int, scale: float, dropout_p: float, seed: Optional[Tensor],
+                          backend: str) -> Tensors3:
     return tuple(
         _backend.impl(backend, "attention").varlen_attention_backward(
             do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, _seed_int(seed)
@@ -172,39 +134,47 @@ def _attention_keep_mask(
 
 
 class AttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend):
-        out, lse, keep = _attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend)
-        ctx.save_for_backward(q, k, v, out, lse, key_mask, seed)
-        ctx.scale, ctx.dropout_p, ctx.backend = scale, dropout_p, backend
-        ctx.mark_non_differentiable(keep)
-        return out, keep
+    """Both layouts through one Function: padded (key_mask, cu_seqlens None) or packed (cu_seqlens,
+    max_seqlen)."""
 
     @staticmethod
-    def backward(ctx, dout, _dkeep):
-        q, k, v, out, lse, key_mask, seed = ctx.saved_tensors
-        dq, dk, dv = _attention_bwd(
-            dout.contiguous(), q, k, v, out, lse, key_mask, ctx.scale, ctx.dropout_p, seed, ctx.backend
-        )
-        return dq, dk, dv, None, None, None, None, None, None
-
-
-class VarlenAttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
-        out, lse, keep = _varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, seed)
+    def forward(ctx, q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
+        out, lse, keep = _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask,
+                                    backend)
+        ctx.save_for_backward(q, k, v, out, lse, key_mask, cu_seqlens, seed)
         ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.backend = max_seqlen, scale, dropout_p, backend
         ctx.mark_non_differentiable(keep)
         return out, keep
 
     @staticmethod
     def backward(ctx, dout, _dkeep):
-        q, k, v, out, lse, cu_seqlens, seed = ctx.saved_tensors
-        dq, dk, dv = _varlen_attention_bwd(
-            dout.contiguous(), q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.dropout_p, seed, ctx.backend
-        )
-        return dq, dk, dv, None, None, None, None, None, None, None
+        q, k, v, out, lse, key_mask, cu_seqlens, seed = ctx.saved_tensors
+        rest = (ctx.scale, ctx.dropout_p, seed, ctx.backend)
+        if cu_seqlens is None:
+            dq, dk, dv = _attention_bwd(dout.contiguous(), q, k, v, out, lse, key_mask, *rest)
+        else:
+            dq, dk, dv = _varlen_attention_bwd(dout.contiguous(), q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, *rest)
+        return (dq, dk, dv) + (None,) * 8
+
+
+def _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
+    if cu_seqlens is None:
+        return _attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend)
+    return _varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend)
+
+
+def _run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend, mask_shape):
+    """(out, keep-mask or None) of a fused backend, through autograd when an input needs a gradient;
+    the keep-mask is all True (of mask_shape) when no dropout ran."""
+    q, k, v = (_rows_contiguous(t) for t in (q, k, v))
+    args = (q, k, v, key_mask, cu_seqlens, max_seqlen, scale, float(dropout_p), seed, bool(return_mask), backend)
+    if needs_grad(q, k, v):
+        out, keep = AttentionFunction.apply(*args)
+    else:
+        out, _, keep = _fused_fwd(*args)
+    if return_mask and keep.numel() == 0:
+        keep = torch.ones(mask_shape, dtype=torch.bool, device=q.device)
+    return out, keep
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,19 +271,9 @@ def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask):
 # the functional API
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attention_mask: Optional[torch.Tensor] = None,
-    *,
-    dropout_p: float = 0.0,
-    scale: Optional[float] = None,
-    backend: Optional[str] = None,
-    seed: Optional[int] = None,
-    generator: Optional[torch.Generator] = None,
-    return_dropout_mask: bool = False,
-):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *,
+              dropout_p: float = 0.0, scale: Optional[float] = None, backend: Optional[str] = None,
+              seed: Optional[int] = None, generator: Optional[torch.Generator] = None, return_dropout_mask: bool = False):
     """softmax(q k^T * scale, padded keys masked) v, one fused pass (see the module docstring).
 
     q, k, v: [batch, heads, seq, head_dim], one dtype (float32/float16/bfloat16), any strides.
@@ -332,17 +292,9 @@ def attention(
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
     if backend == "torch" or q.numel() == 0:
         return _torch_attention(q, k, v, mask, scale, float(dropout_p), seed_t, return_dropout_mask)
-    q, k, v = (_rows_contiguous(t) for t in (q, k, v))
-    args = (q, k, v, mask, scale, float(dropout_p), seed_t, bool(return_dropout_mask))
-    if needs_grad(q, k, v):
-        out, keep = AttentionFunction.apply(*args, backend)
-    else:
-        out, _, keep = _attention_fwd(*args, backend)
-    if return_dropout_mask:
-        if keep.numel() == 0:  # no dropout: every probability kept
-            keep = torch.ones(q.shape[:3] + (q.shape[2],), dtype=torch.bool, device=q.device)
-        return out, keep
-    return out
+    out, keep = _run_fused(q, k, v, mask, None, None, scale, dropout_p, seed_t, return_dropout_mask, backend,
+                           q.shape[:3] + (q.shape[2],))
+    return (out, keep) if return_dropout_mask else out
 
 
 def _check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
@@ -371,20 +323,10 @@ def _check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
         )
 
 
-def varlen_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    *,
-    dropout_p: float = 0.0,
-    scale: Optional[float] = None,
-    backend: Optional[str] = None,
-    seed: Optional[int] = None,
-    generator: Optional[torch.Generator] = None,
-    return_dropout_mask: bool = False,
-):
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *,
+                     dropout_p: float = 0.0, scale: Optional[float] = None, backend: Optional[str] = None,
+                     seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                     return_dropout_mask: bool = False):
     """attention over packed sequences (see the module docstring for the shapes).
 
     Each sequence attends within itself only. The same options as `attention`; the dropout mask
@@ -400,17 +342,9 @@ def varlen_attention(
     batch = cu_seqlens.shape[0] - 1
     if backend == "torch" or q.numel() == 0:
         return _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, float(dropout_p), seed_t, return_dropout_mask)
-    q, k, v = (_rows_contiguous(t) for t in (q, k, v))
-    args = (q, k, v, cu_seqlens.contiguous(), max_seqlen, scale, float(dropout_p), seed_t, bool(return_dropout_mask))
-    if needs_grad(q, k, v):
-        out, keep = VarlenAttentionFunction.apply(*args, backend)
-    else:
-        out, _, keep = _varlen_attention_fwd(*args, backend)
-    if return_dropout_mask:
-        if keep.numel() == 0:
-            keep = torch.ones((batch, q.shape[1], max_seqlen, max_seqlen), dtype=torch.bool, device=q.device)
-        return out, keep
-    return out
+    out, keep = _run_fused(q, k, v, None, cu_seqlens.contiguous(), max_seqlen, scale, dropout_p, seed_t,
+                           return_dropout_mask, backend, (batch, q.shape[1], max_seqlen, max_seqlen))
+    return (out, keep) if return_dropout_mask else out
 
 
 def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask):

@@ -16,6 +16,7 @@ from fastbert import reference
 from fastbert.ops._common import as_rows, fused_op, needs_grad, seed_tensor
 from fastbert.ops.checks import check_device, check_float, check_vector
 
+Tensor = torch.Tensor
 MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
 
 
@@ -29,16 +30,8 @@ def _fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
 
 
 @fused_op("add_layer_norm_fwd", _fake_fwd)
-def _add_layer_norm_fwd(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
-    dropout_p: float,
-    seed: Optional[torch.Tensor],
-    backend: str,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float, dropout_p: float,
+                        seed: Optional[Tensor], backend: str) -> Tuple[Tensor, Tensor, Tensor]:
     # x, residual: [rows, hidden]; weight, bias: [hidden]; seed: int64 [1] on the CPU
     # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
     return tuple(
@@ -53,17 +46,8 @@ def _fake_bwd(dy, x, residual, weight, mean, rstd, dropout_p, seed, backend):
 
 
 @fused_op("add_layer_norm_bwd", _fake_bwd)
-def _add_layer_norm_bwd(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    dropout_p: float,
-    seed: Optional[torch.Tensor],
-    backend: str,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _add_layer_norm_bwd(dy: Tensor, x: Tensor, residual: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
+                        dropout_p: float, seed: Optional[Tensor], backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     # -> dx, dresidual [rows, hidden] in x.dtype; dweight, dbias [hidden] in weight.dtype (fp32 sums)
     return tuple(
         _backend.impl(backend, "layer_norm").add_layer_norm_backward(

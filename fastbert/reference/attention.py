@@ -46,15 +46,9 @@ def mask_starts(attention_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(m.any(-1), m.to(torch.int8).argmax(-1), 0).to(torch.int64)
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attention_mask: Optional[torch.Tensor] = None,
-    dropout_p: float = 0.0,
-    scale: Optional[float] = None,
-    keep_mask: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+              dropout_p: float = 0.0, scale: Optional[float] = None,
+              keep_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v, spelled out; q, k, v: [batch, heads, seq, head_dim].
 
     attention_mask: [batch, seq], 1/True = real token. Padded keys get no weight; padded queries

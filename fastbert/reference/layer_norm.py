@@ -10,16 +10,9 @@ from torch import nn
 from fastbert.reference.philox import dropout_keep_mask, new_seed
 
 
-def add_layer_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float = 1e-12,
-    dropout_p: float = 0.0,
-    seed: Optional[int] = None,
-    keep_mask: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-12,
+                   dropout_p: float = 0.0, seed: Optional[int] = None,
+                   keep_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """layer_norm(dropout(x) + residual) over the last dim, with the fastbert dropout rule.
 
     The mask comes from `keep_mask` when given, else from `seed` (an int or an int64 tensor of

@@ -135,22 +135,11 @@ def _select_row(cand, starts_row, k, selection: str, mlm_probability: float, max
     return mlm_walk(units, max_predictions)
 
 
-def mask_tokens(
-    input_ids: torch.Tensor,
-    *,
-    mask_token_id: int,
-    vocab_size: int,
-    special_tokens_mask: Optional[torch.Tensor] = None,
-    attention_mask: Optional[torch.Tensor] = None,
-    mlm_probability: float = 0.15,
-    mask_replace_prob: float = 0.8,
-    random_replace_prob: float = 0.1,
-    max_predictions: Optional[int] = None,
-    word_start_mask: Optional[torch.Tensor] = None,
-    seed: int = 0,
-    special_token_ids: Optional[Sequence[int]] = None,
-    selection: str = "count",
-):
+def mask_tokens(input_ids: torch.Tensor, *, mask_token_id: int, vocab_size: int,
+                special_tokens_mask: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                mlm_probability: float = 0.15, mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
+                max_predictions: Optional[int] = None, word_start_mask: Optional[torch.Tensor] = None, seed: int = 0,
+                special_token_ids: Optional[Sequence[int]] = None, selection: str = "count"):
     """(masked_input_ids, labels), int64 [batch, seq], by the rule above, one row at a time.
     Arguments are trusted (fastbert.masking.mask_tokens checks them)."""
     seed = check_seed(seed)
