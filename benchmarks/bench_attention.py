@@ -18,8 +18,6 @@ forward 4 * sum(len_b^2) * heads * head_dim, backward 2.5x that.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 import torch
@@ -27,7 +25,8 @@ import torch.nn.functional as F
 
 import fastbert
 from fastbert import reference
-from fastbert.bench.timing import machine_info, median_s
+from fastbert.bench.report import command_line, header, pyplot, write_json
+from fastbert.bench.timing import median_s
 
 PEAK_FLOPS = 800e12  # H100 SXM dense fp16/bf16 tensor-core, rounded
 HBM_BYTES_PER_S = 3.0e12
@@ -118,7 +117,7 @@ def run(device, dtype, budget_s, cases, with_backward, progress=True):
         it = tqdm(cases, desc="bench_attention", disable=not progress, file=sys.stderr)
     except ImportError:  # tqdm is a dependency; keep working without it
         it = cases
-    for batch, heads, seq, head_dim, padding, lengths in it:
+    for batch, heads, seq, head_dim, _padding, lengths in it:
         g = torch.Generator().manual_seed(seq)
         q, k, v, mask = make_batch(batch, heads, seq, head_dim, lengths, dtype, device, g)
         provs, fwd, both = time_case(device, q, k, v, mask, budget_s, with_backward)
@@ -163,13 +162,8 @@ def print_table(rows, out=sys.stdout):
 
 
 def plot(rows, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot written", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     names = list(rows[0]["ms"])
     labels = [f"{r['direction']} s{r['seq']} pad {r['padding']:.0%}" for r in rows]
@@ -202,13 +196,11 @@ def main(argv=None):
     else:
         cases = [(32, 12, 128, 64, None, torch.randint(16, 129, (32,), generator=g))]
     rows = run(args.device, dtype, args.budget, cases, not args.no_backward)
-    print(f"# {' '.join(['python'] + sys.argv)}")
-    print(f"# {json.dumps(machine_info())}")
+    command = command_line(argv)
+    info = header(command)
     print_table(rows)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "machine": machine_info(), "rows": rows}, f, indent=1)
+        write_json(args.json, command, info, rows)
     if args.png:
         plot(rows, args.png)
 

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
-import os
 import random
 import re
 import sys
@@ -38,7 +36,8 @@ from pathlib import Path
 import torch
 
 from fastbert import masking
-from fastbert.bench.timing import interleaved_cpu_times, machine_info
+from fastbert.bench.report import command_line, header, write_json
+from fastbert.bench.timing import interleaved_cpu_times
 from fastbert.data import PretrainingCollator
 
 SHAPES = [(256, 128), (64, 512)]
@@ -181,18 +180,18 @@ def run(rounds, budget_s, seed=0):
             enc = tokenizer.pad(plain, return_tensors="pt", pad_to_multiple_of=8)
             ids, stm = enc["input_ids"], enc["special_tokens_mask"]
             fns = {
-                COMPARISONS[name][0]: lambda: masking.mask_tokens(ids, mask_token_id=mask_id, vocab_size=vocab_size,
-                                                                  special_tokens_mask=stm),
-                COMPARISONS[name][1]: lambda: hf.torch_mask_tokens(ids.clone(), special_tokens_mask=stm),
+                COMPARISONS[name][0]: lambda ids=ids, stm=stm: masking.mask_tokens(
+                    ids, mask_token_id=mask_id, vocab_size=vocab_size, special_tokens_mask=stm),
+                COMPARISONS[name][1]: lambda ids=ids, stm=stm: hf.torch_mask_tokens(ids.clone(), special_tokens_mask=stm),
             }
             shape = tuple(ids.shape)
         elif name == "collate":
-            fns = {COMPARISONS[name][0]: lambda: ours(plain), COMPARISONS[name][1]: lambda: hf(plain)}
+            fns = {COMPARISONS[name][0]: lambda f=plain: ours(f), COMPARISONS[name][1]: lambda f=plain: hf(f)}
             shape = tuple(ours(plain)["input_ids"].shape)
         else:
             padded_offsets = with_padded_offsets(feats)
-            fns = {COMPARISONS[name][0]: lambda: ours_wwm(padded_offsets),
-                   COMPARISONS[name][1]: lambda: hf_wwm(padded_offsets)}
+            fns = {COMPARISONS[name][0]: lambda f=padded_offsets: ours_wwm(f),
+                   COMPARISONS[name][1]: lambda f=padded_offsets: hf_wwm(f)}
             shape = tuple(ours_wwm(padded_offsets)["input_ids"].shape)
         times = interleaved_cpu_times(fns, warmup=2, repeats=rounds, budget_s=budget_s)
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
@@ -230,15 +229,11 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="write the rows, command and machine info as JSON here")
     args = ap.parse_args(argv)
     rows = run(args.rounds, args.budget, args.seed)
-    command = " ".join(["python"] + sys.argv)
-    info = machine_info()
-    print(f"# {command}")
-    print(f"# {json.dumps(info)}")
+    command = command_line(argv)
+    info = header(command)
     print_table(rows)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"command": command, "machine": info, "rows": rows}, f, indent=1)
+        write_json(args.json, command, info, rows)
 
 
 if __name__ == "__main__":

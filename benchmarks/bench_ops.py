@@ -14,15 +14,15 @@ MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184 in the enviro
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 import torch
 
 import fastbert
 from fastbert import reference
-from fastbert.bench.timing import machine_info, median_s
+from fastbert.bench.report import command_line, header, pyplot, write_json
+from fastbert.bench.timing import median_s
+from fastbert.dtypes import parse_dtype
 
 SHAPES = [(4096, 768), (4096, 3072), (4096, 1024)]  # tokens x hidden: BERT-base, its FFN, BERT-large
 HBM_BYTES_PER_S = 3.0e12  # H100 SXM
@@ -122,13 +122,8 @@ def print_table(providers, rows, out=sys.stdout):
 
 
 def plot(rows, providers, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot written", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     labels = [f"{r['op']} {r['direction']}\n{'x'.join(map(str, r['shape']))} {r['dtype']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.7), 4.5))
@@ -151,16 +146,17 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="write the rows as JSON here")
     ap.add_argument("--png", default=None, help="draw the speedups here")
     args = ap.parse_args(argv)
-    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    try:
+        dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    except ValueError as e:
+        ap.error(str(e))
     providers, rows = run(dtypes, args.device, shapes=shapes, budget_s=args.budget)
-    print(f"# {' '.join(['python'] + sys.argv)}")
-    print(f"# {json.dumps(machine_info())}")
+    command = command_line(argv)
+    info = header(command)
     print_table(providers, rows)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "machine": machine_info(), "providers": providers, "rows": rows}, f, indent=1)
+        write_json(args.json, command, info, rows, providers=providers)
     if args.png:
         plot(rows, providers, args.png)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -35,12 +34,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 import fastbert  # noqa: E402
-from fastbert.bench.timing import interleaved_cpu_times, machine_info  # noqa: E402
-from fastbert.masking import mask_tokens
+from fastbert.bench.report import command_line, header, write_json  # noqa: E402
+from fastbert.bench.timing import interleaved_cpu_times  # noqa: E402
+from fastbert.masking import IGNORE_INDEX, mask_tokens  # noqa: E402
+from fastbert.pretraining.config import PRECISIONS as DTYPES  # noqa: E402
 from fastbert.pretraining.objective import PretrainingObjective, cast_embeddings_under_autocast  # noqa: E402
 from fastbert.pretraining.schedule import param_groups  # noqa: E402
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PAD, CLS, SEP, MASK = 0, 101, 102, 103  # BERT's ids
 
 
@@ -118,6 +118,45 @@ def step_fn(loss_fn, model, batches, device, amp_dtype):
     return run
 
 
+def measure(args, dname: str, batches, device, real: float) -> list:
+    """The three providers' training steps in one dtype, timed in turn; their loss on batch 0 first."""
+    amp = DTYPES[dname]
+    ours, theirs = build(args, device)
+    if amp is not None:
+        cast_embeddings_under_autocast(ours, device.type)
+    ours_trainer = fastbert.BertForPreTraining(ours.config).to(device).train()
+    ours_trainer.load_state_dict(ours.state_dict())
+    if amp is not None:
+        cast_embeddings_under_autocast(ours_trainer, device.type)
+    objective = PretrainingObjective(ours_trainer)
+    fns = {
+        "transformers": step_fn(lambda b: theirs(**b).loss, theirs, batches, device, amp),
+        "fastbert": step_fn(lambda b: ours(**b).loss, ours, batches, device, amp),
+        "fastbert trainer step": step_fn(lambda b: objective(**b)[0], ours_trainer, batches, device, amp),
+    }
+    # the same loss from the same weights on the same batch (dropout off for this check)
+    b0 = {k: v.to(device) for k, v in batches[0].items()}
+    losses = {"transformers": lambda: theirs(**b0).loss, "fastbert": lambda: ours(**b0).loss,
+              "fastbert trainer step": lambda: objective(**b0)[0]}
+    for model in (theirs, ours, ours_trainer):
+        model.eval()
+    with torch.no_grad(), (torch.autocast(device_type=device.type, dtype=amp) if amp else contextlib.nullcontext()):
+        first = {name: float(fn()) for name, fn in losses.items()}
+    for model in (theirs, ours, ours_trainer):
+        model.train()
+    t0 = time.perf_counter()
+    times = interleaved_cpu_times(fns, warmup=args.warmup, repeats=args.rounds, budget_s=args.budget)
+    elapsed = time.perf_counter() - t0
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"# {dname}: {len(times['transformers'])} rounds in {elapsed:.0f} s; loss on batch 0 before training "
+          + ", ".join(f"{k} {v:.4f}" for k, v in first.items()))
+    return [{
+        "dtype": dname, "provider": name, "median_s": med[name], "steps_per_s": 1.0 / med[name],
+        "real_tokens_per_s": real / med[name], "speedup": med["transformers"] / med[name],
+        "rounds": len(times[name]), "first_loss": first[name], "min_s": min(times[name]), "max_s": max(times[name]),
+    } for name in fns]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16 (default %(default)s)")
@@ -144,58 +183,18 @@ def main(argv=None) -> int:
         if d not in DTYPES:
             ap.error(f"unknown dtype {d!r}; choose from {sorted(DTYPES)}")
 
-    command = "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]) if argv is None else "bench_pretrain " + " ".join(argv)
-    info = dict(machine_info(), omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"))
-    print(f"# {command}")
-    print(f"# {json.dumps(info)}")
+    command = command_line(argv, "bench_pretrain")
+    info = header(command, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"))
     batches = make_batches(args.batches, args.batch_size, args.seq, args.vocab, args.lengths)
     real = statistics.mean(int(b["attention_mask"].sum()) for b in batches)
-    masked = statistics.mean(int((b["labels"] != -100).sum()) for b in batches)
+    masked = statistics.mean(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
     print(f"# BertForPreTraining {args.layers} layers, hidden {args.hidden}, {args.heads} heads, intermediate "
           f"{args.intermediate}, vocab {args.vocab}; batch {args.batch_size} x seq {args.seq}, lengths {args.lengths}: "
           f"{real:.0f} real tokens of {args.batch_size * args.seq} per batch, {masked:.0f} masked")
 
     rows = []
     for dname in dtypes:
-        amp = DTYPES[dname]
-        ours, theirs = build(args, device)
-        if amp is not None:
-            cast_embeddings_under_autocast(ours, device.type)
-        ours_trainer = fastbert.BertForPreTraining(ours.config).to(device).train()
-        ours_trainer.load_state_dict(ours.state_dict())
-        if amp is not None:
-            cast_embeddings_under_autocast(ours_trainer, device.type)
-        objective = PretrainingObjective(ours_trainer)
-        fns = {
-            "transformers": step_fn(lambda b: theirs(**b).loss, theirs, batches, device, amp),
-            "fastbert": step_fn(lambda b: ours(**b).loss, ours, batches, device, amp),
-            "fastbert trainer step": step_fn(lambda b: objective(**b)[0], ours_trainer, batches, device, amp),
-        }
-        # the same loss from the same weights on the same batch (dropout off for this check)
-        b0 = {k: v.to(device) for k, v in batches[0].items()}
-        losses = {"transformers": lambda: theirs(**b0).loss, "fastbert": lambda: ours(**b0).loss,
-                  "fastbert trainer step": lambda: objective(**b0)[0]}
-        first = {}
-        for model in (theirs, ours, ours_trainer):
-            model.eval()
-        with torch.no_grad(), (torch.autocast(device_type=device.type, dtype=amp) if amp else contextlib.nullcontext()):
-            first = {name: float(fn()) for name, fn in losses.items()}
-        for model in (theirs, ours, ours_trainer):
-            model.train()
-        t0 = time.perf_counter()
-        times = interleaved_cpu_times(fns, warmup=args.warmup, repeats=args.rounds, budget_s=args.budget)
-        elapsed = time.perf_counter() - t0
-        med = {k: statistics.median(v) for k, v in times.items()}
-        for name in fns:
-            rows.append({
-                "dtype": dname, "provider": name, "median_s": med[name], "steps_per_s": 1.0 / med[name],
-                "real_tokens_per_s": real / med[name], "speedup": med["transformers"] / med[name],
-                "rounds": len(times[name]), "first_loss": first[name],
-                "min_s": min(times[name]), "max_s": max(times[name]),
-            })
-        print(f"# {dname}: {len(times['transformers'])} rounds in {elapsed:.0f} s; loss on batch 0 before training "
-              + ", ".join(f"{k} {v:.4f}" for k, v in first.items()))
-        del ours, theirs, ours_trainer, objective, fns
+        rows += measure(args, dname, batches, device, real)
 
     print()
     print("| dtype | provider | median s/step | steps/s | real tokens/s | vs transformers |")
@@ -204,10 +203,8 @@ def main(argv=None) -> int:
         print(f"| {r['dtype']} | {r['provider']} | {r['median_s']:.3f} | {r['steps_per_s']:.2f} | "
               f"{r['real_tokens_per_s']:.0f} | {r['speedup']:.2f}x |")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"command": command, "machine": info, "args": vars(args), "real_tokens_per_batch": real,
-                       "masked_tokens_per_batch": masked, "rows": rows}, f, indent=1)
+        write_json(args.json, command, info, rows, args=vars(args), real_tokens_per_batch=real,
+                   masked_tokens_per_batch=masked)
         print(f"\nwrote {args.json}")
     return 0
 

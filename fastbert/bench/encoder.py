@@ -24,8 +24,6 @@ GEMM floor.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 from typing import List
@@ -34,8 +32,9 @@ import torch
 
 from fastbert.bench.plots import plot
 from fastbert.bench.providers import ablation_providers, encoder_providers, minilm_providers
+from fastbert.bench.report import command_line, header, write_json
 from fastbert.bench.tables import print_ablations, print_table, summarise
-from fastbert.bench.timing import interleaved_cpu_times, machine_info
+from fastbert.bench.timing import interleaved_cpu_times
 from fastbert.bench.workloads import WORKLOADS, make_batch, real_sentences
 from fastbert.dtypes import dtype_name, parse_dtype
 
@@ -157,13 +156,11 @@ def main(argv=None, defaults=None, prog=None):
         rows = [r for w in args.workloads.split(",") for r in run_ablations(w, args.layers, dtypes, args.rounds, g, True)]
     else:
         rows = run(args.workloads.split(","), dtypes, args.layers, args.rounds, args.minilm_sentences)
-    print(f"# {prog or 'python'} {' '.join(argv if argv is not None else sys.argv)}")
-    print(f"# {json.dumps(machine_info())}")
+    command = command_line(argv, prog)
+    info = header(command)
     (print_ablations if args.ablations else print_table)(rows)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "machine": machine_info(), "rows": rows}, f, indent=1)
+        write_json(args.json, command, info, rows)
     if args.png:
         plot(rows, args.png)
     return 0

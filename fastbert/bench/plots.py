@@ -2,17 +2,12 @@
 each bar labelled with its ratio to transformers."""
 from __future__ import annotations
 
-import sys
+from fastbert.bench.report import pyplot
 
 
 def plot(rows, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot written", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     groups = sorted({(r["workload"], r["dtype"]) for r in rows}, key=lambda t: (t[0], t[1]))
     fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 4), squeeze=False)

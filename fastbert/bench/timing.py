@@ -51,6 +51,7 @@ def machine_info() -> dict:
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "processor": _cpu_name(),
+        "cpu_flags": _cpu_flags(),
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
@@ -61,6 +62,23 @@ def machine_info() -> dict:
     except Exception:
         pass
     return info
+
+
+# the instruction-set extensions that decide which GEMM and elementwise kernels are fastest
+_CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
+              "amx_tile", "amx_bf16", "amx_int8")
+
+
+def _cpu_flags() -> List[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [flag for flag in _CPU_FLAGS if flag in have]
+    except OSError:
+        pass
+    return []
 
 
 def _cpu_name() -> str:

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fastbert.backend import resolve
+from fastbert.bench.report import pyplot
 
 
 class JsonlLog:
@@ -70,14 +71,8 @@ def format_eval_table(first: Optional[Dict[str, float]], last: Optional[Dict[str
 def plot_curves(log_path: str, png_path: str, quiet: bool = False) -> bool:
     """Loss, accuracy and learning-rate curves from log.jsonl; False (with a message unless quiet)
     when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        if not quiet:
-            print("curves not drawn: matplotlib is not installed (pip install matplotlib)")
+    plt = pyplot(quiet, what="curves not drawn")
+    if plt is None:
         return False
     recs = JsonlLog(log_path, False, None).records()
     train = [r for r in recs if r.get("type") == "train"]
