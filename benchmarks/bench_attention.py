@@ -26,6 +26,7 @@ import torch.nn.functional as F
 import fastbert
 from fastbert import reference
 from fastbert.bench.report import command_line, header, pyplot, write_json
+from fastbert.bench.tables import print_timings
 from fastbert.bench.timing import median_s
 
 PEAK_FLOPS = 800e12  # H100 SXM dense fp16/bf16 tensor-core, rounded
@@ -145,18 +146,10 @@ def run(device, dtype, budget_s, cases, with_backward, progress=True):
 
 
 def print_table(rows, out=sys.stdout):
-    names = list(rows[0]["ms"])
-    head = f"{'dir':<8}{'seq':>5}{'pad':>6}{'dtype':>10}" + "".join(f"{n + ' ms':>16}" for n in names)
-    head += f"{rows[0]['fused'] + ' TFLOP/s':>16}" + (f"{'floor ms':>10}" if "roofline_ms" in rows[0] else "") + f"{'speedup':>10}"
-    print(head, file=out)
-    for r in rows:
-        line = f"{r['direction']:<8}{r['seq']:>5}{r['padding']:>6.0%}{r['dtype']:>10}"
-        line += "".join(f"{r['ms'][n]:>16.3f}" for n in names) + f"{r['TFLOP/s'][r['fused']]:>16.3f}"
-        if "roofline_ms" in r:
-            line += f"{r['roofline_ms']:>10.3f}"
-        line += f"{r['speedup']:>9.2f}x"
-        print(line, file=out)
+    keys = [("dir", 8, lambda r: r["direction"]), ("seq", 5, lambda r: str(r["seq"])),
+            ("pad", 6, lambda r: f"{r['padding']:.0%}"), ("dtype", 10, lambda r: r["dtype"])]
     r = rows[0]
+    print_timings(rows, keys, list(r["ms"]), r["fused"], "TFLOP/s", 16, out)
     print(f"speedup = {r['baseline']} time / {r['fused']} time, measured in this run on the same inputs; "
           "TFLOP/s count real tokens only", file=out)
 

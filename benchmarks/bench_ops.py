@@ -21,6 +21,7 @@ import torch
 import fastbert
 from fastbert import reference
 from fastbert.bench.report import command_line, header, pyplot, write_json
+from fastbert.bench.tables import print_timings
 from fastbert.bench.timing import median_s
 from fastbert.dtypes import parse_dtype
 
@@ -108,16 +109,9 @@ def run(dtypes, device, shapes=SHAPES, budget_s=3.0, progress=True):
 def print_table(providers, rows, out=sys.stdout):
     fused, base = providers["fused"], providers["baseline"]
     names = [fused, base] + ([providers["compiled"]] if "compiled" in providers else [])
-    head = f"{'op':<15}{'dir':<5}{'shape':>12}{'dtype':>10}" + "".join(f"{n + ' ms':>18}" for n in names)
-    head += f"{fused + ' GB/s':>14}" + (f"{'floor ms':>10}" if "compiled" in providers else "") + f"{'speedup':>10}"
-    print(head, file=out)
-    for r in rows:
-        line = f"{r['op']:<15}{r['direction']:<5}{'x'.join(map(str, r['shape'])):>12}{r['dtype']:>10}"
-        line += "".join(f"{r['ms'][n]:>18.3f}" for n in names) + f"{r['GB/s'][fused]:>14.1f}"
-        if "roofline_ms" in r:
-            line += f"{r['roofline_ms']:>10.3f}"
-        line += f"{r['speedup']:>9.2f}x"
-        print(line, file=out)
+    keys = [("op", 15, lambda r: r["op"]), ("dir", 5, lambda r: r["direction"]),
+            ("shape", 12, lambda r: "x".join(map(str, r["shape"]))), ("dtype", 10, lambda r: r["dtype"])]
+    print_timings(rows, keys, names, fused, "GB/s", 18, out)
     print(f"speedup = {base} time / {fused} time, both measured in this run on the same inputs", file=out)
 
 

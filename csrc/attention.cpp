@@ -44,13 +44,6 @@
 // unpadded sequence (at::_scaled_dot_product_flash_attention_for_cpu on [1, heads, len, d] slices),
 // took 7.7 ms (2 threads) on that batch, against 12.2 ms for SDPA over the padded batch and 4.2 ms
 // for this kernel.
-//
-// GCC 12 reports (maybe-)uninitialized values from inside its own AVX-512 intrinsic headers (false
-// positives on their "undefined" vector temporaries); this must come before any include.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <ATen/Parallel.h>
 
 #include <algorithm>

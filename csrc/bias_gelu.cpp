@@ -14,12 +14,6 @@
 // 1 - q for x >= 0, and the same exp(-x^2 / 2) gives the derivative Phi(x) + x phi(x).
 // The tanh GELU is written as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), which equals
 // 0.5 x (1 + tanh u) without the cancellation of 1 + tanh u for negative u.
-// GCC 12 reports (maybe-)uninitialized values from inside its own AVX-512 intrinsic headers (false
-// positives on their "undefined" vector temporaries); this must come before any include.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <ATen/Parallel.h>
 
 #include <algorithm>

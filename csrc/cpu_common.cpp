@@ -1,10 +1,4 @@
 // Helpers shared by the fused CPU kernels: output allocation and the fixed-order gradient reduction.
-// GCC 12 reports (maybe-)uninitialized values from inside its own AVX-512 intrinsic headers (false
-// positives on their "undefined" vector temporaries); this must come before any include.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <c10/core/TensorImpl.h>

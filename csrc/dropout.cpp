@@ -1,11 +1,5 @@
 // The dropout mask of fastbert's counter-based rule (see philox.h), exposed for tests: the fused
 // kernels regenerate it element by element and never store it.
-// GCC 12 reports (maybe-)uninitialized values from inside its own AVX-512 intrinsic headers (false
-// positives on their "undefined" vector temporaries); this must come before any include.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -6,12 +6,6 @@
 // mask is ever stored); dweight / dbias are summed per fixed chunk of rows (fp32 over groups of 8
 // rows, then double), then over chunks in chunk order, so they do not depend on the thread count.
 // Outputs much larger than the caches are written with non-temporal stores.
-// GCC 12 reports (maybe-)uninitialized values from inside its own AVX-512 intrinsic headers (false
-// positives on their "undefined" vector temporaries); this must come before any include.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <ATen/Parallel.h>
 
 #include <algorithm>

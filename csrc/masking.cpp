@@ -7,13 +7,6 @@
 // indexed by the token's rank among the selected (vector Philox again). When the ids random
 // replacements avoid depend on the batch (the ids at special and padding positions), those ids are
 // gathered in the same pass and the few random replacements are filled in after it.
-//
-// GCC 12 reports (maybe-)uninitialized values from inside its own AVX-512 intrinsic headers (false
-// positives on their "undefined" vector temporaries); this must come before any include.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #include <Python.h>
 
 #include <ATen/Parallel.h>

@@ -53,3 +53,19 @@ def print_table(rows, out=sys.stdout):
     cos = [r["min_cosine"] for r in rows if "min_cosine" in r]
     if cos:
         print(f"minilm: lowest cosine between fastbert and sentence-transformers embeddings {cos[0]:.7f}", file=out)
+
+
+def print_timings(rows, keys, names, fused: str, rate: str, width: int, out=sys.stdout) -> None:
+    """A kernel benchmark's table: the key columns (header, width, row -> text), ms per provider,
+    the fused provider's rate (rows' `rate` dict, e.g. GB/s or TFLOP/s), the roofline floor when
+    the rows have one, and the speedup."""
+    floor = any("roofline_ms" in r for r in rows)
+    head = "".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w, _) in enumerate(keys))
+    head += "".join(f"{n + ' ms':>{width}}" for n in names) + f"{fused + ' ' + rate:>{width}}"
+    print(head + (f"{'floor ms':>10}" if floor else "") + f"{'speedup':>10}", file=out)
+    for r in rows:
+        line = "".join(f"{fmt(r):<{w}}" if i == 0 else f"{fmt(r):>{w}}" for i, (_, w, fmt) in enumerate(keys))
+        line += "".join(f"{r['ms'][n]:>{width}.3f}" for n in names) + f"{r[rate][fused]:>{width}.3f}"
+        if "roofline_ms" in r:
+            line += f"{r['roofline_ms']:>10.3f}"
+        print(line + f"{r['speedup']:>9.2f}x", file=out)

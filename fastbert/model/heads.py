@@ -36,12 +36,6 @@ def _real_token_head(head: nn.Module, hidden: torch.Tensor, attention_mask: Opti
     return ops.pad(head(rows), indices, *attention_mask.shape)
 
 
-def _classifier(config: BertConfig):
-    """(dropout, linear) of a classification head: classifier_dropout, else hidden_dropout_prob."""
-    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return nn.Dropout(p), nn.Linear(config.hidden_size, config.num_labels)
-
-
 def _ce(logits: torch.Tensor, labels: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Mean cross-entropy over the labelled positions (fp32), or None without labels."""
     if labels is None:
@@ -122,35 +116,43 @@ class BertForMaskedLM(_TiedMLMHead):
         return _output(MaskedLMOutput, return_dict, loss=_ce(scores, labels), logits=scores)
 
 
-class BertForSequenceClassification(BertPreTrainedModel):
+class _Classifier(BertPreTrainedModel):
+    """BertModel, then dropout (classifier_dropout, else hidden_dropout_prob) and a linear layer to
+    num_labels: on the pooled output for sequences, on every token for tokens."""
+
+    output_class = SequenceClassifierOutput
+    features = "pooler_output"  # the BertModel output the classifier reads
+
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config)
-        self.dropout, self.classifier = _classifier(config)
+        self.bert = BertModel(config, add_pooling_layer=self.features == "pooler_output")
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 return_dict=True):
         out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
-        logits = self.classifier(self.dropout(out.pooler_output))
-        loss = None if labels is None else _sequence_classification_loss(self.config, logits, labels)
-        return _output(SequenceClassifierOutput, return_dict, loss=loss, logits=logits)
+        logits = self.classifier(self.dropout(getattr(out, self.features)))
+        return _output(self.output_class, return_dict, loss=self._loss(logits, labels), logits=logits)
 
 
-class BertForTokenClassification(BertPreTrainedModel):
-    def __init__(self, config: BertConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.dropout, self.classifier = _classifier(config)
-        self.post_init()
+class BertForSequenceClassification(_Classifier):
+    """Classification (or regression) of the whole sequence, from the pooled [CLS] output."""
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                return_dict=True):
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
-        logits = self.classifier(self.dropout(out.last_hidden_state))
-        return _output(TokenClassifierOutput, return_dict, loss=_ce(logits, labels), logits=logits)
+    def _loss(self, logits, labels):
+        return None if labels is None else _sequence_classification_loss(self.config, logits, labels)
+
+
+class BertForTokenClassification(_Classifier):
+    """A label for every token (NER), from the last hidden states."""
+
+    output_class, features = TokenClassifierOutput, "last_hidden_state"
+
+    def _loss(self, logits, labels):
+        return _ce(logits, labels)
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
