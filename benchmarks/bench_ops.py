@@ -3,7 +3,8 @@
 On CUDA: triton.testing.do_bench GB/s of the "triton" backend against PyTorch eager and
 torch.compile of the same math, with the roofline floor from the bytes each op must move at
 3.0 TB/s (H100 HBM3). On the CPU: the "cpp" backend against the "torch" backend (plain eager), at
-BERT-base and BERT-large shapes; the providers are called in turn, round after round, and the\nratio is of their medians, measured in the same run on the same inputs.
+BERT-base and BERT-large shapes; the providers are called in turn, round after round, and the
+ratio is of their medians, measured in the same run on the same inputs.
 
     python benchmarks/bench_ops.py [--dtypes float32,bfloat16] [--json PATH] [--png PATH]
 

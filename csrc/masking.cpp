@@ -1,5 +1,5 @@
-// Token masking for masked-language-model pretraining: see masking.h for the rule, and the
-// "token masking" section of fastbert/reference.py for the same rule in plain PyTorch.
+// Token masking for masked-language-model pretraining: see masking.h for the rule, and the same
+// rule in plain PyTorch in fastbert/reference/masking.py.
 //
 // One parallel pass over the rows; each row on its own: the id range check, candidate flags, the
 // selection (Floyd's sampling of k candidates from k vector-Philox draws; or, for whole words and

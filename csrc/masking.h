@@ -1,5 +1,5 @@
 // Token masking for masked-language-model pretraining (fastbert.masking calls these; the rule is
-// written out in full, as executable Python, in the "token masking" section of fastbert/reference.py,
+// written out in full, as executable Python, in fastbert/reference/masking.py,
 // and the two are bit-identical).
 //
 // Every random number is word 0 of Philox-4x32-10 (philox.h) with key = the call's 64-bit seed and

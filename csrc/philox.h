@@ -1,4 +1,4 @@
-// The dropout rule of fastbert (fastbert/reference.py; bit-identical to triton's tl.randint):
+// The dropout rule of fastbert (fastbert/reference/philox.py; bit-identical to triton's tl.randint):
 // element with int64 counter offset o draws u = word 0 of Philox-4x32-10 with counter
 // (lo32(o), hi32(o), 0, 0) and key (lo32(seed), hi32(seed)); it is kept when
 // (u >> 8) >= threshold(p) = floor(p * 2**24), and kept values are scaled by 1 / (1 - p).

@@ -54,7 +54,9 @@ class SentenceEncoder:
         modes = [m for m in _POOLING_MODES if pooling.get(f"pooling_mode_{m}")]
         others = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k[13:] not in _POOLING_MODES]
         if not modes or others:
-            raise ValueError(f"fastbert.SentenceEncoder: pooling {others or 'none'} is not supported; supported: {_POOLING_MODES}")
+            raise ValueError(
+                f"fastbert.SentenceEncoder: pooling {others or 'none'} is not supported; supported: {_POOLING_MODES}"
+            )
         self.pooling_modes = modes
         self.normalize = "Normalize" in kinds
         self.do_lower_case = bool(st_config.get("do_lower_case", False))
@@ -135,7 +137,8 @@ class SentenceEncoder:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fastbert encode", description="Embed lines of text with a sentence-transformers model.")
-    ap.add_argument("model", help="a sentence-transformers directory (modules.json, config.json, model.safetensors, tokenizer.json)")
+    ap.add_argument("model", help="a sentence-transformers directory "
+                    "(modules.json, config.json, model.safetensors, tokenizer.json)")
     ap.add_argument("--input", "-i", default="-", help="a text file, one sentence per line ('-': standard input)")
     ap.add_argument("--output", "-o", required=True, help="where to write the embeddings (.npy, float32 [lines, dim])")
     ap.add_argument("--batch-size", type=int, default=64)

@@ -89,7 +89,19 @@ def prepare_data(
     if not keep_tokenized:
         shutil.rmtree(tok_dir, ignore_errors=True)
 
-    summary = {
+    settings = {
+        "dupe_factor": dupe_factor, "short_seq_prob": short_seq_prob, "eval_fraction": eval_fraction,
+        "seed": seed, "corpus_format": corpus_format, "vocab": vocab, "shard_size": shard_size,
+        "corpus": [os.fspath(p) for p in corpus] if corpus is not None else "built-in",
+    }
+    index = _index(tok, special, max_seq_length, splits, settings, _summary(stats, tc, splits, pair_stats, t0))
+    shards_mod.write_index(out_dir, index)
+    return index
+
+
+def _summary(stats, tc: TokenizedCorpus, splits: dict, pair_stats: dict, t0: float) -> dict:
+    """What the corpus held and what was made of it (printed by `fastbert prepare`, kept in the index)."""
+    return {
         "corpus": stats.as_dict(),
         "documents": tc.num_documents,
         "sentences": int(tc.meta["sentences"]),
@@ -101,7 +113,11 @@ def prepare_data(
         "pair_stats": pair_stats,
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    index = {
+
+
+def _index(tok, special: dict, max_seq_length: int, splits: dict, settings: dict, summary: dict) -> dict:
+    """The data directory's index (see shards.py): what the trainer reads to use the shards."""
+    return {
         "max_seq_length": int(max_seq_length),
         "vocab_size": int(tok.get_vocab_size()),
         "special_tokens": special,
@@ -109,15 +125,9 @@ def prepare_data(
         "tokenizer": "tokenizer.json",
         "token_dtype": str(shards_mod.token_dtype(tok.get_vocab_size())().dtype),
         "splits": splits,
-        "settings": {
-            "dupe_factor": dupe_factor, "short_seq_prob": short_seq_prob, "eval_fraction": eval_fraction,
-            "seed": seed, "corpus_format": corpus_format, "vocab": vocab, "shard_size": shard_size,
-            "corpus": [os.fspath(p) for p in corpus] if corpus is not None else "built-in",
-        },
+        "settings": settings,
         "summary": summary,
     }
-    shards_mod.write_index(out_dir, index)
-    return index
 
 
 def _check_settings(dupe_factor: int, short_seq_prob: float, eval_fraction: float, max_seq_length: int) -> None:

@@ -102,7 +102,9 @@ def write_index(directory: str, index: dict) -> None:
 def read_index(directory: str) -> dict:
     path = os.path.join(directory, INDEX)
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"fastbert: prepared data directory {directory} does not exist (make one with `fastbert prepare`)")
+        raise FileNotFoundError(
+            f"fastbert: prepared data directory {directory} does not exist (make one with `fastbert prepare`)"
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"fastbert: {directory} has no {INDEX}: it is not a prepared data directory, or its preparation did "
@@ -182,7 +184,8 @@ class InstanceDataset:
 
     def lengths(self) -> np.ndarray:
         """int64 [len(self)]: every instance's length."""
-        return np.concatenate([np.diff(np.asarray(self._shard(k)[1])) for k in range(len(self._shards))] or [np.zeros(0, np.int64)])
+        lengths = [np.diff(np.asarray(self._shard(k)[1])) for k in range(len(self._shards))]
+        return np.concatenate(lengths or [np.zeros(0, np.int64)])
 
 
 def special_ids(index: dict) -> Dict[str, int]:

@@ -15,7 +15,7 @@
     word_starts(input_ids, vocab) -> bool like input_ids
 
 The rule (written out, and implemented in plain PyTorch, in the "token masking" section of
-fastbert/reference.py; the C++ result is bit-identical to it):
+fastbert/reference/masking.py; the C++ result is bit-identical to it):
   * candidates are the tokens that are neither special nor padding (nor one of special_token_ids);
   * selection="count" (default, BERT's create_pretraining_data): each row predicts
     k = round(candidates * mlm_probability) tokens (half to even), at least 1 when the row has a

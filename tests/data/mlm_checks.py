@@ -109,7 +109,7 @@ def check_invariants(ids, masked, labels, cand, *, mask_token_id, vocab_size, ex
                 assert counts[b] == k, f"row {b}: {counts[b]} selected, the rule says {k}"
             elif counts[b] > k:  # only when every word is longer than k: then exactly one word
                 assert all(length > k for _, length in units), f"row {b}: {counts[b]} > k = {k}"
-                assert sum(1 for f, l in units if sel[b, f]) == 1
+                assert sum(1 for f, _length in units if sel[b, f]) == 1
             else:
                 # the walk skips a word only when it does not fit: every word left out is too long
                 for first, length in units:

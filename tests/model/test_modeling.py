@@ -132,7 +132,10 @@ def test_base_shape_matches_transformers(backend, name):
 
 def weighted_total(model, ids, mask, tt, extra, weights, fastbert_model):
     """Outputs at real tokens and a scalar (the loss plus random-weighted outputs) to backpropagate."""
-    out = model(ids, mask, tt, **extra) if fastbert_model else model(input_ids=ids, attention_mask=mask, token_type_ids=tt, **extra)
+    if fastbert_model:
+        out = model(ids, mask, tt, **extra)
+    else:
+        out = model(input_ids=ids, attention_mask=mask, token_type_ids=tt, **extra)
     real = mask.bool()
     got, total = {}, 0.0
     for key in ("loss", "prediction_logits", "seq_relationship_logits"):

@@ -130,7 +130,7 @@ def test_attention_never_nan(backend, mask_kind):
     mask = mask.to(dev)
     for p in (0.0, 0.5):
         out, grads = run(
-            lambda *t: fastbert.ops.attention(*t, mask, dropout_p=p, seed=1, backend=backend),
+            lambda *t, p=p: fastbert.ops.attention(*t, mask, dropout_p=p, seed=1, backend=backend),
             [q, k, v], torch.randn(q.shape, generator=g).to(dev),
         )
         for name, t in zip(("out", "dq", "dk", "dv"), [out] + grads):
@@ -155,9 +155,12 @@ def test_varlen_agrees_with_padded(backend):
         packed_in = [pack(t, mask) for t in (q, k, v)]
         _, indices, cu_seqlens, max_seqlen = fastbert.ops.unpad(mask[..., None], mask)
         for p in (0.0, 0.1):
-            out, grads = run(lambda *t: fastbert.ops.attention(*t, mask, dropout_p=p, seed=7, backend=backend), [q, k, v], dout)
+            out, grads = run(
+                lambda *t, m=mask, p=p: fastbert.ops.attention(*t, m, dropout_p=p, seed=7, backend=backend), [q, k, v], dout
+            )
             vout, vgrads = run(
-                lambda *t: fastbert.ops.varlen_attention(*t, cu_seqlens, max_seqlen, dropout_p=p, seed=7, backend=backend),
+                lambda *t, cu=cu_seqlens, n=max_seqlen, p=p: fastbert.ops.varlen_attention(
+                    *t, cu, n, dropout_p=p, seed=7, backend=backend),
                 packed_in, pack(dout, mask),
             )
             tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
@@ -185,17 +188,18 @@ def test_varlen_matches_reference(backend):
                 for b, n in enumerate(lengths):
                     assert torch.equal(keep[b, :, :n, :n], want[b, :, :n, :n]), f"{backend}: varlen dropout mask, seq {b}"
 
-            def op(*t):
+            def op(*t, p=p):
                 return fastbert.ops.varlen_attention(*t, cu_seqlens, max_seqlen, dropout_p=p, seed=9, backend=backend)
 
-            def ref(*t):
+            def ref(*t, p=p, keep=keep):
                 return reference.varlen_attention(*t, cu_seqlens, p, keep_mask=keep)
 
             out, grads = run(op, [q, k, v], dout)
             pt, pt_grads = run(ref, [q, k, v], dout)
             r64, r_grads = run(ref, [q.double(), k.double(), v.double()], dout.double())
             tag = f"{backend} varlen {dtype} p{p}"
-            for name, a, b, c in [("out", out, pt, r64)] + [(n, *t) for n, t in zip(("dq", "dk", "dv"), zip(grads, pt_grads, r_grads))]:
+            grad_rows = [(n, *t) for n, t in zip(("dq", "dk", "dv"), zip(grads, pt_grads, r_grads))]
+            for name, a, b, c in [("out", out, pt, r64)] + grad_rows:
                 assert_within_bound(f"{tag} {name}", a, b, c, dtype)
 
 
