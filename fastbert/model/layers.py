@@ -37,6 +37,35 @@ class BertEmbeddings(nn.Module, _Backend):
         return self.dropout(h)
 
 
+def _share_storage(params) -> torch.Tensor:
+    """Move the parameters' values into one new tensor (their concatenation along dim 0) and make
+    each parameter a view of its slice; returns the concatenation. The Parameter objects stay the
+    same (optimizers keep them); only their .data is rebound."""
+    fused = torch.cat([p.detach() for p in params])
+    start = 0
+    for p in params:
+        p.data = fused[start:start + p.shape[0]]
+        start += p.shape[0]
+    return fused
+
+
+def _views_of(fused: Optional[torch.Tensor], params) -> bool:
+    """Whether every parameter is still the contiguous slice of `fused` that _share_storage made it:
+    then `fused` holds their current values, however they were written (in place by any optimizer,
+    through .data, copy_, load_state_dict). A parameter given new memory (to(), .data = ..., assign)
+    fails the check."""
+    if fused is None:
+        return False
+    start = fused.data_ptr()
+    row = fused.stride(0) * fused.element_size()
+    for p in params:
+        if (p.device != fused.device or p.dtype != fused.dtype or not p.is_contiguous()
+                or p.data_ptr() != start or p.shape[1:] != fused.shape[1:]):
+            return False
+        start += p.shape[0] * row
+    return start == fused.data_ptr() + fused.shape[0] * row
+
+
 class BertSelfAttention(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -47,18 +76,22 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
-        self._packed = None  # (key, weight, bias): the QKV weights concatenated, for inference
+        self._fused = (None, None)  # the QKV weight and bias, whose slices the three projections' parameters are
 
     def qkv_weight(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The three projections as one [3 * hidden, hidden] GEMM. Under autograd the concatenation
-        is part of the graph; for inference it is kept until a weight changes."""
-        params = (self.query.weight, self.key.weight, self.value.weight, self.query.bias, self.key.bias, self.value.bias)
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return torch.cat(params[:3]), torch.cat(params[3:])
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        if self._packed is None or self._packed[0] != key:
-            self._packed = (key, torch.cat(params[:3]).detach(), torch.cat(params[3:]).detach())
-        return self._packed[1], self._packed[2]
+        """The three projections as one [3 * hidden, hidden] GEMM. Under autograd (and while
+        torch.compile traces) the concatenation is part of the graph. For inference the three
+        weights (and biases) are views into one tensor, which is then the concatenation itself: no
+        copy, and nothing that can fall behind the parameters (see _views_of)."""
+        weights = (self.query.weight, self.key.weight, self.value.weight)
+        biases = (self.query.bias, self.key.bias, self.value.bias)
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in weights + biases)):
+            return torch.cat(weights), torch.cat(biases)
+        w, b = self._fused
+        if not (_views_of(w, weights) and _views_of(b, biases)):
+            with torch.no_grad():
+                self._fused = (_share_storage(weights), _share_storage(biases))
+        return self._fused
 
 
 class _DenseLayerNorm(nn.Module):

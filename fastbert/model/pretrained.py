@@ -90,7 +90,9 @@ class BertPreTrainedModel(nn.Module):
         config["dtype"] = str(self.dtype).replace("torch.", "")
         config.pop("torch_dtype", None)
         BertConfig(**config).save_pretrained(directory)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if k not in self._tied_weights_keys}
+        # copies: safetensors refuses tensors that share memory (the QKV projections are slices of one)
+        state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.state_dict().items()
+                 if k not in self._tied_weights_keys}
         tmp = os.path.join(directory, SAFE_WEIGHTS_NAME + ".tmp")
         save_file(state, tmp, metadata={"format": "pt"})
         os.replace(tmp, os.path.join(directory, SAFE_WEIGHTS_NAME))  # never a half-written checkpoint

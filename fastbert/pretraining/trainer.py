@@ -153,8 +153,6 @@ class Trainer(TrainerCheckpoints):
 
     def _build_optimizer(self) -> None:
         cfg = self.cfg
-        # foreach, not fused: the fused kernel updates parameters without bumping their version
-        # counters, and the model's inference caches (the concatenated QKV weight) key on them
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, foreach=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
