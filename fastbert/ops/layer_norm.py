@@ -100,7 +100,8 @@ def add_layer_norm(
     """layer_norm(dropout(x) + residual) over the last dim, one fused pass forward and backward.
 
     x, residual: [..., hidden], the same shape and dtype (float32/float16/bfloat16; any layout,
-    non-contiguous inputs are copied). weight, bias: [hidden], x's dtype or float32. Returns
+    non-contiguous inputs are copied); under torch.autocast the narrower dtype is promoted to the
+    wider one, as the addition does in an unfused model. weight, bias: [hidden], x's dtype or float32. Returns
     [..., hidden] in x's dtype; mean and rstd are computed and kept in float32.
     dropout_p: probability of zeroing an element of x (kept ones scaled by 1/(1-p)). The mask is a
     function of `seed` (an int in [0, 2**63); drawn from torch's RNG, or `generator`, when None), the
@@ -118,9 +119,15 @@ def add_layer_norm(
             f"{tuple(x.shape)}; they must match"
         )
     if residual.dtype != x.dtype:
-        raise TypeError(
-            f"fastbert.ops.{op}: residual has dtype {residual.dtype} but x has dtype {x.dtype}; they must match"
-        )
+        if not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(
+                f"fastbert.ops.{op}: residual has dtype {residual.dtype} but x has dtype {x.dtype}; they must match "
+                "(under torch.autocast the narrower one is promoted)"
+            )
+        # under autocast a GEMM's low-precision output meets a float32 residual: promote, as the
+        # addition x + residual does in an unfused model
+        wide = torch.promote_types(x.dtype, residual.dtype)
+        x, residual = x.to(wide), residual.to(wide)
     check_device(op, "residual", residual, x)
     check_vector(op, "weight", weight, x)
     check_vector(op, "bias", bias, x)

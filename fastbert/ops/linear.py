@@ -4,7 +4,8 @@ For inference on the CPU the output of 4 MiB or more comes from the C++ extensio
 mapping allocator instead of malloc: glibc maps such a block afresh on every call and the GEMM then
 page-faults it in 4 KiB at a time (at 8982 x 1536 fp32 that took 44 ms a call against 31 ms into a
 reused buffer; the bias an addmm first copies into its output pays the faults too). Under autograd,
-while compiling, off the CPU, for empty inputs or without the extension: F.linear.
+under autocast (which picks the GEMM's dtype), while compiling, off the CPU, for empty inputs or
+without the extension: F.linear.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def _plain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) 
     """Whether F.linear is the path: autograd records, torch.compile traces, or nothing to gain."""
     return (
         x.device.type != "cpu" or x.numel() == 0 or x.dtype != weight.dtype or torch.compiler.is_compiling()
+        or torch.is_autocast_enabled("cpu")
         or (torch.is_grad_enabled()
             and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)))
     )
