@@ -145,7 +145,7 @@ def main(argv=None):
         dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     except ValueError as e:
-        ap.error(str(e))
+        ap.error(str(e).removeprefix("fastbert: "))
     providers, rows = run(dtypes, args.device, shapes=shapes, budget_s=args.budget)
     command = command_line(argv)
     info = header(command)

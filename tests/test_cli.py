@@ -74,3 +74,44 @@ def test_bench_ops_runs_and_writes_json(tmp_path):
     bench.main(["--dtypes", "float32", "--budget", "0.05", "--json", str(out), "--shapes", "64x96"])
     data = json.loads(out.read_text())
     assert data["rows"] and data["machine"]["torch"] == torch.__version__
+
+
+def _cli(*args, stdin=None):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "FASTBERT_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "fastbert", *args], capture_output=True, text=True, input=stdin,
+                          env=env, timeout=300)
+
+
+def _one_error_line(proc):
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1 and "error" in lines[0], proc.stderr
+    return lines[0]
+
+
+def test_cli_errors_are_one_line_on_stderr(tmp_path):
+    text = tmp_path / "lines.txt"
+    text.write_text("a sentence\n")
+    cases = [
+        (("encode", "/no/such/dir", "--input", str(text), "--output", str(tmp_path / "e.npy")), 1, "not a directory"),
+        (("encode", "/no/such/dir", "--input", str(tmp_path / "missing.txt"), "--output", "e.npy"), 1, "missing.txt"),
+        (("bench", "--dtypes", "fp64"), 2, "unknown dtype 'fp64'"),
+        (("bench", "--dtype", "fp64"), 2, "unknown dtype 'fp64'"),  # argparse's prefix of --dtypes
+        (("bench", "--workloads", "nope"), 2, "unknown workloads"),
+        (("pretrain", "--lr", "abc"), 2, "invalid float value"),
+        (("selfcheck", "--device", "tpu"), 2, "invalid choice"),
+    ]
+    for args, code, words in cases:
+        proc = _cli(*args)
+        assert proc.returncode == code, (args, proc.returncode, proc.stderr)
+        assert words in _one_error_line(proc), (args, proc.stderr)
+
+
+def test_cli_unknown_command_prints_usage_on_stderr():
+    proc = _cli("no-such-command")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "usage: fastbert COMMAND" in proc.stderr
+    assert "unknown command 'no-such-command'" in _one_error_line(proc)

@@ -148,7 +148,7 @@ def main(argv=None, defaults=None, prog=None):
     try:
         dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
     except ValueError as e:
-        ap.error(str(e))
+        ap.error(str(e).removeprefix("fastbert: "))
     if args.ablations:
         if "minilm" in args.workloads.split(","):
             ap.error("--ablations runs on the BERT-base workloads, not minilm")
