@@ -86,7 +86,7 @@ def _cli(*args, stdin=None):
 
 
 def _one_error_line(proc):
-    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("usage:", " ", "commands:"))]
     assert "Traceback" not in proc.stderr, proc.stderr
     assert len(lines) == 1 and "error" in lines[0], proc.stderr
     return lines[0]
