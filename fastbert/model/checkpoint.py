@@ -3,7 +3,7 @@ the key names older checkpoints used."""
 from __future__ import annotations
 
 import os
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -39,3 +39,79 @@ def load_state_dict(path: str) -> Dict[str, torch.Tensor]:
         except Exception as e:
             raise ValueError(f"fastbert: {pt} could not be read ({e})") from None
     raise FileNotFoundError(f"fastbert: {path} has no {SAFE_WEIGHTS_NAME} or {WEIGHTS_NAME}")
+
+
+def match_state_dict(own: Dict[str, torch.Tensor], state: Dict[str, torch.Tensor], base_prefix: str,
+                     tied: Dict[str, str]):
+    """(the checkpoint's tensors under the model's names, loading info). Handles old key names, a
+    BertModel checkpoint into a model with heads and the reverse, and tied keys the checkpoint left
+    out; loading info: missing_keys, unexpected_keys, mismatched_keys (name, checkpoint shape,
+    model shape), error_msgs, as transformers reports them."""
+    state = normalise_keys(state)
+    prefix = base_prefix + "."
+    has_prefix = any(k.startswith(prefix) for k in own)
+    renamed = {}
+    for k, v in state.items():
+        if has_prefix and not k.startswith(prefix) and prefix + k in own:
+            k = prefix + k  # a BertModel checkpoint into a model with heads
+        elif not has_prefix and k.startswith(prefix):
+            k = k[len(prefix):]  # a checkpoint with heads into a BertModel
+        renamed[k] = v
+    for dst, src in tied.items():
+        if dst not in renamed and src in renamed:
+            renamed[dst] = renamed[src]
+    mismatched = [(k, tuple(renamed[k].shape), tuple(own[k].shape))
+                  for k in own if k in renamed and renamed[k].shape != own[k].shape]
+    bad = {k for k, _, _ in mismatched}
+    info = {
+        "missing_keys": sorted(k for k in own if k not in renamed),
+        "unexpected_keys": sorted(k for k in renamed if k not in own),
+        "mismatched_keys": mismatched,
+        "error_msgs": [],
+    }
+    return {k: v for k, v in renamed.items() if k in own and k not in bad}, info
+
+
+# transformers' from_pretrained arguments that concern the hub or its loading machinery: they have no
+# effect on a local directory
+HUB_KWARGS = frozenset({
+    "cache_dir", "force_download", "local_files_only", "revision", "token", "use_auth_token", "trust_remote_code",
+    "use_safetensors", "low_cpu_mem_usage", "subfolder", "proxies", "resume_download", "mirror", "variant",
+    "_fast_init", "attn_implementation", "from_tf", "from_flax", "offload_folder", "offload_state_dict",
+})
+
+
+def apply_config_overrides(config, kwargs: Dict[str, object], where: str) -> None:
+    """Set the config fields named in `kwargs` (as transformers does for its from_pretrained);
+    a keyword that is neither a config field nor a hub argument is a TypeError naming it."""
+    for key, value in kwargs.items():
+        if key in HUB_KWARGS:
+            continue
+        if key == "num_labels":
+            config.num_labels = int(value)
+        elif key == "id2label":
+            config.id2label = {int(k): v for k, v in value.items()}
+        elif key == "label2id":
+            config.id2label = {int(i): name for name, i in value.items()}
+        elif hasattr(config, key) or key in config.known_fields():
+            setattr(config, key, value)
+        else:
+            raise TypeError(f"fastbert: {where}() got an unexpected keyword argument {key!r} "
+                            "(neither a BertConfig field nor a from_pretrained argument)")
+    config.validate()
+
+
+def resolve_load_dtype(dtype, torch_dtype, config) -> Optional[torch.dtype]:
+    """The dtype a loaded model is cast to: `dtype` or its older name `torch_dtype` (a dtype, a name,
+    or "auto": the one the checkpoint's config names), None to keep float32."""
+    from fastbert.dtypes import parse_dtype
+
+    if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
+        raise ValueError(f"fastbert: dtype={dtype!r} and torch_dtype={torch_dtype!r} disagree; pass one of them")
+    value = dtype if dtype is not None else torch_dtype
+    if value is None:
+        return None
+    if value == "auto":
+        saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        return parse_dtype(saved) if saved else None
+    return parse_dtype(value)

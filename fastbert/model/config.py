@@ -41,6 +41,10 @@ class BertConfig:
         classifier_dropout=None,
         problem_type=None,
         tie_word_embeddings=True,
+        # transformers' PretrainedConfig fields the forward reads as its defaults
+        output_hidden_states=False,
+        output_attentions=False,
+        return_dict=True,
     )
 
     def __init__(self, **kwargs):
@@ -58,9 +62,14 @@ class BertConfig:
             self.id2label = {i: f"LABEL_{i}" for i in range(int(num_labels))}
         for k, v in kwargs.items():  # anything else transformers wrote (architectures, dtype, ...)
             setattr(self, k, v)
-        self._validate()
+        self.validate()
 
-    def _validate(self) -> None:
+    @classmethod
+    def known_fields(cls):
+        """The fields a BertConfig always has (transformers' BertConfig and PretrainedConfig ones)."""
+        return set(cls._defaults) | {"num_labels", "id2label", "label2id"}
+
+    def validate(self) -> None:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"fastbert.BertConfig: hidden_size {self.hidden_size} is not a multiple of "
@@ -88,6 +97,17 @@ class BertConfig:
     @property
     def label2id(self) -> Dict[str, int]:
         return {v: k for k, v in self.id2label.items()}
+
+    @property
+    def use_return_dict(self) -> bool:
+        return bool(self.return_dict)
+
+    def get_text_config(self, decoder: bool = False, **kwargs) -> "BertConfig":
+        """The config of the text model: this one (transformers asks every config for it)."""
+        return self
+
+    def to_json_string(self, use_diff: bool = True) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     @property
     def head_dim(self) -> int:

@@ -9,7 +9,13 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from fastbert.model.checkpoint import SAFE_WEIGHTS_NAME, load_state_dict, normalise_keys
+from fastbert.model.checkpoint import (
+    SAFE_WEIGHTS_NAME,
+    apply_config_overrides,
+    load_state_dict,
+    match_state_dict,
+    resolve_load_dtype,
+)
 from fastbert.model.config import BertConfig
 from fastbert.model.layers import BertLMPredictionHead, _Backend
 
@@ -100,54 +106,61 @@ class BertPreTrainedModel(nn.Module):
     # ---- loading
 
     @classmethod
-    def from_pretrained(cls, path: str, backend: Optional[str] = None, dtype: Optional[torch.dtype] = None, **config_overrides):
+    def from_pretrained(cls, path: str, backend: Optional[str] = None, dtype=None, *, torch_dtype=None, quantize=None,
+                        config=None, ignore_mismatched_sizes: bool = False, output_loading_info: bool = False,
+                        device_map=None, **kwargs):
         """Load a transformers-format directory: config.json + model.safetensors or pytorch_model.bin.
 
-        Old checkpoints (LayerNorm gamma/beta, position_ids buffers, with or without the "bert."
-        prefix) load too. Missing or unexpected keys are reported in a warning that names them.
+        As transformers' from_pretrained: keyword arguments naming a config field override it
+        (num_labels=5, hidden_dropout_prob=0.2, ...); `dtype` / `torch_dtype` (a torch.dtype, its
+        name, or "auto" for the checkpoint's) casts the model; `config` replaces config.json;
+        ignore_mismatched_sizes=True leaves weights of another shape (a new classifier) at their
+        initial values; output_loading_info=True also returns the missing / unexpected / mismatched
+        keys; device_map="cpu" / "cuda" moves the model. The hub's own arguments (cache_dir,
+        revision, ...) have no effect on a local directory and are accepted. Any other keyword is
+        an error that names it. Old checkpoints (LayerNorm gamma/beta, position_ids buffers, with or
+        without the "bert." prefix) load too; missing or unexpected keys are reported in a warning.
         """
+        if quantize is not None:
+            raise NotImplementedError(f"fastbert: quantize={quantize!r} is not available yet; load without quantize")
         if not os.path.isdir(path):
             raise FileNotFoundError(f"fastbert: {path} is not a directory (expected config.json and model weights)")
-        config = BertConfig.from_pretrained(path)
-        for k, v in config_overrides.items():
-            setattr(config, k, v)
-        state = load_state_dict(path)
+        config = BertConfig.from_pretrained(path) if config is None else BertConfig(**config.to_dict())
+        apply_config_overrides(config, kwargs, f"{cls.__name__}.from_pretrained")
+        dtype = resolve_load_dtype(dtype, torch_dtype, config)
         model = cls(config)
-        model.load_transformers_state_dict(state, source=path)
+        info = model.load_transformers_state_dict(load_state_dict(path), source=path,
+                                                  ignore_mismatched_sizes=ignore_mismatched_sizes)
         if dtype is not None:
             model = model.to(dtype)
+        if device_map is not None:
+            if isinstance(device_map, dict):
+                raise ValueError("fastbert: device_map must be one device (\"cpu\", \"cuda\", a torch.device), not a map")
+            model = model.to(device_map)
         model.set_backend(backend)
-        return model.eval()
+        model.name_or_path = path
+        model.eval()
+        return (model, info) if output_loading_info else model
 
-    def load_transformers_state_dict(self, state: Dict[str, torch.Tensor], source: str = "state dict") -> None:
+    def load_transformers_state_dict(self, state: Dict[str, torch.Tensor], source: str = "state dict",
+                                     ignore_mismatched_sizes: bool = False) -> Dict[str, list]:
         """load_state_dict for checkpoints of any BERT class, old or new names; warns with the keys
-        that were missing or left over."""
-
-        state = normalise_keys(state)
+        that were missing or left over, and returns them (as transformers' loading info)."""
         own = self.state_dict()
-        prefix = self.base_model_prefix + "."
-        has_prefix = any(k.startswith(prefix) for k in own)
-        renamed = {}
-        for k, v in state.items():
-            if has_prefix and not k.startswith(prefix) and prefix + k in own:
-                k = prefix + k  # a BertModel checkpoint into a model with heads
-            elif not has_prefix and k.startswith(prefix):
-                k = k[len(prefix):]  # a checkpoint with heads into a BertModel
-            renamed[k] = v
-        for dst, src in self._tied_weights_keys.items():
-            if dst not in renamed and src in renamed:
-                renamed[dst] = renamed[src]
-        missing = sorted(k for k in own if k not in renamed)
-        unexpected = sorted(k for k in renamed if k not in own)
-        bad_shapes = [f"{k}: checkpoint {tuple(renamed[k].shape)} vs model {tuple(own[k].shape)}"
-                      for k in own if k in renamed and renamed[k].shape != own[k].shape]
-        if bad_shapes:
-            raise ValueError(f"fastbert: {source} does not fit this config: " + "; ".join(bad_shapes))
-        self.load_state_dict({k: v for k, v in renamed.items() if k in own}, strict=False)
-        if missing or unexpected:
+        renamed, info = match_state_dict(own, state, self.base_model_prefix, self._tied_weights_keys)
+        if info["mismatched_keys"] and not ignore_mismatched_sizes:
+            bad = "; ".join(f"{k}: checkpoint {tuple(a)} vs model {tuple(b)}" for k, a, b in info["mismatched_keys"])
+            raise ValueError(f"fastbert: {source} does not fit this config: {bad} "
+                             "(from_pretrained(..., ignore_mismatched_sizes=True) leaves them at their initial values)")
+        self.load_state_dict(renamed, strict=False)
+        missing, unexpected = info["missing_keys"], info["unexpected_keys"]
+        if missing or unexpected or info["mismatched_keys"]:
             msg = f"fastbert: loading {type(self).__name__} from {source}:"
             if missing:
                 msg += f"\n  missing (left at their initial values): {missing}"
+            if info["mismatched_keys"]:
+                msg += f"\n  of another shape (left at their initial values): {[k for k, _, _ in info['mismatched_keys']]}"
             if unexpected:
                 msg += f"\n  unexpected (ignored): {unexpected}"
             warnings.warn(msg, stacklevel=3)
+        return info
