@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 
 from fastbert import ops
-from fastbert.model.checks import check_input_ids, check_inputs
+from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import BertConfig
 from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler
+from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.pretrained import BertPreTrainedModel
 
@@ -37,30 +38,63 @@ class BertModel(BertPreTrainedModel):
     def base_model(self) -> "BertModel":
         return self
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, return_dict=True):
-        """input_ids [batch, seq]; attention_mask [batch, seq] (1 = real token); token_type_ids,
-        position_ids [batch, seq] -> .last_hidden_state [batch, seq, hidden], .pooler_output [batch, hidden]."""
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None, use_cache=None,
+                head_mask=None, output_attentions=None, output_hidden_states=None, return_dict=None):
+        """transformers' BertModel.forward: input_ids [batch, seq] (or inputs_embeds [batch, seq,
+        hidden]); attention_mask (see fastbert.model.masks), token_type_ids, position_ids [batch, seq];
+        head_mask; output_attentions / output_hidden_states / return_dict (config's when None) ->
+        .last_hidden_state [batch, seq, hidden], .pooler_output [batch, hidden], .hidden_states,
+        .attentions. The cross-attention and cache arguments are a decoder's: not supported."""
+        if encoder_hidden_states is not None or encoder_attention_mask is not None or past_key_values is not None:
+            raise NotImplementedError("fastbert: BertModel is an encoder; cross-attention and key/value caches "
+                                      "(BERT as a decoder) are not supported")
         cfg = self.config
-        check_input_ids(input_ids, cfg.max_position_embeddings)
-        bsz, seq = input_ids.shape
+        output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return_dict = cfg.use_return_dict if return_dict is None else return_dict
+        bsz, seq = check_input_shape(input_ids, inputs_embeds, cfg)
+        device = (input_ids if input_ids is not None else inputs_embeds).device
         compiling = torch.compiler.is_compiling()
         if not compiling:  # value checks read the tensors: skipped while torch.compile traces
-            check_inputs(cfg, input_ids, attention_mask, token_type_ids, position_ids)
+            check_inputs(cfg, input_ids, token_type_ids, position_ids, (bsz, seq))
+        key_mask, bias = attention_masks(attention_mask, bsz, seq, cfg.num_attention_heads)
         if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
+            token_type_ids = torch.zeros((bsz, seq), dtype=torch.long, device=device)
         if position_ids is None:
-            position_ids = torch.arange(seq, device=input_ids.device).expand(bsz, seq)
-        hidden = self.embeddings(input_ids, token_type_ids, position_ids)
-        mask = None if attention_mask is None else attention_mask.to(torch.bool)
-        packed = self.unpad_inputs and mask is not None and not compiling and not bool(mask.all())
-        if packed:
-            h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, mask)
-            for layer in self.encoder.layer:
-                h = layer(h, None, (cu_seqlens, max_seqlen))
-            hidden = ops.pad(h, indices, bsz, seq)
+            position_ids = torch.arange(seq, device=device).expand(bsz, seq)
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        scales = head_scales(head_mask, cfg.num_hidden_layers, cfg.num_attention_heads)
+        explicit = bias is not None or bool(output_attentions)
+        if self.unpad_inputs and key_mask is not None and not compiling and not explicit and not bool(key_mask.all()):
+            hidden, states, probs = self._encode_packed(hidden, key_mask, scales, output_hidden_states)
         else:
-            for layer in self.encoder.layer:
-                hidden = layer(hidden, mask, None)
+            hidden, states, probs = self._encode_padded(hidden, key_mask, bias, scales, output_hidden_states,
+                                                        output_attentions)
         pooled = self.pooler(hidden) if self.pooler is not None else None
-        out = BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled)
+        out = BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=states,
+                                         attentions=probs)
         return out if return_dict else out.to_tuple()
+
+    def _encode_packed(self, hidden, key_mask, scales, output_hidden_states):
+        """Unpad once, every layer on the real tokens (varlen attention), pad once."""
+        bsz, seq = key_mask.shape
+        h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
+        states = [hidden] if output_hidden_states else None
+        for layer, scale in zip(self.encoder.layer, scales):
+            h, _ = layer(h, None, (cu_seqlens, max_seqlen), head_scale=scale)
+            if states is not None:
+                states.append(ops.pad(h, indices, bsz, seq))
+        hidden = states[-1] if states is not None else ops.pad(h, indices, bsz, seq)
+        return hidden, None if states is None else tuple(states), None
+
+    def _encode_padded(self, hidden, key_mask, bias, scales, output_hidden_states, output_attentions):
+        states = [hidden] if output_hidden_states else None
+        probs = [] if output_attentions else None
+        for layer, scale in zip(self.encoder.layer, scales):
+            hidden, p = layer(hidden, key_mask, None, bias=bias, head_scale=scale, want_probs=bool(output_attentions))
+            if states is not None:
+                states.append(hidden)
+            if probs is not None:
+                probs.append(p)
+        return hidden, None if states is None else tuple(states), None if probs is None else tuple(probs)

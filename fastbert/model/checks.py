@@ -2,24 +2,36 @@
 attention mask; one readable error each (built on fastbert.ops.checks)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
-from fastbert.ops.checks import check_binary_mask, check_ids, check_range, check_shape_like
+from fastbert.ops.checks import check_float, check_ids, check_range, check_shape_like
 
 WHERE = "fastbert"
 
 
-def check_input_ids(input_ids, max_positions: int) -> None:
-    """input_ids is a [batch, seq] tensor no longer than the position table."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+def check_input_shape(input_ids, inputs_embeds, config) -> Tuple[int, int]:
+    """(batch, seq) of input_ids [batch, seq] or inputs_embeds [batch, seq, hidden] (exactly one of
+    them), no longer than the position table."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(f"{WHERE}: give exactly one of input_ids and inputs_embeds")
+    if inputs_embeds is not None:
+        check_float(WHERE, "inputs_embeds", inputs_embeds)
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(f"{WHERE}: inputs_embeds must be [batch, seq, hidden_size = {config.hidden_size}], "
+                             f"got {tuple(inputs_embeds.shape)}")
+        shape = tuple(inputs_embeds.shape[:2])
+    elif not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"{WHERE}: input_ids must be a [batch, seq] tensor, got {got}")
-    if input_ids.shape[1] > max_positions:
+    else:
+        shape = tuple(input_ids.shape)
+    if shape[1] > config.max_position_embeddings:
         raise ValueError(
-            f"{WHERE}: sequence length {input_ids.shape[1]} is longer than max_position_embeddings {max_positions}"
+            f"{WHERE}: sequence length {shape[1]} is longer than max_position_embeddings {config.max_position_embeddings}"
         )
+    return shape
 
 
 def check_id_tensor(name: str, t: Optional[torch.Tensor], shape, upper: int, what: str) -> None:
@@ -32,11 +44,8 @@ def check_id_tensor(name: str, t: Optional[torch.Tensor], shape, upper: int, wha
     check_range(WHERE, name, t, upper, what)
 
 
-def check_inputs(config, input_ids, attention_mask, token_type_ids, position_ids) -> None:
+def check_inputs(config, input_ids, token_type_ids, position_ids, shape) -> None:
     """Every value check of BertModel.forward (they read the tensors: skipped under torch.compile)."""
     check_id_tensor("input_ids", input_ids, None, config.vocab_size, "the vocabulary")
-    check_id_tensor("token_type_ids", token_type_ids, input_ids.shape, config.type_vocab_size, "type_vocab_size")
+    check_id_tensor("token_type_ids", token_type_ids, shape, config.type_vocab_size, "type_vocab_size")
     check_id_tensor("position_ids", position_ids, None, config.max_position_embeddings, "max_position_embeddings")
-    if attention_mask is not None:
-        check_binary_mask(WHERE, "attention_mask", attention_mask)
-        check_shape_like(WHERE, "attention_mask", attention_mask, input_ids.shape)

@@ -28,7 +28,7 @@ def _real_token_head(head: nn.Module, hidden: torch.Tensor, attention_mask: Opti
     its LayerNorm turns the all-zero padded rows of last_hidden_state (with a zero dense bias, as
     initialised) into a rstd of 1/sqrt(eps), whose fp16 backward gives NaN gradients even though
     those rows take no loss."""
-    if attention_mask is None or torch.compiler.is_compiling():
+    if attention_mask is None or attention_mask.dim() != 2 or torch.compiler.is_compiling():
         return head(hidden)
     if bool(attention_mask.to(torch.bool).all()):
         return head(hidden)
@@ -43,9 +43,21 @@ def _ce(logits: torch.Tensor, labels: Optional[torch.Tensor]) -> Optional[torch.
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
 
-def _output(cls, return_dict: bool, **fields):
-    out = cls(**fields)
+def _output(cls, return_dict: bool, encoded, **fields):
+    """The head's output with the encoder's hidden_states / attentions (when they were asked for)."""
+    out = cls(**fields, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
     return out if return_dict else out.to_tuple()
+
+
+class _Head(BertPreTrainedModel):
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
+                output_attentions, output_hidden_states):
+        return self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask=head_mask,
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=True)
+
+    def _return_dict(self, return_dict) -> bool:
+        return self.config.use_return_dict if return_dict is None else return_dict
 
 
 def _sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -69,7 +81,7 @@ def _sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Te
     return F.binary_cross_entropy_with_logits(logits, labels)
 
 
-class _TiedMLMHead(BertPreTrainedModel):
+class _TiedMLMHead(_Head):
     """A model whose MLM decoder is the word-embedding matrix (one parameter, as transformers ties it)."""
 
     _tied_weights_keys = {
@@ -89,16 +101,18 @@ class BertForPreTraining(_TiedMLMHead):
         self.post_init()
         self.tie_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                next_sentence_label=None, return_dict=True):
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, next_sentence_label=None, head_mask=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None):
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
+                           output_attentions, output_hidden_states)
         scores = _real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
         nsp = self.cls.seq_relationship(out.pooler_output)
         loss = None
         if labels is not None and next_sentence_label is not None:
             loss = _ce(scores, labels) + _ce(nsp, next_sentence_label)
-        return _output(BertForPreTrainingOutput, return_dict, loss=loss, prediction_logits=scores,
-                       seq_relationship_logits=nsp)
+        return _output(BertForPreTrainingOutput, self._return_dict(return_dict), out, loss=loss,
+                       prediction_logits=scores, seq_relationship_logits=nsp)
 
 
 class BertForMaskedLM(_TiedMLMHead):
@@ -109,14 +123,15 @@ class BertForMaskedLM(_TiedMLMHead):
         self.post_init()
         self.tie_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                return_dict=True):
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, head_mask=None, output_attentions=None, output_hidden_states=None, return_dict=None):
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
+                           output_attentions, output_hidden_states)
         scores = _real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
-        return _output(MaskedLMOutput, return_dict, loss=_ce(scores, labels), logits=scores)
+        return _output(MaskedLMOutput, self._return_dict(return_dict), out, loss=_ce(scores, labels), logits=scores)
 
 
-class _Classifier(BertPreTrainedModel):
+class _Classifier(_Head):
     """BertModel, then dropout (classifier_dropout, else hidden_dropout_prob) and a linear layer to
     num_labels: on the pooled output for sequences, on every token for tokens."""
 
@@ -132,11 +147,13 @@ class _Classifier(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                return_dict=True):
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, head_mask=None, output_attentions=None, output_hidden_states=None, return_dict=None):
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
+                           output_attentions, output_hidden_states)
         logits = self.classifier(self.dropout(getattr(out, self.features)))
-        return _output(self.output_class, return_dict, loss=self._loss(logits, labels), logits=logits)
+        return _output(self.output_class, self._return_dict(return_dict), out, loss=self._loss(logits, labels),
+                       logits=logits)
 
 
 class BertForSequenceClassification(_Classifier):
@@ -155,7 +172,7 @@ class BertForTokenClassification(_Classifier):
         return _ce(logits, labels)
 
 
-class BertForQuestionAnswering(BertPreTrainedModel):
+class BertForQuestionAnswering(_Head):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -163,9 +180,11 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None,
-                end_positions=None, return_dict=True):
-        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                start_positions=None, end_positions=None, head_mask=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None):
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
+                           output_attentions, output_hidden_states)
         logits = self.qa_outputs(out.last_hidden_state)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
         loss = None
@@ -179,5 +198,5 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 F.cross_entropy(start_logits.float(), start_positions, ignore_index=ignored)
                 + F.cross_entropy(end_logits.float(), end_positions, ignore_index=ignored)
             ) / 2
-        return _output(QuestionAnsweringModelOutput, return_dict, loss=loss, start_logits=start_logits,
-                       end_logits=end_logits)
+        return _output(QuestionAnsweringModelOutput, self._return_dict(return_dict), out, loss=loss,
+                       start_logits=start_logits, end_logits=end_logits)

@@ -27,8 +27,8 @@ class BertEmbeddings(nn.Module, _Backend):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids, token_type_ids, position_ids):
-        words = self.word_embeddings(input_ids)
+    def forward(self, input_ids, token_type_ids, position_ids, inputs_embeds=None):
+        words = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         rest = self.token_type_embeddings(token_type_ids) + self.position_embeddings(position_ids)
         h = ops.add_layer_norm(
             words, rest.to(words.dtype), self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps,
@@ -147,22 +147,37 @@ class BertLayer(nn.Module, _Backend):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]]):
-        """hidden: [batch, seq, hidden] (padded path, mask [batch, seq] or None) or
-        [tokens, hidden] (packed path, packed = (cu_seqlens, max_seqlen))."""
+    def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
+                bias: Optional[torch.Tensor] = None, head_scale: Optional[torch.Tensor] = None,
+                want_probs: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """hidden: [batch, seq, hidden] (padded path, mask [batch, seq] or None) or [tokens, hidden]
+        (packed path, packed = (cu_seqlens, max_seqlen)). bias (an additive mask) or want_probs take
+        the explicit attention path, which also returns the probabilities; head_scale [heads]
+        multiplies each head's output. -> (hidden, probabilities [batch, heads, seq, seq] or None)."""
         sa, so = self.attention.self, self.attention.output
         heads, d = sa.num_attention_heads, sa.attention_head_size
         w, b = sa.qkv_weight()
         qkv = ops.linear(hidden, w, b)
         p_attn = _dropout_p(self, sa.dropout_p)
+        probs = None
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
             ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], dropout_p=p_attn, backend=self.backend)
+            if head_scale is not None:
+                ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1)
             ctx = ctx.reshape(-1, heads * d)
         else:
             bsz, seq = hidden.shape[:2]
             q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
-            ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend)
+            if bias is not None or want_probs:
+                if bias is None and mask is not None:
+                    bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
+                    bias = bias[:, None, None, :]
+                ctx, probs = ops.attention_weights(q, k, v, bias, dropout_p=p_attn)
+            else:
+                ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend)
+            if head_scale is not None:
+                ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1, 1)
             ctx = ctx.transpose(1, 2).reshape(bsz, seq, heads * d)
         attn = ops.linear(ctx, so.dense.weight, so.dense.bias)
         h1 = ops.add_layer_norm(
@@ -175,7 +190,7 @@ class BertLayer(nn.Module, _Backend):
         return ops.add_layer_norm(
             out, h1, self.output.LayerNorm.weight, self.output.LayerNorm.bias, self.output.LayerNorm.eps,
             dropout_p=_dropout_p(self, self.output.dropout.p), backend=self.backend,
-        )
+        ), probs
 
 
 class BertEncoder(nn.Module):
