@@ -13,6 +13,7 @@ hidden states at padded positions are not defined (fastbert leaves them zero on 
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 
 from fastbert import ops
 from fastbert.model.checks import check_input_shape, check_inputs
@@ -27,6 +28,7 @@ class BertModel(BertPreTrainedModel):
     # a batch with padding runs packed (unpad once, varlen attention, pad once); False keeps every
     # batch padded (the two paths agree at real tokens; the switch is there to check that)
     unpad_inputs: bool = True
+    gradient_checkpointing: bool = False  # set by gradient_checkpointing_enable()
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
@@ -34,9 +36,6 @@ class BertModel(BertPreTrainedModel):
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.post_init()
-
-    def base_model(self) -> "BertModel":
-        return self
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None, use_cache=None,
@@ -82,7 +81,7 @@ class BertModel(BertPreTrainedModel):
         h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
         states = [hidden] if output_hidden_states else None
         for layer, scale in zip(self.encoder.layer, scales):
-            h, _ = layer(h, None, (cu_seqlens, max_seqlen), head_scale=scale)
+            h, _ = self._run_layer(layer, h, None, (cu_seqlens, max_seqlen), None, scale, False)
             if states is not None:
                 states.append(ops.pad(h, indices, bsz, seq))
         hidden = states[-1] if states is not None else ops.pad(h, indices, bsz, seq)
@@ -92,9 +91,15 @@ class BertModel(BertPreTrainedModel):
         states = [hidden] if output_hidden_states else None
         probs = [] if output_attentions else None
         for layer, scale in zip(self.encoder.layer, scales):
-            hidden, p = layer(hidden, key_mask, None, bias=bias, head_scale=scale, want_probs=bool(output_attentions))
+            hidden, p = self._run_layer(layer, hidden, key_mask, None, bias, scale, bool(output_attentions))
             if states is not None:
                 states.append(hidden)
             if probs is not None:
                 probs.append(p)
         return hidden, None if states is None else tuple(states), None if probs is None else tuple(probs)
+
+    def _run_layer(self, layer, *args):
+        """layer(*args), or checkpointed: its activations recomputed in the backward (training only)."""
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(layer, *args, **getattr(self, "checkpoint_kwargs", {}))
+        return layer(*args)

@@ -11,6 +11,7 @@ from torch import nn
 
 from fastbert.model.checkpoint import (
     SAFE_WEIGHTS_NAME,
+    WEIGHTS_NAME,
     apply_config_overrides,
     load_state_dict,
     match_state_dict,
@@ -18,9 +19,10 @@ from fastbert.model.checkpoint import (
 )
 from fastbert.model.config import BertConfig
 from fastbert.model.layers import BertLMPredictionHead, _Backend
+from fastbert.model.model_utils import ModelUtilsMixin
 
 
-class BertPreTrainedModel(nn.Module):
+class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
     """Weights init as transformers', from_pretrained / save_pretrained in transformers' format."""
 
     base_model_prefix = "bert"
@@ -78,30 +80,37 @@ class BertPreTrainedModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.base_model().embeddings.word_embeddings
-
-    def base_model(self) -> nn.Module:
-        return getattr(self, self.base_model_prefix, self)
-
     # ---- saving
 
-    def save_pretrained(self, directory: str) -> None:
-        """config.json + model.safetensors, as transformers writes them (tied copies left out)."""
-        from safetensors.torch import save_file
-
+    def save_pretrained(self, directory: str, state_dict: Optional[Dict[str, torch.Tensor]] = None,
+                        safe_serialization: bool = True, is_main_process: bool = True,
+                        max_shard_size=None, push_to_hub: bool = False) -> None:
+        """config.json + model.safetensors (pytorch_model.bin when safe_serialization=False), as
+        transformers writes them (tied copies left out); `state_dict` instead of the model's own (as
+        Trainer passes it); nothing when not is_main_process. One file, whatever max_shard_size."""
+        if push_to_hub:
+            raise NotImplementedError("fastbert: save_pretrained writes a local directory; push it with huggingface_hub")
+        if not is_main_process:
+            return
         os.makedirs(directory, exist_ok=True)
         config = self.config.to_dict()
         config["architectures"] = [type(self).__name__]
         config["dtype"] = str(self.dtype).replace("torch.", "")
         config.pop("torch_dtype", None)
         BertConfig(**config).save_pretrained(directory)
+        state = self.state_dict() if state_dict is None else state_dict
         # copies: safetensors refuses tensors that share memory (the QKV projections are slices of one)
-        state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.state_dict().items()
+        state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()
                  if k not in self._tied_weights_keys}
-        tmp = os.path.join(directory, SAFE_WEIGHTS_NAME + ".tmp")
-        save_file(state, tmp, metadata={"format": "pt"})
-        os.replace(tmp, os.path.join(directory, SAFE_WEIGHTS_NAME))  # never a half-written checkpoint
+        name = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
+        tmp = os.path.join(directory, name + ".tmp")
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(state, tmp, metadata={"format": "pt"})
+        else:
+            torch.save(state, tmp)
+        os.replace(tmp, os.path.join(directory, name))  # never a half-written checkpoint
 
     # ---- loading
 
