@@ -30,7 +30,8 @@ _CLASSES = (
 def fastbert_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' attention-function signature: query/key/value [batch, heads, seq, head_dim],
     attention_mask [batch, seq] bool (from fastbert_attention_mask) or None.
-    Returns (output [batch, seq, heads, head_dim], None)."""
+    Returns (output [batch, seq, heads, head_dim], the probabilities [batch, heads, seq, seq] when
+    output_attentions asked for them, else None)."""
     if is_causal or getattr(module, "is_causal", False):
         raise NotImplementedError("fastbert attention is bidirectional (encoder) attention; causal masks are not supported")
     if attention_mask is not None and attention_mask.dim() != 2:
@@ -40,6 +41,13 @@ def fastbert_attention_forward(module, query, key, value, attention_mask, dropou
         )
     if key.shape[2] != query.shape[2]:
         raise NotImplementedError("fastbert attention needs as many keys as queries (self-attention)")
+    if kwargs.get("output_attentions"):  # the probabilities were asked for: the explicit path, which forms them
+        bias = None
+        if attention_mask is not None:
+            bias = torch.zeros(attention_mask.shape, dtype=torch.float32, device=attention_mask.device)
+            bias = bias.masked_fill(~attention_mask, float("-inf"))[:, None, None, :]
+        out, probs = ops.attention_weights(query, key, value, bias, dropout_p=float(dropout), scale=scaling)
+        return out.transpose(1, 2).contiguous(), probs
     out = ops.attention(query, key, value, attention_mask, dropout_p=float(dropout), scale=scaling)
     return out.transpose(1, 2).contiguous(), None
 

@@ -117,6 +117,25 @@ def test_attn_implementation_fastbert_matches_sdpa(minilm):
     torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=1e-5)
 
 
+def test_attn_implementation_fastbert_returns_attentions_when_asked(minilm):
+    fastbert.hf.register()
+    eager = transformers.BertModel.from_pretrained(minilm, attn_implementation="eager").eval()
+    ours = transformers.BertModel.from_pretrained(minilm, attn_implementation="fastbert").eval()
+    tok = transformers.AutoTokenizer.from_pretrained(minilm)
+    enc = tok(real_sentences(6), padding=True, truncation=True, max_length=48, return_tensors="pt")
+    with torch.no_grad():
+        a = eager(**enc, output_attentions=True)
+        b = ours(**enc, output_attentions=True)
+        plain = ours(**enc)
+    real = enc["attention_mask"].bool()
+    pairs = real[:, None, :, None] & real[:, None, None, :]
+    assert len(b.attentions) == len(a.attentions) == eager.config.num_hidden_layers
+    for x, y in zip(b.attentions, a.attentions):
+        torch.testing.assert_close(x * pairs, y * pairs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.last_hidden_state[real], a.last_hidden_state[real], atol=1e-5, rtol=1e-5)
+    assert not plain.attentions  # the fused path when they are not asked for
+
+
 def test_torch_compile_has_no_graph_breaks():
     m = fastbert.BertModel(fastbert.BertConfig(**TINY)).eval()
     ids = torch.randint(1, 97, (3, 16))
