@@ -63,8 +63,13 @@ def _keep_like(q: torch.Tensor, return_mask: bool, batch: int, seq: int) -> torc
     return q.new_empty((batch, heads, seq, seq) if return_mask else (0,), dtype=torch.bool)
 
 
+def _dense_like(t: torch.Tensor) -> torch.Tensor:
+    # the launchers' outputs are contiguous, whatever the inputs' strides (empty_like would copy them)
+    return t.new_empty(t.shape)
+
+
 def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend):
-    return torch.empty_like(q), _lse_like(q, False), _keep_like(q, return_mask, q.shape[0], q.shape[2])
+    return _dense_like(q), _lse_like(q, False), _keep_like(q, return_mask, q.shape[0], q.shape[2])
 
 
 @fused_op("attention_fwd", _fake_fwd)
@@ -77,7 +82,7 @@ def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], 
 
 
 def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, backend):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _dense_like(q), _dense_like(k), _dense_like(v)
 
 
 @fused_op("attention_bwd", _fake_bwd)
@@ -89,7 +94,7 @@ def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
 
 def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
     batch = cu_seqlens.shape[0] - 1
-    return torch.empty_like(q), _lse_like(q, True), _keep_like(q, return_mask, batch, max_seqlen)
+    return _dense_like(q), _lse_like(q, True), _keep_like(q, return_mask, batch, max_seqlen)
 
 
 @fused_op("varlen_attention_fwd", _fake_varlen_fwd)
@@ -102,7 +107,7 @@ def _varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, m
 
 
 def _fake_varlen_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed, backend):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _dense_like(q), _dense_like(k), _dense_like(v)
 
 
 @fused_op("varlen_attention_bwd", _fake_varlen_bwd)

@@ -136,14 +136,47 @@ def test_attn_implementation_fastbert_returns_attentions_when_asked(minilm):
     assert not plain.attentions  # the fused path when they are not asked for
 
 
-def test_torch_compile_has_no_graph_breaks():
-    m = fastbert.BertModel(fastbert.BertConfig(**TINY)).eval()
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_torch_compile_has_no_graph_breaks(mode):
+    for name in ("BertModel", "BertForSequenceClassification", "BertForPreTraining"):
+        m = getattr(fastbert, name)(fastbert.BertConfig(**TINY, num_labels=3)).train(mode == "train")
+        ids = torch.randint(1, 97, (3, 16))
+        mask = torch.ones(3, 16, dtype=torch.long)
+        mask[1, 9:] = 0
+        kw = dict(labels=torch.tensor([0, 1, 2])) if name == "BertForSequenceClassification" else {}
+        torch._dynamo.reset()
+        with torch.set_grad_enabled(mode == "train"):
+            explained = torch._dynamo.explain(m)(ids, mask, **kw)
+        assert explained.graph_break_count == 0, (name, mode, explained.break_reasons)
+
+
+def test_torch_compile_fullgraph_trains_and_infers_like_eager():
+    """torch.compile(model, fullgraph=True): a training step's loss and gradients, and the inference
+    outputs, equal eager mode's (dropout off, so both draw nothing)."""
+    torch.manual_seed(0)
+    cfg = fastbert.BertConfig(**dict(TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), num_labels=3)
+    model = fastbert.BertForSequenceClassification(cfg)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     ids = torch.randint(1, 97, (3, 16))
     mask = torch.ones(3, 16, dtype=torch.long)
-    mask[1, 9:] = 0
-    with torch.no_grad():
-        explained = torch._dynamo.explain(m)(ids, mask)
-    assert explained.graph_break_count == 0, explained.break_reasons
+    mask[2, 5:] = 0
+    labels = torch.tensor([2, 0, 1])
+    grads = []
+    for fn in (model, compiled):
+        model.zero_grad()
+        model.train()
+        loss = fn(ids, mask, labels=labels).loss
+        loss.backward()
+        grads.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        model.eval()
+        with torch.no_grad():
+            grads[-1] += (fn(ids, mask).logits,)
+    (loss_e, g_e, out_e), (loss_c, g_c, out_c) = grads
+    torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-5, atol=1e-5)
+    assert g_e.keys() == g_c.keys()
+    for n in g_e:
+        torch.testing.assert_close(g_c[n], g_e[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
 # ---------------------------------------------------------------------------------------------
