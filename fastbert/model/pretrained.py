@@ -3,6 +3,7 @@ in transformers' format."""
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Dict, Optional
 
@@ -22,6 +23,13 @@ from fastbert.model.layers import BertLMPredictionHead, _Backend
 from fastbert.model.model_utils import ModelUtilsMixin
 
 
+def _patch_trainer() -> None:
+    if "transformers.trainer" in sys.modules:
+        from fastbert.hf import patch_trainer_if_loaded
+
+        patch_trainer_if_loaded()
+
+
 class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
     """Weights init as transformers', from_pretrained / save_pretrained in transformers' format."""
 
@@ -35,6 +43,11 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
             raise TypeError(f"fastbert: config must be a fastbert.BertConfig, got {type(config).__name__}")
         self.config = config
         self._backend: Optional[str] = None
+        _patch_trainer()
+
+    def train(self, mode: bool = True):
+        _patch_trainer()  # transformers.Trainer calls train() before it trains and saves
+        return super().train(mode)
 
     def post_init(self) -> None:
         self.apply(self._init_weights)

@@ -1,5 +1,5 @@
-"""fastbert models under transformers.Trainer (train and evaluate with processing_class and
-DataCollatorWithPadding; the saved model reloads in transformers with the same logits), the
+"""fastbert models under transformers.Trainer (train, evaluate, save_model with processing_class and
+DataCollatorWithPadding; the saved directory reloads in transformers with the same logits), the
 PreTrainedModel methods scripts call, and gradient checkpointing that really recomputes."""
 import random
 
@@ -32,7 +32,7 @@ def sentiment_rows(tokenizer, n, seed):
     return rows
 
 
-def test_trainer_trains_evaluates_and_the_saved_model_loads_in_transformers(tokenizer, tmp_path):
+def test_trainer_trains_evaluates_and_saves_a_model_transformers_loads(tokenizer, tmp_path):
     torch.manual_seed(0)
     config = fastbert.BertConfig(vocab_size=len(tokenizer), num_labels=2, **TINY)
     model = fastbert.BertForSequenceClassification(config)
@@ -53,8 +53,7 @@ def test_trainer_trains_evaluates_and_the_saved_model_loads_in_transformers(toke
     assert result.training_loss < 0.69 and metrics["eval_accuracy"] > 0.8, (result, metrics)
 
     out = str(tmp_path / "saved")
-    trainer.model.save_pretrained(out)  # Trainer.save_model writes only the state dict of a non-transformers model
-    tokenizer.save_pretrained(out)
+    trainer.save_model(out)
     theirs = transformers.BertForSequenceClassification.from_pretrained(out).eval()
     batch = transformers.DataCollatorWithPadding(tokenizer)(sentiment_rows(tokenizer, 8, 3))
     batch.pop("labels")
@@ -64,6 +63,7 @@ def test_trainer_trains_evaluates_and_the_saved_model_loads_in_transformers(toke
         ref = theirs(**batch).logits
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
     assert fastbert.BertForSequenceClassification.from_pretrained(out).config.num_labels == 2
+    assert transformers.AutoTokenizer.from_pretrained(out)("good movie")["input_ids"] == tokenizer("good movie")["input_ids"]
 
 
 def test_model_methods_scripts_call():
@@ -131,3 +131,14 @@ def test_gradient_checkpointing_recomputes_and_saves_memory():
         if n in plain_grads:
             torch.testing.assert_close(p.grad, plain_grads[n], rtol=1e-5, atol=1e-6)
     print(f"saved activations: {plain_bytes / 2**20:.2f} MiB without, {ckpt_bytes / 2**20:.2f} MiB with checkpointing")
+
+
+def test_trainer_still_saves_transformers_models_its_own_way(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    fastbert.BertModel(fastbert.BertConfig(vocab_size=50, **TINY))  # a fastbert model exists: Trainer is patched
+    hf = transformers.BertForSequenceClassification(transformers.BertConfig(vocab_size=len(tokenizer), **TINY))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), report_to=[], use_cpu=True)
+    trainer = transformers.Trainer(model=hf, args=args, processing_class=tokenizer)
+    trainer.save_model(str(tmp_path / "hf"))
+    back = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "hf"))
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), hf.state_dict().values()))
