@@ -21,7 +21,7 @@ ATOL = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 Row = Tuple[str, bool, float, float]  # (tensor name, ok, error, bound)
 
 # ops with one implementation behind them (no backend argument) are checked once, as "auto"
-SINGLE = ("unpad/pad", "linear")
+SINGLE = ("unpad/pad", "linear", "attention_weights")
 
 
 def bound_check(out: torch.Tensor, torch_out: torch.Tensor, ref64: torch.Tensor, dtype) -> Tuple[bool, float, float]:
@@ -90,6 +90,8 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
         for shape in attn:
             for dtype in dtypes:
                 yield op, shape, dtype
+    for dtype in dtypes:
+        yield "attention_weights", attn[0], dtype
     yield "unpad/pad", (5, 33, 24), torch.float32
     yield "mask_tokens", (16, 128), torch.int64
     for dtype in (torch.float32, torch.bfloat16):
@@ -148,6 +150,22 @@ def _attention(op, shape, dtype, backend, device, g) -> List[Row]:
                    [q, k, v], dout, dtype)
 
 
+def _attention_weights(shape, dtype, device, g) -> List[Row]:
+    """The explicit path (probabilities returned) against the reference, at real query rows."""
+    batch, heads, seq, d = shape
+    mask = _mixed_mask(batch, seq, g).to(device)
+    q, k, v, dout = (torch.randn(batch, heads, seq, d, generator=g).to(device, dtype) for _ in range(4))
+    bias = torch.zeros(mask.shape, device=device).masked_fill(mask == 0, float("-inf"))[:, None, None, :]
+    real = mask.bool()[:, None, :, None]
+    ours = lambda q_, k_, v_: fastbert.ops.attention_weights(q_, k_, v_, bias)[0] * real  # noqa: E731
+    ref = lambda q_, k_, v_: reference.attention(q_, k_, v_, mask) * real  # noqa: E731
+    rows = compare(["out", "dq", "dk", "dv"], ours, ref, [q, k, v], dout, dtype)
+    with torch.no_grad():
+        probs = fastbert.ops.attention_weights(q.float(), k.float(), v.float(), bias)[1].double()
+    sums = probs.sum(-1)[real[..., 0].expand(-1, heads, -1)]
+    return rows + [("probs sum to 1", *bound_check(sums, sums, torch.ones_like(sums), torch.float32))]
+
+
 def _unpad_pad(shape, device, g) -> List[Row]:
     batch, seq, hidden = shape
     mask = _mixed_mask(batch, seq, g).to(device)
@@ -199,6 +217,8 @@ def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
         return _elementwise(op, shape, dtype, backend, device, g)
     if op in ("attention", "varlen_attention"):
         return _attention(op, shape, dtype, backend, device, g)
+    if op == "attention_weights":
+        return _attention_weights(shape, dtype, device, g)
     if op == "unpad/pad":
         return _unpad_pad(shape, device, g)
     if op == "mask_tokens":

@@ -35,7 +35,10 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: O
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     if bias is not None:
         scores = scores + bias.float()
-    probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).to(q.dtype)
+    # a query with no key to attend to: zero probabilities, and zero gradients through them (a softmax
+    # over nothing but -inf would give NaN in both directions)
+    dead = torch.isneginf(scores).all(-1, keepdim=True)
+    probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0).to(q.dtype)
     if dropout_p > 0.0:
         probs = torch.nn.functional.dropout(probs, dropout_p)
     return torch.matmul(probs, v), probs
