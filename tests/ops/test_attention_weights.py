@@ -20,10 +20,10 @@ def test_matches_reference_at_real_queries_with_finite_gradients():
         mask[2] = 0  # a row with no real key at all
         real = mask.bool()[:, None, :, None]
 
-        def ours(*t):
+        def ours(*t, mask=mask, real=real):
             return fastbert.ops.attention_weights(*t, _bias(mask))[0] * real
 
-        def ref(*t):
+        def ref(*t, mask=mask, real=real):
             return reference.attention(*t, mask) * real
 
         out, grads = run_with_grads(ours, [q, k, v], dout)
