@@ -6,10 +6,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Tuple
 
-import torch
-
-Tensors = Optional[Tuple[torch.Tensor, ...]]
-
 
 class _Output(OrderedDict):
     def __post_init__(self):
@@ -32,50 +28,31 @@ class _Output(OrderedDict):
         return tuple(OrderedDict.__getitem__(self, k) for k in self.keys())
 
 
-@dataclass(eq=False)
-class BaseModelOutputWithPooling(_Output):
-    """last_hidden_state [batch, seq, hidden], pooler_output [batch, hidden]; hidden_states (the
-    embeddings' output, then every layer's) and attentions ([batch, heads, seq, seq] per layer) when asked."""
-
-    last_hidden_state: Optional[torch.Tensor] = None
-    pooler_output: Optional[torch.Tensor] = None
-    hidden_states: Tensors = None
-    attentions: Tensors = None
+def _output_class(name: str, doc: str, *names: str):
+    """A dataclass of `names` (tensors, None by default), then hidden_states and attentions, in
+    transformers' field order."""
+    names = names + ("hidden_states", "attentions")
+    namespace = {"__doc__": doc, "__module__": __name__, "__qualname__": name,
+                 "__annotations__": {n: Optional[Any] for n in names}, **{n: None for n in names}}
+    return dataclass(eq=False)(type(name, (_Output,), namespace))
 
 
-@dataclass(eq=False)
-class BertForPreTrainingOutput(_Output):
-    loss: Optional[torch.Tensor] = None
-    prediction_logits: Optional[torch.Tensor] = None
-    seq_relationship_logits: Optional[torch.Tensor] = None
-    hidden_states: Tensors = None
-    attentions: Tensors = None
-
-
-@dataclass(eq=False)
-class _LossAndLogits(_Output):
-    loss: Optional[torch.Tensor] = None
-    logits: Optional[torch.Tensor] = None
-    hidden_states: Tensors = None
-    attentions: Tensors = None
-
-
-class MaskedLMOutput(_LossAndLogits):
-    """loss (mean cross-entropy over the labelled tokens), logits [batch, seq, vocab_size]."""
-
-
-class SequenceClassifierOutput(_LossAndLogits):
-    """loss (per config.problem_type), logits [batch, num_labels]."""
-
-
-class TokenClassifierOutput(_LossAndLogits):
-    """loss (mean cross-entropy over the labelled tokens), logits [batch, seq, num_labels]."""
-
-
-@dataclass(eq=False)
-class QuestionAnsweringModelOutput(_Output):
-    loss: Optional[torch.Tensor] = None
-    start_logits: Optional[torch.Tensor] = None
-    end_logits: Optional[torch.Tensor] = None
-    hidden_states: Tensors = None
-    attentions: Tensors = None
+BaseModelOutputWithPooling = _output_class(
+    "BaseModelOutputWithPooling",
+    "last_hidden_state [batch, seq, hidden], pooler_output [batch, hidden]; hidden_states (the embeddings' "
+    "output, then every layer's) and attentions ([batch, heads, seq, seq] per layer) when asked.",
+    "last_hidden_state", "pooler_output")
+BertForPreTrainingOutput = _output_class(
+    "BertForPreTrainingOutput", "loss (MLM + NSP), prediction_logits [batch, seq, vocab_size], "
+    "seq_relationship_logits [batch, 2].", "loss", "prediction_logits", "seq_relationship_logits")
+MaskedLMOutput = _output_class(
+    "MaskedLMOutput", "loss (mean cross-entropy over the labelled tokens), logits [batch, seq, vocab_size].",
+    "loss", "logits")
+SequenceClassifierOutput = _output_class(
+    "SequenceClassifierOutput", "loss (per config.problem_type), logits [batch, num_labels].", "loss", "logits")
+TokenClassifierOutput = _output_class(
+    "TokenClassifierOutput", "loss (mean cross-entropy over the labelled tokens), logits [batch, seq, num_labels].",
+    "loss", "logits")
+QuestionAnsweringModelOutput = _output_class(
+    "QuestionAnsweringModelOutput", "loss (start and end cross-entropy), start_logits, end_logits [batch, seq].",
+    "loss", "start_logits", "end_logits")

@@ -105,29 +105,28 @@ def test_from_transformers_shares_parameters():
         fastbert.hf.from_transformers(torch.nn.Linear(2, 2))
 
 
-def test_attn_implementation_fastbert_matches_sdpa(minilm):
+def _transformers_models(minilm, impls, n, max_length):
+    """transformers' BertModel with each attn_implementation in `impls`, and n real sentences, padded."""
     fastbert.hf.register()
-    sdpa = transformers.BertModel.from_pretrained(minilm, attn_implementation="sdpa").eval()
-    ours = transformers.BertModel.from_pretrained(minilm, attn_implementation="fastbert").eval()
+    models = [transformers.BertModel.from_pretrained(minilm, attn_implementation=impl).eval() for impl in impls]
     tok = transformers.AutoTokenizer.from_pretrained(minilm)
-    enc = tok(real_sentences(8), padding=True, truncation=True, max_length=64, return_tensors="pt")
+    enc = tok(real_sentences(n), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    return models, enc, enc["attention_mask"].bool()
+
+
+def test_attn_implementation_fastbert_matches_sdpa(minilm):
+    (sdpa, ours), enc, real = _transformers_models(minilm, ("sdpa", "fastbert"), 8, 64)
     with torch.no_grad():
         a, b = sdpa(**enc).last_hidden_state, ours(**enc).last_hidden_state
-    real = enc["attention_mask"].bool()
     torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=1e-5)
 
 
 def test_attn_implementation_fastbert_returns_attentions_when_asked(minilm):
-    fastbert.hf.register()
-    eager = transformers.BertModel.from_pretrained(minilm, attn_implementation="eager").eval()
-    ours = transformers.BertModel.from_pretrained(minilm, attn_implementation="fastbert").eval()
-    tok = transformers.AutoTokenizer.from_pretrained(minilm)
-    enc = tok(real_sentences(6), padding=True, truncation=True, max_length=48, return_tensors="pt")
+    (eager, ours), enc, real = _transformers_models(minilm, ("eager", "fastbert"), 6, 48)
     with torch.no_grad():
         a = eager(**enc, output_attentions=True)
         b = ours(**enc, output_attentions=True)
         plain = ours(**enc)
-    real = enc["attention_mask"].bool()
     pairs = real[:, None, :, None] & real[:, None, None, :]
     assert len(b.attentions) == len(a.attentions) == eager.config.num_hidden_layers
     for x, y in zip(b.attentions, a.attentions):
