@@ -10,6 +10,7 @@ COMMANDS = {
     "prepare": ("fastbert.data.prepare", "text files -> WordPiece vocabulary -> MLM + NSP sentence pairs on disk"),
     "pretrain": ("fastbert.pretraining.pretrain",
                  "pretrain BERT (MLM + NSP) on the fused ops; no arguments: the built-in demo"),
+    "attention-map": ("fastbert.maps", "draw what each layer and head attends to in a text (PNG)"),
     "bench": ("fastbert.bench.encoder:quick", "time the encoder against transformers and the GEMM floor (about a minute)"),
 }
 
