@@ -17,7 +17,6 @@ forward 4 * sum(len_b^2) * heads * head_dim, backward 2.5x that.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -25,9 +24,10 @@ import torch.nn.functional as F
 
 import fastbert
 from fastbert import reference
-from fastbert.bench.report import command_line, header, pyplot, write_json
+from fastbert.bench import report
 from fastbert.bench.tables import print_timings
 from fastbert.bench.timing import median_s
+from fastbert.dtypes import parse_dtype
 
 PEAK_FLOPS = 800e12  # H100 SXM dense fp16/bf16 tensor-core, rounded
 HBM_BYTES_PER_S = 3.0e12
@@ -98,27 +98,24 @@ def time_case(device, q, k, v, mask, budget_s, with_backward):
     for name in provs:
         ins = [pack(t, mask) for t in (q, k, v)] if name == "cpp varlen" else [q, k, v]
         inputs[name] = [t.detach().clone().requires_grad_(with_backward) for t in ins]
+    forward = {n: (lambda f=f, a=inputs[n]: f(*a)) for n, f in provs.items()}
     with torch.no_grad():
-        fwd = median_s({n: (lambda f=f, a=inputs[n]: f(*a)) for n, f in provs.items()}, device=device, budget_s=budget_s)
+        fwd = median_s(forward, device=device, budget_s=budget_s)
     both = None
     if with_backward:
         def step(f, a):
             out = f(*a)
             torch.autograd.grad(out, a, torch.ones_like(out))
 
-        both = median_s({n: (lambda f=f, a=inputs[n]: step(f, a)) for n, f in provs.items()}, device=device, budget_s=budget_s)
+        both = median_s({n: (lambda f=f, a=inputs[n]: step(f, a)) for n, f in provs.items()},
+                        device=device, budget_s=budget_s)
     return provs, fwd, both
 
 
 def run(device, dtype, budget_s, cases, with_backward, progress=True):
     rows = []
-    try:
-        from tqdm import tqdm
-
-        it = tqdm(cases, desc="bench_attention", disable=not progress, file=sys.stderr)
-    except ImportError:  # tqdm is a dependency; keep working without it
-        it = cases
-    for batch, heads, seq, head_dim, _padding, lengths in it:
+    for batch, heads, seq, head_dim, _padding, lengths in report.progress_bar(
+            cases, desc="bench_attention", disable=not progress):
         g = torch.Generator().manual_seed(seq)
         q, k, v, mask = make_batch(batch, heads, seq, head_dim, lengths, dtype, device, g)
         provs, fwd, both = time_case(device, q, k, v, mask, budget_s, with_backward)
@@ -155,7 +152,7 @@ def print_table(rows, out=sys.stdout):
 
 
 def plot(rows, path):
-    plt = pyplot()
+    plt = report.pyplot()
     if plt is None:
         return
     names = list(rows[0]["ms"])
@@ -168,34 +165,28 @@ def plot(rows, path):
     ax.set_ylabel("TFLOP/s (real tokens)")
     ax.set_title(f"fastbert attention, {rows[0]['dtype']}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    report.save_figure(fig, path)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, help="float32, float16 or bfloat16 (default: float16 on CUDA, float32 on the CPU)")
-    ap.add_argument("--budget", type=float, default=5.0, help="seconds of timing per measurement at most")
+    ap = report.parser(__doc__)
+    report.add_device_options(ap, budget=5.0)
+    ap.add_argument("--dtype", default=None,
+                    help="float32, float16 or bfloat16 (default: float16 on CUDA, float32 on the CPU)")
     ap.add_argument("--no-backward", action="store_true", help="time the forward only")
-    ap.add_argument("--json", default=None, help="write the rows as JSON here")
-    ap.add_argument("--png", default=None, help="draw TFLOP/s per provider here")
+    report.add_output_options(ap, png_help="draw TFLOP/s per provider here")
     args = ap.parse_args(argv)
-    dtype = getattr(torch, args.dtype or ("float16" if args.device == "cuda" else "float32"))
+    try:
+        dtype = parse_dtype(args.dtype or ("float16" if args.device == "cuda" else "float32"))
+    except ValueError as e:
+        ap.error(str(e).removeprefix("fastbert: "))
     g = torch.Generator().manual_seed(0)
     if args.device == "cuda":
         cases = [(32, 12, s, 64, p, lengths_for(32, s, p, g)) for s in (128, 512) for p in (0.0, 0.4, 0.7)]
     else:
         cases = [(32, 12, 128, 64, None, torch.randint(16, 129, (32,), generator=g))]
     rows = run(args.device, dtype, args.budget, cases, not args.no_backward)
-    command = command_line(argv)
-    info = header(command)
-    print_table(rows)
-    if args.json:
-        write_json(args.json, command, info, rows)
-    if args.png:
-        plot(rows, args.png)
+    report.finish(rows, print_table, argv, json_path=args.json, png_path=args.png, plot=plot)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ also under whole-word masking; transformers uses Bernoulli selection and, with w
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import random
 import re
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 
 from fastbert import masking
-from fastbert.bench.report import command_line, header, write_json
+from fastbert.bench import report
 from fastbert.bench.timing import interleaved_cpu_times
 from fastbert.data import PretrainingCollator
 
@@ -47,15 +46,6 @@ COMPARISONS = {
     "collate": ("PretrainingCollator", "DataCollatorForLanguageModeling"),
     "wwm": ("PretrainingCollator wwm", "DataCollatorForLanguageModeling wwm"),
 }
-
-
-def progress(it, **kw):
-    try:
-        from tqdm import tqdm
-
-        return tqdm(it, file=sys.stderr, **kw)
-    except ImportError:
-        return it
 
 
 def model_dir() -> Path:
@@ -77,7 +67,7 @@ def stdlib_documents(min_chars: int) -> list:
     files = sorted(p for p in root.rglob("*.py") if not {"test", "tests", "idlelib", "site-packages"} & set(p.parts))
     docs, total = [], 0
     split = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-    for path in progress(files, desc="reading docstrings", unit="file", leave=False):
+    for path in report.progress_bar(files, desc="reading docstrings", unit="file", leave=False):
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
@@ -172,7 +162,7 @@ def run(rounds, budget_s, seed=0):
 
     rows = []
     cases = [(name, shape) for shape in SHAPES for name in COMPARISONS]
-    for name, (batch, seq) in progress(cases, desc="bench_masking", unit="case"):
+    for name, (batch, seq) in report.progress_bar(cases, desc="bench_masking", unit="case"):
         feats = make_features(tokenizer, docs, batch, seq, rng)
         plain = without(feats, "offset_mapping")
         if name == "mask":
@@ -182,7 +172,8 @@ def run(rounds, budget_s, seed=0):
             fns = {
                 COMPARISONS[name][0]: lambda ids=ids, stm=stm: masking.mask_tokens(
                     ids, mask_token_id=mask_id, vocab_size=vocab_size, special_tokens_mask=stm),
-                COMPARISONS[name][1]: lambda ids=ids, stm=stm: hf.torch_mask_tokens(ids.clone(), special_tokens_mask=stm),
+                COMPARISONS[name][1]: lambda ids=ids, stm=stm: hf.torch_mask_tokens(
+                    ids.clone(), special_tokens_mask=stm),
             }
             shape = tuple(ids.shape)
         elif name == "collate":
@@ -222,18 +213,14 @@ def print_table(rows, out=sys.stdout):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = report.parser(__doc__)
     ap.add_argument("--rounds", type=int, default=40, help="interleaved rounds per comparison (at most)")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timing per comparison at most")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None, help="write the rows, command and machine info as JSON here")
+    report.add_output_options(ap, json_help="write the rows, command and machine info as JSON here", png=False)
     args = ap.parse_args(argv)
     rows = run(args.rounds, args.budget, args.seed)
-    command = command_line(argv)
-    info = header(command)
-    print_table(rows)
-    if args.json:
-        write_json(args.json, command, info, rows)
+    report.finish(rows, print_table, argv, json_path=args.json)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184 in the enviro
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 import fastbert
 from fastbert import reference
-from fastbert.bench.report import command_line, header, pyplot, write_json
+from fastbert.bench import report
 from fastbert.bench.tables import print_timings
 from fastbert.bench.timing import median_s
 from fastbert.dtypes import parse_dtype
@@ -79,13 +78,7 @@ def run(dtypes, device, shapes=SHAPES, budget_s=3.0, progress=True):
         providers = {"fused": "cpp", "baseline": "torch"}
     cases = [(op, m, n, dt) for dt in dtypes for op in ("bias_gelu", "add_layer_norm") for (m, n) in shapes]
     rows = []
-    try:
-        from tqdm import tqdm
-
-        it = tqdm(cases, desc="bench_ops", disable=not progress, file=sys.stderr)
-    except ImportError:  # tqdm is a dependency; keep working without it
-        it = cases
-    for op, m, n, dtype in it:
+    for op, m, n, dtype in report.progress_bar(cases, desc="bench_ops", disable=not progress):
         inputs, dy, eager, fused = make_case(op, m, n, dtype, device)
         fns = {providers["fused"]: fused(providers["fused"]), providers["baseline"]: eager}
         if "compiled" in providers:
@@ -117,7 +110,7 @@ def print_table(providers, rows, out=sys.stdout):
 
 
 def plot(rows, providers, path):
-    plt = pyplot()
+    plt = report.pyplot()
     if plt is None:
         return
     labels = [f"{r['op']} {r['direction']}\n{'x'.join(map(str, r['shape']))} {r['dtype']}" for r in rows]
@@ -127,19 +120,16 @@ def plot(rows, providers, path):
     ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7, ha="right")
     ax.set_ylabel(f"speedup of {providers['fused']} over {providers['baseline']}")
     ax.set_title("fastbert fused ops")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    report.save_figure(fig, path)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = report.parser(__doc__)
     ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32,float16,bfloat16")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--budget", type=float, default=3.0, help="seconds of timing per measurement at most")
-    ap.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES), help="tokens x hidden, comma-separated")
-    ap.add_argument("--json", default=None, help="write the rows as JSON here")
-    ap.add_argument("--png", default=None, help="draw the speedups here")
+    report.add_device_options(ap, budget=3.0)
+    ap.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES),
+                    help="tokens x hidden, comma-separated")
+    report.add_output_options(ap, png_help="draw the speedups here")
     args = ap.parse_args(argv)
     try:
         dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
@@ -147,13 +137,8 @@ def main(argv=None):
     except ValueError as e:
         ap.error(str(e).removeprefix("fastbert: "))
     providers, rows = run(dtypes, args.device, shapes=shapes, budget_s=args.budget)
-    command = command_line(argv)
-    info = header(command)
-    print_table(providers, rows)
-    if args.json:
-        write_json(args.json, command, info, rows, providers=providers)
-    if args.png:
-        plot(rows, providers, args.png)
+    report.finish(rows, lambda r: print_table(providers, r), argv, json_path=args.json, png_path=args.png,
+                  plot=lambda r, path: plot(r, providers, path), providers=providers)
 
 
 if __name__ == "__main__":

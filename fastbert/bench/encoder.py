@@ -23,7 +23,6 @@ GEMM floor.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from typing import List
@@ -32,7 +31,7 @@ import torch
 
 from fastbert.bench.plots import plot
 from fastbert.bench.providers import ablation_providers, encoder_providers, minilm_providers
-from fastbert.bench.report import command_line, header, write_json
+from fastbert.bench.report import add_output_options, finish, parser
 from fastbert.bench.tables import print_ablations, print_table, summarise
 from fastbert.bench.timing import interleaved_cpu_times
 from fastbert.bench.workloads import WORKLOADS, make_batch, real_sentences
@@ -126,7 +125,7 @@ def quick(argv=None):
 def main(argv=None, defaults=None, prog=None):
     d = dict(workloads="var128,full128,var512,minilm", dtypes="float32,bfloat16", layers=12, rounds=3)
     d.update(defaults or {})
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, prog)
     ap.add_argument("--workloads", default=d["workloads"], help=f"comma-separated, of {list(WORKLOADS) + ['minilm']}")
     ap.add_argument("--dtypes", default=d["dtypes"])
     ap.add_argument("--layers", type=int, default=d["layers"], help="encoder layers of the BERT-base-shaped model")
@@ -134,15 +133,15 @@ def main(argv=None, defaults=None, prog=None):
     ap.add_argument("--minilm-sentences", type=int, default=1000)
     ap.add_argument("--ablations", action="store_true",
                     help="instead: fastbert with one CPU choice undone at a time (padded path, torch ops, one thread)")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--png", default=None)
+    add_output_options(ap, json_help=None)
     args = ap.parse_args(argv)
     try:
         import transformers  # noqa: F401
     except ImportError:
         print("the encoder benchmark compares against transformers: pip install transformers", file=sys.stderr)
         return 2
-    unknown = [w for w in args.workloads.split(",") if w not in WORKLOADS and w != "minilm"]
+    workloads = args.workloads.split(",")
+    unknown = [w for w in workloads if w not in WORKLOADS and w != "minilm"]
     if unknown:
         ap.error(f"unknown workloads {unknown}; choose from {list(WORKLOADS) + ['minilm']}")
     try:
@@ -150,19 +149,14 @@ def main(argv=None, defaults=None, prog=None):
     except ValueError as e:
         ap.error(str(e).removeprefix("fastbert: "))
     if args.ablations:
-        if "minilm" in args.workloads.split(","):
+        if "minilm" in workloads:
             ap.error("--ablations runs on the BERT-base workloads, not minilm")
         g = torch.Generator().manual_seed(0)
-        rows = [r for w in args.workloads.split(",") for r in run_ablations(w, args.layers, dtypes, args.rounds, g, True)]
+        rows = [r for w in workloads for r in run_ablations(w, args.layers, dtypes, args.rounds, g, True)]
     else:
-        rows = run(args.workloads.split(","), dtypes, args.layers, args.rounds, args.minilm_sentences)
-    command = command_line(argv, prog)
-    info = header(command)
-    (print_ablations if args.ablations else print_table)(rows)
-    if args.json:
-        write_json(args.json, command, info, rows)
-    if args.png:
-        plot(rows, args.png)
+        rows = run(workloads, dtypes, args.layers, args.rounds, args.minilm_sentences)
+    finish(rows, print_ablations if args.ablations else print_table, argv, prog,
+           json_path=args.json, png_path=args.png, plot=plot)
     return 0
 
 

@@ -2,7 +2,7 @@
 each bar labelled with its ratio to transformers."""
 from __future__ import annotations
 
-from fastbert.bench.report import pyplot
+from fastbert.bench.report import pyplot, save_figure
 
 
 def plot(rows, path):
@@ -22,6 +22,4 @@ def plot(rows, path):
         ax.set_title(f"{w} {d}", fontsize=9)
         ax.set_xlabel("real tokens / s", fontsize=8)
         ax.tick_params(labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_figure(fig, path)

@@ -1,13 +1,59 @@
 """What every benchmark prints and writes: the command and machine lines above its table, the JSON
-of its rows, and matplotlib for its plot (optional: a missing matplotlib skips the plot)."""
+of its rows, and matplotlib for its plot (optional: a missing matplotlib skips the plot); and the
+command-line options and progress bar they share."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
+
+import torch
 
 from fastbert.bench.timing import machine_info
+
+
+def parser(doc: str, prog: Optional[str] = None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser, its module docstring as the description."""
+    return argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_device_options(ap: argparse.ArgumentParser, budget: float) -> None:
+    """--device (CUDA when there is one) and --budget (seconds of timing per measurement)."""
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--budget", type=float, default=budget, help="seconds of timing per measurement at most")
+
+
+def add_output_options(ap: argparse.ArgumentParser, json_help: Optional[str] = "write the rows as JSON here",
+                       png_help: Optional[str] = None, png: bool = True) -> None:
+    """--json PATH, and --png PATH unless png is False."""
+    ap.add_argument("--json", default=None, help=json_help)
+    if png:
+        ap.add_argument("--png", default=None, help=png_help)
+
+
+def finish(rows, print_rows: Callable, argv: Optional[List[str]] = None, prog: Optional[str] = None,
+           json_path: Optional[str] = None, png_path: Optional[str] = None, plot: Optional[Callable] = None,
+           **json_extra) -> None:
+    """After the timing: the command and machine lines, the table (print_rows(rows)), then the JSON
+    (with json_extra) and the plot (plot(rows, png_path)) where asked for."""
+    command = command_line(argv, prog)
+    info = header(command)
+    print_rows(rows)
+    if json_path:
+        write_json(json_path, command, info, rows, **json_extra)
+    if png_path and plot is not None:
+        plot(rows, png_path)
+
+
+def progress_bar(it, **kw):
+    """tqdm on stderr over `it` (its keywords: desc, unit, disable...), or `it` itself without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is a dependency; keep working without it
+        return it
+    return tqdm(it, file=sys.stderr, **kw)
 
 
 def command_line(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> str:
@@ -44,3 +90,10 @@ def pyplot(quiet: bool = False, what: str = "no plot written"):
             print(f"matplotlib is not installed: {what} (pip install matplotlib)", file=sys.stderr)
         return None
     return plt
+
+
+def save_figure(fig, path: str, dpi: int = 120) -> None:
+    """Lay out, write `path` and say so."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    print(f"wrote {path}")

@@ -20,7 +20,6 @@ def summarise(times: Dict[str, List[float]], tokens: int, dtypes) -> List[dict]:
                 best = min(variants, key=variants.get)
                 med[f"transformers {impl} {tag}"] = variants[best]
                 if best != f"transformers {impl} {tag}":
-                    med[f"transformers {impl} {tag}"] = variants[best]
                     med.setdefault("_picked", {})[f"transformers {impl} {tag}"] = best
         base, floor = med[f"transformers sdpa {tag}"], med[f"GEMM floor {tag}"]
         for name in (f"fastbert {tag}", f"transformers sdpa {tag}", f"transformers eager {tag}", f"GEMM floor {tag}"):
@@ -33,16 +32,16 @@ def summarise(times: Dict[str, List[float]], tokens: int, dtypes) -> List[dict]:
 
 
 def print_ablations(rows, out=sys.stdout):
-    print(f"{'workload':<9}{'variant':<30}{'ms/batch':>11}{'tokens/s':>11}{'time vs fastbert':>18}{'vs GEMM floor':>15}",
-          file=out)
+    print(f"{'workload':<9}{'variant':<30}{'ms/batch':>11}{'tokens/s':>11}"
+          f"{'time vs fastbert':>18}{'vs GEMM floor':>15}", file=out)
     for r in rows:
         print(f"{r['workload']:<9}{r['provider']:<30}{r['ms']:>11.1f}{r['tokens_per_s']:>11.0f}{r['vs_fastbert']:>17.2f}x"
               f"{r['vs_floor']:>14.2f}x", file=out)
 
 
 def print_table(rows, out=sys.stdout):
-    print(f"{'workload':<9}{'provider':<30}{'ms/batch':>11}{'tokens/s':>11}{'vs transformers':>17}{'vs GEMM floor':>15}",
-          file=out)
+    print(f"{'workload':<9}{'provider':<30}{'ms/batch':>11}{'tokens/s':>11}"
+          f"{'vs transformers':>17}{'vs GEMM floor':>15}", file=out)
     for r in rows:
         floor = f"{r['vs_floor']:.2f}x" if r.get("vs_floor") else "-"
         name = r["provider"] + (f" ({r['picked'].rsplit(' ', 1)[-1]})" if r.get("picked") else "")
