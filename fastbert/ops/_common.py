@@ -20,14 +20,21 @@ def fused_op(name: str, fake):
     """Register `fn` as the torch.library custom op fastbert::<name> (with `fake` for its output
     shapes) and return a caller that goes through the custom op only while torch.compile traces, so
     the graph holds one opaque node, and calls `fn` straight in eager mode, where the custom op's
-    dispatch costs more than a small kernel (about 10 us a call on the CPU)."""
+    dispatch costs more than a small kernel (about 10 us a call on the CPU). Under torch.profiler the
+    eager call is recorded as fastbert::<name>, so a profile names fastbert's kernels."""
 
     def wrap(fn):
         op = torch.library.custom_op(f"fastbert::{name}", mutates_args=())(fn)
         op.register_fake(fake)
+        label = f"fastbert::{name}"
 
         def call(*args):
-            return op(*args) if torch.compiler.is_compiling() else fn(*args)
+            if torch.compiler.is_compiling():
+                return op(*args)
+            if torch.autograd.profiler._is_profiler_enabled:
+                with torch.profiler.record_function(label):
+                    return fn(*args)
+            return fn(*args)
 
         call.custom_op = op
         return call
