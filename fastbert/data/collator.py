@@ -35,7 +35,7 @@ random ordinary token, 10% unchanged; whole-word masking from WordPiece "##" con
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import torch
 
@@ -155,14 +155,14 @@ class PretrainingCollator:
         seq = (longest + m - 1) // m * m
         real = torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]  # bool [batch, seq]
 
-        input_ids = self._pad(ids_list, lengths, seq, real, self.pad_token_id, "input_ids")
+        input_ids = pad_id_lists(ids_list, lengths, seq, real, self.pad_token_id, "PretrainingCollator: input_ids")
         if "token_type_ids" in features[0]:
             types = [f.get("token_type_ids") for f in features]
             if any(t is None or len(t) != length for t, length in zip(types, lengths)):
                 raise ValueError(
                     "PretrainingCollator: token_type_ids must be in every feature, as long as its input_ids"
                 )
-            token_type_ids = self._pad(types, lengths, seq, real, 0, "token_type_ids")
+            token_type_ids = pad_id_lists(types, lengths, seq, real, 0, "PretrainingCollator: token_type_ids")
         else:
             token_type_ids = torch.zeros(n, seq, dtype=torch.int64)
 
@@ -195,8 +195,3 @@ class PretrainingCollator:
         if any(has_nsp):
             batch["next_sentence_label"] = batch_nsp
         return batch
-
-    @staticmethod
-    def _pad(rows: List, lengths: List[int], seq: int, real: torch.Tensor, value: int, name: str) -> torch.Tensor:
-        """int64 [batch, seq]: the rows left-aligned, `value` after them."""
-        return pad_id_lists(rows, lengths, seq, real, value, f"PretrainingCollator: {name}")

@@ -14,8 +14,6 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1, t.shape[-1])
 
 
-
-
 def fused_op(name: str, fake):
     """Register `fn` as the torch.library custom op fastbert::<name> (with `fake` for its output
     shapes) and return a caller that goes through the custom op only while torch.compile traces, so
@@ -54,3 +52,8 @@ def seed_tensor(seed: Optional[int], generator: Optional[torch.Generator] = None
     if isinstance(seed, torch.Tensor):
         return seed.reshape(1).to(device="cpu", dtype=torch.int64)
     return torch.tensor([check_seed(seed)], dtype=torch.int64)
+
+
+def seed_int(seed: Optional[torch.Tensor]) -> int:
+    """The seed tensor of seed_tensor as the int the fused launchers take (0 when there is none)."""
+    return 0 if seed is None else int(seed.item())

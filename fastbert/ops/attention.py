@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import fused_op, needs_grad, seed_tensor
-from fastbert.ops.checks import FLOAT_DTYPES, check_device
+from fastbert.ops._common import fused_op, needs_grad, seed_int, seed_tensor
+from fastbert.ops.checks import check_device, check_float, check_mask, check_tensor
 
 TRITON_HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # what the Triton kernels compile for
 MAX_HEAD_DIM = 256  # the cpp backend
@@ -38,10 +38,6 @@ MAX_HEAD_DIM = 256  # the cpp backend
 
 Tensor = torch.Tensor
 Tensors3 = Tuple[Tensor, Tensor, Tensor]
-
-
-def _seed_int(seed: Optional[torch.Tensor]) -> int:
-    return 0 if seed is None else int(seed.item())
 
 
 def _no_mask(device) -> torch.Tensor:
@@ -76,7 +72,7 @@ def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend):
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], scale: float, dropout_p: float,
                    seed: Optional[Tensor], return_mask: bool, backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").attention_forward(
-        q, k, v, key_mask, scale, dropout_p, _seed_int(seed), return_mask
+        q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
 
@@ -89,7 +85,7 @@ def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, backend):
 def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key_mask: Optional[Tensor],
                    scale: float, dropout_p: float, seed: Optional[Tensor], backend: str) -> Tensors3:
     launch = _backend.impl(backend, "attention").attention_backward
-    return tuple(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, _seed_int(seed)))
+    return tuple(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed_int(seed)))
 
 
 def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
@@ -101,7 +97,7 @@ def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, re
 def _varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float,
                           dropout_p: float, seed: Optional[Tensor], return_mask: bool, backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").varlen_attention_forward(
-        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, _seed_int(seed), return_mask
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), return_mask
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
 
@@ -116,7 +112,7 @@ def _varlen_attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                           backend: str) -> Tensors3:
     return tuple(
         _backend.impl(backend, "attention").varlen_attention_backward(
-            do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, _seed_int(seed)
+            do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed)
         )
     )
 
@@ -188,10 +184,7 @@ def _run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed
 
 def _check_qkv(op: str, q, k, v, dims: int, layout: str) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"fastbert.ops.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"fastbert.ops.{op}: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
+        check_float(op, name, t)
     if q.dim() != dims:
         raise ValueError(f"fastbert.ops.{op}: q must be {layout}, got shape {tuple(q.shape)}")
     for name, t in (("k", k), ("v", v)):
@@ -202,7 +195,7 @@ def _check_qkv(op: str, q, k, v, dims: int, layout: str) -> None:
             )
         if t.dtype != q.dtype:
             raise TypeError(f"fastbert.ops.{op}: {name} has dtype {t.dtype} but q has dtype {q.dtype}; they must match")
-        check_device(op, name, t, q)
+        check_device(op, name, t, q, like="q")
 
 
 def _check_options(op: str, backend: str, head_dim: int, dropout_p: float, scale: Optional[float], seq: int) -> float:
@@ -228,18 +221,15 @@ def _check_options(op: str, backend: str, head_dim: int, dropout_p: float, scale
 
 
 def _as_bool_mask(op: str, attention_mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    if not isinstance(attention_mask, torch.Tensor):
-        raise TypeError(f"fastbert.ops.{op}: attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+    check_tensor(op, "attention_mask", attention_mask)
     batch, seq = q.shape[0], q.shape[2]
     if tuple(attention_mask.shape) != (batch, seq):
         raise ValueError(
             f"fastbert.ops.{op}: attention_mask has shape {tuple(attention_mask.shape)}; it must be "
             f"[batch, seq] = ({batch}, {seq}) for q of shape {tuple(q.shape)}"
         )
-    check_device(op, "attention_mask", attention_mask, q)
-    if attention_mask.is_floating_point() and not ((attention_mask == 0) | (attention_mask == 1)).all():
-        raise ValueError(f"fastbert.ops.{op}: a floating attention_mask must hold only 0 and 1 (1 = real token)")
-    return (attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0).contiguous()
+    check_device(op, "attention_mask", attention_mask, q, like="q")
+    return check_mask(op, "attention_mask", attention_mask).contiguous()
 
 
 def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -303,13 +293,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
 
 
 def _check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"fastbert.ops.{op}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    check_tensor(op, "cu_seqlens", cu_seqlens)
     if cu_seqlens.dtype != torch.int32:
         raise TypeError(f"fastbert.ops.{op}: cu_seqlens must be int32, got {cu_seqlens.dtype}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
         raise ValueError(f"fastbert.ops.{op}: cu_seqlens must be 1-D [batch + 1], got shape {tuple(cu_seqlens.shape)}")
-    check_device(op, "cu_seqlens", cu_seqlens, q)
+    check_device(op, "cu_seqlens", cu_seqlens, q, like="q")
     if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 0:
         raise TypeError(f"fastbert.ops.{op}: max_seqlen must be an int >= 0, got {max_seqlen!r}")
     cu = cu_seqlens.tolist()  # one small copy: the bounds are checked on the host

@@ -30,9 +30,10 @@ def check_float(op: str, name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{where_of(op)}: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
 
 
-def check_device(op: str, name: str, t: torch.Tensor, x: torch.Tensor) -> None:
+def check_device(op: str, name: str, t: torch.Tensor, x: torch.Tensor, like: str = "x") -> None:
+    """`t` is on the device of `x` (`like` names x in the error)."""
     if t.device != x.device:
-        raise ValueError(f"{where_of(op)}: {name} is on {t.device} but x is on {x.device}")
+        raise ValueError(f"{where_of(op)}: {name} is on {t.device} but {like} is on {x.device}")
 
 
 def check_vector(op: str, name: str, t: torch.Tensor, x: torch.Tensor) -> None:
@@ -81,8 +82,18 @@ def check_binary_mask(op: str, name: str, mask) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
     if mask.numel() and not ((mask == 0) | (mask == 1)).all():
-        raise ValueError(f"{where_of(op)}: {name} must be in {{0, 1}}: only 0 and 1 (0 = padding, 1 = real token)")
+        meaning = " (0 = padding, 1 = real token)" if name == "attention_mask" else ""
+        raise ValueError(f"{where_of(op)}: {name} must be in {{0, 1}}: only 0 and 1{meaning}")
     return mask != 0
+
+
+def check_mask(op: str, name: str, mask) -> torch.Tensor:
+    """A mask read as nonzero / zero, as a bool tensor: bool or any integer dtype as given, floating
+    only when it holds nothing but 0 and 1 (a fractional "mask" is a mistake, not a weight)."""
+    check_tensor(op, name, mask)
+    if mask.is_floating_point() or mask.is_complex():
+        return check_binary_mask(op, name, mask)
+    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def check_int(op: str, name: str, value, lo: int, hi: Optional[int] = None, hi_name: str = "") -> int:

@@ -13,15 +13,11 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import as_rows, fused_op, needs_grad, seed_tensor
+from fastbert.ops._common import as_rows, fused_op, needs_grad, seed_int, seed_tensor
 from fastbert.ops.checks import check_device, check_float, check_vector
 
 Tensor = torch.Tensor
 MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
-
-
-def _seed_int(seed: Optional[torch.Tensor]) -> int:
-    return 0 if seed is None else int(seed.item())
 
 
 def _fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
@@ -36,7 +32,7 @@ def _add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Tenso
     # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
     return tuple(
         _backend.impl(backend, "layer_norm").add_layer_norm_forward(
-            x, residual, weight, bias, eps, dropout_p, _seed_int(seed)
+            x, residual, weight, bias, eps, dropout_p, seed_int(seed)
         )
     )
 
@@ -51,21 +47,20 @@ def _add_layer_norm_bwd(dy: Tensor, x: Tensor, residual: Tensor, weight: Tensor,
     # -> dx, dresidual [rows, hidden] in x.dtype; dweight, dbias [hidden] in weight.dtype (fp32 sums)
     return tuple(
         _backend.impl(backend, "layer_norm").add_layer_norm_backward(
-            dy, x, residual, weight, mean, rstd, dropout_p, _seed_int(seed)
+            dy, x, residual, weight, mean, rstd, dropout_p, seed_int(seed)
         )
     )
 
 
-@torch.library.custom_op("fastbert::dropout_keep_mask", mutates_args=())
-def _dropout_keep_mask(seed: torch.Tensor, rows: int, cols: int, p: float, device: torch.device) -> torch.Tensor:
+def _fake_keep(seed, rows, cols, p, device):
+    return torch.empty((rows, cols), dtype=torch.bool, device=device)
+
+
+@fused_op("dropout_keep_mask", _fake_keep)
+def _dropout_keep_mask(seed: Tensor, rows: int, cols: int, p: float, device: torch.device) -> Tensor:
     # -> bool [rows, cols]: the mask of fastbert.reference.dropout_keep_mask, kept opaque to
     # torch.compile (inlined, its 10 Philox rounds of integer ops swamp inductor's lowering)
     return reference.dropout_keep_mask(seed, (rows, cols), p, device)
-
-
-@_dropout_keep_mask.register_fake
-def _(seed, rows, cols, p, device):
-    return torch.empty((rows, cols), dtype=torch.bool, device=device)
 
 
 class AddLayerNormFunction(torch.autograd.Function):
@@ -108,6 +103,25 @@ def add_layer_norm(
     same on every backend (fastbert.reference.dropout_keep_mask), regenerated in the backward.
     backend: "triton", "cpp", "torch" or None (automatic). The fused backends take hidden <= 8192.
     """
+    x, residual = _check_inputs(x, residual, weight, bias, eps, dropout_p)
+    backend = _backend.resolve(backend, x)
+    seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
+    if backend == "torch" or x.numel() == 0:
+        return _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed_t)
+    hidden = x.shape[-1]
+    if hidden > MAX_HIDDEN:
+        raise ValueError(
+            f"fastbert.ops.add_layer_norm: hidden size {hidden} is above the supported maximum {MAX_HIDDEN} "
+            f"of the {backend!r} backend; use backend='torch' for larger rows"
+        )
+    args = (as_rows(x), as_rows(residual), weight.contiguous(), bias.contiguous(), float(eps), float(dropout_p), seed_t)
+    if needs_grad(x, residual, weight, bias):
+        return AddLayerNormFunction.apply(*args, backend).view(x.shape)
+    return _add_layer_norm_fwd(*args, backend)[0].view(x.shape)
+
+
+def _check_inputs(x, residual, weight, bias, eps, dropout_p) -> Tuple[Tensor, Tensor]:
+    """The arguments of add_layer_norm checked; x and residual promoted to one dtype under autocast."""
     op = "add_layer_norm"
     check_float(op, "x", x)
     check_float(op, "residual", residual)
@@ -137,22 +151,13 @@ def add_layer_norm(
         raise ValueError(f"fastbert.ops.{op}: eps must be > 0, got {eps}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"fastbert.ops.{op}: dropout_p must be in [0, 1), got {dropout_p}")
-    backend = _backend.resolve(backend, x)
-    seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
-    if backend == "torch" or x.numel() == 0:
-        keep = None
-        if dropout_p > 0 and x.numel() > 0:
-            hidden = x.shape[-1]
-            keep = torch.ops.fastbert.dropout_keep_mask(seed_t, x.numel() // hidden, hidden, dropout_p, x.device)
-            keep = keep.view(x.shape)
-        return reference.add_layer_norm(x, residual, weight, bias, eps, dropout_p, keep_mask=keep)
-    hidden = x.shape[-1]
-    if hidden > MAX_HIDDEN:
-        raise ValueError(
-            f"fastbert.ops.{op}: hidden size {hidden} is above the supported maximum {MAX_HIDDEN} "
-            f"of the {backend!r} backend; use backend='torch' for larger rows"
-        )
-    args = (as_rows(x), as_rows(residual), weight.contiguous(), bias.contiguous(), float(eps), float(dropout_p), seed_t)
-    if needs_grad(x, residual, weight, bias):
-        return AddLayerNormFunction.apply(*args, backend).view(x.shape)
-    return _add_layer_norm_fwd(*args, backend)[0].view(x.shape)
+    return x, residual
+
+
+def _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed):
+    """The "torch" backend: the reference layer, with the dropout mask of the fused backends."""
+    keep = None
+    if dropout_p > 0 and x.numel() > 0:
+        hidden = x.shape[-1]
+        keep = _dropout_keep_mask(seed, x.numel() // hidden, hidden, dropout_p, x.device).view(x.shape)
+    return reference.add_layer_norm(x, residual, weight, bias, eps, dropout_p, keep_mask=keep)

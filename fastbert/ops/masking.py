@@ -47,10 +47,12 @@ import torch
 from fastbert import backend as _backend
 from fastbert import reference as _reference
 from fastbert.ops.checks import (
-    check_binary_mask,
+    check_device,
     check_ids,
     check_int,
+    check_mask,
     check_prob,
+    check_range,
     check_shape_like,
     check_tensor,
 )
@@ -58,15 +60,18 @@ from fastbert.ops.checks import (
 __all__ = ["mask_tokens", "word_start_table", "word_starts", "draw_seed", "IGNORE_INDEX"]
 
 IGNORE_INDEX = _reference.MLM_IGNORE_INDEX  # labels at the tokens not to predict
-SELECTIONS = ("count", "bernoulli")
+SELECTIONS = _reference.MLM_SELECTIONS
 _MAX_ROWS = 2**29  # counters (4 * row + stream) * 2**32 + position stay below 2**63
 _MAX_SEQ = 2**31
 _MAX_VOCAB = 2**31
-
+_MASKS = ("special_tokens_mask", "attention_mask", "word_start_mask")
 
 
 def _cpp(name: str):
-    """The extension's masking function `name`, or None (fastbert.backend warns when it predates them)."""
+    """The extension's masking function `name`, or None. The masking kernels came as one set: an
+    extension built before them runs all of masking in plain PyTorch, with one warning."""
+    if _backend.cpp_function("mask_tokens") is None:
+        return None
     return _backend.cpp_function(name)
 
 
@@ -101,25 +106,33 @@ def _check_ids(op: str, input_ids) -> torch.Tensor:
     return input_ids.to(torch.int64).contiguous()
 
 
+def _check_batch(op: str, input_ids) -> torch.Tensor:
+    """input_ids as a contiguous int64 [batch, seq] tensor, within the counters' range."""
+    ids = _check_ids(op, input_ids)
+    if ids.dim() != 2:
+        raise ValueError(f"fastbert.masking.{op}: input_ids must be [batch, seq], got shape {tuple(ids.shape)}")
+    if ids.shape[0] >= _MAX_ROWS or ids.shape[1] >= _MAX_SEQ:
+        raise ValueError(
+            f"fastbert.masking.{op}: at most 2**29 - 1 rows and 2**31 - 1 columns, got {tuple(ids.shape)}"
+        )
+    return ids
+
+
 def _check_mask(op: str, name: str, mask, ids: torch.Tensor) -> Optional[torch.Tensor]:
+    """A [batch, seq] mask like input_ids (nonzero = set) as a contiguous bool tensor, or None."""
     if mask is None:
         return None
     check_tensor(_where(op), name, mask)
     check_shape_like(_where(op), name, mask, ids.shape)
-    if mask.device != ids.device:
-        raise ValueError(f"fastbert.masking.{op}: {name} is on {mask.device} but input_ids is on {ids.device}")
-    if mask.dtype in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
-        return mask.contiguous()
-    return check_binary_mask(_where(op), name, mask).contiguous()
+    check_device(_where(op), name, mask, ids, like="input_ids")
+    return check_mask(_where(op), name, mask).contiguous()
 
 
 def _check_special_ids(op: str, special_token_ids, vocab_size: int) -> Optional[torch.Tensor]:
     if special_token_ids is None:
         return None
     if isinstance(special_token_ids, torch.Tensor):
-        t = special_token_ids
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise TypeError(f"fastbert.masking.{op}: special_token_ids must hold integer ids, got {t.dtype}")
+        check_ids(_where(op), "special_token_ids", special_token_ids)
         ids = special_token_ids.reshape(-1).to(device="cpu", dtype=torch.int64)
     else:
         values = [check_int(_where(op), "a special token id", v, 0) for v in special_token_ids]
@@ -158,31 +171,28 @@ def mask_tokens(
                            device, bit-identical) or None: "cpp" when it can run, else "torch"
     """
     op = "mask_tokens"
-    ids = _check_ids(op, input_ids)
-    if ids.dim() != 2:
-        raise ValueError(f"fastbert.masking.{op}: input_ids must be [batch, seq], got shape {tuple(ids.shape)}")
-    if ids.shape[0] >= _MAX_ROWS or ids.shape[1] >= _MAX_SEQ:
-        raise ValueError(
-            f"fastbert.masking.{op}: at most 2**29 - 1 rows and 2**31 - 1 columns, got {tuple(ids.shape)}"
-        )
+    ids = _check_batch(op, input_ids)
     rule = _check_rule(op, mask_token_id, vocab_size, mlm_probability, mask_replace_prob, random_replace_prob,
                        max_predictions, selection)
-    masks = {name: _check_mask(op, name, m, ids) for name, m in (
-        ("special_tokens_mask", special_tokens_mask), ("attention_mask", attention_mask),
-        ("word_start_mask", word_start_mask))}
+    masks = (special_tokens_mask, attention_mask, word_start_mask)
+    rule.update((name, _check_mask(op, name, m, ids)) for name, m in zip(_MASKS, masks))
     special_ids = _check_special_ids(op, special_token_ids, rule["vocab_size"])
-    seed = _check_seed(op, seed, generator)
+    rule["seed"] = _check_seed(op, seed, generator)
     if _use_cpp(op, backend, ids):
-        r = rule
-        return _cpp("mask_tokens")(
-            ids, masks["special_tokens_mask"], masks["attention_mask"], masks["word_start_mask"], special_ids,
-            r["mask_token_id"], r["vocab_size"], r["mlm_probability"], r["mask_replace_prob"],
-            r["random_replace_prob"], -1 if r["max_predictions"] is None else r["max_predictions"], seed,
-            r["selection"] == "bernoulli",
-        )
+        return _cpp_mask_tokens(ids, rule, special_ids)
     _check_id_range(op, ids, rule["vocab_size"])
     special = None if special_ids is None else special_ids.tolist()
-    return _reference.mask_tokens(ids, **rule, **masks, seed=seed, special_token_ids=special)
+    return _reference.mask_tokens(ids, **rule, special_token_ids=special)
+
+
+def _cpp_mask_tokens(ids: torch.Tensor, rule: dict, special_ids: Optional[torch.Tensor]):
+    """The extension's mask_tokens on checked arguments (`rule`: the keywords of the reference rule)."""
+    max_predictions = -1 if rule["max_predictions"] is None else rule["max_predictions"]
+    return _cpp("mask_tokens")(
+        ids, *(rule[name] for name in _MASKS), special_ids, rule["mask_token_id"], rule["vocab_size"],
+        rule["mlm_probability"], rule["mask_replace_prob"], rule["random_replace_prob"], max_predictions,
+        rule["seed"], rule["selection"] == "bernoulli",
+    )
 
 
 def _check_rule(op, mask_token_id, vocab_size, mlm_probability, mask_replace_prob, random_replace_prob,
@@ -280,9 +290,5 @@ def word_starts(input_ids: torch.Tensor, vocab: VocabLike, *, backend: Optional[
     table = word_start_table(vocab, backend=backend)
     if _use_cpp(op, backend, ids):
         return _cpp("word_starts")(ids, table.contiguous())
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.numel()):
-        raise ValueError(
-            f"fastbert.masking.{op}: input_ids must be in [0, {table.numel()}) (the vocabulary's size), got "
-            f"values in [{int(ids.min())}, {int(ids.max())}]"
-        )
+    check_range(_where(op), "input_ids", ids, table.numel(), "the vocabulary's size")
     return _reference.word_starts(ids, table)

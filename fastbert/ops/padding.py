@@ -23,19 +23,17 @@ import numpy as np
 import torch
 
 from fastbert import backend as _backend
-from fastbert.ops.checks import check_binary_mask, check_tensor
+from fastbert.ops.checks import check_device, check_mask, check_tensor
 
 
 def _check_mask(op: str, attention_mask) -> torch.Tensor:
-    """The [batch, seq] mask as bool (bool or integer masks as given; floating ones must be 0/1)."""
+    """The [batch, seq] mask as bool (bool or integer masks nonzero = real; floating ones must be 0/1)."""
     check_tensor(op, "attention_mask", attention_mask)
     if attention_mask.dim() != 2:
         raise ValueError(
             f"fastbert.ops.{op}: attention_mask must be [batch, seq], got shape {tuple(attention_mask.shape)}"
         )
-    if attention_mask.is_floating_point() or attention_mask.is_complex():
-        return check_binary_mask(op, "attention_mask", attention_mask)
-    return attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+    return check_mask(op, "attention_mask", attention_mask)
 
 
 def unpad_indices(attention_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, int]:
@@ -87,16 +85,14 @@ class _Scatter(torch.autograd.Function):
 
 def unpad(hidden: torch.Tensor, attention_mask: torch.Tensor):
     """The real tokens of a padded batch, packed: see the module docstring for every shape."""
-    if not isinstance(hidden, torch.Tensor):
-        raise TypeError(f"fastbert.ops.unpad: hidden must be a torch.Tensor, got {type(hidden).__name__}")
+    check_tensor("unpad", "hidden", hidden)
     _check_mask("unpad", attention_mask)
     if hidden.dim() < 2 or tuple(hidden.shape[:2]) != tuple(attention_mask.shape):
         raise ValueError(
             f"fastbert.ops.unpad: hidden has shape {tuple(hidden.shape)} but attention_mask has shape "
             f"{tuple(attention_mask.shape)}; hidden must be [batch, seq, ...] with [batch, seq] = the mask's shape"
         )
-    if attention_mask.device != hidden.device:
-        raise ValueError(f"fastbert.ops.unpad: attention_mask is on {attention_mask.device} but hidden is on {hidden.device}")
+    check_device("unpad", "attention_mask", attention_mask, hidden, like="hidden")
     indices, cu_seqlens, max_seqlen = unpad_indices(attention_mask)
     rows = hidden.reshape((hidden.shape[0] * hidden.shape[1],) + tuple(hidden.shape[2:]))
     return _Gather.apply(rows, indices), indices, cu_seqlens, max_seqlen
@@ -104,8 +100,8 @@ def unpad(hidden: torch.Tensor, attention_mask: torch.Tensor):
 
 def pad(packed: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
     """packed [total_tokens, ...] back to [batch, seqlen, ...], zeros at the padded positions."""
-    if not isinstance(packed, torch.Tensor) or not isinstance(indices, torch.Tensor):
-        raise TypeError("fastbert.ops.pad: packed and indices must be torch.Tensors")
+    check_tensor("pad", "packed", packed)
+    check_tensor("pad", "indices", indices)
     if indices.dim() != 1 or indices.dtype != torch.int64:
         raise ValueError(f"fastbert.ops.pad: indices must be int64 [total_tokens], got {indices.dtype} {tuple(indices.shape)}")
     if packed.dim() < 1 or packed.shape[0] != indices.shape[0]:

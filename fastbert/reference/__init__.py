@@ -16,6 +16,7 @@ from fastbert.reference.bias_gelu import BiasGelu, bias_gelu
 from fastbert.reference.layer_norm import AddLayerNorm, add_layer_norm
 from fastbert.reference.masking import (
     MLM_IGNORE_INDEX,
+    MLM_SELECTIONS,
     MLM_STREAM_KEY,
     MLM_STREAM_OUTCOME,
     MLM_STREAM_RANDOM,
@@ -40,5 +41,6 @@ __all__ = [
     "bias_gelu", "BiasGelu", "add_layer_norm", "AddLayerNorm",
     "attention", "varlen_attention", "Attention", "attention_dropout_offsets", "attention_keep_mask", "mask_starts",
     "MAX_DROPOUT_SEQLEN", "mask_tokens", "mlm_draws", "mlm_prediction_count", "mlm_units", "mlm_walk",
-    "word_start_table", "word_starts", "MLM_IGNORE_INDEX", "MLM_STREAM_KEY", "MLM_STREAM_OUTCOME", "MLM_STREAM_RANDOM",
+    "word_start_table", "word_starts", "MLM_IGNORE_INDEX", "MLM_SELECTIONS",
+    "MLM_STREAM_KEY", "MLM_STREAM_OUTCOME", "MLM_STREAM_RANDOM",
 ]

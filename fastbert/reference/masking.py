@@ -36,6 +36,7 @@ from fastbert.reference.philox import check_seed, philox_uint32
 
 MLM_IGNORE_INDEX = -100
 MLM_STREAM_KEY, MLM_STREAM_OUTCOME, MLM_STREAM_RANDOM = 0, 1, 2
+MLM_SELECTIONS = ("count", "bernoulli")
 _MLM_STREAMS = 4
 
 
@@ -143,8 +144,8 @@ def mask_tokens(input_ids: torch.Tensor, *, mask_token_id: int, vocab_size: int,
     """(masked_input_ids, labels), int64 [batch, seq], by the rule above, one row at a time.
     Arguments are trusted (fastbert.masking.mask_tokens checks them)."""
     seed = check_seed(seed)
-    if selection not in ("count", "bernoulli"):
-        raise ValueError(f"mask_tokens: selection must be 'count' or 'bernoulli', got {selection!r}")
+    if selection not in MLM_SELECTIONS:
+        raise ValueError(f"mask_tokens: selection must be one of {MLM_SELECTIONS}, got {selection!r}")
     device = input_ids.device
     ids = input_ids.to(torch.int64).cpu()
     rows, seq = ids.shape
