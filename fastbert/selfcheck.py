@@ -21,7 +21,7 @@ ATOL = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 Row = Tuple[str, bool, float, float]  # (tensor name, ok, error, bound)
 
 # ops with one implementation behind them (no backend argument) are checked once, as "auto"
-SINGLE = ("unpad/pad", "linear", "attention_weights")
+SINGLE = ("unpad/pad", "linear", "attention_weights", "embedding")
 
 
 def bound_check(out: torch.Tensor, torch_out: torch.Tensor, ref64: torch.Tensor, dtype) -> Tuple[bool, float, float]:
@@ -78,7 +78,8 @@ def op_backends(op: str, device: str) -> List[str]:
 def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dtype]]:
     """(op, shape, dtype) for every check; small shapes when Triton runs under the interpreter.
     Shapes: [rows, hidden] for the elementwise ops, [batch, heads, seq, head_dim] for attention,
-    [batch, seq, hidden] for unpad/pad, [batch, seq] for masking, [rows, in, out] for linear."""
+    [batch, seq, hidden] for unpad/pad, [batch, seq] for masking, [rows, in, out] for linear,
+    [tokens, vocab, hidden] for embedding."""
     rows = [(3, 7), (4, 768)] if interpreted else [(512, 768), (512, 3072), (333, 1023)]
     dtypes = [torch.float32, torch.float16] if interpreted else [torch.float32, torch.bfloat16]
     attn = [(3, 2, 17, 16)] if interpreted else [(4, 4, 97, 64)]
@@ -96,6 +97,7 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
     yield "mask_tokens", (16, 128), torch.int64
     for dtype in (torch.float32, torch.bfloat16):
         yield "linear", (1500, 512, 768), dtype  # a 4.6 MiB fp32 output: the reusing allocator serves it
+        yield "embedding", (700, 3000, 512), dtype  # a 5.9 MiB fp32 weight gradient: from the reusing allocator
 
 
 def _mixed_mask(batch: int, seq: int, g: torch.Generator) -> torch.Tensor:
@@ -210,6 +212,21 @@ def _linear(shape, dtype, device, g) -> List[Row]:
     return rows + compare(["y", "dx", "dweight", "dbias"], fastbert.ops.linear, F.linear, [x, w, b], dy, dtype)
 
 
+def _embedding(shape, dtype, device, g) -> List[Row]:
+    tokens, vocab, hidden = shape
+    ids = torch.randint(0, vocab // 20, (tokens,), generator=g).to(device)  # ids repeat: their rows sum
+    ids[::7] = 0  # the padding row, whose gradient stays zero
+    w, dy = torch.randn(vocab, hidden, generator=g).to(device, dtype), torch.randn(tokens, hidden, generator=g)
+
+    def fused(w_):
+        return fastbert.ops.embedding(ids, w_, 0)
+
+    def ref(w_):
+        return F.embedding(ids, w_, 0)
+
+    return compare(["y", "dweight"], fused, ref, [w], dy.to(device, dtype), dtype)
+
+
 def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
     """The rows (tensor, ok, err, bound) of one op on one backend, on fresh seeded inputs."""
     g = torch.Generator().manual_seed(0)
@@ -225,6 +242,8 @@ def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
         return _mask_tokens(shape, backend, g)
     if op == "linear":
         return _linear(shape, dtype, device, g)
+    if op == "embedding":
+        return _embedding(shape, dtype, device, g)
     raise ValueError(f"fastbert selfcheck: unknown op {op!r}")
 
 

@@ -9,12 +9,17 @@ against sentence-transformers' encode (same batch size), with the embeddings com
 
 Providers, each in fp32 and bf16: fastbert (automatic backend), transformers with
 attn_implementation "sdpa" and "eager" (bf16 as .to(bfloat16) or autocast, whichever is faster
-in this run), and the GEMM floor: exactly the model's linear layers (QKV, attention output, both
-FFN layers, every layer) applied to the real tokens only, nothing else. The providers are called
-in turn, round after round, on the same inputs, and each figure is a median (fastbert.bench.timing).
+in this run), with --peers the engines a user would deploy instead (ONNX Runtime, OpenVINO,
+CTranslate2, torch.compile of transformers: fastbert.bench.peers; `pip install -e .[peers]`), and
+the GEMM floor: exactly the model's linear layers (QKV, attention output, both FFN layers, every
+layer) applied to the real tokens only, nothing else, timed on every GEMM path this machine offers
+(fastbert.ops.gemm) and on fastbert's per-shape choice; the fastest is the floor and is named. The
+providers are called in turn, round after round, on the same inputs, and each figure is a median
+(fastbert.bench.timing). Each provider's max abs error is taken against transformers in fp32.
 
     python benchmarks/bench_encoder.py [--workloads var128,full128,var512,minilm] [--dtypes float32,bfloat16]
-        [--layers 12] [--rounds 3] [--json PATH] [--png PATH]
+        [--layers 12] [--rounds 3] [--peers [onnxruntime,openvino,ctranslate2,torch.compile]]
+        [--json PATH] [--png PATH]
     python benchmarks/bench_encoder.py --ablations --workloads var128 --dtypes float32
 
 --ablations times fastbert with one of its CPU choices undone at a time (the padded path instead
@@ -29,27 +34,39 @@ from typing import List
 
 import torch
 
+from fastbert.bench.peers import PEERS
 from fastbert.bench.plots import plot
-from fastbert.bench.providers import ablation_providers, encoder_providers, minilm_providers
+from fastbert.bench.providers import ablation_providers, encoder_providers, last_hidden, minilm_providers
 from fastbert.bench.report import add_output_options, finish, parser
-from fastbert.bench.tables import print_ablations, print_table, summarise
+from fastbert.bench.tables import pick_fastest, print_ablations, print_table, summarise
 from fastbert.bench.timing import interleaved_cpu_times
 from fastbert.bench.workloads import WORKLOADS, make_batch, real_sentences
 from fastbert.dtypes import dtype_name, parse_dtype
 
 
-def run_encoder_workload(name, layers, dtypes, rounds, g, progress):
+def run_encoder_workload(name, layers, dtypes, rounds, g, progress, peers=()):
     spec = WORKLOADS[name]
     ids, mask = make_batch(spec["batch"], spec["lo"], spec["hi"], g)
-    provs = encoder_providers(layers, dtypes, ids, mask)
+    provs, reference, skipped = encoder_providers(layers, dtypes, ids, mask, peers)
     with torch.no_grad():
         times = _timed(provs, rounds, f"{name} ({len(provs)} providers x {rounds} rounds)", progress)
+        errors = _errors(provs, reference, mask)
     tokens = int(mask.sum())
-    rows = summarise(times, tokens, dtypes)
+    rows = summarise(times, tokens, dtypes, errors, peers)
+    rows += [{"provider": k, "skipped": why} for k, why in skipped.items()]
     for r in rows:
         r.update(workload=name, batch=spec["batch"], seq=ids.shape[1], real_tokens=tokens,
                  real_share=round(tokens / mask.numel(), 3), layers=layers)
     return rows
+
+
+def _errors(provs, reference, mask) -> dict:
+    """Max abs difference of each provider's last hidden state from transformers' fp32 one, on the
+    real tokens (the floor computes no hidden state)."""
+    real = mask.bool()
+    want = reference()[real].float()
+    return {k: (last_hidden(fn())[real].float() - want).abs().max().item()
+            for k, fn in provs.items() if not k.startswith("GEMM floor")}
 
 
 def run_ablations(name, layers, dtypes, rounds, g, progress) -> List[dict]:
@@ -63,6 +80,7 @@ def run_ablations(name, layers, dtypes, rounds, g, progress) -> List[dict]:
             times = _timed(provs, rounds, f"{name} ablations ({len(provs)} variants x {rounds} rounds)", progress)
         med = {k: statistics.median(v) for k, v in times.items()}
         tag = dtype_name(dtype)
+        pick_fastest(med, f"GEMM floor {tag}")
         base, floor = med[f"fastbert {tag}"], med[f"GEMM floor {tag}"]
         for k, v in med.items():
             rows.append({"workload": name, "provider": k, "dtype": tag, "ms": v * 1e3, "tokens_per_s": tokens / v,
@@ -106,19 +124,20 @@ def run_minilm(rounds, batch_size, n, progress):
             for k, v in med.items()]
 
 
-def run(workloads, dtypes, layers, rounds, minilm_sentences=1000, minilm_batch=64, progress=True):
+def run(workloads, dtypes, layers, rounds, minilm_sentences=1000, minilm_batch=64, progress=True, peers=()):
     g = torch.Generator().manual_seed(0)
     rows = []
     for w in workloads:
         if w == "minilm":
             rows += run_minilm(rounds, minilm_batch, minilm_sentences, progress)
         else:
-            rows += run_encoder_workload(w, layers, dtypes, rounds, g, progress)
+            rows += run_encoder_workload(w, layers, dtypes, rounds, g, progress, peers)
     return rows
 
 
 def quick(argv=None):
-    """`fastbert bench`: the var128 workload with 2 layers in fp32, about a minute on 2 cores."""
+    """`fastbert bench`: the var128 workload with 2 layers in fp32, about a minute on 2 cores
+    (`fastbert bench --peers` adds the peers that are installed)."""
     return main(argv, defaults=dict(workloads="var128", dtypes="float32", layers=2, rounds=3), prog="fastbert bench")
 
 
@@ -131,6 +150,9 @@ def main(argv=None, defaults=None, prog=None):
     ap.add_argument("--layers", type=int, default=d["layers"], help="encoder layers of the BERT-base-shaped model")
     ap.add_argument("--rounds", type=int, default=d["rounds"], help="timed rounds (after one warm-up round)")
     ap.add_argument("--minilm-sentences", type=int, default=1000)
+    ap.add_argument("--peers", nargs="?", const=",".join(PEERS), default="",
+                    help=f"also time the engines a user would deploy instead (comma-separated; all: {','.join(PEERS)}); "
+                         "pip install -e .[peers]")
     ap.add_argument("--ablations", action="store_true",
                     help="instead: fastbert with one CPU choice undone at a time (padded path, torch ops, one thread)")
     add_output_options(ap, json_help=None)
@@ -148,13 +170,16 @@ def main(argv=None, defaults=None, prog=None):
         dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
     except ValueError as e:
         ap.error(str(e).removeprefix("fastbert: "))
+    peers = [p for p in args.peers.split(",") if p]
+    if any(p not in PEERS for p in peers):
+        ap.error(f"unknown peers {[p for p in peers if p not in PEERS]}; choose from {list(PEERS)}")
     if args.ablations:
         if "minilm" in workloads:
             ap.error("--ablations runs on the BERT-base workloads, not minilm")
         g = torch.Generator().manual_seed(0)
         rows = [r for w in workloads for r in run_ablations(w, args.layers, dtypes, args.rounds, g, True)]
     else:
-        rows = run(workloads, dtypes, args.layers, args.rounds, args.minilm_sentences)
+        rows = run(workloads, dtypes, args.layers, args.rounds, args.minilm_sentences, peers=peers)
     finish(rows, print_ablations if args.ablations else print_table, argv, prog,
            json_path=args.json, png_path=args.png, plot=plot)
     return 0

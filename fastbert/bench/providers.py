@@ -1,19 +1,26 @@
 """What the encoder benchmark times: fastbert, transformers (sdpa / eager; bf16 cast or autocast),
-the GEMM floor, fastbert's ablation variants, and MiniLM under SentenceEncoder vs sentence-transformers."""
+the peers (fastbert.bench.peers), the GEMM floor on each GEMM path, fastbert's ablation variants, and
+MiniLM under SentenceEncoder vs sentence-transformers."""
 from __future__ import annotations
 
-from typing import Dict
+import contextlib
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
 import fastbert
 import fastbert.hf
+from fastbert.bench.peers import peer_providers
 from fastbert.bench.workloads import random_transformers_bert
 from fastbert.dtypes import dtype_name
+from fastbert.ops import gemm
+
+MEASURED = "per-shape"  # the floor variant on fastbert's measured choice of path for each shape
 
 
-def gemm_floor(model, tokens: int, dtype):
-    """A callable running exactly the model's linear layers on `tokens` rows, in `dtype`."""
+def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
+    """A callable running exactly the model's linear layers on `tokens` rows, in `dtype`, every
+    product on GEMM path `path` (None: fastbert's measured choice for each shape)."""
     cfg = model.config
     layers = []
     for layer in model.encoder.layer:
@@ -32,20 +39,31 @@ def gemm_floor(model, tokens: int, dtype):
     def run():
         # the linear layers as fastbert's model runs them for inference (outputs into reused
         # buffers, not freshly page-faulted ones), so that the floor is the fastest way to run them
-        for (wq, bq), (wo, bo), (wi, bi), (w2, b2) in layers:
-            fastbert.ops.linear(x, wq, bq)
-            fastbert.ops.linear(x, wo, bo)
-            fastbert.ops.linear(x, wi, bi)
-            fastbert.ops.linear(inter, w2, b2)
+        with gemm.forced(path) if path is not None else contextlib.nullcontext():
+            for (wq, bq), (wo, bo), (wi, bi), (w2, b2) in layers:
+                fastbert.ops.linear(x, wq, bq)
+                fastbert.ops.linear(x, wo, bo)
+                fastbert.ops.linear(x, wi, bi)
+                fastbert.ops.linear(inter, w2, b2)
 
     return run
 
 
-def encoder_providers(layers: int, dtypes, ids, mask):
+def floor_providers(model, tokens: int, dtype) -> Dict[str, Callable]:
+    """"GEMM floor <dtype> <path>" for every GEMM path this machine offers, and on the per-shape choice."""
+    tag = dtype_name(dtype)
+    provs = {f"GEMM floor {tag} {p}": gemm_floor(model, tokens, dtype, p) for p in gemm.candidates("fwd", dtype)}
+    provs[f"GEMM floor {tag} {MEASURED}"] = gemm_floor(model, tokens, dtype)
+    return provs
+
+
+def encoder_providers(layers: int, dtypes, ids, mask, peers=()) -> Tuple[Dict[str, Callable], Callable, Dict]:
+    """(providers, reference, skipped peers): every provider on the same weights and batch; the
+    reference gives transformers' fp32 (sdpa) last hidden state, to measure each one's error."""
     hf = {impl: random_transformers_bert(layers, impl) for impl in ("sdpa", "eager")}
     fb = fastbert.hf.from_transformers(hf["sdpa"]).eval()
     tokens = int(mask.sum())
-    provs: Dict[str, object] = {}
+    provs: Dict[str, Callable] = {}
     for dtype in dtypes:
         tag = dtype_name(dtype)
         fm = fb if dtype == torch.float32 else _copy_to(fb, dtype)
@@ -62,8 +80,15 @@ def encoder_providers(layers: int, dtypes, ids, mask):
                             return m(input_ids=ids, attention_mask=mask)
 
                     provs[f"transformers {impl} {tag} autocast"] = autocast
-        provs[f"GEMM floor {tag}"] = gemm_floor(fb, tokens, dtype)
-    return provs
+        provs.update(floor_providers(fb, tokens, dtype))
+    peer_provs, skipped = peer_providers(hf["sdpa"], ids, mask, dtypes, peers) if peers else ({}, {})
+    provs.update(peer_provs)
+    return provs, (lambda: hf["sdpa"](input_ids=ids, attention_mask=mask).last_hidden_state), skipped
+
+
+def last_hidden(out) -> torch.Tensor:
+    """The [batch, seq, hidden] tensor of a provider's result (a model output or the tensor)."""
+    return out if isinstance(out, torch.Tensor) else out.last_hidden_state
 
 
 def _copy_to(model, dtype):
@@ -102,7 +127,7 @@ def ablation_providers(layers: int, dtype, ids, mask) -> Dict[str, object]:
     }
     if threads > 1:
         provs[f"fastbert, 1 thread {tag}"] = variant(n_threads=1)
-    provs[f"GEMM floor {tag}"] = gemm_floor(model, int(mask.sum()), dtype)
+    provs.update(floor_providers(model, int(mask.sum()), dtype))
     return provs
 
 

@@ -3,30 +3,45 @@ from __future__ import annotations
 
 import statistics
 import sys
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 from fastbert.dtypes import dtype_name
 
 
-def summarise(times: Dict[str, List[float]], tokens: int, dtypes) -> List[dict]:
+def pick_fastest(med: Dict[str, float], prefix: str) -> Optional[str]:
+    """Set med[prefix] to the fastest of the variants "<prefix>" and "<prefix> <variant>"; return
+    the variant picked ("" for the plain one), or None when there is none."""
+    variants = {k: v for k, v in med.items() if k == prefix or k.startswith(prefix + " ")}
+    if not variants:
+        return None
+    best = min(variants, key=variants.get)
+    med[prefix] = variants[best]
+    return best[len(prefix):].strip()
+
+
+def summarise(times: Dict[str, List[float]], tokens: int, dtypes, errors: Optional[Dict[str, float]] = None,
+              peers: Sequence[str] = ()) -> List[dict]:
+    """Rows per dtype: fastbert, transformers sdpa / eager (the faster of cast and autocast in bf16,
+    as a user would pick), each peer timed, and the GEMM floor (its fastest path); with tokens/s,
+    the ratios to transformers sdpa, to the fastest peer and to the floor, and the max abs error."""
     med = {k: statistics.median(v) for k, v in times.items()}
+    errors = errors or {}
     rows = []
     for dtype in dtypes:
         tag = dtype_name(dtype)
-        # transformers in bf16: the faster of cast and autocast, as a user would pick
-        for impl in ("sdpa", "eager"):
-            variants = {k: v for k, v in med.items() if k.startswith(f"transformers {impl} {tag}")}
-            if variants:
-                best = min(variants, key=variants.get)
-                med[f"transformers {impl} {tag}"] = variants[best]
-                if best != f"transformers {impl} {tag}":
-                    med.setdefault("_picked", {})[f"transformers {impl} {tag}"] = best
+        picked = {f"{p} {tag}": pick_fastest(med, f"{p} {tag}")
+                  for p in ("transformers sdpa", "transformers eager", "GEMM floor")}
+        peer_names = [f"{p} {tag}" for p in peers if f"{p} {tag}" in med]
+        fastest_peer = min((med[n] for n in peer_names), default=None)
         base, floor = med[f"transformers sdpa {tag}"], med[f"GEMM floor {tag}"]
-        for name in (f"fastbert {tag}", f"transformers sdpa {tag}", f"transformers eager {tag}", f"GEMM floor {tag}"):
+        names = [f"fastbert {tag}", f"transformers sdpa {tag}", f"transformers eager {tag}", *peer_names,
+                 f"GEMM floor {tag}"]
+        for name in names:
             rows.append({
                 "provider": name, "dtype": tag, "ms": med[name] * 1e3, "tokens_per_s": tokens / med[name],
                 "vs_sdpa": base / med[name], "vs_floor": med[name] / floor,
-                "picked": med.get("_picked", {}).get(name),
+                "vs_peer": None if fastest_peer is None else fastest_peer / med[name],
+                "max_abs_err": errors.get(name), "picked": picked.get(name) or None,
             })
     return rows
 
@@ -40,15 +55,23 @@ def print_ablations(rows, out=sys.stdout):
 
 
 def print_table(rows, out=sys.stdout):
-    print(f"{'workload':<9}{'provider':<30}{'ms/batch':>11}{'tokens/s':>11}"
-          f"{'vs transformers':>17}{'vs GEMM floor':>15}", file=out)
+    peers = any(r.get("vs_peer") is not None for r in rows)
+    print(f"{'workload':<9}{'provider':<36}{'ms/batch':>11}{'tokens/s':>11}{'vs transformers':>17}"
+          + (f"{'vs fastest peer':>17}" if peers else "") + f"{'vs GEMM floor':>15}{'max abs err':>13}", file=out)
     for r in rows:
+        if r.get("skipped"):
+            print(f"{r['workload']:<9}{r['provider']:<36}skipped: {r['skipped']}", file=out)
+            continue
         floor = f"{r['vs_floor']:.2f}x" if r.get("vs_floor") else "-"
-        name = r["provider"] + (f" ({r['picked'].rsplit(' ', 1)[-1]})" if r.get("picked") else "")
-        print(f"{r['workload']:<9}{name:<30}{r['ms']:>11.1f}{r['tokens_per_s']:>11.0f}{r['vs_sdpa']:>16.2f}x{floor:>15}",
-              file=out)
+        err = f"{r['max_abs_err']:.1e}" if r.get("max_abs_err") is not None else "-"
+        peer = (f"{r['vs_peer']:>16.2f}x" if r.get("vs_peer") is not None else f"{'-':>17}") if peers else ""
+        name = r["provider"] + (f" ({r['picked']})" if r.get("picked") else "")
+        print(f"{r['workload']:<9}{name:<36}{r['ms']:>11.1f}{r['tokens_per_s']:>11.0f}{r['vs_sdpa']:>16.2f}x{peer}"
+              f"{floor:>15}{err:>13}", file=out)
     print("vs transformers = transformers sdpa time (same dtype; sentence-transformers for minilm) / this time; "
-          "vs GEMM floor = this time / the floor's", file=out)
+          "vs fastest peer = the fastest peer's time / this time; vs GEMM floor = this time / the floor's "
+          "(the model's linears alone on the real tokens, on the fastest GEMM path, named); max abs err = "
+          "against transformers fp32 on the real tokens", file=out)
     cos = [r["min_cosine"] for r in rows if "min_cosine" in r]
     if cos:
         print(f"minilm: lowest cosine between fastbert and sentence-transformers embeddings {cos[0]:.7f}", file=out)

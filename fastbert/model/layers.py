@@ -18,6 +18,12 @@ class _Backend:
     backend: Optional[str] = None
 
 
+def _plain_embedding(module: nn.Module) -> bool:
+    """An nn.Embedding with none of the options ops.embedding leaves to F.embedding."""
+    return (type(module) is nn.Embedding and module.max_norm is None and not module.scale_grad_by_freq
+            and not module.sparse)
+
+
 class BertEmbeddings(nn.Module, _Backend):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -28,13 +34,19 @@ class BertEmbeddings(nn.Module, _Backend):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids, position_ids, inputs_embeds=None):
-        words = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        words = self._words(input_ids) if inputs_embeds is None else inputs_embeds
         rest = self.token_type_embeddings(token_type_ids) + self.position_embeddings(position_ids)
         h = ops.add_layer_norm(
             words, rest.to(words.dtype), self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps,
             backend=self.backend,
         )
         return self.dropout(h)
+
+    def _words(self, input_ids: torch.Tensor) -> torch.Tensor:
+        emb = self.word_embeddings
+        if _plain_embedding(emb):
+            return ops.embedding(input_ids, emb.weight, emb.padding_idx)
+        return emb(input_ids)  # a module put in its place (set_input_embeddings) runs as it is
 
 
 def _share_storage(params) -> torch.Tensor:

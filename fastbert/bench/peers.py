@@ -1,0 +1,155 @@
+"""The engines a user would deploy instead of fastbert on a CPU, as encoder-benchmark providers.
+
+    onnxruntime   torch.onnx export of transformers' BertModel, then onnxruntime.transformers'
+                  BERT optimizer (its Attention / SkipLayerNorm / BiasGelu fusions); fp32 only
+    openvino      openvino.convert_model of transformers' BertModel, compiled for the CPU with the
+                  dtype as its inference precision hint
+    ctranslate2   CTranslate2's transformers converter and its Encoder (float32; no bf16 on CPUs)
+    torch.compile torch.compile of transformers' BertModel (sdpa), in the dtype
+
+Each is converted from the same random-weight transformers model inside the run (`pip install
+-e .[peers]` installs them); a missing package or a failed conversion skips that peer with a
+printed reason. Every provider returns the last hidden state [batch, seq, hidden] as a tensor, so
+its error against the fp32 reference can be measured on the real tokens.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Callable, Dict, Tuple
+
+import torch
+
+from fastbert.dtypes import dtype_name
+
+PEERS = ("onnxruntime", "openvino", "ctranslate2", "torch.compile")
+Providers = Dict[str, Callable[[], torch.Tensor]]
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def _onnxruntime(hf, ids, mask, dtype, workdir):
+    import onnxruntime as ort
+    from onnxruntime.transformers import optimizer
+
+    if dtype != torch.float32:
+        raise _Skip("ONNX Runtime has no bf16 CPU kernels for BERT")
+    raw, fused = os.path.join(workdir, "bert.onnx"), os.path.join(workdir, "bert-fused.onnx")
+    if not os.path.exists(fused):
+        torch.onnx.export(hf, (ids, mask), raw, input_names=["input_ids", "attention_mask"],
+                          output_names=["last_hidden_state"], dynamo=False, opset_version=17,
+                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask")})
+        cfg = hf.config
+        opt = optimizer.optimize_model(raw, model_type="bert", num_heads=cfg.num_attention_heads,
+                                       hidden_size=cfg.hidden_size, opt_level=1)
+        opt.save_model_to_file(fused)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = _threads()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(fused, so, providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    names = {i.name for i in sess.get_inputs()}
+    feed = {k: v for k, v in feed.items() if k in names}
+    return lambda: torch.from_numpy(sess.run(["last_hidden_state"], feed)[0])
+
+
+def _openvino(hf, ids, mask, dtype, workdir):
+    import openvino as ov
+
+    core = ov.Core()
+    precision = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
+    model = ov.convert_model(hf, example_input={"input_ids": ids, "attention_mask": mask})
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision,
+                                                 "INFERENCE_NUM_THREADS": _threads(),
+                                                 "PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+
+    def run():
+        out = request.infer(feed)
+        return torch.from_numpy(next(iter(out.values())).copy())
+
+    return run
+
+
+def _ctranslate2(hf, ids, mask, dtype, workdir):
+    import ctranslate2
+    import numpy as np
+
+    if dtype != torch.float32:
+        raise _Skip("CTranslate2 has no bf16 compute type on CPUs")
+    model_dir, out_dir = os.path.join(workdir, "hf"), os.path.join(workdir, "ct2")
+    if not os.path.exists(out_dir):
+        _save_with_vocab(hf, model_dir)
+        ctranslate2.converters.TransformersConverter(model_dir).convert(out_dir, force=True)
+    enc = ctranslate2.Encoder(out_dir, device="cpu", compute_type="float32", intra_threads=_threads())
+    lengths = mask.sum(1).tolist()
+    rows = [r[:n] for r, n in zip(ids.tolist(), lengths)]
+    seq = ids.shape[1]
+
+    def run():
+        hidden = np.asarray(enc.forward_batch(rows).last_hidden_state)
+        out = torch.from_numpy(hidden)
+        return torch.nn.functional.pad(out, (0, 0, 0, seq - out.shape[1]))
+
+    return run
+
+
+def _save_with_vocab(hf, model_dir: str) -> None:
+    """hf saved with a WordPiece vocabulary of its size (the converter reads one; the ids are random)."""
+    import transformers
+
+    hf.save_pretrained(model_dir)
+    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab += [f"w{i}" for i in range(hf.config.vocab_size - len(vocab))]
+    with open(os.path.join(model_dir, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(vocab) + "\n")
+    transformers.BertTokenizer(os.path.join(model_dir, "vocab.txt")).save_pretrained(model_dir)
+
+
+def _torch_compile(hf, ids, mask, dtype, workdir):
+    import copy
+
+    model = hf if dtype == torch.float32 else copy.deepcopy(hf).to(dtype)
+    compiled = torch.compile(model)
+    return lambda: compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+class _Skip(Exception):
+    """A peer that does not run this dtype (printed as the reason)."""
+
+
+_BUILD = {"onnxruntime": _onnxruntime, "openvino": _openvino, "ctranslate2": _ctranslate2,
+          "torch.compile": _torch_compile}
+_PACKAGE = {"onnxruntime": "onnxruntime", "openvino": "openvino", "ctranslate2": "ctranslate2", "torch.compile": None}
+
+
+def peer_providers(hf, ids, mask, dtypes, peers=PEERS) -> Tuple[Providers, Dict[str, str]]:
+    """({"<peer> <dtype>": run}, {"<peer> <dtype>": why skipped}); `hf` is transformers' BertModel
+    (fp32, eval) with the weights fastbert runs."""
+    import importlib.util
+
+    provs: Providers = {}
+    skipped: Dict[str, str] = {}
+    workdir = tempfile.mkdtemp(prefix="fastbert-peers-")
+    for peer in peers:
+        package = _PACKAGE[peer]
+        for dtype in dtypes:
+            name = f"{peer} {dtype_name(dtype)}"
+            if package is not None and importlib.util.find_spec(package) is None:
+                skipped[name] = f"{package} is not installed (pip install -e .[peers])"
+                continue
+            try:
+                with torch.no_grad():
+                    provs[name] = _BUILD[peer](hf, ids, mask, dtype, workdir)
+            except _Skip as e:
+                skipped[name] = str(e)
+            except Exception as e:  # a converter that fails on this machine: say so, time the rest
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                skipped[name] = f"conversion failed: {type(e).__name__}: {first[:200]}"
+    for name, why in skipped.items():
+        print(f"peer skipped: {name}: {why}", file=sys.stderr)
+    return provs, skipped

@@ -1,0 +1,204 @@
+"""The CPU GEMM paths of the model's linear layers, and the choice between them by measurement.
+
+Every product the linear layers need has the form of a linear layer, y [R, C] = a [R, I] @ b [C, I]^T
+(+ bias [C]):
+
+    role "fwd"  the forward     a = x [tokens, in],    b = weight [out, in]        -> y  [tokens, out]
+    role "dx"   input gradient  a = dy [tokens, out],  b = weight^T [in, out]      -> dx [tokens, in]
+    role "dw"   weight gradient a = dy^T [out, tokens], b = x^T [in, tokens]       -> dw [out, in]
+
+Paths (those this torch build offers; each probed once against a float64 product, and dropped with
+one warning when it is missing, raises or disagrees):
+
+    addmm          torch.addmm / torch.mm: torch's own CPU GEMM (MKL or OpenBLAS in fp32, oneDNN in bf16)
+    onednn         torch.ops.mkldnn._linear_pointwise: oneDNN's inner product on the weight as it is
+    onednn_packed  the same on a weight reordered into oneDNN's blocked layout (roles fwd and dx)
+    mkl_packed     torch.ops.mkl._mkl_linear on an MKL-packed weight (fp32, role fwd)
+
+Which is fastest depends on the CPU (its vector width, AMX, the library's kernels for it), the shape
+and the thread count, so it is measured, never assumed: the first product of each (role, token
+bucket, in, out, dtype, threads) runs every path on the real operands, times each, and the fastest
+is used from then on in this process (`choices()` shows what was timed and chosen). Token counts are
+bucketed by powers of two, so variable-length batches share a few measurements.
+
+The packed paths reorder the weight on every call and the reorder is part of what is timed: a cached
+packed copy could go stale unseen (an in-place write through `weight.data` moves no version counter),
+so none is kept, and packing wins only where it pays for its own reorder.
+
+FASTBERT_GEMM=<path> (or `forced(path)`) runs every product on one path, for comparisons.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+ROLES = ("fwd", "dx", "dw")
+PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed")
+_TIMED_RUNS = 2  # after one untimed run; the minimum is kept
+
+_choices: Dict[tuple, Tuple[str, Dict[str, float]]] = {}
+_probed: Dict[Tuple[str, str, torch.dtype], Optional[str]] = {}  # why a path is not used, or None
+_forced: List[Optional[str]] = [None]
+
+
+Alloc = Optional[Callable[[], Tensor]]
+
+
+def _addmm(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    out = None if alloc is None else alloc()
+    if bias is None:
+        return torch.mm(a, b.t(), out=out)
+    return torch.addmm(bias, a, b.t(), out=out)
+
+
+def _onednn(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+
+
+def _onednn_packed(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    packed = torch.ops.mkldnn._reorder_linear_weight(b.contiguous(), a.shape[0])
+    return torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], "")
+
+
+def _mkl_packed(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(b, a.shape[0])
+    return torch.ops.mkl._mkl_linear(a, packed, b, bias, a.shape[0])
+
+
+_RUN: Dict[str, Callable] = {"addmm": _addmm, "onednn": _onednn, "onednn_packed": _onednn_packed,
+                             "mkl_packed": _mkl_packed}
+
+
+def _offered(path: str, role: str, dtype: torch.dtype) -> bool:
+    """Whether this torch build has the path, and the path takes this role and dtype."""
+    if path == "addmm":
+        return True
+    if path.startswith("onednn"):
+        if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+            return False
+        return role != "dw" if path == "onednn_packed" else True
+    return (role == "fwd" and dtype == torch.float32 and torch.backends.mkl.is_available()
+            and hasattr(torch.ops.mkl, "_mkl_linear"))
+
+
+def _tolerance(dtype: torch.dtype, inner: int) -> float:
+    eps = {torch.float32: 1.2e-7, torch.bfloat16: 7.8e-3, torch.float16: 9.8e-4}.get(dtype, 1e-2)
+    return 8 * eps * inner ** 0.5
+
+
+def _probe(path: str, role: str, dtype: torch.dtype) -> bool:
+    """Run `path` once on a small product against float64; False if it is missing, raises or
+    disagrees. A failure in fp32 or bf16 is warned of once (an underscored op that changed between
+    torch releases); in fp16 it is usual (CPUs without AVX-512 FP16) and only recorded."""
+    key = (path, role, dtype)
+    if key not in _probed:
+        why = None if _offered(path, role, dtype) else "not in this torch build"
+        if why is None and path != "addmm":
+            why = _probe_run(path, role, dtype)
+            if why is not None and dtype in (torch.float32, torch.bfloat16):
+                warnings.warn(f"fastbert.ops.linear: GEMM path {path!r} ({role}, {dtype}) is not used: {why}",
+                              stacklevel=3)
+        _probed[key] = why
+    return _probed[key] is None
+
+
+def _probe_run(path: str, role: str, dtype: torch.dtype) -> Optional[str]:
+    """None when `path` computes a small product right, else why not."""
+    g = torch.Generator().manual_seed(0)
+    a, b, bias = (torch.randn(*s, generator=g).to(dtype) for s in ((37, 24), (40, 24), (40,)))
+    if role != "fwd":  # the gradient products come transposed, as the layer passes them
+        a, b, bias = a.t().contiguous().t(), b.t().contiguous().t(), None
+    try:
+        got = _RUN[path](a, b, bias, None).double()
+    except Exception as e:  # a missing or changed underscored op, or a CPU without the instructions
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    want = a.double() @ b.double().t() + (0 if bias is None else bias.double())
+    if tuple(got.shape) != tuple(want.shape) or not bool(
+            ((got - want).abs() <= _tolerance(dtype, 24) * (1 + want.abs())).all()):
+        return "its result disagrees with the float64 product"
+    return None
+
+
+def unavailable() -> Dict[Tuple[str, str, torch.dtype], str]:
+    """{(path, role, dtype): why it is not used} for the paths probed so far."""
+    return {k: why for k, why in _probed.items() if why is not None}
+
+
+def candidates(role: str, dtype: torch.dtype) -> List[str]:
+    """The paths that take `role` in `dtype` on this build and passed their probe."""
+    return [p for p in PATHS if _probe(p, role, dtype)]
+
+
+def _bucket(tokens: int) -> int:
+    return 1 << max(tokens - 1, 0).bit_length()
+
+
+def _key(role: str, a: Tensor, b: Tensor) -> tuple:
+    """(role, token bucket, in_features, out_features, dtype, threads) of a product."""
+    tokens, n_in, n_out = {
+        "fwd": (a.shape[0], a.shape[1], b.shape[0]),
+        "dx": (a.shape[0], b.shape[0], a.shape[1]),
+        "dw": (a.shape[1], b.shape[0], a.shape[0]),
+    }[role]
+    return role, _bucket(tokens), n_in, n_out, a.dtype, torch.get_num_threads()
+
+
+def _time(fn: Callable[[], Tensor]) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(_TIMED_RUNS):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, alloc: Alloc = None) -> Tensor:
+    """a @ b^T (+ bias) on the path measured fastest for this role and shape (see the module
+    docstring). `alloc`, when given, makes the output for the paths that can write into one."""
+    forced = _forced[-1] or os.environ.get("FASTBERT_GEMM") or None
+    if forced is not None:
+        if forced not in PATHS:
+            raise ValueError(f"fastbert: FASTBERT_GEMM={forced!r} is not a GEMM path; choose from {PATHS}")
+        if _probe(forced, role, a.dtype):
+            return _RUN[forced](a, b, bias, alloc)
+        return _addmm(a, b, bias, alloc)
+    key = _key(role, a, b)
+    chosen = _choices.get(key)
+    if chosen is not None:
+        return _RUN[chosen[0]](a, b, bias, alloc)
+    timings: Dict[str, float] = {}
+    for path in candidates(role, a.dtype):
+        timings[path] = _time(lambda p=path: _RUN[p](a, b, bias, alloc))
+    best = min(timings, key=timings.get)
+    _choices[key] = (best, timings)
+    return _RUN[best](a, b, bias, alloc)
+
+
+def choices() -> Dict[tuple, Tuple[str, Dict[str, float]]]:
+    """{(role, token bucket, in, out, dtype, threads): (chosen path, {path: seconds timed})}."""
+    return dict(_choices)
+
+
+def reset() -> None:
+    """Forget the measured choices and probes (they are measured again at the next product)."""
+    _choices.clear()
+    _probed.clear()
+
+
+@contextlib.contextmanager
+def forced(path: Optional[str]) -> Iterator[None]:
+    """Run every product on `path` inside the block (None: the measured choice)."""
+    if path is not None and path not in PATHS:
+        raise ValueError(f"fastbert: {path!r} is not a GEMM path; choose from {PATHS}")
+    _forced.append(path)
+    try:
+        yield
+    finally:
+        _forced.pop()

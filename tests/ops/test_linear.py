@@ -1,0 +1,143 @@
+"""fastbert.ops.linear and its GEMM paths (fastbert.ops.gemm): every path against the fp64 product
+in every role, the linear op forward and every gradient against F.linear, the measured choice,
+and the fallback when a path is missing or broken."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_within_bound, run_with_grads
+
+import fastbert
+from fastbert.ops import gemm
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_choices():
+    gemm.reset()
+    yield
+    gemm.reset()
+
+
+def _operands(role, tokens, n_in, n_out, dtype, g):
+    """(a, b, bias) of a product in `role`, laid out as the linear layer passes them."""
+    x = torch.randn(tokens, n_in, generator=g).to(dtype)
+    w = torch.randn(n_out, n_in, generator=g).to(dtype)
+    dy = torch.randn(tokens, n_out, generator=g).to(dtype)
+    bias = torch.randn(n_out, generator=g).to(dtype)
+    return {"fwd": (x, w, bias), "dx": (dy, w.t(), None), "dw": (dy.t(), x.t(), None)}[role]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("role", gemm.ROLES)
+def test_every_path_gives_the_product(role, dtype):
+    g = torch.Generator().manual_seed(1)
+    a, b, bias = _operands(role, 67, 48, 80, dtype, g)
+    want64 = a.double() @ b.double().t() + (0 if bias is None else bias.double())
+    torch_out = (a @ b.t() + (0 if bias is None else bias)).to(dtype)
+    paths = gemm.candidates(role, dtype)
+    assert "addmm" in paths
+    for path in paths:
+        with gemm.forced(path):
+            got = gemm.product(role, a, b, bias)
+        assert_within_bound(f"{path} {role} {dtype}", got, torch_out, want64, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("path", [None, *gemm.PATHS])
+def test_linear_forward_and_gradients(path, dtype):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 29, 64, generator=g).to(dtype)
+    w, b = torch.randn(96, 64, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    dy = torch.randn(3, 29, 96, generator=g).to(dtype)
+    with gemm.forced(path):
+        out, grads = run_with_grads(fastbert.ops.linear, [x, w, b], dy)
+        with torch.no_grad():
+            infer = fastbert.ops.linear(x, w, b)
+    base, base_grads = run_with_grads(F.linear, [x, w, b], dy)
+    r64, r64_grads = run_with_grads(F.linear, [x.double(), w.double(), b.double()], dy.double())
+    for name, got, t, r in zip(["y", "dx", "dw", "db"], [out, *grads], [base, *base_grads], [r64, *r64_grads]):
+        assert_within_bound(f"{path} {name}", got, t, r, dtype)
+    assert_within_bound(f"{path} inference", infer, base, r64, dtype)
+
+
+def test_autocast_casts_as_f_linear_does():
+    g = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(40, 32, generator=g), torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fastbert.ops.linear(*leaves)
+        want = F.linear(x, w, b)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+    got.float().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in leaves)
+
+
+def test_the_chosen_path_is_the_fastest_timed():
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(300, 64, generator=g), torch.randn(128, 64, generator=g)
+    with torch.no_grad():
+        fastbert.ops.linear(x, w)
+    (key, (chosen, timings)), = gemm.choices().items()
+    assert key[:4] == ("fwd", 512, 64, 128)
+    assert set(timings) == set(gemm.candidates("fwd", torch.float32))
+    assert chosen == min(timings, key=timings.get)
+
+
+def test_a_broken_path_is_dropped_with_a_warning(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setitem(gemm._RUN, "onednn", broken)
+    monkeypatch.setattr(gemm, "_offered", lambda path, role, dtype: True)
+    with pytest.warns(UserWarning, match="'onednn'.*RuntimeError: no such kernel"):
+        paths = gemm.candidates("fwd", torch.float32)
+    assert "onednn" not in paths
+    x, w = torch.randn(20, 16), torch.randn(24, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once, not at every product
+        with torch.no_grad():
+            assert torch.allclose(fastbert.ops.linear(x, w), x @ w.t(), atol=1e-5)
+        with gemm.forced("onednn"), torch.no_grad():  # forced onto a dropped path: torch.addmm
+            assert torch.allclose(fastbert.ops.linear(x, w), x @ w.t(), atol=1e-5)
+
+
+def test_a_path_failing_in_fp16_is_dropped_quietly(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("fp16 path needs avx512_fp16")
+
+    monkeypatch.setitem(gemm._RUN, "onednn", broken)
+    monkeypatch.setattr(gemm, "_offered", lambda path, role, dtype: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "onednn" not in gemm.candidates("fwd", torch.float16)
+    assert "avx512_fp16" in gemm.unavailable()[("onednn", "fwd", torch.float16)]
+
+
+def test_a_path_this_build_lacks_is_not_offered(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert gemm.candidates("fwd", torch.float32)[:1] == ["addmm"]
+    assert not any(p.startswith("onednn") for p in gemm.candidates("dx", torch.float32))
+
+
+def test_weights_written_in_place_are_seen():
+    """No packed copy is kept: a write through .data (which moves no version counter) shows."""
+    x, w = torch.randn(33, 16), torch.randn(24, 16)
+    for path in gemm.PATHS:
+        with gemm.forced(path), torch.no_grad():
+            before = fastbert.ops.linear(x, w)
+            w.data.mul_(2)
+            assert torch.allclose(fastbert.ops.linear(x, w), 2 * before, atol=1e-4), path
+            w.data.div_(2)
+
+
+def test_unknown_path_is_a_one_line_error(monkeypatch):
+    with pytest.raises(ValueError, match="not a GEMM path"):
+        with gemm.forced("blas9"):
+            pass
+    monkeypatch.setenv("FASTBERT_GEMM", "blas9")
+    with pytest.raises(ValueError, match="FASTBERT_GEMM='blas9'"), torch.no_grad():
+        fastbert.ops.linear(torch.randn(3, 4), torch.randn(5, 4))
