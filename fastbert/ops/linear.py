@@ -4,7 +4,7 @@ On the CPU every product runs on the GEMM path measured fastest for its shape (f
 the forward, and under autograd the input and weight gradients too, each timed and chosen on its
 own. Under autocast the operands are cast to the autocast dtype first, as autocast casts F.linear's.
 
-For inference the output of 4 MiB or more of the torch.addmm path comes from the C++ extension's
+Outputs of 4 MiB or more of the torch.addmm path come from the C++ extension's
 reusing mapping allocator instead of malloc: glibc maps such a block afresh on every call and the
 GEMM then page-faults it in 4 KiB at a time (at 8982 x 1536 fp32 that took 44 ms a call against
 31 ms into a reused buffer; the bias an addmm first copies into its output pays the faults too).
@@ -25,6 +25,12 @@ from fastbert.ops import gemm
 _GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _allocator(rows: int, cols: int, dtype: torch.dtype):
+    """A maker of the [rows, cols] output in the extension's reusing allocator, or None without it."""
+    empty = _backend.cpp_function("empty")
+    return None if empty is None else (lambda: empty([rows, cols], dtype))
+
+
 class _Linear(torch.autograd.Function):
     """x2 [tokens, in] @ weight^T + bias, with each of the three products on its measured path."""
 
@@ -32,16 +38,20 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x2, weight, bias):
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
-        return gemm.product("fwd", x2, weight, bias)
+        return gemm.product("fwd", x2, weight, bias, _allocator(x2.shape[0], weight.shape[0], x2.dtype))
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         x2, weight = ctx.saved_tensors
         dy = dy.contiguous()
-        dx = gemm.product("dx", dy, weight.t()) if ctx.needs_input_grad[0] else None
-        dw = gemm.product("dw", dy.t(), x2.t()) if ctx.needs_input_grad[1] else None
-        db = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = gemm.product("dx", dy, weight.t(), None, _allocator(dy.shape[0], weight.shape[1], dy.dtype))
+        if ctx.needs_input_grad[1]:
+            dw = gemm.product("dw", dy.t(), x2.t(), None, _allocator(weight.shape[0], weight.shape[1], dy.dtype))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.sum(0)
         return dx, dw, db
 
 
@@ -54,12 +64,36 @@ def _plain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) 
     )
 
 
+class _Cast(torch.autograd.Function):
+    """t.to(dtype), the copy and its gradient's copy back both in memory from `empty` (the
+    extension's reusing allocator): under autocast every weight is cast in the forward and its
+    gradient cast back in the backward, each a fresh 4.7-9.4 MB block for BERT-base that malloc
+    would map and page-fault anew at every step."""
+
+    @staticmethod
+    def forward(ctx, t, dtype, empty):
+        ctx.dtype, ctx.empty = t.dtype, empty
+        return empty(list(t.shape), dtype).copy_(t)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        return ctx.empty(list(grad.shape), ctx.dtype).copy_(grad), None, None
+
+
 def _autocast_operands(x, weight, bias):
     """The operands in the CPU autocast dtype, as autocast casts them for F.linear."""
     dtype = torch.get_autocast_dtype("cpu")
     if not x.is_floating_point():
         return x, weight, bias
-    return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+    empty = _backend.cpp_function("empty")
+
+    def cast(t):
+        if t is None or t.dtype == dtype:
+            return t
+        return t.to(dtype) if empty is None else _Cast.apply(t, dtype, empty)
+
+    return cast(x), cast(weight), cast(bias)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -75,6 +109,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return _Linear.apply(x2, weight, bias).view(shape)
-    empty = _backend.cpp_function("empty")
-    alloc = None if empty is None else (lambda: empty([x2.shape[0], weight.shape[0]], x.dtype))
-    return gemm.product("fwd", x2, weight, bias, alloc).view(shape)
+    return gemm.product("fwd", x2, weight, bias, _allocator(x2.shape[0], weight.shape[0], x.dtype)).view(shape)

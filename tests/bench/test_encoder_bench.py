@@ -1,0 +1,61 @@
+"""The encoder benchmark's table: the floor named by its GEMM path, each provider's error against
+transformers in fp32, and the peers: converted and checked where installed, skipped with a reason
+where not."""
+import importlib.util
+
+import pytest
+import torch
+
+from fastbert.bench import encoder, peers
+from fastbert.ops import gemm
+
+
+def test_table_names_the_floor_path_and_measures_errors():
+    rows = encoder.run(["var128"], [torch.float32], layers=1, rounds=1, progress=False)
+    by_name = {r["provider"]: r for r in rows}
+    floor = by_name["GEMM floor fp32"]
+    assert floor["picked"] in (*gemm.PATHS, "per-shape")
+    assert floor["vs_floor"] == pytest.approx(1.0)
+    fb = by_name["fastbert fp32"]
+    assert fb["vs_floor"] > 0 and fb["vs_sdpa"] > 0 and fb["vs_peer"] is None
+    assert fb["max_abs_err"] < 1e-3 and by_name["transformers sdpa fp32"]["max_abs_err"] == 0
+
+
+def test_a_missing_peer_is_skipped_with_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ctranslate2" else real(name, *a))
+    provs, skipped = peers.peer_providers(None, None, None, [torch.float32], peers=("ctranslate2",))
+    assert provs == {} and "pip install -e .[peers]" in skipped["ctranslate2 fp32"]
+
+
+def test_a_failing_conversion_is_skipped_with_its_error(monkeypatch, capsys):
+    def fails(*args):
+        raise RuntimeError("unsupported operator aten::foo\nmore detail")
+
+    monkeypatch.setitem(peers._BUILD, "torch.compile", fails)
+    provs, skipped = peers.peer_providers(None, None, None, [torch.float32], peers=("torch.compile",))
+    assert provs == {}
+    assert skipped["torch.compile fp32"] == "conversion failed: RuntimeError: unsupported operator aten::foo"
+    assert "peer skipped: torch.compile fp32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
+def test_each_installed_peer_computes_the_model(peer):
+    if importlib.util.find_spec(peer) is None:
+        pytest.skip(f"{peer} is not installed (the peers extra: pip install -e .[peers])")
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, attn_implementation="sdpa")
+    hf = transformers.BertModel(cfg).eval()
+    mask = (torch.arange(12)[None] < torch.tensor([12, 5, 9])[:, None]).long()
+    ids = torch.randint(1, 200, (3, 12)) * mask
+    provs, skipped = peers.peer_providers(hf, ids, mask, [torch.float32], peers=(peer,))
+    assert not skipped, skipped
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    got = provs[f"{peer} fp32"]()
+    real = mask.bool()
+    assert got.shape == want.shape
+    assert (got[real] - want[real]).abs().max() < 1e-4
