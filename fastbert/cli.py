@@ -11,7 +11,9 @@ COMMANDS = {
     "pretrain": ("fastbert.pretraining.pretrain",
                  "pretrain BERT (MLM + NSP) on the fused ops; no arguments: the built-in demo"),
     "attention-map": ("fastbert.maps", "draw what each layer and head attends to in a text (PNG)"),
-    "bench": ("fastbert.bench.encoder:quick", "time the encoder against transformers and the GEMM floor (about a minute)"),
+    "bench": ("fastbert.bench.encoder:quick",
+              "time the encoder against transformers and the GEMM floor (about a minute); --peers adds "
+              "ONNX Runtime, OpenVINO, CTranslate2 and torch.compile"),
 }
 
 

@@ -29,6 +29,7 @@ def summarise(times: Dict[str, List[float]], tokens: int, dtypes, errors: Option
     rows = []
     for dtype in dtypes:
         tag = dtype_name(dtype)
+        floor_paths = {k.rsplit(" ", 1)[-1]: v * 1e3 for k, v in med.items() if k.startswith(f"GEMM floor {tag} ")}
         picked = {f"{p} {tag}": pick_fastest(med, f"{p} {tag}")
                   for p in ("transformers sdpa", "transformers eager", "GEMM floor")}
         peer_names = [f"{p} {tag}" for p in peers if f"{p} {tag}" in med]
@@ -41,7 +42,9 @@ def summarise(times: Dict[str, List[float]], tokens: int, dtypes, errors: Option
                 "provider": name, "dtype": tag, "ms": med[name] * 1e3, "tokens_per_s": tokens / med[name],
                 "vs_sdpa": base / med[name], "vs_floor": med[name] / floor,
                 "vs_peer": None if fastest_peer is None else fastest_peer / med[name],
-                "max_abs_err": errors.get(name), "picked": picked.get(name) or None,
+                "max_abs_err": errors.get(f"{name} {picked[name]}" if picked.get(name) else name),
+                "picked": picked.get(name) or None,
+                **({"floor_paths_ms": floor_paths} if name.startswith("GEMM floor") else {}),
             })
     return rows
 
@@ -68,6 +71,9 @@ def print_table(rows, out=sys.stdout):
         name = r["provider"] + (f" ({r['picked']})" if r.get("picked") else "")
         print(f"{r['workload']:<9}{name:<36}{r['ms']:>11.1f}{r['tokens_per_s']:>11.0f}{r['vs_sdpa']:>16.2f}x{peer}"
               f"{floor:>15}{err:>13}", file=out)
+        if r.get("floor_paths_ms"):
+            paths = ", ".join(f"{p} {ms:.0f}" for p, ms in sorted(r["floor_paths_ms"].items(), key=lambda t: t[1]))
+            print(f"{'':<9}  the floor on each GEMM path, ms: {paths}", file=out)
     print("vs transformers = transformers sdpa time (same dtype; sentence-transformers for minilm) / this time; "
           "vs fastest peer = the fastest peer's time / this time; vs GEMM floor = this time / the floor's "
           "(the model's linears alone on the real tokens, on the fastest GEMM path, named); max abs err = "
