@@ -75,8 +75,9 @@ def print_table(rows, out=sys.stdout):
             paths = ", ".join(f"{p} {ms:.0f}" for p, ms in sorted(r["floor_paths_ms"].items(), key=lambda t: t[1]))
             print(f"{'':<9}  the floor on each GEMM path, ms: {paths}", file=out)
     print("vs transformers = transformers sdpa time (same dtype; sentence-transformers for minilm) / this time; "
-          "vs fastest peer = the fastest peer's time / this time; vs GEMM floor = this time / the floor's "
-          "(the model's linears alone on the real tokens, on the fastest GEMM path, named); max abs err = "
+          + ("vs fastest peer = the fastest peer's time / this time; " if peers else "")
+          + "vs GEMM floor = this time / the floor's (the model's linears alone on the real tokens, on the "
+          "fastest GEMM path, named); max abs err = "
           "against transformers fp32 on the real tokens", file=out)
     cos = [r["min_cosine"] for r in rows if "min_cosine" in r]
     if cos:

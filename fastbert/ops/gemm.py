@@ -40,7 +40,7 @@ import torch
 Tensor = torch.Tensor
 ROLES = ("fwd", "dx", "dw")
 PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed")
-_TIMED_RUNS = 2  # after one untimed run; the minimum is kept
+_TIMED_RUNS = 3  # after one untimed run; the minimum is kept
 
 _choices: Dict[tuple, Tuple[str, Dict[str, float]]] = {}
 _probed: Dict[Tuple[str, str, torch.dtype], Optional[str]] = {}  # why a path is not used, or None
@@ -149,13 +149,18 @@ def _key(role: str, a: Tensor, b: Tensor) -> tuple:
     return role, _bucket(tokens), n_in, n_out, a.dtype, torch.get_num_threads()
 
 
-def _time(fn: Callable[[], Tensor]) -> float:
-    fn()
-    best = float("inf")
+def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, float]:
+    """{path: seconds}: the fastest of _TIMED_RUNS calls of each path after one untimed call, the
+    paths taken in turn round after round, so that a drift of the machine's speed hits them alike."""
+    best = {}
+    for path in paths:
+        run(path)
+        best[path] = float("inf")
     for _ in range(_TIMED_RUNS):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
+        for path in paths:
+            t0 = time.perf_counter()
+            run(path)
+            best[path] = min(best[path], time.perf_counter() - t0)
     return best
 
 
@@ -173,9 +178,7 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
     chosen = _choices.get(key)
     if chosen is not None:
         return _RUN[chosen[0]](a, b, bias, alloc)
-    timings: Dict[str, float] = {}
-    for path in candidates(role, a.dtype):
-        timings[path] = _time(lambda p=path: _RUN[p](a, b, bias, alloc))
+    timings = _time_paths(candidates(role, a.dtype), lambda p: _RUN[p](a, b, bias, alloc))
     best = min(timings, key=timings.get)
     _choices[key] = (best, timings)
     return _RUN[best](a, b, bias, alloc)
