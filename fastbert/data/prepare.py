@@ -44,6 +44,7 @@ def prepare_data(
     vocab: Optional[str] = None,
     vocab_size: int = 30522,
     lowercase: bool = True,
+    strip_accents: Optional[bool] = None,
     min_frequency: int = 2,
     max_seq_length: int = 128,
     dupe_factor: int = 5,
@@ -58,7 +59,9 @@ def prepare_data(
     """Prepare a pretraining data directory; returns its index (see shards.py).
 
     The text comes from the files / directories `corpus`, or from `documents`, a function returning a
-    fresh iterable of documents (lists of sentences) each time it is called."""
+    fresh iterable of documents (lists of sentences) each time it is called. strip_accents: None
+    strips accents and recomposes (Hangul stays whole), True BERT's decomposed form, False keeps
+    them (fastbert.data.vocab); it applies to a trained vocabulary."""
     if (corpus is None) == (documents is None):
         raise ValueError("fastbert prepare: give exactly one of corpus (paths) or documents")
     _check_settings(dupe_factor, short_seq_prob, eval_fraction, max_seq_length)
@@ -69,7 +72,7 @@ def prepare_data(
     if os.path.exists(stale):
         os.remove(stale)  # the directory is not valid data until the new index is written
 
-    tok = _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, min_frequency, progress, log)
+    tok = _vocabulary(vocab, documents_fn, corpus, vocab_size, (lowercase, strip_accents), min_frequency, progress, log)
     special = vocab_mod.check_special_tokens(tok)
     vocab_mod.save_tokenizer(tok, out_dir, model_max_length=max_seq_length)
     stats = corpus_mod.CorpusStats()
@@ -163,8 +166,10 @@ def _document_source(corpus, documents, corpus_format: str) -> Callable:
     return documents_fn
 
 
-def _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, min_frequency, progress, log):
-    """The tokenizer: loaded from `vocab`, or a WordPiece vocabulary trained on the corpus."""
+def _vocabulary(vocab, documents_fn, corpus, vocab_size, case, min_frequency, progress, log):
+    """The tokenizer: loaded from `vocab`, or a WordPiece vocabulary trained on the corpus
+    (case: lowercase, strip_accents)."""
+    lowercase, strip_accents = case
     if vocab is not None:
         try:
             tok = vocab_mod.load_tokenizer(vocab, lowercase=None if lowercase else False)
@@ -182,7 +187,8 @@ def _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, min_frequenc
             yield from doc
 
     tv = time.perf_counter()
-    tok = vocab_mod.train_wordpiece(sentences(), vocab_size, lowercase=lowercase, min_frequency=min_frequency)
+    tok = vocab_mod.train_wordpiece(sentences(), vocab_size, lowercase=lowercase, strip_accents=strip_accents,
+                                    min_frequency=min_frequency)
     if bar is not None:
         bar.close()
     _check_text(stats0, corpus)
@@ -286,6 +292,10 @@ def add_data_arguments(p: argparse.ArgumentParser, *, defaults: Optional[dict] =
     g.add_argument("--vocab-size", type=int, default=d["vocab_size"],
                    help=f"size of the trained vocabulary ({text['vocab_size']})")
     g.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
+    g.add_argument("--strip-accents", action=argparse.BooleanOptionalAction, default=None,
+                   help="--strip-accents: BERT's accent stripping, which leaves text decomposed (Hangul into "
+                        "jamo); --no-strip-accents: keep accents; default: strip accents and recompose, so "
+                        "Hangul and other composed scripts stay whole")
     g.add_argument("--min-frequency", type=int, default=2, help="minimum count of a trained token (default %(default)s)")
     g.add_argument("--max-seq-length", type=int, default=d["max_seq_length"],
                    help=f"tokens per pair ({text['max_seq_length']})")
@@ -301,7 +311,8 @@ def add_data_arguments(p: argparse.ArgumentParser, *, defaults: Optional[dict] =
 def prepare_from_args(args, out_dir: str, *, corpus=None, documents=None, progress: bool = True, log=print) -> dict:
     return prepare_data(
         out_dir, corpus=corpus, documents=documents, corpus_format=args.corpus_format, vocab=args.vocab,
-        vocab_size=args.vocab_size, lowercase=not args.cased, min_frequency=args.min_frequency,
+        vocab_size=args.vocab_size, lowercase=not args.cased, strip_accents=args.strip_accents,
+        min_frequency=args.min_frequency,
         max_seq_length=args.max_seq_length, dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob,
         eval_fraction=args.eval_fraction, shard_size=args.shard_size, seed=args.data_seed, progress=progress, log=log,
     )

@@ -1,10 +1,21 @@
 """WordPiece tokenizers for pretraining, with the `tokenizers` library: train a new vocabulary on a
 corpus, or load one (a BERT vocab.txt, a tokenizer.json, or a directory holding either).
 
-The tokenizer is BERT's: BertNormalizer (clean text, CJK characters split, lower-casing and accent
-stripping unless cased), BertPreTokenizer (whitespace and punctuation), WordPiece with "##"
-continuation pieces. The saved directory (tokenizer.json, vocab.txt, tokenizer_config.json,
-special_tokens_map.json) loads with transformers' AutoTokenizer / BertTokenizerFast.
+The tokenizer is BERT's: BertNormalizer (clean text, CJK characters split, lower-casing unless
+cased), BertPreTokenizer (whitespace and punctuation), WordPiece with "##" continuation pieces.
+
+Accents (strip_accents): BERT's uncased models strip them by decomposing the text (NFD) and
+dropping the combining marks, and keep the text decomposed, which turns every Hangul syllable into
+loose conjoining jamo (a vocabulary no Korean reader can read, and decode(encode(s)) != s). The
+default here, strip_accents=None with lower-casing, drops the combining marks and then recomposes
+(NFD, StripAccents, NFC): "café" -> "cafe" as in BERT, "한국어" stays "한국어". strip_accents=True is
+BERT's own form (text left decomposed), False keeps every accent; cased tokenizers keep accents
+unless strip_accents=True. On English text all three lower-casing forms give the same ids.
+
+The saved directory (tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json)
+loads with transformers' AutoTokenizer / BertTokenizerFast, which run the normaliser of
+tokenizer.json. The slow BertTokenizer has no recomposition step: from vocab.txt alone it matches
+only strip_accents=True and False (tokenizer_config.json says which was used).
 
 The `tokenizers` trainer breaks ties between equally frequent merges in hash-map order, which
 changes from process to process: two trainings on the same text can end a few tokens apart. A
@@ -16,18 +27,29 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Iterable, Iterator, List, Optional
+from typing import Dict, Iterable, Iterator, List, Optional, Union
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 
 
-def _bert_pipeline(tok, lowercase: bool):
-    from tokenizers import decoders, normalizers, pre_tokenizers
+ACCENT_FORMS = {None: "strip, then recompose (NFC)", True: "strip, left decomposed (NFD)", False: "kept"}
 
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
-    )
+
+def _normalizer(lowercase: bool, strip_accents: Optional[bool]):
+    from tokenizers import normalizers
+
+    bert = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=lowercase,
+                                      strip_accents=bool(strip_accents))
+    if strip_accents is None and lowercase:
+        return normalizers.Sequence([bert, normalizers.NFD(), normalizers.StripAccents(), normalizers.NFC()])
+    return bert
+
+
+def _bert_pipeline(tok, lowercase: bool, strip_accents: Optional[bool] = None):
+    from tokenizers import decoders, pre_tokenizers
+
+    tok.normalizer = _normalizer(lowercase, strip_accents)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
     return tok
@@ -38,18 +60,20 @@ def train_wordpiece(
     vocab_size: int,
     *,
     lowercase: bool = True,
+    strip_accents: Optional[bool] = None,
     min_frequency: int = 2,
     limit_alphabet: int = 1000,
     length: Optional[int] = None,
     show_progress: bool = False,
 ):
     """A new WordPiece tokenizer trained on `texts` (any iterable of strings, streamed) with
-    [PAD] [UNK] [CLS] [SEP] [MASK] as ids 0..4."""
+    [PAD] [UNK] [CLS] [SEP] [MASK] as ids 0..4 (strip_accents: see the module docstring)."""
     from tokenizers import Tokenizer, models, trainers
 
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"fastbert: vocab_size {vocab_size} is too small (at least {len(SPECIAL_TOKENS) + 1})")
-    tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")), lowercase)
+    tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")), lowercase,
+                         strip_accents)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
@@ -62,16 +86,17 @@ def train_wordpiece(
     return tok
 
 
-def load_tokenizer(path: str, *, lowercase: Optional[bool] = None):
+def load_tokenizer(path: str, *, lowercase: Optional[bool] = None, strip_accents: Union[bool, None, str] = "file"):
     """A tokenizer from a vocab.txt (one WordPiece token per line), a tokenizer.json, or a directory
-    holding one of them (tokenizer.json preferred). `lowercase` applies to vocab.txt only (default
-    True, or what a tokenizer_config.json next to it says)."""
+    holding one of them (tokenizer.json preferred). `lowercase` and `strip_accents` apply to
+    vocab.txt only; by default they are read as transformers reads them from a tokenizer_config.json
+    next to it (lower-cased, accents as do_lower_case, when there is none), or as fastbert saved them."""
     from tokenizers import Tokenizer, models
 
     if os.path.isdir(path):
         for name in ("tokenizer.json", "vocab.txt"):
             if os.path.isfile(os.path.join(path, name)):
-                return load_tokenizer(os.path.join(path, name), lowercase=lowercase)
+                return load_tokenizer(os.path.join(path, name), lowercase=lowercase, strip_accents=strip_accents)
         raise FileNotFoundError(f"fastbert: {path} holds neither tokenizer.json nor vocab.txt")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"fastbert: vocabulary file {path} does not exist")
@@ -93,25 +118,39 @@ def load_tokenizer(path: str, *, lowercase: Optional[bool] = None):
                     vocab[token] = len(vocab)
         if not vocab:
             raise ValueError(f"fastbert: vocabulary file {path} is empty")
+        config = _tokenizer_config(os.path.dirname(path))
         if lowercase is None:
-            lowercase = _config_lowercase(os.path.dirname(path))
+            lowercase = bool(config.get("do_lower_case", True))
+        if strip_accents == "file":
+            strip_accents = _accents_from_config(config, lowercase)
         unk = "[UNK]" if "[UNK]" in vocab else None
         if unk is None:
             raise ValueError(f"fastbert: vocabulary {path} has no [UNK] token")
-        tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##")), lowercase)
+        tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##")), lowercase,
+                             strip_accents)
     check_special_tokens(tok, source=path)
     return tok
 
 
-def _config_lowercase(directory: str) -> bool:
+def _accents_from_config(config: dict, lowercase: bool) -> Optional[bool]:
+    """strip_accents as saved by save_tokenizer, else as transformers' BertTokenizer reads its flag
+    (None: as do_lower_case, stripping into decomposed text)."""
+    if "fastbert_strip_accents" in config:
+        return config["fastbert_strip_accents"]
+    flag = config.get("strip_accents")
+    return lowercase if flag is None else bool(flag)
+
+
+def _tokenizer_config(directory: str) -> dict:
     cfg = os.path.join(directory, "tokenizer_config.json")
     if os.path.isfile(cfg):
         try:
             with open(cfg, encoding="utf-8") as f:
-                return bool(json.load(f).get("do_lower_case", True))
+                data = json.load(f)
+            return data if isinstance(data, dict) else {}
         except (OSError, ValueError):
             pass
-    return True
+    return {}
 
 
 def special_token_ids(tok) -> Dict[str, int]:
@@ -140,12 +179,31 @@ def vocab_list(tok) -> List[str]:
     return out
 
 
-def is_lowercase(tok) -> bool:
+def _bert_normalizer_state(tok) -> Optional[dict]:
+    """(BertNormalizer's saved state, whether a Sequence recomposes after it), from tokenizer.json."""
     try:
         state = json.loads(tok.to_str())["normalizer"] or {}
     except Exception:
-        return True
-    return bool(state.get("lowercase", False))
+        return None
+    parts = state.get("normalizers", []) if state.get("type") == "Sequence" else [state]
+    bert = next((p for p in parts if p.get("type") == "BertNormalizer"), None)
+    if bert is not None and state.get("type") == "Sequence":
+        bert = dict(bert, recomposed=any(p.get("type") == "NFC" for p in parts))
+    return bert
+
+
+def is_lowercase(tok) -> bool:
+    state = _bert_normalizer_state(tok)
+    return True if state is None else bool(state.get("lowercase", False))
+
+
+def accent_form(tok) -> Optional[bool]:
+    """strip_accents of the tokenizer: None (strip, recompose), True (strip, NFD) or False (kept)."""
+    state = _bert_normalizer_state(tok) or {}
+    if state.get("recomposed"):
+        return None
+    strip = state.get("strip_accents")
+    return bool(state.get("lowercase", False)) if strip is None else bool(strip)
 
 
 def save_tokenizer(tok, directory: str, *, model_max_length: int = 512) -> None:
@@ -163,11 +221,21 @@ def save_tokenizer(tok, directory: str, *, model_max_length: int = 512) -> None:
         "cls_token": "[CLS]",
         "mask_token": "[MASK]",
         "tokenize_chinese_chars": True,
-        "strip_accents": None,
+        # the slow BertTokenizer's flag (None there: as do_lower_case, stripping into decomposed
+        # text). It cannot recompose: for fastbert's default form it is False, which keeps Hangul
+        # whole and differs only on accented letters. tokenizer.json holds the exact normaliser.
+        "strip_accents": _slow_strip_accents(tok),
+        "fastbert_strip_accents": accent_form(tok),
+        "fastbert_accents": ACCENT_FORMS[accent_form(tok)],
     }
     _atomic_text(os.path.join(directory, "tokenizer_config.json"), json.dumps(config, indent=2) + "\n")
     special = {k: config[k] for k in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")}
     _atomic_text(os.path.join(directory, "special_tokens_map.json"), json.dumps(special, indent=2) + "\n")
+
+
+def _slow_strip_accents(tok) -> bool:
+    form = accent_form(tok)
+    return False if form is None else form
 
 
 def _atomic_text(path: str, text: str) -> None:
