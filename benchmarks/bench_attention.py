@@ -28,6 +28,7 @@ from fastbert.bench import report
 from fastbert.bench.tables import print_timings
 from fastbert.bench.timing import median_s
 from fastbert.dtypes import parse_dtype
+from fastbert.plotting import pyplot
 
 PEAK_FLOPS = 800e12  # H100 SXM dense fp16/bf16 tensor-core, rounded
 HBM_BYTES_PER_S = 3.0e12
@@ -152,7 +153,7 @@ def print_table(rows, out=sys.stdout):
 
 
 def plot(rows, path):
-    plt = report.pyplot()
+    plt = pyplot()
     if plt is None:
         return
     names = list(rows[0]["ms"])

@@ -24,6 +24,7 @@ from fastbert.bench import report
 from fastbert.bench.tables import print_timings
 from fastbert.bench.timing import median_s
 from fastbert.dtypes import parse_dtype
+from fastbert.plotting import pyplot
 
 SHAPES = [(4096, 768), (4096, 3072), (4096, 1024)]  # tokens x hidden: BERT-base, its FFN, BERT-large
 HBM_BYTES_PER_S = 3.0e12  # H100 SXM
@@ -110,7 +111,7 @@ def print_table(providers, rows, out=sys.stdout):
 
 
 def plot(rows, providers, path):
-    plt = report.pyplot()
+    plt = pyplot()
     if plt is None:
         return
     labels = [f"{r['op']} {r['direction']}\n{'x'.join(map(str, r['shape']))} {r['dtype']}" for r in rows]

@@ -63,11 +63,16 @@ def attention_map(model, tokenizer, text: str, layer: Optional[int] = None, head
 
 def draw(probs: torch.Tensor, tokens: List[str], path: str, layers: List[int], heads: List[int]) -> None:
     """A grid of maps (probs [len(layers), len(heads), tokens, tokens]) labelled with the tokens, to `path`."""
-    from fastbert.bench.report import pyplot
+    from fastbert.plotting import pyplot, text_fonts
 
     plt = pyplot(what="no attention map drawn")
     if plt is None:
         raise RuntimeError("drawing needs matplotlib: pip install matplotlib")
+    with text_fonts(tokens):  # Hangul tokens drawn in a font that has them
+        _draw_grid(plt, probs, tokens, path, layers, heads)
+
+
+def _draw_grid(plt, probs, tokens, path, layers, heads) -> None:
     n = len(tokens)
     size = max(1.6, min(4.0, 0.22 * n))
     fig, axes = plt.subplots(len(layers), len(heads), figsize=(size * len(heads) + 1, size * len(layers) + 0.5),

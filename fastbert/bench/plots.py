@@ -2,7 +2,8 @@
 marked, each bar labelled with its ratio to transformers."""
 from __future__ import annotations
 
-from fastbert.bench.report import pyplot, save_figure
+from fastbert.bench.report import save_figure
+from fastbert.plotting import pyplot
 
 
 def plot(rows, path):

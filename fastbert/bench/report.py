@@ -78,20 +78,6 @@ def write_json(path: str, command: str, info: dict, rows, **extra) -> None:
         json.dump({"command": command, "machine": info, **extra, "rows": rows}, f, indent=1)
 
 
-def pyplot(quiet: bool = False, what: str = "no plot written"):
-    """matplotlib.pyplot on the Agg backend, or None (saying so on stderr unless quiet) without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        if not quiet:
-            print(f"matplotlib is not installed: {what} (pip install matplotlib)", file=sys.stderr)
-        return None
-    return plt
-
-
 def save_figure(fig, path: str, dpi: int = 120) -> None:
     """Lay out, write `path` and say so."""
     fig.tight_layout()

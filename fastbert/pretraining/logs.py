@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fastbert.backend import resolve
-from fastbert.bench.report import pyplot
+from fastbert.plotting import pyplot
 
 
 class JsonlLog:
