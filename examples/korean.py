@@ -3,7 +3,7 @@
 1. writes a Korean corpus (documents of related sentences, from templates: people, places, food,
    weather, travel) to OUT/corpus.txt, no downloads;
 2. `fastbert pretrain` on it: a WordPiece vocabulary that keeps Hangul syllables (the default
-   normaliser), MLM + NSP, a small BERT, --pretrain-minutes of training;
+   normaliser), MLM + NSP, a small BERT, 1000 steps (or --pretrain-minutes, if that comes first);
 3. fine-tunes that checkpoint on Korean sentence pairs (natural language inference: the hypothesis
    follows from the premise, contradicts it, or is not settled by it; chance 33%) with BERT's
    recipe (AdamW, warm-up then linear decay), and prints held-out accuracy before and after;
