@@ -1,6 +1,6 @@
 """Korean text through `fastbert pretrain` (prepare, a few steps, the saved model), then the saved
 checkpoint encodes Korean sentences with its own tokenizer through transformers' AutoTokenizer,
-mean-pooled as SentenceEncoder pools, and the vocabulary holds Hangul syllables."""
+mean-pooled as SentenceEncoder pools, and draws their attention; the vocabulary holds Hangul syllables."""
 import os
 import sys
 
@@ -39,3 +39,19 @@ def test_pretrain_on_korean_then_encode(tmp_path):
     assert emb.shape == (3, 32) and torch.isfinite(emb).all()
     assert tok.decode(enc["input_ids"][0], skip_special_tokens=True).replace(" ", "") == \
         DOCUMENTS[0][0].replace(" ", "").lower()
+
+    # its attention map, drawn with Hangul labels (no "Glyph missing" warning where a font has them)
+    import warnings
+
+    from fastbert import maps, plotting
+
+    probs = fastbert.attention_map(model, tok, sentences[0])
+    n = len(tok(sentences[0])["input_ids"])
+    assert probs.shape == (2, 2, n, n)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 2, n))
+    with warnings.catch_warnings():
+        if plotting.hangul_font() is not None:
+            warnings.simplefilter("error")
+        maps.draw(probs, tok.convert_ids_to_tokens(tok(sentences[0])["input_ids"]), str(tmp_path / "ko.png"),
+                  [0, 1], [0, 1])
+    assert (tmp_path / "ko.png").stat().st_size > 0
