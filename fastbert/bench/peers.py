@@ -28,10 +28,6 @@ PEERS = ("onnxruntime", "openvino", "ctranslate2", "torch.compile")
 Providers = Dict[str, Callable[[], torch.Tensor]]
 
 
-def _threads() -> int:
-    return torch.get_num_threads()
-
-
 def _onnxruntime(hf, ids, mask, dtype, workdir):
     import onnxruntime as ort
     from onnxruntime.transformers import optimizer
@@ -56,7 +52,7 @@ def _onnxruntime(hf, ids, mask, dtype, workdir):
             print("onnxruntime: the BERT optimizer fused no attention in this export", file=sys.stderr)
         opt.save_model_to_file(fused)
     so = ort.SessionOptions()
-    so.intra_op_num_threads = _threads()
+    so.intra_op_num_threads = torch.get_num_threads()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(fused, so, providers=["CPUExecutionProvider"])
     feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
@@ -83,7 +79,7 @@ def _openvino(hf, ids, mask, dtype, workdir):
     precision = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
     model = ov.convert_model(hf, example_input={"input_ids": ids, "attention_mask": mask})
     compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision,
-                                                 "INFERENCE_NUM_THREADS": _threads(),
+                                                 "INFERENCE_NUM_THREADS": torch.get_num_threads(),
                                                  "PERFORMANCE_HINT": "LATENCY"})
     request = compiled.create_infer_request()
     feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
@@ -105,7 +101,7 @@ def _ctranslate2(hf, ids, mask, dtype, workdir):
     if not os.path.exists(out_dir):
         _save_with_vocab(hf, model_dir)
         ctranslate2.converters.TransformersConverter(model_dir).convert(out_dir, force=True)
-    enc = ctranslate2.Encoder(out_dir, device="cpu", compute_type="float32", intra_threads=_threads())
+    enc = ctranslate2.Encoder(out_dir, device="cpu", compute_type="float32", intra_threads=torch.get_num_threads())
     lengths = mask.sum(1).tolist()
     rows = [r[:n] for r, n in zip(ids.tolist(), lengths)]
     seq = ids.shape[1]

@@ -72,7 +72,7 @@ def prepare_data(
     if os.path.exists(stale):
         os.remove(stale)  # the directory is not valid data until the new index is written
 
-    tok = _vocabulary(vocab, documents_fn, corpus, vocab_size, (lowercase, strip_accents), min_frequency, progress, log)
+    tok = _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, strip_accents, min_frequency, progress, log)
     special = vocab_mod.check_special_tokens(tok)
     vocab_mod.save_tokenizer(tok, out_dir, model_max_length=max_seq_length)
     stats = corpus_mod.CorpusStats()
@@ -166,10 +166,8 @@ def _document_source(corpus, documents, corpus_format: str) -> Callable:
     return documents_fn
 
 
-def _vocabulary(vocab, documents_fn, corpus, vocab_size, case, min_frequency, progress, log):
-    """The tokenizer: loaded from `vocab`, or a WordPiece vocabulary trained on the corpus
-    (case: lowercase, strip_accents)."""
-    lowercase, strip_accents = case
+def _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, strip_accents, min_frequency, progress, log):
+    """The tokenizer: loaded from `vocab`, or a WordPiece vocabulary trained on the corpus."""
     if vocab is not None:
         try:
             tok = vocab_mod.load_tokenizer(vocab, lowercase=None if lowercase else False)

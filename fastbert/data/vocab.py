@@ -33,9 +33,6 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 
 
-ACCENT_FORMS = {None: "strip, then recompose (NFC)", True: "strip, left decomposed (NFD)", False: "kept"}
-
-
 def _normalizer(lowercase: bool, strip_accents: Optional[bool]):
     from tokenizers import normalizers
 
@@ -225,8 +222,7 @@ def save_tokenizer(tok, directory: str, *, model_max_length: int = 512) -> None:
         # text). It cannot recompose: for fastbert's default form it is False, which keeps Hangul
         # whole and differs only on accented letters. tokenizer.json holds the exact normaliser.
         "strip_accents": _slow_strip_accents(tok),
-        "fastbert_strip_accents": accent_form(tok),
-        "fastbert_accents": ACCENT_FORMS[accent_form(tok)],
+        "fastbert_strip_accents": accent_form(tok),  # null: stripped, then recomposed (NFC)
     }
     _atomic_text(os.path.join(directory, "tokenizer_config.json"), json.dumps(config, indent=2) + "\n")
     special = {k: config[k] for k in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")}

@@ -8,8 +8,9 @@ step (benchmarks/bench_finetune.py under torch.profiler) and 8 ms from reused me
 backward of the lookup alone, 24-30 ms against 3-4 ms. The extension keeps freed blocks of 4 MiB and
 more mapped for the next request of that size, so from the second step on the gradient lands in
 memory already faulted in. The values are F.embedding's: the gradient rows of equal ids summed, the padding row zero.
-Off the CPU, while compiling, without the extension, or for max_norm / scale_grad_by_freq /
-sparse: F.embedding.
+Off the CPU, while compiling, without the extension, when weight needs no gradient, or for other
+dtypes than fp32, bf16 and fp16: F.embedding. (The model calls nn.Embedding itself for a module
+with max_norm, scale_grad_by_freq or sparse set.)
 """
 from __future__ import annotations
 

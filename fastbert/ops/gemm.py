@@ -7,8 +7,8 @@ Every product the linear layers need has the form of a linear layer, y [R, C] = 
     role "dx"   input gradient  a = dy [tokens, out],  b = weight^T [in, out]      -> dx [tokens, in]
     role "dw"   weight gradient a = dy^T [out, tokens], b = x^T [in, tokens]       -> dw [out, in]
 
-Paths (those this torch build offers; each probed once against a float64 product, and dropped with
-one warning when it is missing, raises or disagrees):
+Paths (those this torch build offers; each probed once against a float64 product and dropped when
+it raises or disagrees, with one warning in fp32 and bf16; `unavailable()` says why):
 
     addmm          torch.addmm / torch.mm: torch's own CPU GEMM (MKL or OpenBLAS in fp32, oneDNN in bf16)
     onednn         torch.ops.mkldnn._linear_pointwise: oneDNN's inner product on the weight as it is
