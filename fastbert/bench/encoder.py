@@ -10,11 +10,12 @@ against sentence-transformers' encode (same batch size), with the embeddings com
 Providers, each in fp32 and bf16: fastbert (automatic backend), transformers with
 attn_implementation "sdpa" and "eager" (bf16 as .to(bfloat16) or autocast, whichever is faster
 in this run), with --peers the engines a user would deploy instead (ONNX Runtime, OpenVINO,
-CTranslate2, torch.compile of transformers: fastbert.bench.peers; `pip install -e .[peers]`), and
-the GEMM floor: exactly the model's linear layers (QKV, attention output, both FFN layers, every
-layer) applied to the real tokens only, nothing else, timed on every GEMM path this machine offers
-(fastbert.ops.gemm) and on fastbert's per-shape choice; the fastest is the floor and is named. The
-providers are called in turn, round after round, on the same inputs, and each figure is a median
+CTranslate2, torch.compile of transformers: fastbert.bench.peers; installed by
+`pip install --no-build-isolation -e .[peers]`), and the GEMM floor: exactly the model's linear
+layers (QKV, attention output, both FFN layers, every layer) applied to the real tokens only,
+nothing else, timed on every GEMM path this machine offers (fastbert.ops.gemm) and on fastbert's
+per-shape choice; the fastest is the floor and is named. The providers are called in turn, round
+after round, on the same inputs, and each figure is a median
 (fastbert.bench.timing). Each provider's max abs error is taken against transformers in fp32.
 
     python benchmarks/bench_encoder.py [--workloads var128,full128,var512,minilm] [--dtypes float32,bfloat16]
@@ -152,7 +153,7 @@ def main(argv=None, defaults=None, prog=None):
     ap.add_argument("--minilm-sentences", type=int, default=1000)
     ap.add_argument("--peers", nargs="?", const=",".join(PEERS), default="",
                     help=f"also time the engines a user would deploy instead (comma-separated; all: {','.join(PEERS)}); "
-                         "pip install -e .[peers]")
+                         "pip install --no-build-isolation -e .[peers]")
     ap.add_argument("--ablations", action="store_true",
                     help="instead: fastbert with one CPU choice undone at a time (padded path, torch ops, one thread)")
     add_output_options(ap, json_help=None)
