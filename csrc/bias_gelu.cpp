@@ -19,17 +19,21 @@
 #include <algorithm>
 
 #include "cpu_ops.h"
+#include "gelu.h"
 #include "vec.h"
 
 namespace fastbert {
 namespace {
 
 using vec::Vf;
+using gelu_math::gelu;
+using gelu_math::gelu_erf;
+using gelu_math::kBeta;
+using gelu_math::kKappa;
+using gelu_math::tanh_parts;
 
 constexpr float kSqrtHalf = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1 / sqrt(2 pi)
-constexpr float kBeta = 0.79788456080286536f;        // sqrt(2 / pi)
-constexpr float kKappa = 0.044715f;
 
 // Beyond |x| = 14 the tail q is below 1e-43: |x| is clamped there, which also keeps exp's argument
 // in range and infinities finite.
@@ -52,30 +56,6 @@ inline void normal_tail(Vf c, Vf& q, Vf& g) {
   q = g * r;
 }
 
-// x Phi(x) with Phi from the rational fit. (vmin / vmax return their second operand when either is
-// NaN: x comes second so NaN propagates.)
-constexpr float kRationalClamp = 6.3f;
-inline Vf gelu_erf(Vf x) {
-  Vf xc = vec::vmax(vec::set1(-kRationalClamp), vec::vmin(vec::set1(kRationalClamp), x));
-  Vf t = xc * xc;
-  Vf p = vec::set1(2.024131440e-08f);
-  p = vec::fmadd(p, t, vec::set1(6.510377261e-06f));
-  p = vec::fmadd(p, t, vec::set1(1.980543311e-04f));
-  p = vec::fmadd(p, t, vec::set1(4.855063278e-03f));
-  p = vec::fmadd(p, t, vec::set1(3.676643223e-02f));
-  p = vec::fmadd(p, t, vec::set1(3.989421129e-01f));
-  Vf q = vec::set1(1.135605544e-06f);
-  q = vec::fmadd(q, t, vec::set1(8.277418965e-05f));
-  q = vec::fmadd(q, t, vec::set1(2.050577663e-03f));
-  q = vec::fmadd(q, t, vec::set1(3.031142056e-02f));
-  q = vec::fmadd(q, t, vec::set1(2.588239312e-01f));
-  q = vec::fmadd(q, t, vec::set1(1.0f));
-  // The fit crosses 0 and 1 between |x| = 5.8 and 6.0 and is 7e-7 beyond them at the clamp: Phi is
-  // clamped to [0, 1], which makes the tails exact (and gelu(-inf) = -inf * 0 = NaN, as in torch).
-  Vf cdf = vec::vmin(vec::set1(1.0f), vec::vmax(vec::set1(0.0f), vec::fmadd(xc, p * vec::recip(q), vec::set1(0.5f))));
-  return x * cdf;
-}
-
 // Phi(x) + x phi(x)
 inline Vf gelu_erf_grad(Vf x) {
   Vf c = vec::vmin(vec::set1(kTailClamp), vec::vabs(x));
@@ -86,19 +66,6 @@ inline Vf gelu_erf_grad(Vf x) {
   return vec::fmadd(xc * g, vec::set1(kInvSqrt2Pi), cdf);
 }
 
-// s = sigmoid(2u) and e = exp(-2u), with -2u clamped to [-100, 80] (1 + e keeps a normal reciprocal)
-inline void tanh_parts(Vf x, Vf x2, Vf& s, Vf& e) {
-  Vf z = x * vec::fmadd(x2, vec::set1(-2.0f * kBeta * kKappa), vec::set1(-2.0f * kBeta));
-  e = vec::vexp(vec::vmax(vec::vmin(z, vec::set1(80.0f)), vec::set1(-100.0f)));
-  s = vec::recip(e + vec::set1(1.0f));
-}
-
-inline Vf gelu_tanh(Vf x) {
-  Vf s, e;
-  tanh_parts(x, x * x, s, e);
-  return x * s;
-}
-
 // d/dx x sigmoid(2u) = s + 2 x s (1 - s) u', with s (1 - s) = e s^2 and u' = beta (1 + 3 kappa x^2)
 inline Vf gelu_tanh_grad(Vf x) {
   Vf x2 = x * x;
@@ -107,11 +74,6 @@ inline Vf gelu_tanh_grad(Vf x) {
   Vf du = vec::fmadd(x2, vec::set1(3.0f * kKappa * kBeta), vec::set1(kBeta));
   Vf w = (vec::set1(2.0f) * x) * (e * s) * s;  // e * s <= 1: no overflow for large |x|
   return vec::fmadd(w, du, s);
-}
-
-template <bool kTanh>
-inline Vf gelu(Vf x) {
-  return kTanh ? gelu_tanh(x) : gelu_erf(x);
 }
 
 template <bool kTanh>

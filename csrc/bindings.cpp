@@ -53,6 +53,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("varlen_attention_backward", &fastbert::varlen_attention_backward, py::arg("do"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
         py::arg("dropout_p"), py::arg("seed"), "(dq, dk, dv) of varlen_attention_forward.");
+  m.def("quantize_rows", &fastbert::quantize_rows, py::arg("x"),
+        "(q int8 [rows + 1, n], scale, offset float32 [rows]) of x [rows, n] (float32/float16/bfloat16): per row, "
+        "offset = (max + min) / 2, scale = (max - min) / 254, q = round((x - offset) * 127 / ((max - min) / 2)), "
+        "nearest even; q's last row is all ones (the GEMM's column sums).");
+  m.def("int8_dequantize", &fastbert::int8_dequantize, py::arg("acc"), py::arg("row_scale"), py::arg("row_offset"),
+        py::arg("col_scale"), py::arg("bias"), py::arg("dtype"),
+        "(acc[:-1] * row_scale[:, None] + row_offset[:, None] * acc[-1]) * col_scale + bias as `dtype`, for acc "
+        "int32 or float32 [rows + 1, n].");
+  m.def("int8_bias_gelu", &fastbert::int8_bias_gelu, py::arg("acc"), py::arg("row_scale"), py::arg("row_offset"),
+        py::arg("col_scale"), py::arg("bias"), py::arg("approximate") = "none",
+        "quantize_rows(gelu(the dequantized acc)), without the fp32 activation in memory.");
+  m.def("int8_add_layer_norm", &fastbert::int8_add_layer_norm, py::arg("acc"), py::arg("row_scale"),
+        py::arg("row_offset"), py::arg("col_scale"), py::arg("bias"), py::arg("residual"), py::arg("weight"),
+        py::arg("ln_bias"), py::arg("eps"), py::arg("quantize"),
+        "(y, q, scale, offset): y = layer_norm(the dequantized acc + residual) * weight + ln_bias in residual's "
+        "dtype, and quantize_rows(y) when `quantize` (else empty tensors).");
   m.def("unpad_indices", &fastbert::unpad_indices, py::arg("attention_mask"),
         "(indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen int) of a [batch, seq] CPU mask "
         "(bool, integer or float; nonzero = real token): indices are the flat positions b * seq + s of the real "

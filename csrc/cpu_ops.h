@@ -56,6 +56,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
     const at::Tensor& lse, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale, double dropout_p,
     int64_t seed);
 
+// int8.cpp: int8 inference. Quantized activations: (q int8 [rows + 1, n], its last row all ones;
+// scale, offset float32 [rows]), x ~ q * scale + offset per row. acc: the int32 (or float32)
+// [rows + 1, n] output of an int8 GEMM of such activations with a weight quantized per output channel
+// (col_scale float32 [n]); its last row holds the weight's column sums. The layer's output is
+// (acc * scale + offset * acc[rows]) * col_scale + bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x);
+at::Tensor int8_dequantize(const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
+                           const at::Tensor& col_scale, const c10::optional<at::Tensor>& bias, at::ScalarType dtype);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& acc, const at::Tensor& row_scale,
+                                                              const at::Tensor& row_offset,
+                                                              const at::Tensor& col_scale, const at::Tensor& bias,
+                                                              const std::string& approximate);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
+    const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
+    const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
+    double eps, bool quantize);
+
 // padding.cpp: (indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask
 std::tuple<at::Tensor, at::Tensor, int64_t> unpad_indices(const at::Tensor& attention_mask);
 

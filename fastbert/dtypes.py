@@ -10,9 +10,13 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
 
 
+# int8 inference (quantize="int8"): a tag of benchmark rows, not a dtype to run a float model in
+QUANTIZED = {"int8": torch.int8}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
-    """The short name of a dtype: torch.bfloat16 -> "bf16"."""
-    for name, d in DTYPES.items():
+    """The short name of a dtype: torch.bfloat16 -> "bf16" (torch.int8 -> "int8", the quantized runs)."""
+    for name, d in {**DTYPES, **QUANTIZED}.items():
         if d == dtype:
             return name
     raise ValueError(f"fastbert: dtype {dtype} is not one of {sorted(DTYPES)}")

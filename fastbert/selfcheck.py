@@ -3,7 +3,9 @@ the fp64 reference, forward and every gradient, with the error bound the tests u
 
     err(backend, fp64 reference) <= 2 * err(torch in the same dtype, fp64 reference) + ATOL[dtype] * scale
 
-Ops whose result is exact (unpad / pad, token masking) must match their reference bit for bit.
+Ops whose result is exact (unpad / pad, token masking, the int8 GEMM and quantization) must match
+their reference bit for bit; the int8 ops' float results are held to the same bound against fp64,
+their int8 outputs dequantized.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ ATOL = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 Row = Tuple[str, bool, float, float]  # (tensor name, ok, error, bound)
 
 # ops with one implementation behind them (no backend argument) are checked once, as "auto"
-SINGLE = ("unpad/pad", "linear", "attention_weights", "embedding")
+SINGLE = ("unpad/pad", "linear", "attention_weights", "embedding", "int8_matmul", "quantize_weight")
+INT8_OPS = ("quantize_rows", "quantize_weight", "int8_matmul", "int8_dequantize", "int8_bias_gelu",
+            "int8_add_layer_norm")  # no Triton kernels: the CPU backends
 
 
 def bound_check(out: torch.Tensor, torch_out: torch.Tensor, ref64: torch.Tensor, dtype) -> Tuple[bool, float, float]:
@@ -72,7 +76,7 @@ def op_backends(op: str, device: str) -> List[str]:
     if op in SINGLE:
         return ["auto"]
     names = available_backends(device)
-    return [b for b in names if b != "triton"] if op == "mask_tokens" else names
+    return [b for b in names if b != "triton"] if op == "mask_tokens" or op in INT8_OPS else names
 
 
 def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dtype]]:
@@ -98,6 +102,9 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
     for dtype in (torch.float32, torch.bfloat16):
         yield "linear", (1500, 512, 768), dtype  # a 4.6 MiB fp32 output: the reusing allocator serves it
         yield "embedding", (700, 3000, 512), dtype  # a 5.9 MiB fp32 weight gradient: from the reusing allocator
+    for op in INT8_OPS:
+        for shape in ((3, 7, 5), (200, 384, 1536)):  # [rows, in, out] of one int8 linear layer
+            yield op, shape, torch.float32
 
 
 def _mixed_mask(batch: int, seq: int, g: torch.Generator) -> torch.Tensor:
@@ -227,6 +234,46 @@ def _embedding(shape, dtype, device, g) -> List[Row]:
     return compare(["y", "dweight"], fused, ref, [w], dy.to(device, dtype), dtype)
 
 
+def _dequantized(q, s, o) -> torch.Tensor:
+    return q[:-1].double() * s.double()[:, None] + o.double()[:, None]
+
+
+def _int8(op, shape, backend, device, g) -> List[Row]:
+    """One int8 linear layer [rows, in] x [out, in] and what reads its output, against the rules of
+    fastbert.reference.int8 (exact where they are exact) and fp64 (dequantized)."""
+    from fastbert.reference import int8 as ref
+
+    m, k, n = shape
+    x = (torch.randn(m, k, generator=g) + torch.randn(k, generator=g)).to(device)
+    w, b = (torch.randn(n, k, generator=g) / k**0.5).to(device), torch.randn(n, generator=g).to(device)
+    kw = {} if backend == "auto" else {"backend": backend}
+    if op == "quantize_rows":
+        got, want = fastbert.ops.quantize_rows(x, **kw), ref.quantize_rows(x)
+        return [exact_check(name, a, c) for name, a, c in zip(("q", "scale", "offset"), got, want)]
+    wq, ws = ref.quantize_weight(w)
+    if op == "quantize_weight":
+        return [exact_check(name, a, c) for name, a, c in zip(("q", "scale"), fastbert.ops.quantize_weight(w), (wq, ws))]
+    xq, xs, xo = ref.quantize_rows(x)
+    acc = ref.int8_mm(xq, wq)
+    if op == "int8_matmul":
+        return [exact_check("acc", fastbert.ops.int8_matmul(xq, wq).double(), (xq.long() @ wq.long().t()).double())]
+    y64 = (acc.double()[:-1] * xs.double()[:, None] + xo.double()[:, None] * acc.double()[-1]) * ws.double() + b.double()
+    base = ref.dequantize(acc, xs, xo, ws, b)
+    if op == "int8_dequantize":
+        return [("y", *bound_check(fastbert.ops.int8_dequantize(acc, xs, xo, ws, b, **kw), base, y64, torch.float32))]
+    if op == "int8_bias_gelu":
+        want = F.gelu(y64)
+        got, theirs = fastbert.ops.int8_bias_gelu(acc, xs, xo, ws, b, **kw), ref.int8_bias_gelu(acc, xs, xo, ws, b)
+        return [("gelu (dequantized)", *bound_check(_dequantized(*got), _dequantized(*theirs), want, torch.float32))]
+    residual = torch.randn(m, n, generator=g).to(device)
+    lw, lb = (1 + 0.1 * torch.randn(n, generator=g)).to(device), torch.randn(n, generator=g).to(device)
+    want = F.layer_norm(y64 + residual.double(), (n,), lw.double(), lb.double(), 1e-12)
+    y, *q = fastbert.ops.int8_add_layer_norm(acc, xs, xo, ws, b, residual, lw, lb, 1e-12, **kw)
+    ty, *tq = ref.int8_add_layer_norm(acc, xs, xo, ws, b, residual, lw, lb, 1e-12, True)
+    return [("y", *bound_check(y, ty, want, torch.float32)),
+            ("y (dequantized)", *bound_check(_dequantized(*q), _dequantized(*tq), want, torch.float32))]
+
+
 def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
     """The rows (tensor, ok, err, bound) of one op on one backend, on fresh seeded inputs."""
     g = torch.Generator().manual_seed(0)
@@ -244,6 +291,8 @@ def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
         return _linear(shape, dtype, device, g)
     if op == "embedding":
         return _embedding(shape, dtype, device, g)
+    if op in INT8_OPS:
+        return _int8(op, shape, backend, device, g)
     raise ValueError(f"fastbert selfcheck: unknown op {op!r}")
 
 

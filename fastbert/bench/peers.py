@@ -2,10 +2,13 @@
 
     onnxruntime   torch.onnx export of transformers' BertModel (eager attention), then
                   onnxruntime.transformers' BERT optimizer (its EmbedLayerNorm / Attention /
-                  SkipLayerNorm / BiasGelu fusions); fp32 only
+                  SkipLayerNorm / BiasGelu fusions); fp32, and int8: that graph through
+                  onnxruntime.quantization.quantize_dynamic (int8 weights, activations quantized
+                  dynamically per tensor)
     openvino      openvino.convert_model of transformers' BertModel, compiled for the CPU with the
-                  dtype as its inference precision hint
-    ctranslate2   CTranslate2's transformers converter and its Encoder (float32; no bf16 on CPUs)
+                  dtype as its inference precision hint (no int8: that needs NNCF and calibration data)
+    ctranslate2   CTranslate2's transformers converter and its Encoder (float32, and compute type
+                  int8; no bf16 on CPUs)
     torch.compile torch.compile of transformers' BertModel (sdpa), in the dtype
 
 Each is converted from the same random-weight transformers model inside the run (`pip install
@@ -30,10 +33,30 @@ Providers = Dict[str, Callable[[], torch.Tensor]]
 
 def _onnxruntime(hf, ids, mask, dtype, workdir):
     import onnxruntime as ort
+
+    if dtype not in (torch.float32, torch.int8):
+        raise _Skip("ONNX Runtime has no bf16 CPU kernels for BERT")
+    path = _onnx_fused(hf, ids, mask, workdir)
+    if dtype == torch.int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        fused, path = path, os.path.join(workdir, "bert-fused-int8.onnx")
+        if not os.path.exists(path):
+            quantize_dynamic(fused, path, weight_type=QuantType.QInt8)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = torch.get_num_threads()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    names = {i.name for i in sess.get_inputs()}
+    feed = {k: v for k, v in feed.items() if k in names}
+    return lambda: torch.from_numpy(sess.run(["last_hidden_state"], feed)[0])
+
+
+def _onnx_fused(hf, ids, mask, workdir) -> str:
+    """The ONNX file of `hf` after ONNX Runtime's BERT optimizer (made once per workdir)."""
     from onnxruntime.transformers import optimizer
 
-    if dtype != torch.float32:
-        raise _Skip("ONNX Runtime has no bf16 CPU kernels for BERT")
     raw, fused = os.path.join(workdir, "bert.onnx"), os.path.join(workdir, "bert-fused.onnx")
     if not os.path.exists(fused):
         # exported from the eager attention: the graph whose attention the optimizer fuses (the sdpa
@@ -51,14 +74,7 @@ def _onnxruntime(hf, ids, mask, dtype, workdir):
         if not opt.get_fused_operator_statistics().get("Attention"):
             print("onnxruntime: the BERT optimizer fused no attention in this export", file=sys.stderr)
         opt.save_model_to_file(fused)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = torch.get_num_threads()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(fused, so, providers=["CPUExecutionProvider"])
-    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
-    names = {i.name for i in sess.get_inputs()}
-    feed = {k: v for k, v in feed.items() if k in names}
-    return lambda: torch.from_numpy(sess.run(["last_hidden_state"], feed)[0])
+    return fused
 
 
 class _LastHidden(torch.nn.Module):
@@ -75,6 +91,8 @@ class _LastHidden(torch.nn.Module):
 def _openvino(hf, ids, mask, dtype, workdir):
     import openvino as ov
 
+    if dtype == torch.int8:
+        raise _Skip("OpenVINO's int8 needs NNCF post-training quantization with calibration data (not set up here)")
     core = ov.Core()
     precision = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
     model = ov.convert_model(hf, example_input={"input_ids": ids, "attention_mask": mask})
@@ -95,13 +113,14 @@ def _ctranslate2(hf, ids, mask, dtype, workdir):
     import ctranslate2
     import numpy as np
 
-    if dtype != torch.float32:
+    if dtype not in (torch.float32, torch.int8):
         raise _Skip("CTranslate2 has no bf16 compute type on CPUs")
     model_dir, out_dir = os.path.join(workdir, "hf"), os.path.join(workdir, "ct2")
     if not os.path.exists(out_dir):
         _save_with_vocab(hf, model_dir)
         ctranslate2.converters.TransformersConverter(model_dir).convert(out_dir, force=True)
-    enc = ctranslate2.Encoder(out_dir, device="cpu", compute_type="float32", intra_threads=torch.get_num_threads())
+    compute_type = "int8" if dtype == torch.int8 else "float32"
+    enc = ctranslate2.Encoder(out_dir, device="cpu", compute_type=compute_type, intra_threads=torch.get_num_threads())
     lengths = mask.sum(1).tolist()
     rows = [r[:n] for r, n in zip(ids.tolist(), lengths)]
     seq = ids.shape[1]
@@ -134,6 +153,8 @@ def _save_with_vocab(hf, model_dir: str) -> None:
 def _torch_compile(hf, ids, mask, dtype, workdir):
     import copy
 
+    if dtype == torch.int8:
+        raise _Skip("torch.compile has no int8 quantization of its own (torchao's is a separate package)")
     model = hf if dtype == torch.float32 else copy.deepcopy(hf).to(dtype)
     compiled = torch.compile(model)
     return lambda: compiled(input_ids=ids, attention_mask=mask).last_hidden_state

@@ -49,11 +49,38 @@ def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
     return run
 
 
+def int8_gemm_floor(model, tokens: int, path: Optional[str] = None):
+    """gemm_floor for int8 inference: the int8 products of the model's linear layers (int8 weights
+    per channel, int8 rows in), nothing else, on GEMM path `path` (None: the measured choice)."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-127, 128, (tokens, cfg.hidden_size), generator=g, dtype=torch.int8)
+    inter = torch.randint(-127, 128, (tokens, cfg.intermediate_size), generator=g, dtype=torch.int8)
+    layers = []
+    for layer in model.encoder.layer:
+        sa = layer.attention.self
+        ws = (torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]), layer.attention.output.dense.weight,
+              layer.intermediate.dense.weight, layer.output.dense.weight)
+        layers.append([fastbert.ops.quantize_weight(w)[0] for w in ws])
+
+    def run():
+        with gemm.forced(path) if path is not None else contextlib.nullcontext():
+            for wq, wo, wi, w2 in layers:
+                fastbert.ops.int8_matmul(x, wq)
+                fastbert.ops.int8_matmul(x, wo)
+                fastbert.ops.int8_matmul(x, wi)
+                fastbert.ops.int8_matmul(inter, w2)
+
+    return run
+
+
 def floor_providers(model, tokens: int, dtype) -> Dict[str, Callable]:
-    """"GEMM floor <dtype> <path>" for every GEMM path this machine offers, and on the per-shape choice."""
+    """"GEMM floor <dtype> <path>" for every GEMM path this machine offers, and on the per-shape
+    choice (dtype torch.int8: the int8 products of int8 inference)."""
     tag = dtype_name(dtype)
-    provs = {f"GEMM floor {tag} {p}": gemm_floor(model, tokens, dtype, p) for p in gemm.candidates("fwd", dtype)}
-    provs[f"GEMM floor {tag} {MEASURED}"] = gemm_floor(model, tokens, dtype)
+    floor = int8_gemm_floor if dtype == torch.int8 else (lambda m, t, p=None: gemm_floor(m, t, dtype, p))
+    provs = {f"GEMM floor {tag} {p}": floor(model, tokens, p) for p in gemm.candidates("fwd", dtype)}
+    provs[f"GEMM floor {tag} {MEASURED}"] = floor(model, tokens)
     return provs
 
 
@@ -68,6 +95,9 @@ def encoder_providers(layers: int, dtypes, ids, mask, peers=()) -> Tuple[Dict[st
         tag = dtype_name(dtype)
         fm = fb if dtype == torch.float32 else _copy_to(fb, dtype)
         provs[f"fastbert {tag}"] = (lambda m=fm: m(ids, mask))
+        provs.update(floor_providers(fb, tokens, dtype))
+        if dtype == torch.int8:  # no transformers int8: its rows are fastbert's, the peers' and the floor
+            continue
         for impl, hm in hf.items():
             if dtype == torch.float32:
                 provs[f"transformers {impl} {tag}"] = (lambda m=hm: m(input_ids=ids, attention_mask=mask))
@@ -80,7 +110,6 @@ def encoder_providers(layers: int, dtypes, ids, mask, peers=()) -> Tuple[Dict[st
                             return m(input_ids=ids, attention_mask=mask)
 
                     provs[f"transformers {impl} {tag} autocast"] = autocast
-        provs.update(floor_providers(fb, tokens, dtype))
     peer_provs, skipped = peer_providers(hf["sdpa"], ids, mask, dtypes, peers) if peers else ({}, {})
     provs.update(peer_provs)
     return provs, (lambda: hf["sdpa"](input_ids=ids, attention_mask=mask).last_hidden_state), skipped
@@ -92,8 +121,11 @@ def last_hidden(out) -> torch.Tensor:
 
 
 def _copy_to(model, dtype):
+    """A copy of `model` in `dtype` (torch.int8: quantized for int8 inference)."""
     import copy
 
+    if dtype == torch.int8:
+        return copy.deepcopy(model).quantize_("int8")
     return copy.deepcopy(model).to(dtype)
 
 
@@ -131,13 +163,18 @@ def ablation_providers(layers: int, dtype, ids, mask) -> Dict[str, object]:
     return provs
 
 
-def minilm_providers(path: str, sentences, batch_size: int):
-    """(providers, encoder): SentenceEncoder and sentence-transformers' encode on the same sentences."""
+def minilm_providers(path: str, sentences, batch_size: int, quantize: Optional[str] = None):
+    """(providers, encoder): SentenceEncoder and sentence-transformers' encode on the same sentences
+    (and SentenceEncoder(quantize=...) when asked)."""
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(path, device="cpu")
     enc = fastbert.SentenceEncoder(path)
-    return {
+    provs = {
         "fastbert SentenceEncoder": lambda: enc.encode(sentences, batch_size=batch_size),
         "sentence-transformers": lambda: st.encode(sentences, batch_size=batch_size),
-    }, enc
+    }
+    if quantize:
+        qenc = fastbert.SentenceEncoder(path, quantize=quantize)
+        provs[f"fastbert SentenceEncoder {quantize}"] = lambda: qenc.encode(sentences, batch_size=batch_size)
+    return provs, enc

@@ -30,13 +30,13 @@ def summarise(times: Dict[str, List[float]], tokens: int, dtypes, errors: Option
     for dtype in dtypes:
         tag = dtype_name(dtype)
         floor_paths = {k.rsplit(" ", 1)[-1]: v * 1e3 for k, v in med.items() if k.startswith(f"GEMM floor {tag} ")}
-        picked = {f"{p} {tag}": pick_fastest(med, f"{p} {tag}")
-                  for p in ("transformers sdpa", "transformers eager", "GEMM floor")}
+        ours = ("transformers sdpa", "transformers eager") if tag != "int8" else ()
+        picked = {f"{p} {tag}": pick_fastest(med, f"{p} {tag}") for p in (*ours, "GEMM floor")}
         peer_names = [f"{p} {tag}" for p in peers if f"{p} {tag}" in med]
         fastest_peer = min((med[n] for n in peer_names), default=None)
-        base, floor = med[f"transformers sdpa {tag}"], med[f"GEMM floor {tag}"]
-        names = [f"fastbert {tag}", f"transformers sdpa {tag}", f"transformers eager {tag}", *peer_names,
-                 f"GEMM floor {tag}"]
+        # int8 rows are compared with transformers in fp32 (and fastbert int8 with fastbert fp32)
+        base, floor = med[f"transformers sdpa {'fp32' if tag == 'int8' else tag}"], med[f"GEMM floor {tag}"]
+        names = [f"fastbert {tag}", *(f"{p} {tag}" for p in ours), *peer_names, f"GEMM floor {tag}"]
         for name in names:
             rows.append({
                 "provider": name, "dtype": tag, "ms": med[name] * 1e3, "tokens_per_s": tokens / med[name],
@@ -45,6 +45,8 @@ def summarise(times: Dict[str, List[float]], tokens: int, dtypes, errors: Option
                 "max_abs_err": errors.get(f"{name} {picked[name]}" if picked.get(name) else name),
                 "picked": picked.get(name) or None,
                 **({"floor_paths_ms": floor_paths} if name.startswith("GEMM floor") else {}),
+                **({"vs_fastbert_fp32": med["fastbert fp32"] / med[name]}
+                   if name == "fastbert int8" and "fastbert fp32" in med else {}),
             })
     return rows
 
@@ -79,6 +81,15 @@ def print_table(rows, out=sys.stdout):
           + "vs GEMM floor = this time / the floor's (the model's linears alone on the real tokens, on the "
           "fastest GEMM path, named); max abs err = "
           "against transformers fp32 on the real tokens", file=out)
+    for r in rows:
+        if r.get("vs_fastbert_fp32") is not None:
+            print(f"{r['workload']}: {r['provider']} runs {r['vs_fastbert_fp32']:.2f}x as fast as its fp32 counterpart "
+                  "(int8 rows: vs transformers = transformers fp32 time / this time)", file=out)
+    for r in rows:
+        if r.get("int8_vs_fp32"):
+            from fastbert.bench.accuracy import format_figures
+
+            print(f"minilm: {r['provider']}: {format_figures(r['int8_vs_fp32'])}", file=out)
     cos = [r["min_cosine"] for r in rows if "min_cosine" in r]
     if cos:
         print(f"minilm: lowest cosine between fastbert and sentence-transformers embeddings {cos[0]:.7f}", file=out)

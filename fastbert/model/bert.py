@@ -18,6 +18,7 @@ import torch.utils.checkpoint
 from fastbert import ops
 from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import BertConfig
+from fastbert.model.int8 import encode_int8
 from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler
 from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
@@ -65,7 +66,10 @@ class BertModel(BertPreTrainedModel):
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         scales = head_scales(head_mask, cfg.num_hidden_layers, cfg.num_attention_heads)
         explicit = bias is not None or bool(output_attentions)
-        if self.unpad_inputs and key_mask is not None and not compiling and not explicit and not bool(key_mask.all()):
+        if self.quantized:
+            hidden, states, probs = encode_int8(self, hidden, key_mask, bias, scales, output_hidden_states,
+                                                output_attentions)
+        elif self.unpad_inputs and key_mask is not None and not compiling and not explicit and not bool(key_mask.all()):
             hidden, states, probs = self._encode_packed(hidden, key_mask, scales, output_hidden_states)
         else:
             hidden, states, probs = self._encode_padded(hidden, key_mask, bias, scales, output_hidden_states,

@@ -167,30 +167,9 @@ class BertLayer(nn.Module, _Backend):
         the explicit attention path, which also returns the probabilities; head_scale [heads]
         multiplies each head's output. -> (hidden, probabilities [batch, heads, seq, seq] or None)."""
         sa, so = self.attention.self, self.attention.output
-        heads, d = sa.num_attention_heads, sa.attention_head_size
         w, b = sa.qkv_weight()
         qkv = ops.linear(hidden, w, b)
-        p_attn = _dropout_p(self, sa.dropout_p)
-        probs = None
-        if packed is not None:
-            q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
-            ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], dropout_p=p_attn, backend=self.backend)
-            if head_scale is not None:
-                ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1)
-            ctx = ctx.reshape(-1, heads * d)
-        else:
-            bsz, seq = hidden.shape[:2]
-            q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
-            if bias is not None or want_probs:
-                if bias is None and mask is not None:
-                    bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
-                    bias = bias[:, None, None, :]
-                ctx, probs = ops.attention_weights(q, k, v, bias, dropout_p=p_attn)
-            else:
-                ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend)
-            if head_scale is not None:
-                ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1, 1)
-            ctx = ctx.transpose(1, 2).reshape(bsz, seq, heads * d)
+        ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs)
         attn = ops.linear(ctx, so.dense.weight, so.dense.bias)
         h1 = ops.add_layer_norm(
             attn, hidden, so.LayerNorm.weight, so.LayerNorm.bias, so.LayerNorm.eps,
@@ -203,6 +182,37 @@ class BertLayer(nn.Module, _Backend):
             out, h1, self.output.LayerNorm.weight, self.output.LayerNorm.bias, self.output.LayerNorm.eps,
             dropout_p=_dropout_p(self, self.output.dropout.p), backend=self.backend,
         ), probs
+
+
+    def attend(self, qkv: torch.Tensor, shape, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
+               bias: Optional[torch.Tensor] = None, head_scale: Optional[torch.Tensor] = None,
+               want_probs: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The attention of this layer on the QKV projection qkv [..., 3 * hidden] of a hidden state
+        of shape `shape` ([tokens, hidden] packed, [batch, seq, hidden] padded; qkv may hold the rows
+        of either flattened) -> (context [..., hidden] shaped `shape`, probabilities or None); the
+        arguments as in forward."""
+        sa = self.attention.self
+        heads, d = sa.num_attention_heads, sa.attention_head_size
+        p_attn = _dropout_p(self, sa.dropout_p)
+        probs = None
+        if packed is not None:
+            q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
+            ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], dropout_p=p_attn, backend=self.backend)
+            if head_scale is not None:
+                ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1)
+            return ctx.reshape(shape), None
+        bsz, seq = shape[:2]
+        q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
+        if bias is not None or want_probs:
+            if bias is None and mask is not None:
+                bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
+                bias = bias[:, None, None, :]
+            ctx, probs = ops.attention_weights(q, k, v, bias, dropout_p=p_attn)
+        else:
+            ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend)
+        if head_scale is not None:
+            ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1, 1)
+        return ctx.transpose(1, 2).reshape(bsz, seq, heads * d), probs
 
 
 class BertEncoder(nn.Module):

@@ -19,6 +19,7 @@ from fastbert.model.checkpoint import (
     resolve_load_dtype,
 )
 from fastbert.model.config import BertConfig
+from fastbert.model.int8 import check_quantize, quantize_model
 from fastbert.model.layers import BertLMPredictionHead, _Backend
 from fastbert.model.model_utils import ModelUtilsMixin
 
@@ -44,6 +45,17 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         self.config = config
         self._backend: Optional[str] = None
         _patch_trainer()
+
+    quantized: Optional[str] = None  # "int8" after quantize_("int8")
+
+    def quantize_(self, mode: str = "int8") -> "BertPreTrainedModel":
+        """Quantize the encoder's linear layers in place for inference: "int8" (per-channel int8
+        weights, per-token int8 activations, int32 accumulation; fastbert.model.int8). Returns self."""
+        quantize_model(self, mode)
+        for m in self.modules():
+            if isinstance(m, BertPreTrainedModel):
+                m.quantized = mode  # the wrapped BertModel of a task model too
+        return self.eval()
 
     def train(self, mode: bool = True):
         _patch_trainer()  # transformers.Trainer calls train() before it trains and saves
@@ -143,8 +155,7 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         an error that names it. Old checkpoints (LayerNorm gamma/beta, position_ids buffers, with or
         without the "bert." prefix) load too; missing or unexpected keys are reported in a warning.
         """
-        if quantize is not None:
-            raise NotImplementedError(f"fastbert: quantize={quantize!r} is not available yet; load without quantize")
+        check_quantize(quantize, f"{cls.__name__}.from_pretrained")
         if not os.path.isdir(path):
             raise FileNotFoundError(f"fastbert: {path} is not a directory (expected config.json and model weights)")
         config = BertConfig.from_pretrained(path) if config is None else BertConfig(**config.to_dict())
@@ -162,6 +173,8 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         model.set_backend(backend)
         model.name_or_path = path
         model.eval()
+        if quantize is not None:
+            model.quantize_(quantize)
         return (model, info) if output_loading_info else model
 
     def load_transformers_state_dict(self, state: Dict[str, torch.Tensor], source: str = "state dict",

@@ -5,11 +5,20 @@ from fastbert.ops.attention import attention, varlen_attention
 from fastbert.ops.attention_weights import attention_weights
 from fastbert.ops.bias_gelu import bias_gelu
 from fastbert.ops.embedding import embedding
+from fastbert.ops.int8 import (
+    int8_add_layer_norm,
+    int8_bias_gelu,
+    int8_dequantize,
+    int8_matmul,
+    quantize_rows,
+    quantize_weight,
+)
 from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm
 from fastbert.ops.linear import linear
 from fastbert.ops.padding import pad, unpad
 
 __all__ = [
     "attention", "varlen_attention", "attention_weights", "unpad", "pad", "bias_gelu", "add_layer_norm", "linear",
-    "embedding", "MAX_HIDDEN",
+    "embedding", "MAX_HIDDEN", "quantize_rows", "quantize_weight", "int8_matmul", "int8_dequantize", "int8_bias_gelu",
+    "int8_add_layer_norm",
 ]

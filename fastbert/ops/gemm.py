@@ -15,6 +15,15 @@ it raises or disagrees, with one warning in fp32 and bf16; `unavailable()` says 
     onednn_packed  the same on a weight reordered into oneDNN's blocked layout (roles fwd and dx)
     mkl_packed     torch.ops.mkl._mkl_linear on an MKL-packed weight (fp32, role fwd)
 
+and for int8 inference (a and b int8, role fwd, no bias: the int32 accumulator acc = a @ b^T, whose
+dequantization the consuming op applies, see fastbert.ops.int8):
+
+    int_mm         torch._int_mm (oneDNN's s8 x s8 -> s32 matmul on x86); also what torchao's int8
+                   dynamic-activation / int8-weight linear calls on the CPU
+    onednn_qlinear torch.ops.onednn.qlinear_pointwise on a weight prepacked on every call, with the
+                   activations moved to u8 (+128, oneDNN's zero point; its fast kernels take u8 x s8)
+                   and the accumulator returned as float32
+
 Which is fastest depends on the CPU (its vector width, AMX, the library's kernels for it), the shape
 and the thread count, so it is measured, never assumed: the first product of each (role, token
 bucket, in, out, dtype, threads) runs every path on the real operands, times each, and the fastest
@@ -39,7 +48,9 @@ import torch
 
 Tensor = torch.Tensor
 ROLES = ("fwd", "dx", "dw")
-PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed")
+FLOAT_PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed")
+INT8_PATHS = ("int_mm", "onednn_qlinear")
+PATHS = FLOAT_PATHS + INT8_PATHS
 _TIMED_RUNS = 3  # after one untimed run; the minimum is kept
 
 _choices: Dict[tuple, Tuple[str, Dict[str, float]]] = {}
@@ -71,12 +82,31 @@ def _mkl_packed(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> T
     return torch.ops.mkl._mkl_linear(a, packed, b, bias, a.shape[0])
 
 
+def _int_mm(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    return torch._int_mm(a, b.t(), out=None if alloc is None else alloc())
+
+
+def _onednn_qlinear(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    packed = torch.ops.onednn.qlinear_prepack(b, [a.shape[0], a.shape[1]])
+    ones = torch.ones(b.shape[0], dtype=torch.float32)
+    zeros = torch.zeros(b.shape[0], dtype=torch.int64)
+    a_u8 = a.view(torch.uint8).bitwise_xor(128)  # the bits of a + 128 as uint8
+    return torch.ops.onednn.qlinear_pointwise(a_u8, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32,
+                                              "none", [], "")
+
+
 _RUN: Dict[str, Callable] = {"addmm": _addmm, "onednn": _onednn, "onednn_packed": _onednn_packed,
-                             "mkl_packed": _mkl_packed}
+                             "mkl_packed": _mkl_packed, "int_mm": _int_mm, "onednn_qlinear": _onednn_qlinear}
 
 
 def _offered(path: str, role: str, dtype: torch.dtype) -> bool:
-    """Whether this torch build has the path, and the path takes this role and dtype."""
+    """Whether this torch build has the path, and the path takes this role and dtype (one of its kind:
+    _paths_for(dtype))."""
+    if path == "int_mm":
+        return role == "fwd" and hasattr(torch, "_int_mm")
+    if path == "onednn_qlinear":
+        return (role == "fwd" and torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack"))
     if path == "addmm":
         return True
     if path.startswith("onednn"):
@@ -99,7 +129,7 @@ def _probe(path: str, role: str, dtype: torch.dtype) -> bool:
     key = (path, role, dtype)
     if key not in _probed:
         why = None if _offered(path, role, dtype) else "not in this torch build"
-        if why is None and path != "addmm":
+        if why is None and path not in _DEFAULT.values():
             why = _probe_run(path, role, dtype)
             if why is not None and dtype in (torch.float32, torch.bfloat16):
                 warnings.warn(f"fastbert.ops.linear: GEMM path {path!r} ({role}, {dtype}) is not used: {why}",
@@ -111,6 +141,15 @@ def _probe(path: str, role: str, dtype: torch.dtype) -> bool:
 def _probe_run(path: str, role: str, dtype: torch.dtype) -> Optional[str]:
     """None when `path` computes a small product right, else why not."""
     g = torch.Generator().manual_seed(0)
+    if dtype == torch.int8:
+        a, b = (torch.randint(-128, 128, s, generator=g, dtype=torch.int8) for s in ((37, 24), (40, 24)))
+        try:
+            got = _RUN[path](a, b, None, None)
+        except Exception as e:  # a missing or changed underscored op
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        want = a.long() @ b.long().t()
+        ok = tuple(got.shape) == tuple(want.shape) and bool((got.double() == want.double()).all())
+        return None if ok else "its result disagrees with the exact integer product"
     a, b, bias = (torch.randn(*s, generator=g).to(dtype) for s in ((37, 24), (40, 24), (40,)))
     if role != "fwd":  # the gradient products come transposed, as the layer passes them
         a, b, bias = a.t().contiguous().t(), b.t().contiguous().t(), None
@@ -125,14 +164,25 @@ def _probe_run(path: str, role: str, dtype: torch.dtype) -> Optional[str]:
     return None
 
 
+_DEFAULT = {"float": "addmm", "int8": "int_mm"}  # the paths taken without a probe, and when a forced one does not apply
+
+
+def _default(dtype: torch.dtype) -> str:
+    return _DEFAULT["int8" if dtype == torch.int8 else "float"]
+
+
 def unavailable() -> Dict[Tuple[str, str, torch.dtype], str]:
     """{(path, role, dtype): why it is not used} for the paths probed so far."""
     return {k: why for k, why in _probed.items() if why is not None}
 
 
+def _paths_for(dtype: torch.dtype) -> Tuple[str, ...]:
+    return INT8_PATHS if dtype == torch.int8 else FLOAT_PATHS
+
+
 def candidates(role: str, dtype: torch.dtype) -> List[str]:
     """The paths that take `role` in `dtype` on this build and passed their probe."""
-    return [p for p in PATHS if _probe(p, role, dtype)]
+    return [p for p in _paths_for(dtype) if _probe(p, role, dtype)]
 
 
 def _bucket(tokens: int) -> int:
@@ -171,9 +221,9 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
     if forced is not None:
         if forced not in PATHS:
             raise ValueError(f"fastbert: FASTBERT_GEMM={forced!r} is not a GEMM path; choose from {PATHS}")
-        if _probe(forced, role, a.dtype):
+        if forced in _paths_for(a.dtype) and _probe(forced, role, a.dtype):
             return _RUN[forced](a, b, bias, alloc)
-        return _addmm(a, b, bias, alloc)
+        return _RUN[_default(a.dtype)](a, b, bias, alloc)
     key = _key(role, a, b)
     chosen = _choices.get(key)
     if chosen is not None:

@@ -60,8 +60,8 @@ def test_unknown_keyword_is_an_error(saved):
         fastbert.BertForSequenceClassification.from_pretrained(saved, num_lables=5)
     with pytest.raises(ValueError, match="disagree"):
         fastbert.BertModel.from_pretrained(saved, dtype=torch.float16, torch_dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="quantize"):
-        fastbert.BertModel.from_pretrained(saved, quantize="int8")
+    with pytest.raises(ValueError, match="quantize='int4' is not supported; choose 'int8' or None"):
+        fastbert.BertModel.from_pretrained(saved, quantize="int4")
 
 
 def test_hub_arguments_are_accepted_and_config_object(saved):

@@ -1,0 +1,314 @@
+// The element-wise kernels of int8 inference on the CPU: the epilogue of every int8 GEMM fused into
+// the op that consumes its output, and the dynamic quantization of every GEMM input fused into the
+// op that produces it.
+//
+// Activations are quantized per row (token), asymmetrically: the row's midpoint o = (max + min) / 2
+// is taken out and the rest scaled to [-127, 127], x ~ q_x * s + o. Weights are quantized per output
+// channel, symmetrically: w ~ q_w * s_col. A quantized activation tensor carries one more row than
+// it has tokens, all ones: the GEMM acc = q_x q_w^T (int32) then also yields, in that last row, the
+// column sums sum_k q_w[n, k] that the offsets need, so nothing derived from a weight is kept
+// anywhere. The linear layer's output x w^T + b is then
+//   y[m, n] = (acc[m, n] * s[m] + o[m] * acc[rows, n]) * s_col[n] + b[n]
+// (the dequantization, or "epilogue"), which the consumer of the output applies as it reads a row:
+//   int8_add_layer_norm   y = LayerNorm(epilogue + residual); y and, for the next GEMM, y quantized
+//   int8_bias_gelu        gelu(epilogue), quantized (the FFN's second GEMM input); the fp32
+//                         activation exists only as one row in a thread's buffer
+//   int8_dequantize       the epilogue into a float tensor (the general case: the attention's QKV)
+//   quantize_rows         x quantized (what the other kernels do at the end of a row)
+// Quantizing a row: mx, mn = its max and min, o = (mx + mn) / 2, r = (mx - mn) / 2, s = r / 127,
+// q = round((x - o) * (127 / r)), nearest even (a constant row: s = 0, q = 0, o = the value). The
+// accumulator is int32 (torch._int_mm) or float32 (oneDNN's quantized linear), read as fp32.
+// Rows are independent: at::parallel_for over rows, each row once through a per-thread fp32 buffer.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cpu_ops.h"
+#include "gelu.h"
+#include "vec.h"
+
+namespace fastbert {
+namespace {
+
+using vec::Vf;
+constexpr int64_t W = vec::kWidth;
+constexpr int kSlotSumScale = 9;  // vec::thread_buffer slot of the epilogue's column sums x scales
+
+// Per-column vectors of an epilogue, as fp32 padded to whole vectors (0 past n): the weight's
+// column scales, its column sums times those scales, and the bias.
+struct Epilogue {
+  const float* col_scale;
+  const float* sum_scale;
+  const float* bias;
+};
+
+// The epilogue of acc [rows + 1, n] (its last row: the weight's column sums) in the calling
+// thread's buffers.
+template <class A>
+Epilogue epilogue(const A* acc, int64_t rows, const at::Tensor& col_scale, const c10::optional<at::Tensor>& bias,
+                  int64_t n) {
+  const int64_t npad = vec::round_up(n, W);
+  const float* cs = detail::padded_float<detail::kSlotParamA>(col_scale, npad);
+  float* b = vec::thread_buffer<float, detail::kSlotParamB>(npad);
+  float* ss = vec::thread_buffer<float, kSlotSumScale>(npad);
+  const A* sums = acc + rows * n;
+  for (int64_t c = 0; c < npad; ++c) {
+    ss[c] = c < n ? static_cast<float>(sums[c]) * cs[c] : 0.0f;
+    b[c] = 0.0f;
+  }
+  if (bias.has_value() && bias->defined()) {
+    detail::dispatch_float(bias->scalar_type(), "int8 epilogue", [&](auto tag) {
+      using T = decltype(tag);
+      const at::Tensor bc = bias->contiguous();
+      const T* bp = bc.data_ptr<T>();
+      for (int64_t c = 0; c < n; ++c) b[c] = static_cast<float>(bp[c]);
+    });
+  }
+  return {cs, ss, b};
+}
+
+// out[c] = acc[c] * s * col_scale[c] + o * sum_scale[c] + bias[c] for one row of n (out padded with
+// 0 to whole vectors)
+template <class A>
+inline void dequantize_row(const A* acc, float s, float o, const Epilogue& ep, float* out, int64_t n) {
+  const Vf sv = vec::set1(s), ov = vec::set1(o);
+  const int64_t body = n / W * W;
+  auto step = [&](Vf a, int64_t c) {
+    Vf shift = vec::fmadd(ov, vec::load(ep.sum_scale + c), vec::load(ep.bias + c));
+    vec::store(out + c, vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift));
+  };
+  for (int64_t c = 0; c < body; c += W) step(vec::load(acc + c), c);
+  if (body < n) step(vec::load_partial(acc + body, n - body), body);
+}
+
+// Quantizes a row of n fp32 values v (padded to whole vectors with anything) to q; writes its scale
+// and offset.
+inline void quantize_row(const float* v, int8_t* q, int64_t n, float* scale, float* offset) {
+  const int64_t body = n / W * W;
+  Vf hi = vec::set1(-std::numeric_limits<float>::infinity()), lo = vec::set1(std::numeric_limits<float>::infinity());
+  for (int64_t c = 0; c < body; c += W) {
+    const Vf x = vec::load(v + c);
+    hi = vec::vmax(hi, x);
+    lo = vec::vmin(lo, x);
+  }
+  float mx = vec::hmax(hi), mn = -vec::hmax(-lo);
+  for (int64_t c = body; c < n; ++c) {
+    mx = std::max(mx, v[c]);
+    mn = std::min(mn, v[c]);
+  }
+  const float o = (mx + mn) * 0.5f, r = (mx - mn) * 0.5f;
+  const float inv = r > 0.0f ? 127.0f / r : 0.0f;
+  const Vf ov = vec::set1(o), iv = vec::set1(inv);
+  for (int64_t c = 0; c < body; c += W) vec::store(q + c, (vec::load(v + c) - ov) * iv);
+  if (body < n) vec::store_partial(q + body, (vec::load(v + body) - ov) * iv, n - body);
+  *scale = r / 127.0f;
+  *offset = o;
+}
+
+// acc [rows + 1, n] int32 / float32 contiguous; row_scale, row_offset float32 [rows]; col_scale float32 [n]
+int64_t check_acc(const char* op, const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
+                  const at::Tensor& col_scale) {
+  TORCH_CHECK(acc.device().is_cpu() && acc.dim() == 2 && acc.is_contiguous() && acc.size(0) >= 1, "fastbert._C.", op,
+              ": acc must be a contiguous [rows + 1, n] CPU tensor, got shape ", acc.sizes());
+  TORCH_CHECK(acc.scalar_type() == at::kInt || acc.scalar_type() == at::kFloat, "fastbert._C.", op,
+              ": acc must be int32 or float32, got ", acc.scalar_type());
+  const int64_t rows = acc.size(0) - 1;
+  for (const at::Tensor* t : {&row_scale, &row_offset}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 1 && t->size(0) == rows && t->is_contiguous(),
+                "fastbert._C.", op, ": row scales and offsets must be contiguous float32 [", rows, "], got ",
+                t->scalar_type(), " ", t->sizes());
+  }
+  TORCH_CHECK(col_scale.scalar_type() == at::kFloat && col_scale.dim() == 1 && col_scale.size(0) == acc.size(1),
+              "fastbert._C.", op, ": col_scale must be float32 [", acc.size(1), "], got ", col_scale.scalar_type(),
+              " ", col_scale.sizes());
+  return rows;
+}
+
+void check_bias(const char* op, const c10::optional<at::Tensor>& bias, int64_t n) {
+  if (!bias.has_value() || !bias->defined()) return;
+  TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == n &&
+                  detail::is_float_dtype(bias->scalar_type()),
+              "fastbert._C.", op, ": bias must be a float CPU vector [", n, "], got ", bias->sizes());
+}
+
+// Calls f(A{}) with A the accumulator's C++ type (int32_t or float).
+template <class F>
+void dispatch_acc(const at::Tensor& acc, F&& f) {
+  if (acc.scalar_type() == at::kInt) {
+    f(int32_t{});
+  } else {
+    f(float{});
+  }
+}
+
+// Quantized rows (q [rows + 1, n] with its last row of ones, scale [rows], offset [rows]).
+struct Quantized {
+  at::Tensor q, scale, offset;
+  Quantized(int64_t rows, int64_t n)
+      : q(detail::empty({rows + 1, n}, at::kChar)),
+        scale(at::empty({rows}, at::TensorOptions().dtype(at::kFloat))),
+        offset(at::empty({rows}, at::TensorOptions().dtype(at::kFloat))) {
+    int8_t* ones = q.data_ptr<int8_t>() + rows * n;
+    std::fill(ones, ones + n, int8_t{1});
+  }
+  void row(const float* v, int64_t r, int64_t n) {
+    quantize_row(v, q.data_ptr<int8_t>() + r * n, n, scale.data_ptr<float>() + r, offset.data_ptr<float>() + r);
+  }
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> tuple() const { return {q, scale, offset}; }
+};
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
+  detail::check_rows("quantize_rows", "x", x);
+  const int64_t rows = x.size(0), n = x.size(1), npad = vec::round_up(n, W);
+  Quantized out(rows, n);
+  detail::dispatch_float(x.scalar_type(), "quantize_rows", [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x.data_ptr<T>();
+    at::parallel_for(0, rows, detail::row_grain(n), [&](int64_t r0, int64_t r1) {
+      float* v = vec::thread_buffer<float, detail::kSlotRow>(npad);
+      const int64_t body = n / W * W;
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = xp + r * n;
+        for (int64_t c = 0; c < body; c += W) vec::store(v + c, vec::load(xr + c));
+        if (body < n) vec::store(v + body, vec::load_partial(xr + body, n - body));
+        out.row(v, r, n);
+      }
+    });
+  });
+  return out.tuple();
+}
+
+at::Tensor int8_dequantize(const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
+                           const at::Tensor& col_scale, const c10::optional<at::Tensor>& bias, at::ScalarType dtype) {
+  const int64_t rows = check_acc("int8_dequantize", acc, row_scale, row_offset, col_scale);
+  const int64_t n = acc.size(1), npad = vec::round_up(n, W);
+  check_bias("int8_dequantize", bias, n);
+  TORCH_CHECK(detail::is_float_dtype(dtype), "fastbert._C.int8_dequantize: dtype must be a float dtype");
+  at::Tensor y = detail::empty({rows, n}, dtype);
+  const float* rs = row_scale.data_ptr<float>();
+  const float* ro = row_offset.data_ptr<float>();
+  dispatch_acc(acc, [&](auto atag) {
+    using A = decltype(atag);
+    const A* ap = acc.data_ptr<A>();
+    const Epilogue ep = epilogue(ap, rows, col_scale, bias, n);
+    detail::dispatch_float(dtype, "int8_dequantize", [&](auto tag) {
+      using T = decltype(tag);
+      T* yp = y.data_ptr<T>();
+      at::parallel_for(0, rows, detail::row_grain(n), [&](int64_t r0, int64_t r1) {
+        float* v = vec::thread_buffer<float, detail::kSlotRow>(npad);
+        const int64_t body = n / W * W;
+        for (int64_t r = r0; r < r1; ++r) {
+          dequantize_row(ap + r * n, rs[r], ro[r], ep, v, n);
+          T* yr = yp + r * n;
+          for (int64_t c = 0; c < body; c += W) vec::store(yr + c, vec::load(v + c));
+          if (body < n) vec::store_partial(yr + body, vec::load(v + body), n - body);
+        }
+      });
+    });
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& acc, const at::Tensor& row_scale,
+                                                              const at::Tensor& row_offset,
+                                                              const at::Tensor& col_scale, const at::Tensor& bias,
+                                                              const std::string& approximate) {
+  const int64_t rows = check_acc("int8_bias_gelu", acc, row_scale, row_offset, col_scale);
+  const int64_t n = acc.size(1), npad = vec::round_up(n, W);
+  check_bias("int8_bias_gelu", bias, n);
+  TORCH_CHECK(approximate == "none" || approximate == "tanh",
+              "fastbert._C.int8_bias_gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
+  Quantized out(rows, n);
+  const float* rs = row_scale.data_ptr<float>();
+  const float* ro = row_offset.data_ptr<float>();
+  dispatch_acc(acc, [&](auto atag) {
+    using A = decltype(atag);
+    const A* ap = acc.data_ptr<A>();
+    const Epilogue ep = epilogue(ap, rows, col_scale, bias, n);
+    detail::dispatch_flags(approximate == "tanh", false, [&](auto kTanh, auto) {
+      at::parallel_for(0, rows, detail::row_grain(n), [&](int64_t r0, int64_t r1) {
+        float* v = vec::thread_buffer<float, detail::kSlotRow>(npad);
+        for (int64_t r = r0; r < r1; ++r) {
+          dequantize_row(ap + r * n, rs[r], ro[r], ep, v, n);
+          for (int64_t c = 0; c < npad; c += W) {
+            vec::store(v + c, gelu_math::gelu<decltype(kTanh)::value>(vec::load(v + c)));
+          }
+          out.row(v, r, n);
+        }
+      });
+    });
+  });
+  return out.tuple();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
+    const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
+    const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
+    double eps, bool quantize) {
+  const int64_t rows = check_acc("int8_add_layer_norm", acc, row_scale, row_offset, col_scale);
+  const int64_t n = acc.size(1), npad = vec::round_up(n, W);
+  check_bias("int8_add_layer_norm", bias, n);
+  detail::check_rows("int8_add_layer_norm", "residual", residual);
+  TORCH_CHECK(residual.size(0) == rows && residual.size(1) == n, "fastbert._C.int8_add_layer_norm: residual has shape ",
+              residual.sizes(), " but acc holds ", rows, " rows of ", n);
+  detail::check_feature("int8_add_layer_norm", "weight", weight, residual);
+  detail::check_feature("int8_add_layer_norm", "ln_bias", ln_bias, residual);
+  at::Tensor y = detail::empty({rows, n}, residual.scalar_type());
+  Quantized out(quantize ? rows : 0, quantize ? n : 0);
+  // the LayerNorm's own vectors live in row-scratch slots of the calling thread
+  const float* w = detail::padded_float<detail::kSlotKeep>(weight, npad);
+  const float* lb = detail::padded_float<detail::kSlotSums>(ln_bias, npad);
+  const float* rs = row_scale.data_ptr<float>();
+  const float* ro = row_offset.data_ptr<float>();
+  const float feps = static_cast<float>(eps);
+  dispatch_acc(acc, [&](auto atag) {
+    using A = decltype(atag);
+    const A* ap = acc.data_ptr<A>();
+    const Epilogue ep = epilogue(ap, rows, col_scale, bias, n);
+    detail::dispatch_float(residual.scalar_type(), "int8_add_layer_norm", [&](auto tag) {
+      using T = decltype(tag);
+      const T* resp = residual.data_ptr<T>();
+      T* yp = y.data_ptr<T>();
+      at::parallel_for(0, rows, detail::row_grain(n), [&](int64_t r0, int64_t r1) {
+        float* v = vec::thread_buffer<float, detail::kSlotPartials>(npad);
+        const int64_t body = n / W * W;
+        for (int64_t r = r0; r < r1; ++r) {
+          dequantize_row(ap + r * n, rs[r], ro[r], ep, v, n);
+          const T* rr = resp + r * n;
+          Vf sum = vec::set1(0.0f);
+          for (int64_t c = 0; c < npad; c += W) {
+            Vf h = vec::load(v + c) + (c < body ? vec::load(rr + c) : vec::load_partial(rr + c, n - c));
+            vec::store(v + c, h);
+            sum = sum + h;
+          }
+          const float mean = vec::hsum(sum) / n;
+          for (int64_t c = n; c < npad; ++c) v[c] = mean;  // padding lanes add 0 to the variance
+          const Vf mv = vec::set1(mean);
+          Vf var = vec::set1(0.0f);
+          for (int64_t c = 0; c < npad; c += W) {
+            Vf d = vec::load(v + c) - mv;
+            var = vec::fmadd(d, d, var);
+          }
+          const float rstd = 1.0f / std::sqrt(std::max(vec::hsum(var) / n, 0.0f) + feps);
+          const Vf sv = vec::set1(rstd);
+          T* yr = yp + r * n;
+          for (int64_t c = 0; c < npad; c += W) {
+            Vf o = vec::fmadd((vec::load(v + c) - mv) * sv, vec::load(w + c), vec::load(lb + c));
+            vec::store(v + c, o);
+            if (c < body) vec::store(yr + c, o);
+          }
+          if (body < n) vec::store_partial(yr + body, vec::load(v + body), n - body);
+          if (quantize) out.row(v, r, n);
+        }
+      });
+    });
+  });
+  if (!quantize) return {y, at::empty({0}, at::kChar), at::empty({0}, at::kFloat), at::empty({0}, at::kFloat)};
+  return {y, out.q, out.scale, out.offset};
+}
+
+}  // namespace fastbert

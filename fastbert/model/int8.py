@@ -1,0 +1,224 @@
+"""int8 inference for fastbert's BERT: `quantize_("int8")` / `from_pretrained(..., quantize="int8")`.
+
+Every linear layer of the encoder (the QKV projections, the attention output, both FFN layers)
+becomes an Int8Linear: its weight is quantized once, per output channel, and the int8 weight and
+its scales are then the layer's only copy of it. Nothing is derived from a float weight that could
+fall behind it: a write into the int8 weight (through .data, copy_) is what the next forward
+multiplies by; load_state_dict quantizes the float weights it is given into the same tensors;
+state_dict() gives transformers' names and the dequantized float weights, so save_pretrained
+writes a checkpoint transformers loads. The QKV projections are slices of one [3 hidden, hidden]
+int8 tensor (re-joined whenever to() or an assignment gave them memory of their own), so one GEMM
+serves all three.
+
+Activations are quantized per token inside the fused ops that produce them (fastbert.ops.int8:
+the LayerNorm tails and bias + GELU emit int8 rows; the attention's output is quantized as it
+leaves the layer); LayerNorm, softmax, GELU and the residual stream stay in the model's float dtype
+(fp32 or bf16). The embeddings, the pooler and the task heads stay float.
+
+A quantized model runs inference only: forward in training mode, or a backward through it, is an
+error that names the fix (load without quantize=).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from fastbert import ops
+from fastbert.model.config import OTHER_ACTIVATIONS
+from fastbert.ops.bias_gelu import GELU_FORMS
+
+QUANTIZE_MODES = ("int8",)
+TRAINING_ERROR = ("fastbert: this model is quantized to int8 for inference; training and gradients need the "
+                  "float weights: load it without quantize= (or before quantize_)")
+
+
+def check_quantize(mode, where: str) -> Optional[str]:
+    """`mode` checked: None or "int8"."""
+    if mode is not None and mode not in QUANTIZE_MODES:
+        raise ValueError(f"{where}: quantize={mode!r} is not supported; choose 'int8' or None")
+    return mode
+
+
+class Int8Linear(nn.Module):
+    """nn.Linear with an int8 weight [out, in] (per output channel symmetric; `weight_scale` [out],
+    float32) and a float bias, for inference. Built from an nn.Linear, whose bias Parameter it keeps."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, s = ops.quantize_weight(linear.weight)
+        self.register_buffer("weight", q, persistent=False)        # state_dict: see _save_to_state_dict
+        self.register_buffer("weight_scale", s, persistent=False)
+        self.bias = linear.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """F.linear(x, weight, bias) on int8: x quantized per row, int32 GEMM, dequantized to x's dtype."""
+        q, s, o = ops.quantize_rows(x.reshape(-1, self.in_features))
+        y = ops.int8_dequantize(ops.int8_matmul(q, self.weight), s, o, self.weight_scale, self.bias, x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """weight * weight_scale [out, in], in the bias's dtype (float32 without a bias)."""
+        dtype = self.bias.dtype if self.bias is not None else torch.float32
+        return (self.weight.float() * self.weight_scale[:, None]).to(dtype)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.dequantized_weight()  # nn.Linear's order: weight, then bias
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "weight"
+        if key in state_dict:
+            w = state_dict[key]
+            if tuple(w.shape) != tuple(self.weight.shape):
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(w.shape)} from "
+                                  f"checkpoint, the shape in current model is {tuple(self.weight.shape)}.")
+            else:
+                q, s = ops.quantize_weight(w.to(self.weight.device))
+                with torch.no_grad():  # in place: the QKV slices stay slices of the joined tensor
+                    self.weight.copy_(q)
+                    self.weight_scale.copy_(s)
+            state_dict = {k: v for k, v in state_dict.items() if k != key}
+        elif strict:
+            missing_keys.append(key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) / .half() cast floating buffers; the scales stay float32 (moved, never rounded)
+        scale = self.weight_scale
+        super()._apply(fn, recurse)
+        if self.weight_scale.dtype != scale.dtype:
+            self.weight_scale = scale.to(self.weight_scale.device)
+        return self
+
+
+def quantize_model(model: nn.Module, mode: str = "int8") -> nn.Module:
+    """Turn every encoder linear layer of `model` (a fastbert BERT class) into an Int8Linear, in place."""
+    from fastbert.model.layers import BertLayer
+
+    check_quantize(mode, f"{type(model).__name__}.quantize_")
+    if not hasattr(torch, "_int_mm"):
+        raise RuntimeError("fastbert: int8 inference needs torch._int_mm (torch >= 2.4)")
+    for layer in model.modules():
+        if not isinstance(layer, BertLayer):
+            continue
+        sa = layer.attention.self
+        for owner, name in ((sa, "query"), (sa, "key"), (sa, "value"), (layer.attention.output, "dense"),
+                            (layer.intermediate, "dense"), (layer.output, "dense")):
+            linear = getattr(owner, name)
+            if not isinstance(linear, Int8Linear):
+                setattr(owner, name, Int8Linear(linear))
+    return model
+
+
+def _joined(owner, name: str, parts: List[torch.Tensor]) -> torch.Tensor:
+    """One tensor whose consecutive slices `parts` are (made so now when they are not)."""
+    from fastbert.model.layers import _share_storage, _views_of
+
+    key = "_int8_joined_" + name
+    joined = owner.__dict__.get(key)
+    if not _views_of(joined, parts):
+        with torch.no_grad():
+            joined = _share_storage(parts)
+        owner.__dict__[key] = joined
+    return joined
+
+
+def qkv_int8(sa) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weight int8 [3h, h], scale [3h], bias [3h]) of the three projections, as one tensor each."""
+    mods = (sa.query, sa.key, sa.value)
+    return (_joined(sa, "weight", [m.weight for m in mods]), _joined(sa, "scale", [m.weight_scale for m in mods]),
+            _joined(sa, "bias", [m.bias for m in mods]))
+
+
+def int8_layer(layer, hidden: torch.Tensor, hq, attend, quantize_out: bool):
+    """One encoder layer on rows: hidden [rows, h] float and hq = its quantized rows (q, scale,
+    offset); attend(qkv [rows, 3h] float) -> (context [rows, h], probabilities or None) is the
+    layer's attention. -> (hidden, its quantized rows (empty unless quantize_out), probabilities)."""
+    sa, so, inter, out = layer.attention.self, layer.attention.output, layer.intermediate, layer.output
+    w, ws, b = qkv_int8(sa)
+    q, s, o = hq
+    ctx, probs = attend(ops.int8_dequantize(ops.int8_matmul(q, w), s, o, ws, b, hidden.dtype))
+    q, s, o = ops.quantize_rows(ctx)
+    d, ln = so.dense, so.LayerNorm
+    h1, q, s, o = ops.int8_add_layer_norm(ops.int8_matmul(q, d.weight), s, o, d.weight_scale, d.bias, hidden,
+                                          ln.weight, ln.bias, ln.eps)
+    d = inter.dense
+    acc = ops.int8_matmul(q, d.weight)
+    if inter.hidden_act in GELU_FORMS:
+        q, s, o = ops.int8_bias_gelu(acc, s, o, d.weight_scale, d.bias, GELU_FORMS[inter.hidden_act])
+    else:
+        act = OTHER_ACTIVATIONS[inter.hidden_act]
+        q, s, o = ops.quantize_rows(act(ops.int8_dequantize(acc, s, o, d.weight_scale, d.bias, hidden.dtype)))
+    d, ln = out.dense, out.LayerNorm
+    h2, q, s, o = ops.int8_add_layer_norm(ops.int8_matmul(q, d.weight), s, o, d.weight_scale, d.bias, h1,
+                                          ln.weight, ln.bias, ln.eps, quantize=quantize_out)
+    return h2, (q, s, o), probs
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """run(hidden) with no backward: a gradient through the int8 encoder is an error naming the fix."""
+
+    @staticmethod
+    def forward(ctx, hidden, run):
+        return run(hidden)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(TRAINING_ERROR)
+
+
+def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                scales, output_hidden_states: bool, output_attentions: bool):
+    """BertModel's encoder on int8: (last hidden [batch, seq, h], hidden states or None, attentions or None).
+    Packed on the real tokens (varlen attention), unless an additive mask, attention probabilities
+    or a head mask ask for the padded explicit path."""
+    if model.training:
+        raise RuntimeError(TRAINING_ERROR)
+    bsz, seq, width = hidden.shape
+    explicit = bias is not None or bool(output_attentions) or any(s is not None for s in scales)
+    indices, packed = None, None
+    if not explicit:
+        if key_mask is not None and not bool(key_mask.all()):
+            rows, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
+        else:
+            rows = hidden.reshape(-1, width)
+            cu_seqlens = torch.arange(0, (bsz + 1) * seq, seq, dtype=torch.int32, device=hidden.device)
+            max_seqlen = seq
+        packed = (cu_seqlens, max_seqlen)
+    else:
+        rows = hidden.reshape(-1, width)
+    shape = rows.shape if packed is not None else hidden.shape
+    layers = list(model.encoder.layer)
+
+    def padded(h):
+        return ops.pad(h, indices, bsz, seq) if indices is not None else h.view(bsz, seq, width)
+
+    def run(h):
+        states: Optional[list] = [] if output_hidden_states else None
+        probs: Optional[list] = [] if output_attentions else None
+        hq = ops.quantize_rows(h)
+        for i, (layer, scale) in enumerate(zip(layers, scales)):
+            def attend(qkv, layer=layer, scale=scale):
+                ctx, p = layer.attend(qkv, shape, key_mask, packed, bias, scale, bool(output_attentions))
+                return ctx.reshape(-1, width), p
+
+            h, hq, p = int8_layer(layer, h, hq, attend, quantize_out=i + 1 < len(layers))
+            if states is not None:
+                states.append(padded(h))
+            if probs is not None:
+                probs.append(p)
+        return (padded(h), *(states or ()), *(probs or ()))
+
+    out = _InferenceOnly.apply(rows, run) if torch.is_grad_enabled() and rows.requires_grad else run(rows)
+    n_states = len(layers) if output_hidden_states else 0
+    states = (hidden, *out[1:1 + n_states]) if output_hidden_states else None
+    probs = tuple(out[1 + n_states:]) if output_attentions else None
+    return out[0], states, probs

@@ -1,0 +1,191 @@
+"""int8 inference ops: dynamic per-row quantization, the int8 GEMM, and the GEMM's dequantization
+fused into the op that reads its output, which also quantizes what it writes for the next GEMM.
+
+The scheme (exact rules in fastbert.reference.int8): weights int8 per output channel, symmetric;
+activations int8 per token (row), about the row's midpoint; the GEMM accumulates in int32;
+everything else (LayerNorm, softmax, GELU, residuals) runs in float. Quantized activations are
+(q [rows + 1, n] int8, whose last row is ones, scale [rows], offset [rows]), and a GEMM accumulator
+is [rows + 1, n], its last row the weight's column sums. One encoder layer on these ops:
+
+    acc = int8_matmul(x_q, Wqkv_q)                               [tokens + 1, 3 hidden]
+    qkv = int8_dequantize(acc, x_s, x_o, Wqkv_s, b, dtype)       -> attention -> ctx -> quantize_rows(ctx)
+    acc = int8_matmul(ctx_q, Wo_q)
+    h1, *h1_quantized = int8_add_layer_norm(acc, ctx_s, ctx_o, Wo_s, bo, x, ...)
+    acc = int8_matmul(h1_q, Wi_q)
+    i_q, i_s, i_o = int8_bias_gelu(acc, h1_s, h1_o, Wi_s, bi)
+    acc = int8_matmul(i_q, W2_q)
+    h2, *h2_quantized = int8_add_layer_norm(acc, i_s, i_o, W2_s, b2, h1, ...)   (the next layer's input)
+
+On the CPU the element-wise ops run the C++ kernels (csrc/int8.cpp) and int8_matmul the GEMM path
+measured fastest for the shape (fastbert.ops.gemm: torch._int_mm or oneDNN's quantized linear).
+There are no Triton int8 kernels: on other devices (and with backend="torch") the reference runs.
+Inference only: none of these ops has a gradient.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from fastbert import backend as _backend
+from fastbert.ops import gemm
+from fastbert.ops._common import fused_op
+from fastbert.ops.checks import check_float, check_tensor, where_of
+from fastbert.reference import int8 as ref
+
+Tensor = torch.Tensor
+
+
+def _impl(backend: Optional[str], t: Tensor):
+    """The extension for the "cpp" backend, else the reference ("torch", and devices without int8 kernels)."""
+    if backend == "triton" or (backend is None and t.device.type != "cpu"):
+        return ref
+    return _backend.cpp_extension() if _backend.resolve(backend, t) == "cpp" else ref
+
+
+def _check_acc(op: str, acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor,
+               bias: Optional[Tensor]) -> None:
+    check_tensor(op, "acc", acc)
+    if acc.dim() != 2 or acc.shape[0] < 1 or acc.dtype not in (torch.int32, torch.float32):
+        raise ValueError(f"{where_of(op)}: acc must be an int8_matmul output, int32 or float32 [rows + 1, n], got "
+                         f"{acc.dtype} {tuple(acc.shape)}")
+    rows, n = acc.shape[0] - 1, acc.shape[1]
+    for name, t, size in (("row_scale", row_scale, rows), ("row_offset", row_offset, rows), ("col_scale", col_scale, n)):
+        check_tensor(op, name, t)
+        if t.dtype != torch.float32 or tuple(t.shape) != (size,):
+            raise ValueError(f"{where_of(op)}: {name} must be float32 of shape ({size},), got {t.dtype} {tuple(t.shape)}")
+    if bias is not None:
+        check_float(op, "bias", bias)
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"{where_of(op)}: bias must have shape ({n},), got {tuple(bias.shape)}")
+
+
+def _fake_quantize(x):
+    rows, n = x.shape[0], x.shape[1]
+    return (x.new_empty((rows + 1, n), dtype=torch.int8), x.new_empty((rows,), dtype=torch.float32),
+            x.new_empty((rows,), dtype=torch.float32))
+
+
+def _fake_rows(acc):
+    return _fake_quantize(acc[:-1])
+
+
+@fused_op("quantize_rows", _fake_quantize)
+def _quantize_rows(x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    return tuple(_impl(None, x).quantize_rows(x))
+
+
+def quantize_rows(x: Tensor, *, backend: Optional[str] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """x [rows, n] float -> (q int8 [rows + 1, n], scale float32 [rows], offset float32 [rows]):
+    x ~ q[:-1] * scale[:, None] + offset[:, None]; q's last row is ones (see the module docstring)."""
+    check_float("quantize_rows", "x", x)
+    if x.dim() != 2:
+        raise ValueError(f"fastbert.ops.quantize_rows: x must be 2-D [rows, n], got shape {tuple(x.shape)}")
+    x = x.contiguous()
+    if backend is not None:
+        return tuple(_impl(backend, x).quantize_rows(x))
+    return _quantize_rows(x)
+
+
+def quantize_weight(weight: Tensor) -> Tuple[Tensor, Tensor]:
+    """weight [out, in] float -> (q int8 [out, in], scale float32 [out]), per output channel, symmetric."""
+    check_float("quantize_weight", "weight", weight)
+    if weight.dim() != 2:
+        raise ValueError(f"fastbert.ops.quantize_weight: weight must be 2-D [out, in], got {tuple(weight.shape)}")
+    return ref.quantize_weight(weight.detach())
+
+
+def _alloc(rows: int, cols: int):
+    empty = _backend.cpp_function("empty")
+    return None if empty is None else (lambda: empty([rows, cols], torch.int32))
+
+
+def int8_matmul(a: Tensor, weight: Tensor) -> Tensor:
+    """a [rows, in] int8 @ weight [out, in]^T int8 -> the accumulator [rows, out] (int32, or float32
+    on oneDNN's path; exact either way at BERT's sizes), on the GEMM path measured fastest here."""
+    if a.dtype != torch.int8 or weight.dtype != torch.int8 or a.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"fastbert.ops.int8_matmul: needs int8 [rows, in] and int8 [out, in], got {a.dtype} "
+                         f"{tuple(a.shape)} and {weight.dtype} {tuple(weight.shape)}")
+    if a.shape[1] != weight.shape[1]:
+        raise ValueError(f"fastbert.ops.int8_matmul: a has {a.shape[1]} features but weight takes {weight.shape[1]}")
+    if a.device.type != "cpu" or torch.compiler.is_compiling() or a.shape[0] == 0:
+        return ref.int8_mm(a, weight)
+    return gemm.product("fwd", a.contiguous(), weight, None, _alloc(a.shape[0], weight.shape[0]))
+
+
+def _fake_dequantize(acc, row_scale, row_offset, col_scale, bias, dtype):
+    return acc.new_empty((acc.shape[0] - 1, acc.shape[1]), dtype=dtype)
+
+
+@fused_op("int8_dequantize", _fake_dequantize)
+def _int8_dequantize(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Optional[Tensor],
+                     dtype: torch.dtype) -> Tensor:
+    return _impl(None, acc).int8_dequantize(acc, row_scale, row_offset, col_scale, bias, dtype)
+
+
+def int8_dequantize(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor,
+                    bias: Optional[Tensor] = None, dtype: torch.dtype = torch.float32, *,
+                    backend: Optional[str] = None) -> Tensor:
+    """The linear layer's output [rows, n] as `dtype`, from its accumulator acc [rows + 1, n]:
+    (acc[:-1] * row_scale[:, None] + row_offset[:, None] * acc[-1]) * col_scale + bias."""
+    _check_acc("int8_dequantize", acc, row_scale, row_offset, col_scale, bias)
+    args = (acc, row_scale, row_offset, col_scale, bias, dtype)
+    if backend is not None:
+        return _impl(backend, acc).int8_dequantize(*args)
+    return _int8_dequantize(*args)
+
+
+def _fake_bias_gelu(acc, row_scale, row_offset, col_scale, bias, approximate):
+    return _fake_rows(acc)
+
+
+@fused_op("int8_bias_gelu", _fake_bias_gelu)
+def _int8_bias_gelu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Tensor,
+                    approximate: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return tuple(_impl(None, acc).int8_bias_gelu(acc, row_scale, row_offset, col_scale, bias, approximate))
+
+
+def int8_bias_gelu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Tensor,
+                   approximate: str = "none", *, backend: Optional[str] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """quantize_rows(gelu(int8_dequantize(acc, ...))): the FFN's first GEMM's output, activated and
+    quantized for the second, with no float activation in memory."""
+    _check_acc("int8_bias_gelu", acc, row_scale, row_offset, col_scale, bias)
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"fastbert.ops.int8_bias_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    args = (acc, row_scale, row_offset, col_scale, bias, approximate)
+    if backend is not None:
+        return tuple(_impl(backend, acc).int8_bias_gelu(*args))
+    return _int8_bias_gelu(*args)
+
+
+def _fake_add_layer_norm(acc, row_scale, row_offset, col_scale, bias, residual, weight, ln_bias, eps, quantize):
+    if quantize:
+        return (torch.empty_like(residual), *_fake_rows(acc))
+    empty = acc.new_empty(0, dtype=torch.float32)
+    return torch.empty_like(residual), acc.new_empty(0, dtype=torch.int8), empty, torch.empty_like(empty)
+
+
+@fused_op("int8_add_layer_norm", _fake_add_layer_norm)
+def _int8_add_layer_norm(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Tensor,
+                         residual: Tensor, weight: Tensor, ln_bias: Tensor, eps: float,
+                         quantize: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return tuple(_impl(None, acc).int8_add_layer_norm(acc, row_scale, row_offset, col_scale, bias, residual, weight,
+                                                      ln_bias, eps, quantize))
+
+
+def int8_add_layer_norm(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Tensor,
+                        residual: Tensor, weight: Tensor, ln_bias: Tensor, eps: float = 1e-12, *,
+                        quantize: bool = True, backend: Optional[str] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(y, q, scale, offset): y = layer_norm(int8_dequantize(acc, ...) + residual) * weight + ln_bias
+    in residual's dtype, statistics in fp32; (q, scale, offset) = y quantized per row for the next
+    GEMM when `quantize` (else empty tensors)."""
+    _check_acc("int8_add_layer_norm", acc, row_scale, row_offset, col_scale, bias)
+    check_float("int8_add_layer_norm", "residual", residual)
+    if tuple(residual.shape) != (acc.shape[0] - 1, acc.shape[1]):
+        raise ValueError(f"fastbert.ops.int8_add_layer_norm: residual has shape {tuple(residual.shape)} but acc holds "
+                         f"{acc.shape[0] - 1} rows of {acc.shape[1]}")
+    args = (acc, row_scale, row_offset, col_scale, bias, residual.contiguous(), weight, ln_bias, float(eps),
+            bool(quantize))
+    if backend is not None:
+        return tuple(_impl(backend, acc).int8_add_layer_norm(*args))
+    return _int8_add_layer_norm(*args)

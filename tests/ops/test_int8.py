@@ -1,0 +1,202 @@
+"""The int8 inference ops (fastbert.ops.int8) on every backend against the reference rules
+(fastbert.reference.int8) and float64, the int8 GEMM paths against the exact integer product, and
+their input errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import require
+
+import fastbert
+from fastbert.ops import gemm
+from fastbert.reference import int8 as ref
+
+BACKENDS = ["torch", "cpp"]
+SHAPES = [(1, 1), (5, 7), (33, 16), (64, 384), (3, 1023)]
+FP32_EPS = 1.2e-7
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    require(request.param)
+    return request.param
+
+
+def _quantized_close(got, want, name):
+    """Quantized rows from two computations of the same float rows: scales and offsets equal to
+    fp32 rounding, q within one step (a value that lands near x.5 may round either way)."""
+    (q, s, o), (wq, ws, wo) = got, want
+    assert q.dtype == torch.int8 and q.shape == wq.shape, f"{name}: q {q.dtype} {tuple(q.shape)}"
+    assert torch.equal(q[-1], torch.ones_like(q[-1])), f"{name}: the last row of q must be ones"
+    torch.testing.assert_close(s, ws, rtol=1e-5, atol=1e-7, msg=f"{name}: scales")
+    torch.testing.assert_close(o, wo, rtol=1e-5, atol=1e-6, msg=f"{name}: offsets")
+    diff = (q.int() - wq.int()).abs()
+    assert int(diff.max()) <= 1, f"{name}: q differs by {int(diff.max())}"
+    assert float((diff > 0).float().mean()) < 0.01, f"{name}: {float((diff > 0).float().mean()):.3%} of q differ"
+
+
+def _dequantized(q, s, o):
+    return q[:-1].double() * s.double()[:, None] + o.double()[:, None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, n", SHAPES)
+def test_quantize_rows_follows_the_rule(backend, rows, n, dtype):
+    g = torch.Generator().manual_seed(rows * 131 + n)
+    x = (torch.randn(rows, n, generator=g) * 3 + torch.randn(rows, 1, generator=g)).to(dtype)
+    got = fastbert.ops.quantize_rows(x, backend=backend)
+    if backend == "cpp" or dtype == torch.float32:  # the same fp32 operations: the same bits
+        for a, b in zip(got, ref.quantize_rows(x)):
+            assert torch.equal(a, b)
+    q, s, o = got
+    x64 = x.double()
+    # the reconstruction is within half a step of x, and the extremes map to -127 and 127
+    assert ((_dequantized(q, s, o) - x64).abs() <= s.double()[:, None] * (0.5 + 1e-4) + 1e-6).all()
+    if n > 1:
+        nonconstant = s > 0
+        assert (q[:-1][nonconstant].abs().amax(1) == 127).all()
+
+
+def test_quantize_rows_constant_and_zero_rows(backend):
+    x = torch.stack([torch.zeros(40), torch.full((40,), -2.5), torch.linspace(-1, 3, 40)])
+    q, s, o = fastbert.ops.quantize_rows(x, backend=backend)
+    assert s[0] == 0 and o[0] == 0 and (q[0] == 0).all()
+    assert s[1] == 0 and o[1] == -2.5 and (q[1] == 0).all()
+    assert torch.allclose(_dequantized(q, s, o)[2], x[2].double(), atol=float(s[2]) / 2 + 1e-7)
+
+
+def test_quantize_weight_is_per_channel_symmetric():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 80, generator=g) * torch.rand(48, 1, generator=g)
+    q, s = fastbert.ops.quantize_weight(w)
+    assert q.dtype == torch.int8 and s.shape == (48,)
+    assert (q.abs().amax(1) == 127).all() and int(q.min()) >= -127
+    assert ((q.double() * s.double()[:, None] - w.double()).abs() <= s.double()[:, None] / 2 + 1e-7).all()
+
+
+@pytest.fixture
+def _fresh_choices():
+    gemm.reset()
+    yield
+    gemm.reset()
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 8, 8), (37, 24, 40), (129, 384, 96)])
+def test_every_int8_gemm_path_is_exact(_fresh_choices, m, k, n):
+    g = torch.Generator().manual_seed(m + k + n)
+    a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    want = a.long() @ w.long().t()
+    paths = gemm.candidates("fwd", torch.int8)
+    assert "int_mm" in paths
+    for path in paths:
+        with gemm.forced(path):
+            got = fastbert.ops.int8_matmul(a, w)
+        assert got.shape == (m, n) and torch.equal(got.double(), want.double()), path
+    got = fastbert.ops.int8_matmul(a, w)  # the measured choice
+    assert torch.equal(got.double(), want.double())
+    assert any(key[0] == "fwd" and key[4] == torch.int8 for key in gemm.choices())
+
+
+def _layer_inputs(rows, k, n, g, acc_dtype=torch.int32):
+    """A real int8 layer: activations quantized with their ones row, a weight, the accumulator."""
+    x = torch.randn(rows, k, generator=g) + 0.5 * torch.randn(k, generator=g)
+    w = torch.randn(n, k, generator=g) * 0.05
+    xq, xs, xo = ref.quantize_rows(x)
+    wq, ws = ref.quantize_weight(w)
+    acc = ref.int8_mm(xq, wq).to(acc_dtype)
+    bias = torch.randn(n, generator=g) * 0.1
+    return acc, xs, xo, ws, bias
+
+
+def _dequantized64(acc, xs, xo, ws, bias):
+    a = acc.double()
+    return (a[:-1] * xs.double()[:, None] + xo.double()[:, None] * a[-1]) * ws.double() + bias.double()
+
+
+def _epilogue_bound(acc, xs, xo, ws, bias):
+    """fp32 rounding of the epilogue's few operations, element by element."""
+    a = acc.double()
+    terms = (a[:-1] * xs.double()[:, None]).abs() * ws.double() + (xo.double()[:, None] * a[-1] * ws.double()).abs()
+    return 8 * FP32_EPS * (terms + bias.double().abs()) + 1e-30
+
+
+@pytest.mark.parametrize("acc_dtype", [torch.int32, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, k, n", [(1, 8, 3), (29, 64, 100), (70, 384, 1152)])
+def test_int8_dequantize_against_float64(backend, rows, k, n, dtype, acc_dtype):
+    g = torch.Generator().manual_seed(rows + n)
+    args = _layer_inputs(rows, k, n, g, acc_dtype)
+    y = fastbert.ops.int8_dequantize(*args, dtype=dtype, backend=backend)
+    want = _dequantized64(*args)
+    assert y.dtype == dtype and y.shape == (rows, n)
+    bound = _epilogue_bound(*args) + (0 if dtype == torch.float32 else want.abs() * 2 ** -8)
+    assert ((y.double() - want).abs() <= bound).all()
+    # and the layer it stands for: x @ w^T + b up to the quantization of x and w
+    assert y.shape == want.shape
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("rows, k, n", [(1, 8, 5), (33, 64, 1536), (64, 384, 3072)])
+def test_int8_bias_gelu_against_the_rule(backend, rows, k, n, approximate):
+    g = torch.Generator().manual_seed(rows + n + len(approximate))
+    acc, xs, xo, ws, bias = _layer_inputs(rows, k, n, g)
+    got = fastbert.ops.int8_bias_gelu(acc, xs, xo, ws, bias, approximate, backend=backend)
+    act64 = F.gelu(_dequantized64(acc, xs, xo, ws, bias), approximate=approximate)
+    _quantized_close(got, ref.quantize_rows(act64.float()), "int8_bias_gelu")
+    q, s, o = got
+    assert ((_dequantized(q, s, o) - act64).abs() <= s.double()[:, None] * 0.5 + 1e-5).all()
+
+
+@pytest.mark.parametrize("quantize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, k, n", [(1, 8, 4), (45, 64, 384), (17, 3072, 768)])
+def test_int8_add_layer_norm_against_float64(backend, rows, k, n, dtype, quantize):
+    g = torch.Generator().manual_seed(rows * 7 + n)
+    acc, xs, xo, ws, bias = _layer_inputs(rows, k, n, g)
+    residual = torch.randn(rows, n, generator=g).to(dtype)
+    weight, ln_bias = 1 + 0.1 * torch.randn(n, generator=g), torch.randn(n, generator=g)
+    y, q, s, o = fastbert.ops.int8_add_layer_norm(acc, xs, xo, ws, bias, residual, weight, ln_bias, 1e-12,
+                                                  quantize=quantize, backend=backend)
+    h = _dequantized64(acc, xs, xo, ws, bias) + residual.double()
+    want = F.layer_norm(h, (n,), weight.double(), ln_bias.double(), 1e-12)
+    assert y.dtype == dtype and y.shape == (rows, n)
+    # fp32 statistics: as good as torch's own fp32 LayerNorm on the same sum, within 2x and a floor
+    torch_err = (F.layer_norm(h.float(), (n,), weight, ln_bias, 1e-12).double() - want).abs().max()
+    floor = 1e-5 if dtype == torch.float32 else 2 ** -8 * float(want.abs().max())
+    assert float((y.double() - want).abs().max()) <= 2 * float(torch_err) + floor
+    if quantize:
+        _quantized_close((q, s, o), ref.quantize_rows(want.float()), "int8_add_layer_norm")
+    else:
+        assert q.numel() == 0 and s.numel() == 0 and o.numel() == 0
+
+
+def test_the_cpp_kernels_take_torchs_int8_gemm_outputs_end_to_end():
+    """One linear layer, quantized: quantize_rows -> int8_matmul -> int8_dequantize, against F.linear."""
+    require("cpp")
+    g = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(50, 96, generator=g) + 1.0, torch.randn(40, 96, generator=g) * 0.1, torch.randn(40, generator=g)
+    q, s, o = fastbert.ops.quantize_rows(x)
+    wq, ws = fastbert.ops.quantize_weight(w)
+    y = fastbert.ops.int8_dequantize(fastbert.ops.int8_matmul(q, wq), s, o, ws, b)
+    want = F.linear(x.double(), w.double(), b.double())
+    # the quantization error of x (half a step per element) and of w (half a step per weight)
+    bound = (s.double()[:, None] * 0.5) * w.double().abs().sum(1) + x.double().abs().sum(1)[:, None] * ws.double() * 0.5
+    assert ((y.double() - want).abs() <= 1.01 * bound + 1e-4).all()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: fastbert.ops.quantize_rows(torch.zeros(2, 3, 4)), "must be 2-D"),
+    (lambda: fastbert.ops.quantize_rows(torch.zeros(2, 3, dtype=torch.int32)), "dtype"),
+    (lambda: fastbert.ops.int8_matmul(torch.zeros(2, 3), torch.zeros(4, 3, dtype=torch.int8)), "int8"),
+    (lambda: fastbert.ops.int8_matmul(torch.zeros(2, 3, dtype=torch.int8), torch.zeros(4, 5, dtype=torch.int8)),
+     "features"),
+    (lambda: fastbert.ops.int8_dequantize(torch.zeros(3, 4, dtype=torch.int32), torch.zeros(3), torch.zeros(2),
+                                          torch.zeros(4)), "row_scale must be float32 of shape (2,)"),
+    (lambda: fastbert.ops.int8_add_layer_norm(torch.zeros(3, 4, dtype=torch.int32), torch.zeros(2), torch.zeros(2),
+                                              torch.zeros(4), torch.zeros(4), torch.zeros(3, 4), torch.ones(4),
+                                              torch.zeros(4)), "residual has shape"),
+])
+def test_bad_input_is_one_readable_error(call, message):
+    with pytest.raises((ValueError, TypeError)) as e:
+        call()
+    assert message in str(e.value) and "\n" not in str(e.value)
