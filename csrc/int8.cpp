@@ -71,8 +71,10 @@ Epilogue epilogue(const A* acc, int64_t rows, const at::Tensor& col_scale, const
 
 // out[c] = acc[c] * s * col_scale[c] + o * sum_scale[c] + bias[c] for one row of n (out padded with
 // 0 to whole vectors)
+// (ep by value: its pointers then live in registers; the vector stores may alias anything, and would
+// make the compiler reload them from memory after every store)
 template <class A>
-inline void dequantize_row(const A* acc, float s, float o, const Epilogue& ep, float* out, int64_t n) {
+inline void dequantize_row(const A* acc, float s, float o, const Epilogue ep, float* out, int64_t n) {
   const Vf sv = vec::set1(s), ov = vec::set1(o);
   const int64_t body = n / W * W;
   auto step = [&](Vf a, int64_t c) {
@@ -83,21 +85,59 @@ inline void dequantize_row(const A* acc, float s, float o, const Epilogue& ep, f
   if (body < n) step(vec::load_partial(acc + body, n - body), body);
 }
 
-// Quantizes a row of n fp32 values v (padded to whole vectors with anything) to q; writes its scale
-// and offset.
-inline void quantize_row(const float* v, int8_t* q, int64_t n, float* scale, float* offset) {
+// out[c] = the dequantized acc[c] + residual[c] (one pass; out padded with 0); returns the row sum.
+template <class A, class T>
+inline float dequantize_add_row(const A* acc, float s, float o, const Epilogue ep, const T* res, float* out,
+                                int64_t n) {
+  const Vf sv = vec::set1(s), ov = vec::set1(o);
   const int64_t body = n / W * W;
-  Vf hi = vec::set1(-std::numeric_limits<float>::infinity()), lo = vec::set1(std::numeric_limits<float>::infinity());
-  for (int64_t c = 0; c < body; c += W) {
-    const Vf x = vec::load(v + c);
-    hi = vec::vmax(hi, x);
-    lo = vec::vmin(lo, x);
+  Vf sum0 = vec::set1(0.0f), sum1 = vec::set1(0.0f);
+  auto at = [&](Vf a, Vf r, int64_t c) {
+    Vf shift = vec::fmadd(ov, vec::load(ep.sum_scale + c), vec::load(ep.bias + c));
+    Vf h = vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift) + r;
+    vec::store(out + c, h);
+    return h;
+  };
+  int64_t c = 0;
+  for (; c + 2 * W <= body; c += 2 * W) {
+    sum0 = sum0 + at(vec::load(acc + c), vec::load(res + c), c);
+    sum1 = sum1 + at(vec::load(acc + c + W), vec::load(res + c + W), c + W);
   }
-  float mx = vec::hmax(hi), mn = -vec::hmax(-lo);
-  for (int64_t c = body; c < n; ++c) {
+  for (; c < body; c += W) sum0 = sum0 + at(vec::load(acc + c), vec::load(res + c), c);
+  if (body < n) sum1 = sum1 + at(vec::load_partial(acc + body, n - body), vec::load_partial(res + body, n - body), body);
+  return vec::hsum(sum0 + sum1);
+}
+
+// Min and max of a row of n fp32 values.
+inline void row_range(const float* v, int64_t n, float& mn, float& mx) {
+  const int64_t body = n / W * W;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  Vf hi0 = vec::set1(-kInf), hi1 = hi0, lo0 = vec::set1(kInf), lo1 = lo0;
+  int64_t c = 0;
+  for (; c + 2 * W <= body; c += 2 * W) {
+    const Vf x0 = vec::load(v + c), x1 = vec::load(v + c + W);
+    hi0 = vec::vmax(hi0, x0);
+    hi1 = vec::vmax(hi1, x1);
+    lo0 = vec::vmin(lo0, x0);
+    lo1 = vec::vmin(lo1, x1);
+  }
+  for (; c < body; c += W) {
+    const Vf x = vec::load(v + c);
+    hi0 = vec::vmax(hi0, x);
+    lo0 = vec::vmin(lo0, x);
+  }
+  mx = vec::hmax(vec::vmax(hi0, hi1));
+  mn = -vec::hmax(-vec::vmin(lo0, lo1));
+  for (c = body; c < n; ++c) {
     mx = std::max(mx, v[c]);
     mn = std::min(mn, v[c]);
   }
+}
+
+// Quantizes a row of n fp32 values v (padded to whole vectors with anything) whose min and max are
+// mn and mx to q; writes its scale and offset.
+inline void quantize_row(const float* v, int8_t* q, int64_t n, float mn, float mx, float* scale, float* offset) {
+  const int64_t body = n / W * W;
   const float o = (mx + mn) * 0.5f, r = (mx - mn) * 0.5f;
   const float inv = r > 0.0f ? 127.0f / r : 0.0f;
   const Vf ov = vec::set1(o), iv = vec::set1(inv);
@@ -105,6 +145,42 @@ inline void quantize_row(const float* v, int8_t* q, int64_t n, float* scale, flo
   if (body < n) vec::store_partial(q + body, (vec::load(v + body) - ov) * iv, n - body);
   *scale = r / 127.0f;
   *offset = o;
+}
+
+inline void quantize_row(const float* v, int8_t* q, int64_t n, float* scale, float* offset) {
+  float mn, mx;
+  row_range(v, n, mn, mx);
+  quantize_row(v, q, n, mn, mx, scale, offset);
+}
+
+// out[c] = gelu(the dequantized acc[c]) for one row (out padded with gelu(0) = 0); the row's min and max.
+template <bool kTanh, class A>
+inline void dequantize_gelu_row(const A* acc, float s, float o, const Epilogue ep, float* out, int64_t n, float& mn,
+                                float& mx) {
+  const Vf sv = vec::set1(s), ov = vec::set1(o);
+  const int64_t body = n / W * W;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  Vf hi = vec::set1(-kInf), lo = vec::set1(kInf);
+  auto at = [&](Vf a, int64_t c) {
+    Vf shift = vec::fmadd(ov, vec::load(ep.sum_scale + c), vec::load(ep.bias + c));
+    Vf g = gelu_math::gelu<kTanh>(vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift));
+    vec::store(out + c, g);
+    return g;
+  };
+  for (int64_t c = 0; c < body; c += W) {
+    const Vf g = at(vec::load(acc + c), c);
+    hi = vec::vmax(hi, g);
+    lo = vec::vmin(lo, g);
+  }
+  mx = vec::hmax(hi);
+  mn = -vec::hmax(-lo);
+  if (body < n) {
+    at(vec::load_partial(acc + body, n - body), body);
+    for (int64_t c = body; c < n; ++c) {
+      mx = std::max(mx, out[c]);
+      mn = std::min(mn, out[c]);
+    }
+  }
 }
 
 // acc [rows + 1, n] int32 / float32 contiguous; row_scale, row_offset float32 [rows]; col_scale float32 [n]
@@ -153,10 +229,20 @@ struct Quantized {
     int8_t* ones = q.data_ptr<int8_t>() + rows * n;
     std::fill(ones, ones + n, int8_t{1});
   }
-  void row(const float* v, int64_t r, int64_t n) {
-    quantize_row(v, q.data_ptr<int8_t>() + r * n, n, scale.data_ptr<float>() + r, offset.data_ptr<float>() + r);
-  }
   std::tuple<at::Tensor, at::Tensor, at::Tensor> tuple() const { return {q, scale, offset}; }
+};
+
+// Where a kernel writes its quantized rows (plain pointers, copied into each worker).
+struct QuantizedOut {
+  int8_t* q;
+  float* scale;
+  float* offset;
+  explicit QuantizedOut(Quantized& t)
+      : q(t.q.data_ptr<int8_t>()), scale(t.scale.data_ptr<float>()), offset(t.offset.data_ptr<float>()) {}
+  void row(const float* v, int64_t r, int64_t n) const { quantize_row(v, q + r * n, n, scale + r, offset + r); }
+  void row(const float* v, int64_t r, int64_t n, float mn, float mx) const {
+    quantize_row(v, q + r * n, n, mn, mx, scale + r, offset + r);
+  }
 };
 
 }  // namespace
@@ -165,17 +251,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x
   detail::check_rows("quantize_rows", "x", x);
   const int64_t rows = x.size(0), n = x.size(1), npad = vec::round_up(n, W);
   Quantized out(rows, n);
+  const QuantizedOut qo(out);
   detail::dispatch_float(x.scalar_type(), "quantize_rows", [&](auto tag) {
     using T = decltype(tag);
     const T* xp = x.data_ptr<T>();
-    at::parallel_for(0, rows, detail::row_grain(n), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, rows, detail::row_grain(n), [=](int64_t r0, int64_t r1) {
       float* v = vec::thread_buffer<float, detail::kSlotRow>(npad);
       const int64_t body = n / W * W;
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = xp + r * n;
         for (int64_t c = 0; c < body; c += W) vec::store(v + c, vec::load(xr + c));
         if (body < n) vec::store(v + body, vec::load_partial(xr + body, n - body));
-        out.row(v, r, n);
+        qo.row(v, r, n);
       }
     });
   });
@@ -198,7 +285,7 @@ at::Tensor int8_dequantize(const at::Tensor& acc, const at::Tensor& row_scale, c
     detail::dispatch_float(dtype, "int8_dequantize", [&](auto tag) {
       using T = decltype(tag);
       T* yp = y.data_ptr<T>();
-      at::parallel_for(0, rows, detail::row_grain(n), [&](int64_t r0, int64_t r1) {
+      at::parallel_for(0, rows, detail::row_grain(n), [=](int64_t r0, int64_t r1) {
         float* v = vec::thread_buffer<float, detail::kSlotRow>(npad);
         const int64_t body = n / W * W;
         for (int64_t r = r0; r < r1; ++r) {
@@ -223,6 +310,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& 
   TORCH_CHECK(approximate == "none" || approximate == "tanh",
               "fastbert._C.int8_bias_gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
   Quantized out(rows, n);
+  const QuantizedOut qo(out);
   const float* rs = row_scale.data_ptr<float>();
   const float* ro = row_offset.data_ptr<float>();
   dispatch_acc(acc, [&](auto atag) {
@@ -230,14 +318,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& 
     const A* ap = acc.data_ptr<A>();
     const Epilogue ep = epilogue(ap, rows, col_scale, bias, n);
     detail::dispatch_flags(approximate == "tanh", false, [&](auto kTanh, auto) {
-      at::parallel_for(0, rows, detail::row_grain(n), [&](int64_t r0, int64_t r1) {
+      at::parallel_for(0, rows, detail::row_grain(n), [=](int64_t r0, int64_t r1) {
         float* v = vec::thread_buffer<float, detail::kSlotRow>(npad);
         for (int64_t r = r0; r < r1; ++r) {
-          dequantize_row(ap + r * n, rs[r], ro[r], ep, v, n);
-          for (int64_t c = 0; c < npad; c += W) {
-            vec::store(v + c, gelu_math::gelu<decltype(kTanh)::value>(vec::load(v + c)));
-          }
-          out.row(v, r, n);
+          float mn, mx;
+          dequantize_gelu_row<decltype(kTanh)::value>(ap + r * n, rs[r], ro[r], ep, v, n, mn, mx);
+          qo.row(v, r, n, mn, mx);
         }
       });
     });
@@ -259,6 +345,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
   detail::check_feature("int8_add_layer_norm", "ln_bias", ln_bias, residual);
   at::Tensor y = detail::empty({rows, n}, residual.scalar_type());
   Quantized out(quantize ? rows : 0, quantize ? n : 0);
+  const QuantizedOut qo(out);
   // the LayerNorm's own vectors live in row-scratch slots of the calling thread
   const float* w = detail::padded_float<detail::kSlotKeep>(weight, npad);
   const float* lb = detail::padded_float<detail::kSlotSums>(ln_bias, npad);
@@ -273,36 +360,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
       using T = decltype(tag);
       const T* resp = residual.data_ptr<T>();
       T* yp = y.data_ptr<T>();
-      at::parallel_for(0, rows, detail::row_grain(n), [&](int64_t r0, int64_t r1) {
+      at::parallel_for(0, rows, detail::row_grain(n), [=](int64_t r0, int64_t r1) {
         float* v = vec::thread_buffer<float, detail::kSlotPartials>(npad);
         const int64_t body = n / W * W;
         for (int64_t r = r0; r < r1; ++r) {
-          dequantize_row(ap + r * n, rs[r], ro[r], ep, v, n);
-          const T* rr = resp + r * n;
-          Vf sum = vec::set1(0.0f);
-          for (int64_t c = 0; c < npad; c += W) {
-            Vf h = vec::load(v + c) + (c < body ? vec::load(rr + c) : vec::load_partial(rr + c, n - c));
-            vec::store(v + c, h);
-            sum = sum + h;
-          }
-          const float mean = vec::hsum(sum) / n;
+          const float mean = dequantize_add_row(ap + r * n, rs[r], ro[r], ep, resp + r * n, v, n) / n;
           for (int64_t c = n; c < npad; ++c) v[c] = mean;  // padding lanes add 0 to the variance
           const Vf mv = vec::set1(mean);
-          Vf var = vec::set1(0.0f);
-          for (int64_t c = 0; c < npad; c += W) {
-            Vf d = vec::load(v + c) - mv;
-            var = vec::fmadd(d, d, var);
+          Vf var0 = vec::set1(0.0f), var1 = vec::set1(0.0f);
+          int64_t c = 0;
+          for (; c + 2 * W <= npad; c += 2 * W) {
+            Vf d0 = vec::load(v + c) - mv, d1 = vec::load(v + c + W) - mv;
+            var0 = vec::fmadd(d0, d0, var0);
+            var1 = vec::fmadd(d1, d1, var1);
           }
-          const float rstd = 1.0f / std::sqrt(std::max(vec::hsum(var) / n, 0.0f) + feps);
+          for (; c < npad; c += W) {
+            Vf d = vec::load(v + c) - mv;
+            var0 = vec::fmadd(d, d, var0);
+          }
+          const float rstd = 1.0f / std::sqrt(std::max(vec::hsum(var0 + var1) / n, 0.0f) + feps);
           const Vf sv = vec::set1(rstd);
           T* yr = yp + r * n;
-          for (int64_t c = 0; c < npad; c += W) {
+          for (c = 0; c < npad; c += W) {
             Vf o = vec::fmadd((vec::load(v + c) - mv) * sv, vec::load(w + c), vec::load(lb + c));
             vec::store(v + c, o);
             if (c < body) vec::store(yr + c, o);
           }
           if (body < n) vec::store_partial(yr + body, vec::load(v + body), n - body);
-          if (quantize) out.row(v, r, n);
+          if (quantize) qo.row(v, r, n);
         }
       });
     });

@@ -42,7 +42,12 @@ def _onnxruntime(hf, ids, mask, dtype, workdir):
 
         fused, path = path, os.path.join(workdir, "bert-fused-int8.onnx")
         if not os.path.exists(path):
-            quantize_dynamic(fused, path, weight_type=QuantType.QInt8)
+            import onnx
+
+            # the optimized graph holds ONNX Runtime's own fused ops, whose outputs its shape inference
+            # cannot type: DefaultTensorType tells the quantizer they are float (ONNX Runtime's advice)
+            quantize_dynamic(fused, path, weight_type=QuantType.QInt8,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     so = ort.SessionOptions()
     so.intra_op_num_threads = torch.get_num_threads()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

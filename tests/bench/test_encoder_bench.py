@@ -59,3 +59,34 @@ def test_each_installed_peer_computes_the_model(peer):
     real = mask.bool()
     assert got.shape == want.shape
     assert (got[real] - want[real]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("peer", ["onnxruntime", "ctranslate2"])
+def test_each_installed_int8_peer_computes_the_model(peer):
+    if importlib.util.find_spec(peer) is None:
+        pytest.skip(f"{peer} is not installed (the peers extra: pip install -e .[peers])")
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, attn_implementation="sdpa")
+    hf = transformers.BertModel(cfg).eval()
+    mask = (torch.arange(12)[None] < torch.tensor([12, 5, 9])[:, None]).long()
+    ids = torch.randint(1, 200, (3, 12)) * mask
+    provs, skipped = peers.peer_providers(hf, ids, mask, [torch.int8], peers=(peer,))
+    assert not skipped, skipped
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    got = provs[f"{peer} int8"]()[real].double().flatten()
+    want = want[real].double().flatten()
+    assert float(got @ want / got.norm() / want.norm()) > 0.99  # int8: close, not equal
+
+
+def test_the_int8_table_compares_with_fastbert_fp32():
+    rows = encoder.run(["var128"], [torch.float32, torch.int8], layers=1, rounds=1, progress=False)
+    by_name = {r["provider"]: r for r in rows}
+    fb = by_name["fastbert int8"]
+    assert fb["vs_fastbert_fp32"] > 0 and by_name["GEMM floor int8"]["vs_floor"] == pytest.approx(1.0)
+    assert fb["max_abs_err"] < 0.5
+    assert "transformers sdpa int8" not in by_name
