@@ -1,7 +1,7 @@
 """BERT on fastbert's fused ops, a drop-in for transformers' BERT classes (see bert.py for the
 data flow): config.py, outputs.py, layers.py, pretrained.py (loading and saving), checkpoint.py
 (transformers' checkpoint files), checks.py (input errors), bert.py (BertModel), heads.py (the task
-models)."""
+models), int8.py (int8 inference: quantize_ and the int8 encoder)."""
 from fastbert.model.bert import BertModel
 from fastbert.model.config import BertConfig
 from fastbert.model.heads import (

@@ -10,10 +10,13 @@ writes a checkpoint transformers loads. The QKV projections are slices of one [3
 int8 tensor (re-joined whenever to() or an assignment gave them memory of their own), so one GEMM
 serves all three.
 
-Activations are quantized per token inside the fused ops that produce them (fastbert.ops.int8:
-the LayerNorm tails and bias + GELU emit int8 rows; the attention's output is quantized as it
-leaves the layer); LayerNorm, softmax, GELU and the residual stream stay in the model's float dtype
-(fp32 or bf16). The embeddings, the pooler and the task heads stay float.
+Activations are quantized per token, about each token's midpoint (fastbert.reference.int8 has the
+rule and why), inside the fused ops that produce them (fastbert.ops.int8: the LayerNorm tails and
+bias + GELU emit int8 rows; the attention's output is quantized in a pass of its own, since one
+token's row spans every head and the attention kernel works a (sequence, head) pair at a time); the
+QKV product is dequantized in a pass of its own before the attention. LayerNorm, softmax, GELU and
+the residual stream stay in the model's float dtype (fp32 or bf16). The embeddings, the pooler and
+the task heads stay float.
 
 A quantized model runs inference only: forward in training mode, or a backward through it, is an
 error that names the fix (load without quantize=).
