@@ -9,6 +9,8 @@
 
 #include "vec.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -201,6 +203,25 @@ template <class T>
 inline bool stream_output(const T* p, int64_t rows, int64_t n) {
   constexpr int64_t kStreamBytes = int64_t{4} << 20;
   return rows * n * static_cast<int64_t>(sizeof(T)) >= kStreamBytes && vec::rows_aligned(p, n);
+}
+
+// 1 / sqrt(variance + eps) of a LayerNorm row h of n values about `mean` (fp32, padded to npad, a
+// multiple of vec::kWidth, with lanes n .. npad holding the mean so that they add nothing).
+inline float row_rstd(const float* h, int64_t npad, int64_t n, float mean, float eps) {
+  const vec::Vf mv = vec::set1(mean);
+  vec::Vf v0 = vec::set1(0.0f), v1 = vec::set1(0.0f);
+  int64_t c = 0;
+  for (; c + 2 * vec::kWidth <= npad; c += 2 * vec::kWidth) {
+    vec::Vf d0 = vec::load(h + c) - mv, d1 = vec::load(h + c + vec::kWidth) - mv;
+    v0 = vec::fmadd(d0, d0, v0);
+    v1 = vec::fmadd(d1, d1, v1);
+  }
+  for (; c < npad; c += vec::kWidth) {
+    vec::Vf d = vec::load(h + c) - mv;
+    v0 = vec::fmadd(d, d, v0);
+  }
+  const float var = vec::hsum(v0 + v1) / n;
+  return 1.0f / std::sqrt(std::max(var, 0.0f) + eps);
 }
 
 // Row grain of at::parallel_for for elementwise row loops (does not change any result).

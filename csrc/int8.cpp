@@ -185,6 +185,26 @@ inline void dequantize_gelu_row(const A* acc, float s, float o, const Epilogue e
 
 // acc [rows + 1, n] int32 / float32 contiguous; row_scale, row_offset float32 [rows]; col_scale float32 [n]
 int64_t check_acc(const char* op, const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
+                  const at::Tensor& col_scale);
+void check_bias(const char* op, const c10::optional<at::Tensor>& bias, int64_t n);
+
+// The shape and row vectors of an int8 GEMM's accumulator, checked.
+struct AccRows {
+  int64_t rows, n, npad;
+  const float* scale;
+  const float* offset;
+  AccRows(const char* op, const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
+          const at::Tensor& col_scale, const c10::optional<at::Tensor>& bias)
+      : rows(check_acc(op, acc, row_scale, row_offset, col_scale)),
+        n(acc.size(1)),
+        npad(vec::round_up(acc.size(1), W)),
+        scale(row_scale.data_ptr<float>()),
+        offset(row_offset.data_ptr<float>()) {
+    check_bias(op, bias, n);
+  }
+};
+
+int64_t check_acc(const char* op, const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
                   const at::Tensor& col_scale) {
   TORCH_CHECK(acc.device().is_cpu() && acc.dim() == 2 && acc.is_contiguous() && acc.size(0) >= 1, "fastbert._C.", op,
               ": acc must be a contiguous [rows + 1, n] CPU tensor, got shape ", acc.sizes());
@@ -271,13 +291,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x
 
 at::Tensor int8_dequantize(const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
                            const at::Tensor& col_scale, const c10::optional<at::Tensor>& bias, at::ScalarType dtype) {
-  const int64_t rows = check_acc("int8_dequantize", acc, row_scale, row_offset, col_scale);
-  const int64_t n = acc.size(1), npad = vec::round_up(n, W);
-  check_bias("int8_dequantize", bias, n);
+  const AccRows a("int8_dequantize", acc, row_scale, row_offset, col_scale, bias);
+  const int64_t rows = a.rows, n = a.n, npad = a.npad;
+  const float *rs = a.scale, *ro = a.offset;
   TORCH_CHECK(detail::is_float_dtype(dtype), "fastbert._C.int8_dequantize: dtype must be a float dtype");
   at::Tensor y = detail::empty({rows, n}, dtype);
-  const float* rs = row_scale.data_ptr<float>();
-  const float* ro = row_offset.data_ptr<float>();
   dispatch_acc(acc, [&](auto atag) {
     using A = decltype(atag);
     const A* ap = acc.data_ptr<A>();
@@ -304,15 +322,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& 
                                                               const at::Tensor& row_offset,
                                                               const at::Tensor& col_scale, const at::Tensor& bias,
                                                               const std::string& approximate) {
-  const int64_t rows = check_acc("int8_bias_gelu", acc, row_scale, row_offset, col_scale);
-  const int64_t n = acc.size(1), npad = vec::round_up(n, W);
-  check_bias("int8_bias_gelu", bias, n);
+  const AccRows a("int8_bias_gelu", acc, row_scale, row_offset, col_scale, bias);
+  const int64_t rows = a.rows, n = a.n, npad = a.npad;
+  const float *rs = a.scale, *ro = a.offset;
   TORCH_CHECK(approximate == "none" || approximate == "tanh",
               "fastbert._C.int8_bias_gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
   Quantized out(rows, n);
   const QuantizedOut qo(out);
-  const float* rs = row_scale.data_ptr<float>();
-  const float* ro = row_offset.data_ptr<float>();
   dispatch_acc(acc, [&](auto atag) {
     using A = decltype(atag);
     const A* ap = acc.data_ptr<A>();
@@ -335,9 +351,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
     const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
     const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
     double eps, bool quantize) {
-  const int64_t rows = check_acc("int8_add_layer_norm", acc, row_scale, row_offset, col_scale);
-  const int64_t n = acc.size(1), npad = vec::round_up(n, W);
-  check_bias("int8_add_layer_norm", bias, n);
+  const AccRows a("int8_add_layer_norm", acc, row_scale, row_offset, col_scale, bias);
+  const int64_t rows = a.rows, n = a.n, npad = a.npad;
+  const float *rs = a.scale, *ro = a.offset;
   detail::check_rows("int8_add_layer_norm", "residual", residual);
   TORCH_CHECK(residual.size(0) == rows && residual.size(1) == n, "fastbert._C.int8_add_layer_norm: residual has shape ",
               residual.sizes(), " but acc holds ", rows, " rows of ", n);
@@ -349,8 +365,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
   // the LayerNorm's own vectors live in row-scratch slots of the calling thread
   const float* w = detail::padded_float<detail::kSlotKeep>(weight, npad);
   const float* lb = detail::padded_float<detail::kSlotSums>(ln_bias, npad);
-  const float* rs = row_scale.data_ptr<float>();
-  const float* ro = row_offset.data_ptr<float>();
   const float feps = static_cast<float>(eps);
   dispatch_acc(acc, [&](auto atag) {
     using A = decltype(atag);
@@ -367,21 +381,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
           const float mean = dequantize_add_row(ap + r * n, rs[r], ro[r], ep, resp + r * n, v, n) / n;
           for (int64_t c = n; c < npad; ++c) v[c] = mean;  // padding lanes add 0 to the variance
           const Vf mv = vec::set1(mean);
-          Vf var0 = vec::set1(0.0f), var1 = vec::set1(0.0f);
-          int64_t c = 0;
-          for (; c + 2 * W <= npad; c += 2 * W) {
-            Vf d0 = vec::load(v + c) - mv, d1 = vec::load(v + c + W) - mv;
-            var0 = vec::fmadd(d0, d0, var0);
-            var1 = vec::fmadd(d1, d1, var1);
-          }
-          for (; c < npad; c += W) {
-            Vf d = vec::load(v + c) - mv;
-            var0 = vec::fmadd(d, d, var0);
-          }
-          const float rstd = 1.0f / std::sqrt(std::max(vec::hsum(var0 + var1) / n, 0.0f) + feps);
-          const Vf sv = vec::set1(rstd);
+          const Vf sv = vec::set1(detail::row_rstd(v, npad, n, mean, feps));
           T* yr = yp + r * n;
-          for (c = 0; c < npad; c += W) {
+          for (int64_t c = 0; c < npad; c += W) {
             Vf o = vec::fmadd((vec::load(v + c) - mv) * sv, vec::load(w + c), vec::load(lb + c));
             vec::store(v + c, o);
             if (c < body) vec::store(yr + c, o);

@@ -70,23 +70,11 @@ void forward_rows(const T* x, const T* res, const float* w, const float* b, T* y
     const float mean = load_h<T, kDropout>(xr, rr, h, n, static_cast<uint64_t>(r) * static_cast<uint64_t>(n), dp) / n;
     for (int64_t c = n; c < npad; ++c) h[c] = mean;  // padding lanes add 0 to the variance
     const Vf mv = vec::set1(mean);
-    Vf v0 = vec::set1(0.0f), v1 = vec::set1(0.0f);
-    int64_t c = 0;
-    for (; c + 2 * W <= npad; c += 2 * W) {
-      Vf d0 = vec::load(h + c) - mv, d1 = vec::load(h + c + W) - mv;
-      v0 = vec::fmadd(d0, d0, v0);
-      v1 = vec::fmadd(d1, d1, v1);
-    }
-    for (; c < npad; c += W) {
-      Vf d = vec::load(h + c) - mv;
-      v0 = vec::fmadd(d, d, v0);
-    }
-    const float var = vec::hsum(v0 + v1) / n;
-    const float rstd = 1.0f / std::sqrt(std::max(var, 0.0f) + eps);
+    const float rstd = detail::row_rstd(h, npad, n, mean, eps);
     mean_out[r] = mean;
     rstd_out[r] = rstd;
     const Vf sv = vec::set1(rstd);
-    for (c = 0; c < body; c += W) {
+    for (int64_t c = 0; c < body; c += W) {
       Vf xhat = (vec::load(h + c) - mv) * sv;
       vec::put<kStream>(yr + c, vec::fmadd(xhat, vec::load(w + c), vec::load(b + c)));
     }

@@ -39,18 +39,22 @@ def test_a_failing_conversion_is_skipped_with_its_error(monkeypatch, capsys):
     assert "peer skipped: torch.compile fp32" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
-def test_each_installed_peer_computes_the_model(peer):
-    if importlib.util.find_spec(peer) is None:
-        pytest.skip(f"{peer} is not installed (the peers extra: pip install -e .[peers])")
+def _tiny_bert():
+    """(transformers' BertModel of 2 small layers, ids, mask) for the peers' conversions."""
     import transformers
 
     torch.manual_seed(0)
     cfg = transformers.BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=128, attn_implementation="sdpa")
-    hf = transformers.BertModel(cfg).eval()
     mask = (torch.arange(12)[None] < torch.tensor([12, 5, 9])[:, None]).long()
-    ids = torch.randint(1, 200, (3, 12)) * mask
+    return transformers.BertModel(cfg).eval(), torch.randint(1, 200, (3, 12)) * mask, mask
+
+
+@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
+def test_each_installed_peer_computes_the_model(peer):
+    if importlib.util.find_spec(peer) is None:
+        pytest.skip(f"{peer} is not installed (the peers extra: pip install -e .[peers])")
+    hf, ids, mask = _tiny_bert()
     provs, skipped = peers.peer_providers(hf, ids, mask, [torch.float32], peers=(peer,))
     assert not skipped, skipped
     with torch.no_grad():
@@ -65,14 +69,7 @@ def test_each_installed_peer_computes_the_model(peer):
 def test_each_installed_int8_peer_computes_the_model(peer):
     if importlib.util.find_spec(peer) is None:
         pytest.skip(f"{peer} is not installed (the peers extra: pip install -e .[peers])")
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=128, attn_implementation="sdpa")
-    hf = transformers.BertModel(cfg).eval()
-    mask = (torch.arange(12)[None] < torch.tensor([12, 5, 9])[:, None]).long()
-    ids = torch.randint(1, 200, (3, 12)) * mask
+    hf, ids, mask = _tiny_bert()
     provs, skipped = peers.peer_providers(hf, ids, mask, [torch.int8], peers=(peer,))
     assert not skipped, skipped
     with torch.no_grad():
