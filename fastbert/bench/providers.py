@@ -18,58 +18,53 @@ from fastbert.ops import gemm
 MEASURED = "per-shape"  # the floor variant on fastbert's measured choice of path for each shape
 
 
+def _linears(layer):
+    """(weight, bias) of a layer's four products as the model runs them: QKV joined, attention
+    output, FFN1, FFN2."""
+    sa = layer.attention.self
+    return [(torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]), torch.cat([sa.query.bias, sa.key.bias,
+                                                                                      sa.value.bias])),
+            (layer.attention.output.dense.weight, layer.attention.output.dense.bias),
+            (layer.intermediate.dense.weight, layer.intermediate.dense.bias),
+            (layer.output.dense.weight, layer.output.dense.bias)]
+
+
 def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
     """A callable running exactly the model's linear layers on `tokens` rows, in `dtype`, every
-    product on GEMM path `path` (None: fastbert's measured choice for each shape)."""
+    product on GEMM path `path` (None: fastbert's measured choice for each shape). dtype torch.int8:
+    the products of int8 inference, int8 rows by int8 weights (per channel) into the accumulator."""
     cfg = model.config
-    layers = []
-    for layer in model.encoder.layer:
-        sa = layer.attention.self
-        wqkv = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]).to(dtype)
-        bqkv = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias]).to(dtype)
-        layers.append([
-            (wqkv, bqkv),
-            (layer.attention.output.dense.weight.to(dtype), layer.attention.output.dense.bias.to(dtype)),
-            (layer.intermediate.dense.weight.to(dtype), layer.intermediate.dense.bias.to(dtype)),
-            (layer.output.dense.weight.to(dtype), layer.output.dense.bias.to(dtype)),
-        ])
-    x = torch.randn(tokens, cfg.hidden_size).to(dtype)
-    inter = torch.randn(tokens, cfg.intermediate_size).to(dtype)
+    if dtype == torch.int8:
+        g = torch.Generator().manual_seed(0)
+
+        def rows(n):
+            return torch.randint(-127, 128, (tokens, n), generator=g, dtype=torch.int8)
+
+        def operands(w, b):
+            return fastbert.ops.quantize_weight(w)[0], None
+
+        def product(x, w, b):
+            fastbert.ops.int8_matmul(x, w)
+    else:
+        def rows(n):
+            return torch.randn(tokens, n).to(dtype)
+
+        def operands(w, b):
+            return w.to(dtype), b.to(dtype)
+
+        product = fastbert.ops.linear
+    layers = [[operands(w, b) for w, b in _linears(layer)] for layer in model.encoder.layer]
+    x, inter = rows(cfg.hidden_size), rows(cfg.intermediate_size)
 
     def run():
         # the linear layers as fastbert's model runs them for inference (outputs into reused
         # buffers, not freshly page-faulted ones), so that the floor is the fastest way to run them
         with gemm.forced(path) if path is not None else contextlib.nullcontext():
             for (wq, bq), (wo, bo), (wi, bi), (w2, b2) in layers:
-                fastbert.ops.linear(x, wq, bq)
-                fastbert.ops.linear(x, wo, bo)
-                fastbert.ops.linear(x, wi, bi)
-                fastbert.ops.linear(inter, w2, b2)
-
-    return run
-
-
-def int8_gemm_floor(model, tokens: int, path: Optional[str] = None):
-    """gemm_floor for int8 inference: the int8 products of the model's linear layers (int8 weights
-    per channel, int8 rows in), nothing else, on GEMM path `path` (None: the measured choice)."""
-    cfg = model.config
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(-127, 128, (tokens, cfg.hidden_size), generator=g, dtype=torch.int8)
-    inter = torch.randint(-127, 128, (tokens, cfg.intermediate_size), generator=g, dtype=torch.int8)
-    layers = []
-    for layer in model.encoder.layer:
-        sa = layer.attention.self
-        ws = (torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]), layer.attention.output.dense.weight,
-              layer.intermediate.dense.weight, layer.output.dense.weight)
-        layers.append([fastbert.ops.quantize_weight(w)[0] for w in ws])
-
-    def run():
-        with gemm.forced(path) if path is not None else contextlib.nullcontext():
-            for wq, wo, wi, w2 in layers:
-                fastbert.ops.int8_matmul(x, wq)
-                fastbert.ops.int8_matmul(x, wo)
-                fastbert.ops.int8_matmul(x, wi)
-                fastbert.ops.int8_matmul(inter, w2)
+                product(x, wq, bq)
+                product(x, wo, bo)
+                product(x, wi, bi)
+                product(inter, w2, b2)
 
     return run
 
@@ -78,9 +73,8 @@ def floor_providers(model, tokens: int, dtype) -> Dict[str, Callable]:
     """"GEMM floor <dtype> <path>" for every GEMM path this machine offers, and on the per-shape
     choice (dtype torch.int8: the int8 products of int8 inference)."""
     tag = dtype_name(dtype)
-    floor = int8_gemm_floor if dtype == torch.int8 else (lambda m, t, p=None: gemm_floor(m, t, dtype, p))
-    provs = {f"GEMM floor {tag} {p}": floor(model, tokens, p) for p in gemm.candidates("fwd", dtype)}
-    provs[f"GEMM floor {tag} {MEASURED}"] = floor(model, tokens)
+    provs = {f"GEMM floor {tag} {p}": gemm_floor(model, tokens, dtype, p) for p in gemm.candidates("fwd", dtype)}
+    provs[f"GEMM floor {tag} {MEASURED}"] = gemm_floor(model, tokens, dtype)
     return provs
 
 
