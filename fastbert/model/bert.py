@@ -40,12 +40,19 @@ class BertModel(BertPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None, use_cache=None,
-                head_mask=None, output_attentions=None, output_hidden_states=None, return_dict=None):
+                head_mask=None, output_attentions=None, output_hidden_states=None, return_dict=None, *,
+                _pooled_only: bool = False):
         """transformers' BertModel.forward: input_ids [batch, seq] (or inputs_embeds [batch, seq,
         hidden]); attention_mask (see fastbert.model.masks), token_type_ids, position_ids [batch, seq];
         head_mask; output_attentions / output_hidden_states / return_dict (config's when None) ->
         .last_hidden_state [batch, seq, hidden], .pooler_output [batch, hidden], .hidden_states,
-        .attentions. The cross-attention and cache arguments are a decoder's: not supported."""
+        .attentions. The cross-attention and cache arguments are a decoder's: not supported.
+
+        _pooled_only (for heads that read the pooled output alone): the last layer may run at each
+        sequence's first token only (BertLayer.first_tokens); last_hidden_state is then [batch, 1,
+        hidden]. It does whenever the other outputs do not need every token: no hidden states or
+        attention probabilities asked for, no additive float mask, a real first token in every
+        sequence."""
         if encoder_hidden_states is not None or encoder_attention_mask is not None or past_key_values is not None:
             raise NotImplementedError("fastbert: BertModel is an encoder; cross-attention and key/value caches "
                                       "(BERT as a decoder) are not supported")
@@ -66,44 +73,60 @@ class BertModel(BertPreTrainedModel):
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         scales = head_scales(head_mask, cfg.num_hidden_layers, cfg.num_attention_heads)
         explicit = bias is not None or bool(output_attentions)
+        first_only = (_pooled_only and self.pooler is not None and cfg.num_hidden_layers > 0 and not explicit
+                      and not output_hidden_states and not compiling
+                      and (key_mask is None or bool(key_mask[:, 0].all())))
         if self.quantized:
             hidden, states, probs = encode_int8(self, hidden, key_mask, bias, scales, output_hidden_states,
                                                 output_attentions)
         elif self.unpad_inputs and key_mask is not None and not compiling and not explicit and not bool(key_mask.all()):
-            hidden, states, probs = self._encode_packed(hidden, key_mask, scales, output_hidden_states)
+            hidden, states, probs = self._encode_packed(hidden, key_mask, scales, output_hidden_states, first_only)
         else:
             hidden, states, probs = self._encode_padded(hidden, key_mask, bias, scales, output_hidden_states,
-                                                        output_attentions)
+                                                        output_attentions, first_only)
         pooled = self.pooler(hidden) if self.pooler is not None else None
         out = BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=states,
                                          attentions=probs)
         return out if return_dict else out.to_tuple()
 
-    def _encode_packed(self, hidden, key_mask, scales, output_hidden_states):
-        """Unpad once, every layer on the real tokens (varlen attention), pad once."""
+    def _encode_packed(self, hidden, key_mask, scales, output_hidden_states, first_only=False):
+        """Unpad once, every layer on the real tokens (varlen attention), pad once; with first_only,
+        the last layer at each sequence's first token only (-> [batch, 1, hidden])."""
         bsz, seq = key_mask.shape
         h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
         states = [hidden] if output_hidden_states else None
-        for layer, scale in zip(self.encoder.layer, scales):
+        layers = list(zip(self.encoder.layer, scales))
+        if first_only:
+            *layers, (last, last_scale) = layers
+        for layer, scale in layers:
             h, _ = self._run_layer(layer, h, None, (cu_seqlens, max_seqlen), None, scale, False)
             if states is not None:
                 states.append(ops.pad(h, indices, bsz, seq))
+        if first_only:
+            return self._run_layer(last.first_tokens, h, key_mask, (indices, cu_seqlens), last_scale)[:, None], None, None
         hidden = states[-1] if states is not None else ops.pad(h, indices, bsz, seq)
         return hidden, None if states is None else tuple(states), None
 
-    def _encode_padded(self, hidden, key_mask, bias, scales, output_hidden_states, output_attentions):
+    def _encode_padded(self, hidden, key_mask, bias, scales, output_hidden_states, output_attentions,
+                       first_only=False):
         states = [hidden] if output_hidden_states else None
         probs = [] if output_attentions else None
-        for layer, scale in zip(self.encoder.layer, scales):
+        layers = list(zip(self.encoder.layer, scales))
+        if first_only:
+            *layers, (last, last_scale) = layers
+        for layer, scale in layers:
             hidden, p = self._run_layer(layer, hidden, key_mask, None, bias, scale, bool(output_attentions))
             if states is not None:
                 states.append(hidden)
             if probs is not None:
                 probs.append(p)
+        if first_only:
+            return self._run_layer(last.first_tokens, hidden, key_mask, None, last_scale)[:, None], None, None
         return hidden, None if states is None else tuple(states), None if probs is None else tuple(probs)
 
     def _run_layer(self, layer, *args):
-        """layer(*args), or checkpointed: its activations recomputed in the backward (training only)."""
+        """layer(*args) (a BertLayer or one of its methods), or checkpointed: its activations
+        recomputed in the backward (training only)."""
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(layer, *args, **getattr(self, "checkpoint_kwargs", {}))
         return layer(*args)

@@ -50,11 +50,14 @@ def _output(cls, return_dict: bool, encoded, **fields):
 
 
 class _Head(BertPreTrainedModel):
+    # whether the head reads the pooled output alone (then the last layer may run at the first tokens only)
+    pooled_only: bool = False
+
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
                 output_attentions, output_hidden_states):
         return self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask=head_mask,
                          output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True)
+                         return_dict=True, _pooled_only=self.pooled_only)
 
     def _return_dict(self, return_dict) -> bool:
         return self.config.use_return_dict if return_dict is None else return_dict
@@ -157,7 +160,12 @@ class _Classifier(_Head):
 
 
 class BertForSequenceClassification(_Classifier):
-    """Classification (or regression) of the whole sequence, from the pooled [CLS] output."""
+    """Classification (or regression) of the whole sequence, from the pooled [CLS] output. Unless
+    hidden states or attentions are asked for, the last layer runs at the [CLS] token alone (keys
+    and values at every token): one layer's work, less its K and V projections, saved. Set
+    pooled_only = False (on the class or the instance) to run it on every token."""
+
+    pooled_only = True
 
     def _loss(self, logits, labels):
         return None if labels is None else _sequence_classification_loss(self.config, logits, labels)

@@ -166,10 +166,16 @@ class BertLayer(nn.Module, _Backend):
         (packed path, packed = (cu_seqlens, max_seqlen)). bias (an additive mask) or want_probs take
         the explicit attention path, which also returns the probabilities; head_scale [heads]
         multiplies each head's output. -> (hidden, probabilities [batch, heads, seq, seq] or None)."""
-        sa, so = self.attention.self, self.attention.output
+        sa = self.attention.self
         w, b = sa.qkv_weight()
         qkv = ops.linear(hidden, w, b)
         ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs)
+        return self.feed_forward(ctx, hidden), probs
+
+    def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer after its attention: output projection of the context ctx, add & LayerNorm
+        with the layer's input hidden, the feed-forward block, add & LayerNorm (rows of any shape)."""
+        so = self.attention.output
         attn = ops.linear(ctx, so.dense.weight, so.dense.bias)
         h1 = ops.add_layer_norm(
             attn, hidden, so.LayerNorm.weight, so.LayerNorm.bias, so.LayerNorm.eps,
@@ -181,8 +187,38 @@ class BertLayer(nn.Module, _Backend):
         return ops.add_layer_norm(
             out, h1, self.output.LayerNorm.weight, self.output.LayerNorm.bias, self.output.LayerNorm.eps,
             dropout_p=_dropout_p(self, self.output.dropout.p), backend=self.backend,
-        ), probs
+        )
 
+    def first_tokens(self, hidden: torch.Tensor, mask: Optional[torch.Tensor],
+                     unpadded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                     head_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """This layer's output at each sequence's first token only -> [batch, hidden]: what the
+        pooler reads when it is all a model returns. Keys and values are projected at every token;
+        the query, and everything after the attention, at the first token alone.
+
+        hidden: [batch, seq, hidden] (mask [batch, seq] or None), or the packed rows [tokens, hidden]
+        of the batch that ops.unpad(., mask) gave (indices, cu_seqlens) for. Every sequence's first
+        token must be a real one (mask[:, 0] all set)."""
+        sa = self.attention.self
+        heads, d = sa.num_attention_heads, sa.attention_head_size
+        width = heads * d
+        w, b = sa.qkv_weight()
+        kv = ops.linear(hidden, w[width:], b[width:])
+        if unpadded is None:
+            first = hidden[:, 0]
+        else:
+            indices, cu_seqlens = unpadded
+            first = hidden[cu_seqlens[:-1].long()]
+            kv = ops.pad(kv, indices, *mask.shape)
+        bsz, seq = kv.shape[:2]
+        q = ops.linear(first, w[:width], b[:width]).view(bsz, heads, 1, d)
+        k, v = kv.view(bsz, seq, 2, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
+        keys = None if mask is None else mask.to(torch.bool)[:, None, None, :]
+        ctx = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=keys,
+                                             dropout_p=_dropout_p(self, sa.dropout_p))
+        if head_scale is not None:
+            ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1, 1)
+        return self.feed_forward(ctx.reshape(bsz, width), first)
 
     def attend(self, qkv: torch.Tensor, shape, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
                bias: Optional[torch.Tensor] = None, head_scale: Optional[torch.Tensor] = None,
