@@ -3,7 +3,10 @@
 One module per op, each laid out top to bottom as: jit kernels -> launch settings table ->
 plain-Python launchers (the functions `fastbert.ops` calls) -> `report_configs()`, which lists
 every compiled variant the launchers can pick, for the build report (`python -m
-fastbert.kernels.report`).
+fastbert.kernels.report`). An op too large for one module keeps its launchers and
+`report_configs` in the op's module and the rest in modules named after the op
+(layer_norm_settings; attention_common, attention_fwd, attention_bwd, attention_settings,
+attention_report).
 
     bias_gelu    bias_gelu_forward, bias_gelu_backward
     layer_norm   add_layer_norm_forward, add_layer_norm_backward

@@ -1,9 +1,9 @@
 """Fused dropout + residual add + LayerNorm over the last dim, forward and backward.
 
 BERT's residual tail (BertSelfOutput / BertOutput): y = layer_norm(dropout(x) + residual).
-Layout of this file: jit kernels, the launch settings table, the launchers
-`add_layer_norm_forward` / `add_layer_norm_backward` (plain Python; inputs arrive validated, 2-D,
-contiguous, on one device), then `report_configs`.
+Layout of this file: jit kernels, the launchers `add_layer_norm_forward` /
+`add_layer_norm_backward` (plain Python; inputs arrive validated, 2-D, contiguous, on one
+device), then `report_configs`; the launch settings table is in `layer_norm_settings`.
 
 The forward reads x and residual once and writes y once: h = dropout(x) + residual lives only in
 registers. The backward recomputes h from x, residual and the regenerated dropout mask:
@@ -22,14 +22,23 @@ offset = r * N + c (int64), u = tl.randint(seed, offset), and is kept when
 """
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ..reference import dropout_threshold
 from . import KernelBuild, aligned_args, num_sms, split_rows
+from .layer_norm_settings import (
+    _PROGRAMS_PER_SM,
+    MAX_N,
+    ROW_SUMS_SETTINGS,
+    TILED_SETTINGS,
+    Settings,
+    _dropout_args,
+    _launch_options,
+    settings,
+)
 
 
 @triton.jit
@@ -240,72 +249,6 @@ def _add_layer_norm_bwd_tiled_kernel(
 
 
 # --------------------------------------------------------------------------------------------
-# Launch settings: one table, used by the launchers and by report_configs alike.
-
-
-class Settings(NamedTuple):
-    block_m: int  # rows per tile (forward); 1 in the backward, which walks rows one at a time
-    block_n: int
-    num_warps: int
-    num_stages: int
-    maxnreg: Optional[int]  # register budget given to ptxas (None: its own choice)
-
-
-MAX_N = 8192  # the forward holds a whole row in registers
-_MIN_BLOCK_N = 64  # narrower rows are padded (masked) to 64 lanes: LayerNorm widths are >= 128
-_ROW_TILE = 1024  # forward: rows narrower than this are batched BLOCK_M to a program
-_MAX_FUSED_BWD_N = 4096  # backward: whole rows up to this width, two passes above it
-_PROGRAMS_PER_SM = 4  # backward grid size: programs per SM (rows x column tiles)
-# the two passes of the backward for rows wider than _MAX_FUSED_BWD_N
-ROW_SUMS_SETTINGS = Settings(block_m=1, block_n=1024, num_warps=4, num_stages=1, maxnreg=None)
-TILED_SETTINGS = Settings(block_m=1, block_n=1024, num_warps=4, num_stages=1, maxnreg=None)
-
-
-def settings(n_cols: int, backward: bool = False) -> Optional[Settings]:
-    """Tile shape and launch options for a [*, n_cols] problem, 1 <= n_cols <= MAX_N.
-
-    forward:  a tile of BLOCK_M rows x BLOCK_N (a power of 2 >= N) columns per program, at most
-              16 elements per thread (4 warps up to 1K elements, 8 up to 4K, 16 at 8K).
-    backward: one whole row at a time, 8 elements per thread (1 warp per 256 columns, at least
-              one), since it holds more tiles at once plus the dweight / dbias accumulators;
-              ptxas gets every register a thread can have at that size (65536 / threads, at
-              most 255) rather than its default budget, which spills. Rows wider than
-              _MAX_FUSED_BWD_N do not fit (32 warps leave 64 registers a thread): they take two
-              column-chunked passes instead (ROW_SUMS_SETTINGS, TILED_SETTINGS), and this
-              returns None for them.
-    """
-    if not 1 <= n_cols <= MAX_N:
-        raise ValueError(f"fastbert: add_layer_norm supports 1 <= N <= {MAX_N} columns, got {n_cols}")
-    block_n = max(triton.next_power_of_2(n_cols), _MIN_BLOCK_N)
-    if backward:
-        if block_n > _MAX_FUSED_BWD_N:
-            return None
-        num_warps = max(1, block_n // 256)
-        return Settings(1, block_n, num_warps, 1, min(255, 65536 // (32 * num_warps)))
-    block_m = max(1, _ROW_TILE // block_n)
-    tile = block_m * block_n
-    num_warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
-    return Settings(block_m, block_n, num_warps, 1, None)
-
-
-def _launch_options(s: Settings):
-    options = {"num_warps": s.num_warps, "num_stages": s.num_stages}
-    if s.maxnreg is not None:
-        options["maxnreg"] = s.maxnreg
-    return options
-
-
-def _dropout_args(dropout_p: float, seed: Optional[int]) -> Tuple[bool, int, int, float]:
-    """(HAS_DROPOUT, seed, threshold, scale) kernel arguments for dropout probability p."""
-    if dropout_p <= 0.0:
-        return False, 0, 0, 1.0
-    if seed is None:
-        raise ValueError("fastbert: add_layer_norm with dropout_p > 0 needs a seed")
-    scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0
-    return True, int(seed), dropout_threshold(dropout_p), scale
-
-
-# --------------------------------------------------------------------------------------------
 # Launchers
 
 
@@ -346,6 +289,76 @@ def add_layer_norm_forward(
     return y, mean, rstd
 
 
+def _backward_whole_rows(dx, dresidual, dy, x, residual, weight, mean, rstd, s: Settings, max_programs: int,
+                         has_dropout: bool, dropout_args) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward of rows up to _MAX_FUSED_BWD_N wide (whole rows, one kernel); the
+    per-program partial sums of dweight and dbias, fp32 [programs, N]."""
+    M, N = x.shape
+    rows_per_program, n_programs = split_rows(M, 1, max_programs)
+    dw_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
+    db_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
+    _add_layer_norm_bwd_kernel[(n_programs,)](
+        dx, dx.stride(0),
+        dresidual, dresidual.stride(0),
+        dw_partial, db_partial, dw_partial.stride(0),
+        dy, dy.stride(0),
+        x, x.stride(0),
+        residual, residual.stride(0),
+        weight,
+        mean, rstd,
+        M, N,
+        rows_per_program,
+        *dropout_args,
+        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n,
+        **_launch_options(s),
+    )
+    return dw_partial, db_partial
+
+
+def _backward_two_pass(dx, dresidual, dy, x, residual, weight, mean, rstd, max_programs: int,
+                       has_dropout: bool, dropout_args) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward of wider rows: row sums, then column tiles; the per-program partial
+    sums of dweight and dbias, fp32 [programs, N]."""
+    M, N = x.shape
+    mean_g = torch.empty(M, dtype=torch.float32, device=x.device)
+    mean_gx = torch.empty(M, dtype=torch.float32, device=x.device)
+    s = ROW_SUMS_SETTINGS
+    _add_layer_norm_bwd_row_sums_kernel[(M,)](
+        mean_g, mean_gx,
+        dy, dy.stride(0),
+        x, x.stride(0),
+        residual, residual.stride(0),
+        weight,
+        mean, rstd,
+        M, N,
+        *dropout_args,
+        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n,
+        **_launch_options(s),
+    )
+    s = TILED_SETTINGS
+    n_col_tiles = triton.cdiv(N, s.block_n)
+    rows_per_program, n_programs = split_rows(M, 1, triton.cdiv(max_programs, n_col_tiles))
+    dw_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
+    db_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
+    _add_layer_norm_bwd_tiled_kernel[(n_programs, n_col_tiles)](
+        dx, dx.stride(0),
+        dresidual, dresidual.stride(0),
+        dw_partial, db_partial, dw_partial.stride(0),
+        dy, dy.stride(0),
+        x, x.stride(0),
+        residual, residual.stride(0),
+        weight,
+        mean, rstd,
+        mean_g, mean_gx,
+        M, N,
+        rows_per_program,
+        *dropout_args,
+        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n,
+        **_launch_options(s),
+    )
+    return dw_partial, db_partial
+
+
 def add_layer_norm_backward(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -370,62 +383,11 @@ def add_layer_norm_backward(
     dropout_args = (seed, threshold, scale)
     max_programs = _PROGRAMS_PER_SM * num_sms(x.device)
     s = settings(N, backward=True)
+    args = (dx, dresidual, dy, x, residual, weight, mean, rstd)
     if s is not None:  # whole rows
-        rows_per_program, n_programs = split_rows(M, 1, max_programs)
-        dw_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
-        db_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
-        _add_layer_norm_bwd_kernel[(n_programs,)](
-            dx, dx.stride(0),
-            dresidual, dresidual.stride(0),
-            dw_partial, db_partial, dw_partial.stride(0),
-            dy, dy.stride(0),
-            x, x.stride(0),
-            residual, residual.stride(0),
-            weight,
-            mean, rstd,
-            M, N,
-            rows_per_program,
-            *dropout_args,
-            HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n,
-            **_launch_options(s),
-        )
+        dw_partial, db_partial = _backward_whole_rows(*args, s, max_programs, has_dropout, dropout_args)
     else:  # wide rows: row sums, then column tiles
-        mean_g = torch.empty(M, dtype=torch.float32, device=x.device)
-        mean_gx = torch.empty(M, dtype=torch.float32, device=x.device)
-        s = ROW_SUMS_SETTINGS
-        _add_layer_norm_bwd_row_sums_kernel[(M,)](
-            mean_g, mean_gx,
-            dy, dy.stride(0),
-            x, x.stride(0),
-            residual, residual.stride(0),
-            weight,
-            mean, rstd,
-            M, N,
-            *dropout_args,
-            HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n,
-            **_launch_options(s),
-        )
-        s = TILED_SETTINGS
-        n_col_tiles = triton.cdiv(N, s.block_n)
-        rows_per_program, n_programs = split_rows(M, 1, triton.cdiv(max_programs, n_col_tiles))
-        dw_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
-        db_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
-        _add_layer_norm_bwd_tiled_kernel[(n_programs, n_col_tiles)](
-            dx, dx.stride(0),
-            dresidual, dresidual.stride(0),
-            dw_partial, db_partial, dw_partial.stride(0),
-            dy, dy.stride(0),
-            x, x.stride(0),
-            residual, residual.stride(0),
-            weight,
-            mean, rstd,
-            mean_g, mean_gx,
-            M, N,
-            rows_per_program,
-            *dropout_args,
-            HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n,
-            **_launch_options(s),
-        )
+        dw_partial, db_partial = _backward_two_pass(*args, max_programs, has_dropout, dropout_args)
     return dx, dresidual, dw_partial.sum(0).to(weight.dtype), db_partial.sum(0).to(weight.dtype)
 
 

@@ -1,0 +1,164 @@
+"""The attention forward kernel, `_attention_fwd_kernel`, and the @triton.jit helpers it inlines:
+the debug write of the dropout keep-mask, one step of the online softmax over a tile of keys
+(with the dropout of its probabilities), and the normalisation of the finished rows into the
+output and their log2-sum-exp2. The design (tiling, padding, dropout counters, variants) is
+described in `fastbert.kernels.attention`, whose launchers run it.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .attention_common import (
+    _NO_SPECIALIZE,
+    _even,
+    _keep,
+    _load_tile,
+    _mask_scores,
+    _sequence,
+    _store_tile,
+    _store_vec,
+)
+
+
+@triton.jit
+def _write_keep_mask(KEEP, rows, offs_n, lo, seq, seed, bh, threshold, BLOCK_N: tl.constexpr,
+                     RETURN_MASK: tl.constexpr):
+    # Pointers to rows `rows` of the keep-mask block KEEP, which only RETURN_MASK reads (without
+    # it they are never used, and compile away). With RETURN_MASK, the debug output, first (while
+    # no tile is live): these rows of the keep-mask, every column; the key loop reads its mask
+    # back from it, so it is the mask used
+    KEEP_rows = KEEP + rows.to(tl.int64)[:, None] * seq
+    if RETURN_MASK:
+        for start_n in range(0, seq, BLOCK_N):
+            cols = start_n + offs_n
+            keep = _keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
+            tl.store(KEEP_rows + cols[None, :], keep, mask=(rows < seq)[:, None] & (cols < seq)[None, :])
+        tl.debug_barrier()  # other threads of the program read it back
+    return KEEP_rows
+
+
+@triton.jit
+def _fwd_key_tile(
+    acc, m_i, l_i,  # the running state of the query tile's rows
+    q, K, V, stride_ks, stride_vs, MASK, KEEP_rows,
+    start_n, rows, offs_n, offs_d, lo, hi, seq, head_dim, qk_scale, seed, bh, threshold,
+    HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, RETURN_MASK: tl.constexpr, CHECK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # One step of the online softmax: the keys start_n + offs_n folded into (acc, m_i, l_i)
+    cols = start_n + offs_n
+    kv_row = tl.cast(start_n, tl.int64)
+    k = _load_tile(K + kv_row * stride_ks + (offs_n[:, None] * stride_ks + offs_d[None, :]), cols, hi, offs_d,
+                   head_dim, CHECK)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    s = _mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
+    # the first tile starts at lo, a real key of every row: m_new is finite from then on
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if HAS_DROPOUT:
+        if RETURN_MASK:
+            keep = tl.load(KEEP_rows + cols[None, :], mask=(rows < seq)[:, None] & (cols < seq)[None, :],
+                           other=0) != 0
+        else:
+            keep = _keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
+        p = tl.where(keep, p, 0.)
+    v = _load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
+                   head_dim, CHECK)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _fwd_rows_out(acc, m_i, l_i, MASK, rows, lo, hi, drop_scale,
+                  HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN: tl.constexpr):
+    # (out, lse) of the query tile once every key is folded in; a row that outputs zeros
+    # (padding, or a hole in the mask) gets lse = +inf
+    if HAS_DROPOUT:
+        acc = acc * drop_scale
+    if EVEN:
+        out = acc / l_i[:, None]
+        lse = m_i + tl.math.log2(l_i)
+    else:
+        real_row = (rows >= lo) & (rows < hi)
+        if HAS_MASK:
+            real_row = real_row & (tl.load(MASK + rows, mask=real_row, other=0) != 0)
+        l_safe = tl.where(real_row, l_i, 1.)
+        out = tl.where(real_row[:, None], acc / l_safe[:, None], 0.)
+        lse = tl.where(real_row, m_i + tl.math.log2(l_safe), float("inf"))
+    return out, lse
+
+
+@triton.heuristics({"EVEN": _even})
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _attention_fwd_kernel(
+    OUT, stride_ob, stride_oh, stride_os,  # [B, H, S, D] out (varlen: [T, H, D]), q.dtype
+    LSE, stride_lb, stride_lh,  # [B, H, S] out (varlen: [H, T]), fp32: log2-sum-exp2 of the scaled scores
+    KEEP,  # [B, H, S, S] out, bool: the dropout keep-mask (RETURN_MASK only)
+    Q, stride_qb, stride_qh, stride_qs,  # [B, H, S, D] (varlen: [T, H, D]; stride_qb = stride_qs)
+    K, stride_kb, stride_kh, stride_ks,  # like Q
+    V, stride_vb, stride_vh, stride_vs,  # like Q
+    MASK, stride_mb,  # [B, S] bool: key mask, 1 = real token (HAS_MASK only)
+    RANGES,  # [B, 2] int32: [lo, hi) real positions of each row of MASK (HAS_MASK only)
+    CU_SEQLENS,  # [B + 1] int32: sequence b is tokens CU_SEQLENS[b]:CU_SEQLENS[b + 1] (VARLEN only)
+    heads,  # H
+    seq,  # S (varlen: max_seqlen)
+    head_dim,  # D, a multiple of 16
+    qk_scale,  # fp32: scale * log2(e)
+    seed: tl.int64,  # dropout seed in [0, 2**63)
+    threshold,  # i32: a probability is dropped when (u >> 8) < threshold
+    drop_scale,  # fp32: 1 / (1 - p)
+    BLOCK_M: tl.constexpr,  # queries per program
+    BLOCK_N: tl.constexpr,  # keys per loop step
+    BLOCK_D: tl.constexpr,  # D rounded up to a power of 2
+    HAS_MASK: tl.constexpr,  # padded layout with a key mask
+    VARLEN: tl.constexpr,  # packed layout
+    HAS_DROPOUT: tl.constexpr,
+    RETURN_MASK: tl.constexpr,  # write the dropout keep-mask to KEEP
+    EVEN: tl.constexpr,  # no mask, not varlen, S a multiple of BLOCK_M and BLOCK_N
+    DOT_PRECISION: tl.constexpr,  # input_precision of the fp32 matrix products
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    off, lo, hi = _sequence(b, seq, RANGES, CU_SEQLENS, HAS_MASK, VARLEN)
+    h64 = h.to(tl.int64)
+    Q += off * stride_qb + h64 * stride_qh
+    K += off * stride_kb + h64 * stride_kh
+    V += off * stride_vb + h64 * stride_vh
+    OUT += off * stride_ob + h64 * stride_oh
+    LSE += off * stride_lb + h64 * stride_lh
+    if HAS_MASK:
+        MASK += b.to(tl.int64) * stride_mb
+    bh = b * heads + h
+    if RETURN_MASK:
+        KEEP += bh.to(tl.int64) * seq * seq
+
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    KEEP_rows = _write_keep_mask(KEEP, rows, offs_n, lo, seq, seed, bh, threshold, BLOCK_N, RETURN_MASK)
+
+    CHECK: tl.constexpr = not EVEN
+    # a query tile wholly outside [lo, hi) loads nothing and runs no key loop: its rows output zeros
+    active = (start_m < hi) & (start_m + BLOCK_M > lo)
+    n_end = tl.where(active, hi, lo)
+    q = _load_tile(Q + rows[:, None] * stride_qs + offs_d[None, :], rows, tl.where(active, hi, 0), offs_d,
+                   head_dim, CHECK)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scaled scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running row sum of exp2(score - m_i)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(lo, n_end, BLOCK_N):
+        acc, m_i, l_i = _fwd_key_tile(acc, m_i, l_i, q, K, V, stride_ks, stride_vs, MASK, KEEP_rows,
+                                      start_n, rows, offs_n, offs_d, lo, hi, seq, head_dim, qk_scale, seed, bh,
+                                      threshold, HAS_MASK, HAS_DROPOUT, RETURN_MASK, CHECK, DOT_PRECISION)
+
+    out, lse = _fwd_rows_out(acc, m_i, l_i, MASK, rows, lo, hi, drop_scale, HAS_MASK, HAS_DROPOUT, EVEN)
+    # varlen: rows past the sequence belong to the next one; padded: every row of the tile is ours
+    row_limit = hi if VARLEN else seq
+    _store_tile(OUT + rows[:, None] * stride_os + offs_d[None, :], out, rows, row_limit, offs_d, head_dim, CHECK)
+    _store_vec(LSE + rows, lse, rows, row_limit, CHECK)

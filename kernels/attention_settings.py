@@ -1,0 +1,90 @@
+"""Launch settings of the attention kernels: the head dims they take and the head dim blocks
+those round up to, one table of tile shapes and launch options per (kernel, 16-bit inputs?, head
+dim block), read alike by the launchers of `fastbert.kernels.attention` and by the build report
+(`attention_report`), and the launch arguments the launchers derive from it (the options of a
+table row, the input precision of the fp32 matrix products).
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, NamedTuple, Optional
+
+import torch
+import triton
+
+
+class Settings(NamedTuple):
+    block_m: int  # queries per tile
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int
+    maxnreg: Optional[int]  # register budget given to ptxas (None: its own choice)
+
+
+HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # the head dims the kernels take (multiples of 16)
+BLOCK_DS = (32, 64, 128)  # head dim blocks: D rounded up to a power of 2, at least 32
+KERNELS = ("fwd", "bwd_preprocess", "bwd_dkdv", "bwd_dq")
+_RANGE_SETTINGS = Settings(block_m=1, block_n=256, num_warps=4, num_stages=1, maxnreg=None)
+
+# (kernel, 16-bit inputs?, BLOCK_D) -> settings. Every variant compiles for sm_80 and sm_90 with
+# no spills (python -m fastbert.kernels.report --kernels attention). fp32 tiles are small: Triton
+# holds a whole dot operand of a warp in registers, and tf32x3 holds it twice (big and small parts).
+_TABLE = {
+    # forward: BLOCK_M queries per program against key tiles of BLOCK_N
+    ("fwd", True, 32): Settings(128, 64, 8, 2, None),
+    ("fwd", True, 64): Settings(128, 64, 8, 2, None),
+    ("fwd", True, 128): Settings(128, 32, 8, 2, None),
+    ("fwd", False, 32): Settings(64, 32, 4, 2, None),
+    ("fwd", False, 64): Settings(32, 32, 4, 2, None),
+    ("fwd", False, 128): Settings(16, 32, 4, 2, None),
+    # delta = rowsum(dO * O): BLOCK_M rows per program
+    ("bwd_preprocess", True, 32): Settings(128, 1, 4, 1, None),
+    ("bwd_preprocess", True, 64): Settings(64, 1, 4, 1, None),
+    ("bwd_preprocess", True, 128): Settings(32, 1, 4, 1, None),
+    ("bwd_preprocess", False, 32): Settings(64, 1, 4, 1, None),
+    ("bwd_preprocess", False, 64): Settings(32, 1, 4, 1, None),
+    ("bwd_preprocess", False, 128): Settings(16, 1, 4, 1, None),
+    # dk / dv: BLOCK_N keys per program, BLOCK_M queries per loop step
+    ("bwd_dkdv", True, 32): Settings(64, 32, 4, 2, None),
+    ("bwd_dkdv", True, 64): Settings(64, 32, 8, 2, None),
+    ("bwd_dkdv", True, 128): Settings(32, 64, 8, 2, None),
+    ("bwd_dkdv", False, 32): Settings(16, 32, 4, 2, None),
+    ("bwd_dkdv", False, 64): Settings(32, 16, 4, 2, None),
+    ("bwd_dkdv", False, 128): Settings(16, 16, 4, 2, None),
+    # dq: BLOCK_M queries per program, BLOCK_N keys per loop step
+    ("bwd_dq", True, 32): Settings(64, 64, 4, 2, None),
+    ("bwd_dq", True, 64): Settings(64, 32, 8, 2, None),
+    ("bwd_dq", True, 128): Settings(64, 32, 8, 2, None),
+    ("bwd_dq", False, 32): Settings(16, 32, 4, 2, None),
+    ("bwd_dq", False, 64): Settings(16, 32, 4, 2, None),
+    ("bwd_dq", False, 128): Settings(16, 16, 4, 2, None),
+}
+
+
+def block_d(head_dim: int) -> int:
+    """The head dim block of `head_dim`: a power of 2, at least 32 (columns past D are masked)."""
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"fastbert: the Triton attention kernels take head_dim in {HEAD_DIMS}, got {head_dim}")
+    return max(32, triton.next_power_of_2(head_dim))
+
+
+def settings(head_dim: int, dtype: torch.dtype, kernel: str) -> Settings:
+    """Tile shape and launch options of `kernel` (one of KERNELS) for q.dtype `dtype` and `head_dim`."""
+    if kernel not in KERNELS:
+        raise ValueError(f"fastbert: unknown attention kernel {kernel!r}; one of {KERNELS}")
+    return _TABLE[(kernel, dtype != torch.float32, block_d(head_dim))]
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 on the GPU: three TF32 tensor-core products (about fp32 accuracy); the interpreter
+    # computes every product exactly in fp32 whatever this says
+    if dtype == torch.float32 and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "tf32x3"
+    return "ieee"
+
+
+def _launch_options(s: Settings) -> Dict[str, int]:
+    options = {"num_warps": s.num_warps, "num_stages": s.num_stages}
+    if s.maxnreg is not None:
+        options["maxnreg"] = s.maxnreg
+    return options

@@ -1,0 +1,76 @@
+"""Launch settings of the add + LayerNorm kernels, read alike by the launchers and by
+`report_configs` of `fastbert.kernels.layer_norm`: the widest row they take, the tile shape and
+launch options of the forward and of the whole-row backward for a row width, the fixed settings
+of the two column-chunked passes that the backward takes for wider rows and its grid size; and
+the launch arguments the launchers derive from them (the options of a settings row, the dropout
+arguments of a probability).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import triton
+
+from ..reference import dropout_threshold
+
+
+class Settings(NamedTuple):
+    block_m: int  # rows per tile (forward); 1 in the backward, which walks rows one at a time
+    block_n: int
+    num_warps: int
+    num_stages: int
+    maxnreg: Optional[int]  # register budget given to ptxas (None: its own choice)
+
+
+MAX_N = 8192  # the forward holds a whole row in registers
+_MIN_BLOCK_N = 64  # narrower rows are padded (masked) to 64 lanes: LayerNorm widths are >= 128
+_ROW_TILE = 1024  # forward: rows narrower than this are batched BLOCK_M to a program
+_MAX_FUSED_BWD_N = 4096  # backward: whole rows up to this width, two passes above it
+_PROGRAMS_PER_SM = 4  # backward grid size: programs per SM (rows x column tiles)
+# the two passes of the backward for rows wider than _MAX_FUSED_BWD_N
+ROW_SUMS_SETTINGS = Settings(block_m=1, block_n=1024, num_warps=4, num_stages=1, maxnreg=None)
+TILED_SETTINGS = Settings(block_m=1, block_n=1024, num_warps=4, num_stages=1, maxnreg=None)
+
+
+def settings(n_cols: int, backward: bool = False) -> Optional[Settings]:
+    """Tile shape and launch options for a [*, n_cols] problem, 1 <= n_cols <= MAX_N.
+
+    forward:  a tile of BLOCK_M rows x BLOCK_N (a power of 2 >= N) columns per program, at most
+              16 elements per thread (4 warps up to 1K elements, 8 up to 4K, 16 at 8K).
+    backward: one whole row at a time, 8 elements per thread (1 warp per 256 columns, at least
+              one), since it holds more tiles at once plus the dweight / dbias accumulators;
+              ptxas gets every register a thread can have at that size (65536 / threads, at
+              most 255) rather than its default budget, which spills. Rows wider than
+              _MAX_FUSED_BWD_N do not fit (32 warps leave 64 registers a thread): they take two
+              column-chunked passes instead (ROW_SUMS_SETTINGS, TILED_SETTINGS), and this
+              returns None for them.
+    """
+    if not 1 <= n_cols <= MAX_N:
+        raise ValueError(f"fastbert: add_layer_norm supports 1 <= N <= {MAX_N} columns, got {n_cols}")
+    block_n = max(triton.next_power_of_2(n_cols), _MIN_BLOCK_N)
+    if backward:
+        if block_n > _MAX_FUSED_BWD_N:
+            return None
+        num_warps = max(1, block_n // 256)
+        return Settings(1, block_n, num_warps, 1, min(255, 65536 // (32 * num_warps)))
+    block_m = max(1, _ROW_TILE // block_n)
+    tile = block_m * block_n
+    num_warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
+    return Settings(block_m, block_n, num_warps, 1, None)
+
+
+def _launch_options(s: Settings):
+    options = {"num_warps": s.num_warps, "num_stages": s.num_stages}
+    if s.maxnreg is not None:
+        options["maxnreg"] = s.maxnreg
+    return options
+
+
+def _dropout_args(dropout_p: float, seed: Optional[int]) -> Tuple[bool, int, int, float]:
+    """(HAS_DROPOUT, seed, threshold, scale) kernel arguments for dropout probability p."""
+    if dropout_p <= 0.0:
+        return False, 0, 0, 1.0
+    if seed is None:
+        raise ValueError("fastbert: add_layer_norm with dropout_p > 0 needs a seed")
+    scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0
+    return True, int(seed), dropout_threshold(dropout_p), scale
