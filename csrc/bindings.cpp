@@ -5,9 +5,10 @@
 #include "cpu_ops.h"
 #include "masking.h"
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "fastbert C++ extension: fused CPU kernels";
+namespace {
 
+// The fused element-wise ops (bias + GELU, add + LayerNorm) and the dropout rule they share.
+void register_fused_ops(py::module_& m) {
   m.def("bias_gelu_forward", &fastbert::bias_gelu_forward, py::arg("x"), py::arg("bias"),
         py::arg("approximate") = "none",
         "gelu(x + bias) for x [rows, hidden] (float32/float16/bfloat16) and bias [hidden] (x's dtype or float32); "
@@ -33,6 +34,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "vector code; fastbert.reference.philox_uint32).");
   m.def("philox_uint32_scalar", &fastbert::philox_uint32_scalar, py::arg("seed"), py::arg("start"),
         py::arg("count"), "philox_uint32 computed one counter at a time in plain C++.");
+}
+
+// Attention over a padded batch (key mask) and over packed sequences (cu_seqlens).
+void register_attention(py::module_& m) {
   m.def("attention_forward", &fastbert::attention_forward, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("key_mask"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
         py::arg("return_dropout_mask"),
@@ -53,6 +58,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("varlen_attention_backward", &fastbert::varlen_attention_backward, py::arg("do"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
         py::arg("dropout_p"), py::arg("seed"), "(dq, dk, dv) of varlen_attention_forward.");
+}
+
+// int8 inference: quantization and the GEMM epilogues fused into their consumers.
+void register_int8(py::module_& m) {
   m.def("quantize_rows", &fastbert::quantize_rows, py::arg("x"),
         "(q int8 [rows + 1, n], scale, offset float32 [rows]) of x [rows, n] (float32/float16/bfloat16): per row, "
         "offset = (max + min) / 2, scale = (max - min) / 254, q = round((x - offset) * 127 / ((max - min) / 2)), "
@@ -69,6 +78,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("ln_bias"), py::arg("eps"), py::arg("quantize"),
         "(y, q, scale, offset): y = layer_norm(the dequantized acc + residual) * weight + ln_bias in residual's "
         "dtype, and quantize_rows(y) when `quantize` (else empty tensors).");
+}
+
+// The data side: unpad index building, token masking, word starts and the collator's id padding.
+void register_data_ops(py::module_& m) {
   m.def("unpad_indices", &fastbert::unpad_indices, py::arg("attention_mask"),
         "(indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen int) of a [batch, seq] CPU mask "
         "(bool, integer or float; nonzero = real token): indices are the flat positions b * seq + s of the real "
@@ -92,6 +105,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](py::object rows, int64_t seq, int64_t pad_value) { return fastbert::pad_id_lists(rows.ptr(), seq, pad_value); },
       py::arg("rows"), py::arg("seq"), py::arg("pad_value"),
       "int64 [len(rows), seq]: each row (a list or tuple of ints) followed by pad_value.");
+}
+
+// The build's instruction set and the kernels' output memory.
+void register_runtime(py::module_& m) {
   m.def("cpu_isa", &fastbert::cpu_isa, "The vector instruction set the kernels were compiled for.");
   m.def("release_cached_memory", &fastbert::detail::release_cached_memory,
         "Unmap the freed large-output mappings the kernels keep for reuse (at most 64 of them, 1 GiB in all).");
@@ -101,4 +118,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "An uninitialised contiguous CPU tensor; one of 4 MiB or more comes from the mapping allocator the kernels' "
       "outputs use (huge pages, freed mappings reused by a request of the same size or up to 2x smaller), "
       "not from malloc.");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fastbert C++ extension: fused CPU kernels";
+  register_fused_ops(m);
+  register_attention(m);
+  register_int8(m);
+  register_data_ops(m);
+  register_runtime(m);
 }

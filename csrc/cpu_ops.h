@@ -36,8 +36,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backwa
 at::Tensor dropout_keep_mask(int64_t rows, int64_t cols, double p, int64_t seed);
 at::Tensor philox_uint32(int64_t seed, int64_t start, int64_t count);         // the kernels' vector path
 at::Tensor philox_uint32_scalar(int64_t seed, int64_t start, int64_t count);  // one counter at a time
-// attention.cpp: q, k, v [batch, heads, seq, head_dim] (padded) or [tokens, heads, head_dim] (packed),
-// one float dtype, last dim contiguous. lse: float32 [batch, heads, seq] / [heads, tokens]. keep: the
+// attention.cpp (the work of a (sequence, head) pair: attention_forward.cpp, attention_backward.cpp):
+// q, k, v [batch, heads, seq, head_dim] (padded) or [tokens, heads, head_dim] (packed), one float
+// dtype, last dim contiguous. lse: float32 [batch, heads, seq] / [heads, tokens]. keep: the
 // bool dropout keep-mask [batch, heads, n, n] when asked for, else an empty bool tensor of shape [0].
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                                   const at::Tensor& v,

@@ -28,6 +28,7 @@
 #include "cpu_ops.h"
 #include "gelu.h"
 #include "vec.h"
+#include "vec_int8.h"
 
 namespace fastbert {
 namespace {

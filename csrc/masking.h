@@ -29,7 +29,7 @@
 
 namespace fastbert {
 
-// (masked_input_ids, labels), both int64 [rows, seq].
+// masking.cpp and masking_rows.cpp: (masked_input_ids, labels), both int64 [rows, seq].
 //   input_ids:      int64 [rows, seq], every id in [0, vocab_size)
 //   special_mask, attention_mask, word_start: optional [rows, seq] masks of dtype bool, uint8,
 //                   int8, int16, int32 or int64 (nonzero = true); attention 0 = padding
@@ -46,15 +46,15 @@ std::tuple<at::Tensor, at::Tensor> mask_tokens(const at::Tensor& input_ids,
                                                double random_replace_prob, int64_t max_predictions, int64_t seed,
                                                bool bernoulli);
 
-// bool [tokens.size()]: true where the token starts a word (does not begin with "##").
+// word_starts.cpp: bool [tokens.size()], true where the token starts a word (does not begin with "##").
 at::Tensor word_start_table(const std::vector<std::string>& tokens);
 
 // bool [rows, seq] = table[input_ids] for int64 input_ids [rows, seq] and a bool table [vocab_size].
 at::Tensor word_starts(const at::Tensor& input_ids, const at::Tensor& table);
 
-// int64 [len(rows), seq]: row r = rows[r] (a list or tuple of Python ints, or of objects with
-// __index__) followed by pad_value. The collator's fast path from tokenizer output to a tensor;
-// call with the GIL held (as from Python).
+// pad_id_lists.cpp: int64 [len(rows), seq], row r = rows[r] (a list or tuple of Python ints, or of
+// objects with __index__) followed by pad_value. The collator's fast path from tokenizer output to
+// a tensor; call with the GIL held (as from Python).
 at::Tensor pad_id_lists(PyObject* rows, int64_t seq, int64_t pad_value);
 
 }  // namespace fastbert

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "vec.h"
+#include "vec_philox.h"
 
 namespace fastbert {
 namespace philox {

@@ -1,0 +1,265 @@
+// What the forward (attention_forward.cpp) and the backward (attention_backward.cpp) of the CPU
+// attention share: the problem and the rows of a (sequence, head) pair, the single-threaded BLAS
+// GEMM, per-thread scratch, vector row helpers and the scheduler that hands out the pairs. The
+// entry points and their set-up are in attention.cpp.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "philox.h"
+#include "vec.h"
+
+// GEMMs: the BLAS sgemm_ that at::native::cpublas::gemm uses for fp32 (MKL here; cpublas::gemm
+// itself is not exported by libtorch_cpu), kept on one thread per pair. Measured against the
+// other GEMM ATen exports, at::native::cpublas::brgemm (oneDNN's micro-kernel, JIT-compiled per
+// shape and thread), on one core of the 2-core AVX-512 machine this was written on:
+//   per call, head_dim 64 (S = Q K^T / O = P V):  len 16: brgemm 0.25 / 0.24 us, sgemm 0.44 / 0.30 us
+//                                                 len 72: brgemm 4.4 / 3.7 us,   sgemm 5.0 / 3.9 us
+//                                                 len 128: brgemm 11.2 / 10.9 us, sgemm 12.5 / 11.6 us
+//   whole kernel, 32 x 12 heads x 128 x 64 fp32, lengths 16..128, CPU time per call:
+//                                                 forward brgemm 7.07 ms, sgemm 7.39 ms (K^T packed here;
+//                                                 letting sgemm transpose K instead: 10.3 ms)
+//                                                 backward brgemm 14.4 ms, sgemm 14.8 ms
+// brgemm is 3-5% faster, but every new shape adds a JIT kernel whose small, never-freed
+// allocations land in freed large heap blocks: one pass over the sequence lengths 1..512 grew the
+// process by 0.8 GB (forward) and 1.8 GB (backward) with brgemm, by 16 MB and 7 MB with sgemm,
+// which keeps no per-shape state.
+//
+// The BLAS libtorch_cpu is linked with (MKL in the x86 wheels): at::native::cpublas::gemm calls
+// this same sgemm_ for fp32 but is not exported. Weak, so that a torch without a BLAS still
+// loads the extension (the attention ops then raise a clear error).
+extern "C" void sgemm_(char* transa, char* transb, int* m, int* n, int* k, float* alpha, const float* a, int* lda,
+                       const float* b, int* ldb, float* beta, float* c, int* ldc) __attribute__((weak));
+// MKL's per-thread thread count (absent from other BLAS builds).
+extern "C" int MKL_Set_Num_Threads_Local(int n) __attribute__((weak));
+
+namespace fastbert {
+namespace attn {
+
+using vec::Vf;
+constexpr int64_t W = vec::kWidth;
+constexpr int kSlotAttention = 8;        // vec::thread_buffer slot of the per-pair scratch
+constexpr int64_t kBlockElems = 32768;   // a block of scores: 128 KiB of fp32, L2-resident
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// C[m, n] (= or +=) op(A) op(B), op(X) = X or X^T; fp32, row-major, leading dimensions in elements
+// (op(A) is [m, k], op(B) is [k, n]). A row-major C is the column-major C^T = op(B)^T op(A)^T.
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                 int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
+  int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
+  int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
+  float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  sgemm_(&opb, &opa, &mi, &ni, &ki, &alpha, b, &la, a, &lb, &beta, c, &lc);
+}
+
+// Keeps the BLAS on one thread for its lifetime: every pair is one thread's work, and a GEMM split
+// over threads could round differently with the thread count.
+struct SingleThreadedBlas {
+  int prev = -1;
+  SingleThreadedBlas() {
+    if (MKL_Set_Num_Threads_Local != nullptr) prev = MKL_Set_Num_Threads_Local(1);
+  }
+  ~SingleThreadedBlas() {
+    if (MKL_Set_Num_Threads_Local != nullptr && prev >= 0) MKL_Set_Num_Threads_Local(prev);
+  }
+};
+
+// Rows of one head: row r (absolute: a position of the padded sequence, or a packed token) of head
+// h of batch entry b starts at base + b * sb + h * sh + r * sr; the last dim is contiguous.
+template <class T>
+struct Rows {
+  T* base;
+  int64_t sb, sh, sr;
+  T* at(int64_t b, int64_t h, int64_t r) const { return base + b * sb + h * sh + r * sr; }
+};
+
+// [batch, heads, seq, d] (padded) or [tokens, heads, d] (packed)
+template <class T>
+Rows<T> rows_of(const at::Tensor& t, bool padded) {
+  T* p = static_cast<T*>(t.data_ptr());
+  if (padded) return {p, t.stride(0), t.stride(1), t.stride(2)};
+  return {p, 0, t.stride(1), t.stride(0)};
+}
+
+// The real rows of one batch entry: [first, first + len); `real` (nullptr when every row of the
+// range is real) flags the real ones among them, for masks with holes.
+struct Seq {
+  int64_t first = 0;
+  int64_t len = 0;
+  const bool* real = nullptr;
+};
+
+struct Problem {
+  int64_t batch = 0, heads = 0, d = 0;
+  int64_t pad_rows = 0;  // padded layout: rows per (b, h) (those outside a sequence are zeroed); packed: 0
+  float scale = 1.0f;
+  bool dropout = false;
+  philox::Keys keys;
+  uint32_t thresh = 0;
+  float keep = 1.0f;  // 1 / (1 - p)
+  bool stream = false;  // outputs written with non-temporal stores (detail::stream_output)
+  std::vector<Seq> seqs;
+  Rows<float> lse{nullptr, 0, 0, 0};
+
+  uint64_t counter(int64_t b, int64_t h) const {
+    return static_cast<uint64_t>(b * heads + h) << 32;
+  }
+};
+
+// Block rows for scores of `lp` columns: a multiple of 16 in [16, 256], about kBlockElems in all.
+inline int64_t block_rows(int64_t lp) { return std::clamp<int64_t>(kBlockElems / lp / 16 * 16, 16, 256); }
+
+// A bump allocator over one thread's scratch; every piece starts on a 64-byte boundary.
+struct Arena {
+  float* p;
+  float* take(int64_t n) {
+    float* r = p;
+    p += vec::round_up(n, 16);
+    return r;
+  }
+};
+inline int64_t arena_size(std::initializer_list<int64_t> sizes) {
+  int64_t s = 0;
+  for (int64_t n : sizes) s += vec::round_up(n, 16);
+  return s;
+}
+
+template <class T>
+inline Vf load_n(const T* p, int64_t n) {
+  return n >= W ? vec::load(p) : vec::load_partial(p, n);
+}
+template <class T>
+inline void store_n(T* p, Vf a, int64_t n) {
+  if (n >= W)
+    vec::store(p, a);
+  else
+    vec::store_partial(p, a, n);
+}
+
+// Output elements p[0, n) (n >= W: one whole vector, streamed when `stream`) from a.
+template <class T>
+inline void put_n(T* p, Vf a, int64_t n, bool stream) {
+  if (n < W) {
+    vec::store_partial(p, a, n);
+  } else if (stream) {
+    vec::stream(p, a);
+  } else {
+    vec::store(p, a);
+  }
+}
+
+template <class T>
+inline void zero_row(T* p, int64_t d) {
+  std::fill(p, p + d, static_cast<T>(0.0f));
+}
+
+// dst[len, d] (row stride d) = fp32 of the rows src + j * ld
+template <class T>
+void convert_rows(const T* src, int64_t ld, int64_t len, int64_t d, float* dst) {
+  for (int64_t j = 0; j < len; ++j)
+    for (int64_t c = 0; c < d; c += W) store_n(dst + j * d + c, load_n(src + j * ld + c, d - c), d - c);
+}
+
+// dst[d, lp] = transpose of the fp32 of the rows src + j * ld (j < len); columns len .. lp (lp a
+// multiple of W) are 0.
+template <class T>
+void pack_transposed(const T* src, int64_t ld, int64_t len, int64_t d, float* dst, int64_t lp) {
+  Vf r[W];
+  for (int64_t j0 = 0; j0 < lp; j0 += W) {
+    for (int64_t c0 = 0; c0 < d; c0 += W) {
+      const int64_t nc = std::min(W, d - c0);
+      for (int64_t j = 0; j < W; ++j) r[j] = j0 + j < len ? load_n(src + (j0 + j) * ld + c0, nc) : vec::set1(0.0f);
+      vec::transpose(r);
+      for (int64_t c = 0; c < nc; ++c) vec::store(dst + (c0 + c) * lp + j0, r[c]);
+    }
+  }
+}
+
+// Zeroes the rows of (b, h) outside its sequence (padded layout only) in each of `outs`, and the lse.
+template <class T>
+void zero_outside(const Problem& pb, int64_t b, int64_t h, std::initializer_list<Rows<T>> outs, bool lse) {
+  if (pb.pad_rows == 0) return;
+  const Seq& s = pb.seqs[static_cast<size_t>(b)];
+  auto clear = [&](int64_t r0, int64_t r1) {
+    if (r1 <= r0) return;
+    for (const Rows<T>& o : outs) {
+      if (pb.stream && o.sr == pb.d) {  // contiguous rows of whole vectors
+        T* p = o.at(b, h, r0);
+        const Vf zero = vec::set1(0.0f);
+        for (int64_t i = 0; i < (r1 - r0) * pb.d; i += W) vec::stream(p + i, zero);
+      } else if (o.sr == pb.d) {  // contiguous rows: one fill
+        std::memset(static_cast<void*>(o.at(b, h, r0)), 0, static_cast<size_t>((r1 - r0) * pb.d) * sizeof(T));
+      } else {
+        for (int64_t r = r0; r < r1; ++r) zero_row(o.at(b, h, r), pb.d);
+      }
+    }
+    if (lse) std::fill(pb.lse.at(b, h, r0), pb.lse.at(b, h, r1), 0.0f);
+  };
+  clear(0, s.first);
+  clear(s.first + s.len, pb.pad_rows);
+}
+
+// fp32 rows [len, d] of one pair: the input itself for fp32 (ld = its row stride), else a
+// converted copy in `scratch` (ld = d).
+template <class T>
+inline const float* fp32_rows(const T* src, int64_t ld, int64_t len, int64_t d, float* scratch, int64_t& ld_out) {
+  if constexpr (std::is_same_v<T, float>) {
+    ld_out = ld;
+    return src;
+  } else {
+    convert_rows(src, ld, len, d, scratch);
+    ld_out = d;
+    return scratch;
+  }
+}
+
+// Runs f(b, h) for every pair, longest sequence first, from a shared counter in one parallel region.
+template <class F>
+void for_each_pair(const Problem& pb, F&& f) {
+  const int64_t n = pb.batch * pb.heads;
+  if (n == 0) return;
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) {
+    return pb.seqs[a / pb.heads].len > pb.seqs[c / pb.heads].len;
+  });
+  TORCH_CHECK(sgemm_ != nullptr, "fastbert._C attention: this torch build exports no BLAS sgemm_");
+  std::atomic<int64_t> next{0};
+  // one worker per thread even when there are fewer pairs: every GEMM then runs inside the
+  // parallel region, where the BLAS stays on its caller's thread
+  const int64_t workers = std::max<int64_t>(1, at::get_num_threads());
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    const SingleThreadedBlas one_thread;
+    for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) {
+      const int64_t pair = order[static_cast<size_t>(t)];
+      f(pair / pb.heads, pair % pb.heads);
+    }
+    vec::stream_fence();
+  });
+}
+
+// Runs the forward (attention_forward.cpp) / backward (attention_backward.cpp) of every pair, for
+// T = float, c10::Half or c10::BFloat16: q, k, v, dout and the outputs are rows_of tensors (padded
+// [batch, heads, seq, d] or packed [tokens, heads, d]) of dtype T; pb.lse is set.
+template <class T>
+void run_forward(Problem& pb, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
+                 bool padded);
+template <class T>
+void run_backward(Problem& pb, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                  const at::Tensor& v, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool padded);
+
+}  // namespace attn
+}  // namespace fastbert

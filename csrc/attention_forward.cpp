@@ -1,0 +1,112 @@
+// The forward of the CPU attention, one (sequence, head) pair at a time (attention.cpp has the
+// design and the entry points, attention_common.h the code shared with the backward).
+//
+// Forward of one pair, per block of query rows (all of them unless the sequence is long):
+//   S = Q K^T                        GEMM, K^T packed once per pair (fp32, padded to whole vectors)
+//   t = S * scale + key bias         bias 0 for real keys, -inf for holes and the padding columns
+//   e = exp(t - max t), l = sum e    lse = max + log(l) saved for the backward
+//   e *= keep / (1 - p)              dropout (fastbert's Philox rule, counters from the sequence start)
+//   O = (e V) / l                    GEMM, then the row scale on the way out
+#include <algorithm>
+#include <cmath>
+
+#include "attention_common.h"
+#include "philox.h"
+#include "vec.h"
+
+namespace fastbert {
+namespace attn {
+namespace {
+
+template <class T, bool kDropout>
+void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>& k, const Rows<const T>& v,
+                  const Rows<T>& out, int64_t b, int64_t h) {
+  zero_outside<T>(pb, b, h, {out}, true);
+  const Seq& sq = pb.seqs[static_cast<size_t>(b)];
+  const int64_t len = sq.len, d = pb.d;
+  if (len == 0) return;
+  const int64_t lp = vec::round_up(len, W);
+  const int64_t mb = std::min(block_rows(lp), len);
+  const int64_t rows = std::is_same_v<T, float> ? 0 : len * d;
+  float* buf = vec::thread_buffer<float, kSlotAttention>(arena_size({d * lp, lp, mb * lp, mb * d, mb, rows, rows}));
+  Arena arena{buf};
+  float* kt = arena.take(d * lp);  // K^T [d, lp]
+  float* bias = arena.take(lp);    // key bias: 0 real, -inf hole / padding column
+  float* s = arena.take(mb * lp);  // scores, then weights [mb, lp]
+  float* o = arena.take(mb * d);   // unnormalised output block [mb, d]
+  float* rinv = arena.take(mb);    // 1 / row sum (0 for a padded query)
+  int64_t ldq, ldv;
+  const float* qr = fp32_rows(q.at(b, h, sq.first), q.sr, len, d, arena.take(rows), ldq);
+  const float* vr = fp32_rows(v.at(b, h, sq.first), v.sr, len, d, arena.take(rows), ldv);
+  // K^T packed by this code: an NN product with it is faster than letting the BLAS transpose
+  pack_transposed(k.at(b, h, sq.first), k.sr, len, d, kt, lp);
+  for (int64_t j = 0; j < lp; ++j) bias[j] = j < len && (sq.real == nullptr || sq.real[j]) ? 0.0f : -kInf;
+  const Vf scale = vec::set1(pb.scale);
+  const uint64_t pair = pb.counter(b, h);
+
+  for (int64_t i0 = 0; i0 < len; i0 += mb) {
+    const int64_t m = std::min(mb, len - i0);
+    gemm(false, false, m, lp, d, qr + i0 * ldq, ldq, kt, lp, s, lp, false);  // S = Q K^T
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t i = i0 + r;
+      float* row = s + r * lp;
+      float* lse = pb.lse.at(b, h, sq.first + i);
+      if (sq.real != nullptr && !sq.real[i]) {  // a hole: no output, no weight
+        std::fill(row, row + lp, 0.0f);
+        rinv[r] = 0.0f;
+        *lse = 0.0f;
+        continue;
+      }
+      Vf mx = vec::set1(-kInf);
+      for (int64_t j = 0; j < lp; j += W) {
+        Vf t = vec::fmadd(vec::load(row + j), scale, vec::load(bias + j));
+        vec::store(row + j, t);
+        mx = vec::vmax(mx, t);
+      }
+      const float mxs = vec::hmax(mx);
+      const Vf mv = vec::set1(mxs);
+      Vf sum = vec::set1(0.0f);
+      const uint64_t base = pair + (static_cast<uint64_t>(i) << 16);
+      for (int64_t j = 0; j < lp; j += W) {
+        Vf e = vec::vexp_or_zero(vec::load(row + j) - mv);
+        sum = sum + e;
+        if constexpr (kDropout) e = e * philox::keep_scale(base + static_cast<uint64_t>(j), pb.keys, pb.thresh, pb.keep);
+        vec::store(row + j, e);
+      }
+      const float l = vec::hsum(sum);  // >= 1: the row max contributes e^0
+      rinv[r] = 1.0f / l;
+      *lse = mxs + std::log(l);
+    }
+    gemm(false, false, m, d, len, s, lp, vr, ldv, o, d, false);  // O = E V
+    for (int64_t r = 0; r < m; ++r) {
+      T* dst = out.at(b, h, sq.first + i0 + r);
+      const Vf f = vec::set1(rinv[r]);
+      for (int64_t c = 0; c < d; c += W) put_n(dst + c, load_n(o + r * d + c, d - c) * f, d - c, pb.stream);
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void run_forward(Problem& pb, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
+                 bool padded) {
+  const Rows<const T> qr = rows_of<const T>(q, padded), kr = rows_of<const T>(k, padded),
+                      vr = rows_of<const T>(v, padded);
+  const Rows<T> orows = rows_of<T>(out, padded);
+  pb.stream = out.numel() > 0 && detail::stream_output(orows.base, out.numel() / pb.d, pb.d);
+  if (pb.dropout) {
+    for_each_pair(pb, [&](int64_t b, int64_t h) { forward_pair<T, true>(pb, qr, kr, vr, orows, b, h); });
+  } else {
+    for_each_pair(pb, [&](int64_t b, int64_t h) { forward_pair<T, false>(pb, qr, kr, vr, orows, b, h); });
+  }
+}
+
+template void run_forward<float>(Problem&, const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, bool);
+template void run_forward<c10::Half>(Problem&, const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
+                                     bool);
+template void run_forward<c10::BFloat16>(Problem&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         at::Tensor&, bool);
+
+}  // namespace attn
+}  // namespace fastbert
