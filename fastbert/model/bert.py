@@ -73,8 +73,8 @@ class BertModel(BertPreTrainedModel):
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         scales = head_scales(head_mask, cfg.num_hidden_layers, cfg.num_attention_heads)
         explicit = bias is not None or bool(output_attentions)
-        first_only = (_pooled_only and self.pooler is not None and cfg.num_hidden_layers > 0 and not explicit
-                      and not output_hidden_states and not compiling
+        first_only = (_pooled_only and not self.quantized and self.pooler is not None and cfg.num_hidden_layers > 0
+                      and not explicit and not output_hidden_states and not compiling
                       and (key_mask is None or bool(key_mask[:, 0].all())))
         if self.quantized:
             hidden, states, probs = encode_int8(self, hidden, key_mask, bias, scales, output_hidden_states,
@@ -95,15 +95,13 @@ class BertModel(BertPreTrainedModel):
         bsz, seq = key_mask.shape
         h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
         states = [hidden] if output_hidden_states else None
-        layers = list(zip(self.encoder.layer, scales))
-        if first_only:
-            *layers, (last, last_scale) = layers
+        layers, last = self._layer_plan(scales, first_only)
         for layer, scale in layers:
             h, _ = self._run_layer(layer, h, None, (cu_seqlens, max_seqlen), None, scale, False)
             if states is not None:
                 states.append(ops.pad(h, indices, bsz, seq))
-        if first_only:
-            return self._run_layer(last.first_tokens, h, key_mask, (indices, cu_seqlens), last_scale)[:, None], None, None
+        if last is not None:
+            return self._run_layer(last[0].first_tokens, h, key_mask, (indices, cu_seqlens), last[1])[:, None], None, None
         hidden = states[-1] if states is not None else ops.pad(h, indices, bsz, seq)
         return hidden, None if states is None else tuple(states), None
 
@@ -111,18 +109,22 @@ class BertModel(BertPreTrainedModel):
                        first_only=False):
         states = [hidden] if output_hidden_states else None
         probs = [] if output_attentions else None
-        layers = list(zip(self.encoder.layer, scales))
-        if first_only:
-            *layers, (last, last_scale) = layers
+        layers, last = self._layer_plan(scales, first_only)
         for layer, scale in layers:
             hidden, p = self._run_layer(layer, hidden, key_mask, None, bias, scale, bool(output_attentions))
             if states is not None:
                 states.append(hidden)
             if probs is not None:
                 probs.append(p)
-        if first_only:
-            return self._run_layer(last.first_tokens, hidden, key_mask, None, last_scale)[:, None], None, None
+        if last is not None:
+            return self._run_layer(last[0].first_tokens, hidden, key_mask, None, last[1])[:, None], None, None
         return hidden, None if states is None else tuple(states), None if probs is None else tuple(probs)
+
+    def _layer_plan(self, scales, first_only: bool):
+        """(the (layer, head scale) pairs run on every token, the last pair when first_only runs it
+        at the first tokens alone, else None)."""
+        pairs = list(zip(self.encoder.layer, scales))
+        return (pairs[:-1], pairs[-1]) if first_only else (pairs, None)
 
     def _run_layer(self, layer, *args):
         """layer(*args) (a BertLayer or one of its methods), or checkpointed: its activations
