@@ -50,32 +50,30 @@ def _tiny_bert():
     return transformers.BertModel(cfg).eval(), torch.randint(1, 200, (3, 12)) * mask, mask
 
 
-@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
-def test_each_installed_peer_computes_the_model(peer):
+def _installed_peer_output(peer, dtype, tag):
+    """(the peer's last hidden state in `dtype`, transformers' fp32 one, the real-token mask) on the
+    tiny model; skipped when the peer is not installed."""
     if importlib.util.find_spec(peer) is None:
         pytest.skip(f"{peer} is not installed (the peers extra: pip install -e .[peers])")
     hf, ids, mask = _tiny_bert()
-    provs, skipped = peers.peer_providers(hf, ids, mask, [torch.float32], peers=(peer,))
+    provs, skipped = peers.peer_providers(hf, ids, mask, [dtype], peers=(peer,))
     assert not skipped, skipped
     with torch.no_grad():
         want = hf(input_ids=ids, attention_mask=mask).last_hidden_state
-    got = provs[f"{peer} fp32"]()
-    real = mask.bool()
+    return provs[f"{peer} {tag}"](), want, mask.bool()
+
+
+@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
+def test_each_installed_peer_computes_the_model(peer):
+    got, want, real = _installed_peer_output(peer, torch.float32, "fp32")
     assert got.shape == want.shape
     assert (got[real] - want[real]).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("peer", ["onnxruntime", "ctranslate2"])
 def test_each_installed_int8_peer_computes_the_model(peer):
-    if importlib.util.find_spec(peer) is None:
-        pytest.skip(f"{peer} is not installed (the peers extra: pip install -e .[peers])")
-    hf, ids, mask = _tiny_bert()
-    provs, skipped = peers.peer_providers(hf, ids, mask, [torch.int8], peers=(peer,))
-    assert not skipped, skipped
-    with torch.no_grad():
-        want = hf(input_ids=ids, attention_mask=mask).last_hidden_state
-    real = mask.bool()
-    got = provs[f"{peer} int8"]()[real].double().flatten()
+    got, want, real = _installed_peer_output(peer, torch.int8, "int8")
+    got = got[real].double().flatten()
     want = want[real].double().flatten()
     assert float(got @ want / got.norm() / want.norm()) > 0.99  # int8: close, not equal
 
