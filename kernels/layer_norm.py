@@ -289,14 +289,19 @@ def add_layer_norm_forward(
     return y, mean, rstd
 
 
+def _partial_sums(n_programs: int, N: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The per-program partial sums of dweight and dbias the backward kernels write, fp32 [programs, N]."""
+    return (torch.empty((n_programs, N), dtype=torch.float32, device=device),
+            torch.empty((n_programs, N), dtype=torch.float32, device=device))
+
+
 def _backward_whole_rows(dx, dresidual, dy, x, residual, weight, mean, rstd, s: Settings, max_programs: int,
                          has_dropout: bool, dropout_args) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward of rows up to _MAX_FUSED_BWD_N wide (whole rows, one kernel); the
     per-program partial sums of dweight and dbias, fp32 [programs, N]."""
     M, N = x.shape
     rows_per_program, n_programs = split_rows(M, 1, max_programs)
-    dw_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
-    db_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
+    dw_partial, db_partial = _partial_sums(n_programs, N, x.device)
     _add_layer_norm_bwd_kernel[(n_programs,)](
         dx, dx.stride(0),
         dresidual, dresidual.stride(0),
@@ -338,8 +343,7 @@ def _backward_two_pass(dx, dresidual, dy, x, residual, weight, mean, rstd, max_p
     s = TILED_SETTINGS
     n_col_tiles = triton.cdiv(N, s.block_n)
     rows_per_program, n_programs = split_rows(M, 1, triton.cdiv(max_programs, n_col_tiles))
-    dw_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
-    db_partial = torch.empty((n_programs, N), dtype=torch.float32, device=x.device)
+    dw_partial, db_partial = _partial_sums(n_programs, N, x.device)
     _add_layer_norm_bwd_tiled_kernel[(n_programs, n_col_tiles)](
         dx, dx.stride(0),
         dresidual, dresidual.stride(0),
