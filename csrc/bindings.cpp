@@ -1,6 +1,6 @@
 // Python bindings of fastbert._C. The fused ops take [rows, hidden] contiguous CPU tensors
 // (fastbert.ops reshapes, validates and wraps them in autograd).
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "cpu_ops.h"
 #include "masking.h"
@@ -78,6 +78,9 @@ void register_int8(py::module_& m) {
         py::arg("ln_bias"), py::arg("eps"), py::arg("quantize"),
         "(y, q, scale, offset): y = layer_norm(the dequantized acc + residual) * weight + ln_bias in residual's "
         "dtype, and quantize_rows(y) when `quantize` (else empty tensors).");
+  m.def("int8_gemm", &fastbert::int8_gemm, py::arg("a"), py::arg("b"), py::arg("out") = py::none(),
+        "c [m, n] int32 = a [m, k] int8 @ b [n, k] int8 ^T, exact, on the kernel library's int8 GEMM (rows of a "
+        "and b contiguous); written into `out` (contiguous int32 [m, n]) when given.");
 }
 
 // The data side: unpad index building, token masking, word starts and the collator's id padding.
@@ -107,9 +110,18 @@ void register_data_ops(py::module_& m) {
       "int64 [len(rows), seq]: each row (a list or tuple of ints) followed by pad_value.");
 }
 
-// The build's instruction set and the kernels' output memory.
+// The kernel libraries of the instruction-set levels, and the kernels' output memory.
 void register_runtime(py::module_& m) {
-  m.def("cpu_isa", &fastbert::cpu_isa, "The vector instruction set the kernels were compiled for.");
+  m.def("cpu_levels", &fastbert::cpu_levels,
+        "The instruction-set levels this CPU (and its OS) can run, lowest first (\"scalar\", \"avx2\", \"avx512\", "
+        "\"avx512_vnni\").");
+  m.def("cpu_features", &fastbert::cpu_features,
+        "The instruction-set extensions this CPU (and its OS) supports among \"avx2\" (with FMA, F16C), "
+        "\"avx512\" (F, BW, CD, DQ, VL), \"avx512_vnni\", \"avx512_bf16\" and \"amx\" (TILE, INT8, BF16).");
+  m.def("use_kernels", &fastbert::use_kernels, py::arg("levels"), py::arg("paths"),
+        "Run every kernel from the kernel libraries at `paths` (one per level in `levels`, lowest first; each "
+        "library's kernels stand over the ones below). Loads each library once.");
+  m.def("kernel_level", &fastbert::kernel_level, "The level of the kernels in use (\"\" before use_kernels).");
   m.def("release_cached_memory", &fastbert::detail::release_cached_memory,
         "Unmap the freed large-output mappings the kernels keep for reuse (at most 64 of them, 1 GiB in all).");
   m.def(

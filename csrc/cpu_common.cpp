@@ -1,6 +1,5 @@
-// Helpers shared by the fused CPU kernels: output allocation and the fixed-order gradient reduction.
+// The host's output allocation: large outputs from a mapping allocator of its own (below).
 #include <ATen/EmptyTensor.h>
-#include <ATen/Parallel.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/accumulate.h>
 #include <c10/core/Allocator.h>
@@ -19,36 +18,10 @@
 #endif
 
 #include "cpu_ops.h"
-#include "vec.h"
 
 namespace fastbert {
 
-const char* cpu_isa() { return vec::kIsa; }
-
 namespace detail {
-
-at::Tensor sum_partials(const double* partials, int64_t chunks, int64_t stride, int64_t n, at::ScalarType dtype) {
-  at::Tensor out = at::empty({n}, at::TensorOptions().dtype(dtype));
-  dispatch_float(dtype, "sum_partials", [&](auto tag) {
-    using T = decltype(tag);
-    T* o = out.data_ptr<T>();
-    // columns in parallel; each column is summed over chunks 0, 1, 2, ... whatever the split
-    at::parallel_for(0, n, 1024, [&](int64_t j0, int64_t j1) {
-      constexpr int64_t kBlock = 256;
-      double acc[kBlock];
-      for (int64_t j = j0; j < j1; j += kBlock) {
-        const int64_t len = std::min(j1 - j, kBlock);
-        for (int64_t i = 0; i < len; ++i) acc[i] = 0.0;
-        for (int64_t k = 0; k < chunks; ++k) {
-          const double* row = partials + k * stride + j;
-          for (int64_t i = 0; i < len; ++i) acc[i] += row[i];
-        }
-        for (int64_t i = 0; i < len; ++i) o[j + i] = static_cast<T>(static_cast<float>(acc[i]));
-      }
-    });
-  });
-  return out;
-}
 
 namespace {
 
@@ -198,7 +171,7 @@ at::Tensor empty_contiguous(at::IntArrayRef sizes, at::ScalarType dtype) {
                                      dtype, at::MemoryFormat::Contiguous);
   }
 #endif
-  return at::empty(sizes, at::TensorOptions().dtype(dtype));
+  return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, at::MemoryFormat::Contiguous);
 }
 
 void release_block(void* ctx) { delete static_cast<at::Tensor*>(ctx); }
@@ -222,6 +195,12 @@ at::Tensor carve(const at::Tensor& block, size_t offset, const at::Tensor& x) {
 at::Tensor empty_output(const at::Tensor& x) { return empty_contiguous(x.sizes(), x.scalar_type()); }
 
 at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype) { return empty_contiguous(sizes, dtype); }
+
+at::Tensor zeros(at::IntArrayRef sizes, at::ScalarType dtype) {
+  at::Tensor t = empty_contiguous(sizes, dtype);
+  if (t.numel() > 0) std::memset(t.data_ptr(), 0, static_cast<size_t>(t.nbytes()));
+  return t;
+}
 
 void release_cached_memory() {
 #if defined(FASTBERT_HUGE_ALLOC)

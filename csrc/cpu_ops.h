@@ -1,21 +1,22 @@
-// The fused CPU ops of fastbert._C and the helpers their .cpp files share.
-// Tensors are [rows, hidden] contiguous CPU tensors (the Python layer in fastbert/ops reshapes and
-// validates; the checks here only keep a direct call from crashing). Math runs in fp32 whatever the
-// storage dtype (float32, float16, bfloat16); outputs come back in the input dtype.
+// The host side of fastbert._C: the entry points the bindings expose (each checks its input,
+// allocates its outputs and calls the kernel library of the CPU's instruction-set level through
+// kernels/api.h's table) and the helpers they share. Tensors are [rows, hidden] contiguous CPU
+// tensors (the Python layer in fastbert/ops reshapes and validates; the checks here keep a direct
+// call from crashing). Math runs in fp32 whatever the storage dtype (float32, float16, bfloat16);
+// outputs come back in the input dtype.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <c10/util/Optional.h>
 
-#include "vec.h"
-
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
+#include <vector>
+
+#include "kernels/api.h"
 
 namespace fastbert {
 
@@ -36,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backwa
 at::Tensor dropout_keep_mask(int64_t rows, int64_t cols, double p, int64_t seed);
 at::Tensor philox_uint32(int64_t seed, int64_t start, int64_t count);         // the kernels' vector path
 at::Tensor philox_uint32_scalar(int64_t seed, int64_t start, int64_t count);  // one counter at a time
-// attention.cpp (the work of a (sequence, head) pair: attention_forward.cpp, attention_backward.cpp):
+// attention.cpp (the kernels: kernels/attention*.cpp):
 // q, k, v [batch, heads, seq, head_dim] (padded) or [tokens, heads, head_dim] (packed), one float
 // dtype, last dim contiguous. lse: float32 [batch, heads, seq] / [heads, tokens]. keep: the
 // bool dropout keep-mask [batch, heads, n, n] when asked for, else an empty bool tensor of shape [0].
@@ -75,12 +76,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
     const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
     const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
     double eps, bool quantize);
+// c [m, n] int32 = a [m, k] int8 . b [n, k] int8 ^T, exact (kernels/int8_gemm.cpp); into `out` when given.
+at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& out);
 
 // padding.cpp: (indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask
 std::tuple<at::Tensor, at::Tensor, int64_t> unpad_indices(const at::Tensor& attention_mask);
 
-// cpu_common.cpp
-const char* cpu_isa();  // "avx512", "avx2" or "scalar"
+// dispatch.cpp: the kernel libraries of the instruction-set levels (kernels/api.h)
+std::vector<std::string> cpu_levels();  // the levels this CPU can run, lowest first
+// The extensions of api.h's Feature this CPU and its OS support: "avx2", "avx512", "avx512_vnni",
+// "avx512_bf16", "amx".
+std::vector<std::string> cpu_features();
+// Loads the libraries at `paths` (one per level, lowest first: each one's entries stand over the
+// ones below) and runs every kernel on them from then on.
+void use_kernels(const std::vector<std::string>& levels, const std::vector<std::string>& paths);
+std::string kernel_level();  // the level of the topmost library in use, "" before use_kernels
 
 namespace detail {
 
@@ -88,23 +98,19 @@ inline bool is_float_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
 }
 
-// Calls f(T{}) with T the C++ type of `t` (float, c10::Half or c10::BFloat16).
-template <class F>
-inline void dispatch_float(at::ScalarType t, const char* op, F&& f) {
-  switch (t) {
-    case at::kFloat:
-      f(float{});
-      break;
-    case at::kHalf:
-      f(c10::Half{});
-      break;
-    case at::kBFloat16:
-      f(c10::BFloat16{});
-      break;
-    default:
-      TORCH_CHECK(false, "fastbert._C.", op, ": unsupported dtype ", t, " (float32, float16, bfloat16)");
-  }
-}
+// The kernels' name of a dtype (float, integer and bool dtypes).
+kernels::Dtype dtype_of(at::ScalarType t);
+inline kernels::Dtype dtype_of(const at::Tensor& t) { return dtype_of(t.scalar_type()); }
+
+// A contiguous per-feature vector as the kernels take it (the tensor must outlive the call).
+inline kernels::Param param(const at::Tensor& t) { return {t.data_ptr(), dtype_of(t)}; }
+
+// The kernel table in use (dispatch.cpp); an error naming `op` when no kernel library is loaded.
+const kernels::Table& kernels_for(const char* op);
+// The table in use, empty (every entry nullptr) when none is loaded.
+const kernels::Table& kernel_table();
+// Whether torch exports the BLAS sgemm_ the attention kernels need.
+bool has_blas();
 
 inline void check_rows(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "fastbert._C.", op, ": ", name, " is undefined");
@@ -138,103 +144,12 @@ inline void check_dropout(const char* op, double p, int64_t seed) {
   TORCH_CHECK(seed >= 0, "fastbert._C.", op, ": dropout seed must be in [0, 2**63), got ", seed);
 }
 
-// Buffer slots of vec::thread_buffer: row scratch in every worker thread, and the per-call
-// vectors of the calling thread (which is also worker 0 of the parallel region).
-enum Slot : int { kSlotRow = 0, kSlotKeep = 1, kSlotSums = 2, kSlotPartials = 3, kSlotParamA = 4, kSlotParamB = 5 };
-
-// v [n] (float32, float16 or bfloat16) as fp32, zero-padded to `padded` elements so that
-// whole-vector loads past n are safe; lives in the calling thread's buffer `kSlot`.
-template <int kSlot>
-inline const float* padded_float(const at::Tensor& v, int64_t padded) {
-  float* out = vec::thread_buffer<float, kSlot>(padded);
-  const at::Tensor c = v.contiguous();
-  const int64_t n = c.size(0);
-  dispatch_float(c.scalar_type(), "padded_float", [&](auto tag) {
-    using T = decltype(tag);
-    const T* p = c.data_ptr<T>();
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p[i]);
-  });
-  for (int64_t i = n; i < padded; ++i) out[i] = 0.0f;
-  return out;
-}
-
-// Rows per reduction chunk for the per-feature gradient sums. It depends on the row count only,
-// never on the thread count, so the sums (per chunk in row order, then over chunks in chunk order)
-// are bit-identical whatever torch.get_num_threads() is.
-constexpr int64_t kReduceChunks = 64;
-inline int64_t reduce_chunk_rows(int64_t rows) {
-  int64_t r = (rows + kReduceChunks - 1) / kReduceChunks;
-  return r < 1 ? 1 : r;
-}
-
-// Per-feature gradient sums run in fp32 over groups of kFlushRows rows, which flush_sums adds into
-// the chunk's double partials (and zeroes): cheap adds in the row loop, double where sums get long.
-constexpr int64_t kFlushRows = 8;
-inline void flush_sums(float* acc, double* partial, int64_t npad) {
-  const vec::Vf zero = vec::set1(0.0f);
-  for (int64_t c = 0; c < npad; c += vec::kWidth) {
-    vec::add_to_double(partial + c, vec::load(acc + c));
-    vec::store(acc + c, zero);
-  }
-}
-
-// Sums the partial rows partials[k * stride + j] (k < chunks, j < n; double) over k, in chunk order,
-// into a new [n] tensor of dtype `dtype`.
-at::Tensor sum_partials(const double* partials, int64_t chunks, int64_t stride, int64_t n, at::ScalarType dtype);
-
-// Calls f(std::bool_constant<a>{}, std::bool_constant<b>{}): runtime flags to template flags.
-template <class F>
-inline void dispatch_flags(bool a, bool b, F&& f) {
-  if (a) {
-    if (b)
-      f(std::true_type{}, std::true_type{});
-    else
-      f(std::true_type{}, std::false_type{});
-  } else {
-    if (b)
-      f(std::false_type{}, std::true_type{});
-    else
-      f(std::false_type{}, std::false_type{});
-  }
-}
-
-// Whether a [rows, n] output at p is written with non-temporal stores: when it is far larger than
-// the caches it would only evict other data on its way out, and its rows are vector-aligned.
-template <class T>
-inline bool stream_output(const T* p, int64_t rows, int64_t n) {
-  constexpr int64_t kStreamBytes = int64_t{4} << 20;
-  return rows * n * static_cast<int64_t>(sizeof(T)) >= kStreamBytes && vec::rows_aligned(p, n);
-}
-
-// 1 / sqrt(variance + eps) of a LayerNorm row h of n values about `mean` (fp32, padded to npad, a
-// multiple of vec::kWidth, with lanes n .. npad holding the mean so that they add nothing).
-inline float row_rstd(const float* h, int64_t npad, int64_t n, float mean, float eps) {
-  const vec::Vf mv = vec::set1(mean);
-  vec::Vf v0 = vec::set1(0.0f), v1 = vec::set1(0.0f);
-  int64_t c = 0;
-  for (; c + 2 * vec::kWidth <= npad; c += 2 * vec::kWidth) {
-    vec::Vf d0 = vec::load(h + c) - mv, d1 = vec::load(h + c + vec::kWidth) - mv;
-    v0 = vec::fmadd(d0, d0, v0);
-    v1 = vec::fmadd(d1, d1, v1);
-  }
-  for (; c < npad; c += vec::kWidth) {
-    vec::Vf d = vec::load(h + c) - mv;
-    v0 = vec::fmadd(d, d, v0);
-  }
-  const float var = vec::hsum(v0 + v1) / n;
-  return 1.0f / std::sqrt(std::max(var, 0.0f) + eps);
-}
-
-// Row grain of at::parallel_for for elementwise row loops (does not change any result).
-inline int64_t row_grain(int64_t cols) {
-  int64_t g = 32768 / (cols > 0 ? cols : 1);
-  return g < 1 ? 1 : g;
-}
-
 // A contiguous output like x (large ones on transparent huge pages where the system allows it).
 at::Tensor empty_output(const at::Tensor& x);
 // An uninitialised contiguous CPU tensor; 4 MiB and more from the reusing mapping allocator.
 at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype);
+// A zero-filled contiguous CPU tensor.
+at::Tensor zeros(at::IntArrayRef sizes, at::ScalarType dtype);
 
 // Two contiguous outputs like x from one allocation; each tensor has its own storage (no
 // aliasing: the byte ranges are disjoint) and the memory goes back when both are freed.

@@ -1,321 +1,80 @@
-// The element-wise kernels of int8 inference on the CPU: the epilogue of every int8 GEMM fused into
-// the op that consumes its output, and the dynamic quantization of every GEMM input fused into the
-// op that produces it.
-//
-// Activations are quantized per row (token), asymmetrically: the row's midpoint o = (max + min) / 2
-// is taken out and the rest scaled to [-127, 127], x ~ q_x * s + o. Weights are quantized per output
-// channel, symmetrically: w ~ q_w * s_col. A quantized activation tensor carries one more row than
-// it has tokens, all ones: the GEMM acc = q_x q_w^T (int32) then also yields, in that last row, the
-// column sums sum_k q_w[n, k] that the offsets need, so nothing derived from a weight is kept
-// anywhere. The linear layer's output x w^T + b is then
-//   y[m, n] = (acc[m, n] * s[m] + o[m] * acc[rows, n]) * s_col[n] + b[n]
-// (the dequantization, or "epilogue"), which the consumer of the output applies as it reads a row:
-//   int8_add_layer_norm   y = LayerNorm(epilogue + residual); y and, for the next GEMM, y quantized
-//   int8_bias_gelu        gelu(epilogue), quantized (the FFN's second GEMM input); the fp32
-//                         activation exists only as one row in a thread's buffer
-//   int8_dequantize       the epilogue into a float tensor (the general case: the attention's QKV)
-//   quantize_rows         x quantized (what the other kernels do at the end of a row)
-// Quantizing a row: mx, mn = its max and min, o = (mx + mn) / 2, r = (mx - mn) / 2, s = r / 127,
-// q = round((x - o) * (127 / r)), nearest even (a constant row: s = 0, q = 0, o = the value). The
-// accumulator is int32 (torch._int_mm) or float32 (oneDNN's quantized linear), read as fp32.
-// Rows are independent: at::parallel_for over rows, each row once through a per-thread fp32 buffer.
-#include <ATen/Parallel.h>
-
+// int8 inference's element-wise ops: their checks and outputs. The scheme and the kernels are in
+// kernels/int8.cpp (the epilogue of every int8 GEMM fused into the op that consumes its output, the
+// quantization of every GEMM input into the op that produces it), the GEMM in kernels/int8_gemm.cpp.
 #include <algorithm>
-#include <cmath>
-#include <limits>
 
 #include "cpu_ops.h"
-#include "gelu.h"
-#include "vec.h"
-#include "vec_int8.h"
 
 namespace fastbert {
 namespace {
 
-using vec::Vf;
-constexpr int64_t W = vec::kWidth;
-constexpr int kSlotSumScale = 9;  // vec::thread_buffer slot of the epilogue's column sums x scales
+using kernels::Int8Acc;
+using kernels::Int8Rows;
 
-// Per-column vectors of an epilogue, as fp32 padded to whole vectors (0 past n): the weight's
-// column scales, its column sums times those scales, and the bias.
-struct Epilogue {
-  const float* col_scale;
-  const float* sum_scale;
-  const float* bias;
-};
-
-// The epilogue of acc [rows + 1, n] (its last row: the weight's column sums) in the calling
-// thread's buffers.
-template <class A>
-Epilogue epilogue(const A* acc, int64_t rows, const at::Tensor& col_scale, const c10::optional<at::Tensor>& bias,
-                  int64_t n) {
-  const int64_t npad = vec::round_up(n, W);
-  const float* cs = detail::padded_float<detail::kSlotParamA>(col_scale, npad);
-  float* b = vec::thread_buffer<float, detail::kSlotParamB>(npad);
-  float* ss = vec::thread_buffer<float, kSlotSumScale>(npad);
-  const A* sums = acc + rows * n;
-  for (int64_t c = 0; c < npad; ++c) {
-    ss[c] = c < n ? static_cast<float>(sums[c]) * cs[c] : 0.0f;
-    b[c] = 0.0f;
-  }
-  if (bias.has_value() && bias->defined()) {
-    detail::dispatch_float(bias->scalar_type(), "int8 epilogue", [&](auto tag) {
-      using T = decltype(tag);
-      const at::Tensor bc = bias->contiguous();
-      const T* bp = bc.data_ptr<T>();
-      for (int64_t c = 0; c < n; ++c) b[c] = static_cast<float>(bp[c]);
-    });
-  }
-  return {cs, ss, b};
-}
-
-// out[c] = acc[c] * s * col_scale[c] + o * sum_scale[c] + bias[c] for one row of n (out padded with
-// 0 to whole vectors)
-// (ep by value: its pointers then live in registers; the vector stores may alias anything, and would
-// make the compiler reload them from memory after every store)
-template <class A>
-inline void dequantize_row(const A* acc, float s, float o, const Epilogue ep, float* out, int64_t n) {
-  const Vf sv = vec::set1(s), ov = vec::set1(o);
-  const int64_t body = n / W * W;
-  auto step = [&](Vf a, int64_t c) {
-    Vf shift = vec::fmadd(ov, vec::load(ep.sum_scale + c), vec::load(ep.bias + c));
-    vec::store(out + c, vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift));
-  };
-  for (int64_t c = 0; c < body; c += W) step(vec::load(acc + c), c);
-  if (body < n) step(vec::load_partial(acc + body, n - body), body);
-}
-
-// out[c] = the dequantized acc[c] + residual[c] (one pass; out padded with 0); returns the row sum.
-template <class A, class T>
-inline float dequantize_add_row(const A* acc, float s, float o, const Epilogue ep, const T* res, float* out,
-                                int64_t n) {
-  const Vf sv = vec::set1(s), ov = vec::set1(o);
-  const int64_t body = n / W * W;
-  Vf sum0 = vec::set1(0.0f), sum1 = vec::set1(0.0f);
-  auto at = [&](Vf a, Vf r, int64_t c) {
-    Vf shift = vec::fmadd(ov, vec::load(ep.sum_scale + c), vec::load(ep.bias + c));
-    Vf h = vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift) + r;
-    vec::store(out + c, h);
-    return h;
-  };
-  int64_t c = 0;
-  for (; c + 2 * W <= body; c += 2 * W) {
-    sum0 = sum0 + at(vec::load(acc + c), vec::load(res + c), c);
-    sum1 = sum1 + at(vec::load(acc + c + W), vec::load(res + c + W), c + W);
-  }
-  for (; c < body; c += W) sum0 = sum0 + at(vec::load(acc + c), vec::load(res + c), c);
-  if (body < n) sum1 = sum1 + at(vec::load_partial(acc + body, n - body), vec::load_partial(res + body, n - body), body);
-  return vec::hsum(sum0 + sum1);
-}
-
-// Min and max of a row of n fp32 values.
-inline void row_range(const float* v, int64_t n, float& mn, float& mx) {
-  const int64_t body = n / W * W;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  Vf hi0 = vec::set1(-kInf), hi1 = hi0, lo0 = vec::set1(kInf), lo1 = lo0;
-  int64_t c = 0;
-  for (; c + 2 * W <= body; c += 2 * W) {
-    const Vf x0 = vec::load(v + c), x1 = vec::load(v + c + W);
-    hi0 = vec::vmax(hi0, x0);
-    hi1 = vec::vmax(hi1, x1);
-    lo0 = vec::vmin(lo0, x0);
-    lo1 = vec::vmin(lo1, x1);
-  }
-  for (; c < body; c += W) {
-    const Vf x = vec::load(v + c);
-    hi0 = vec::vmax(hi0, x);
-    lo0 = vec::vmin(lo0, x);
-  }
-  mx = vec::hmax(vec::vmax(hi0, hi1));
-  mn = -vec::hmax(-vec::vmin(lo0, lo1));
-  for (c = body; c < n; ++c) {
-    mx = std::max(mx, v[c]);
-    mn = std::min(mn, v[c]);
-  }
-}
-
-// Quantizes a row of n fp32 values v (padded to whole vectors with anything) whose min and max are
-// mn and mx to q; writes its scale and offset.
-inline void quantize_row(const float* v, int8_t* q, int64_t n, float mn, float mx, float* scale, float* offset) {
-  const int64_t body = n / W * W;
-  const float o = (mx + mn) * 0.5f, r = (mx - mn) * 0.5f;
-  const float inv = r > 0.0f ? 127.0f / r : 0.0f;
-  const Vf ov = vec::set1(o), iv = vec::set1(inv);
-  for (int64_t c = 0; c < body; c += W) vec::store(q + c, (vec::load(v + c) - ov) * iv);
-  if (body < n) vec::store_partial(q + body, (vec::load(v + body) - ov) * iv, n - body);
-  *scale = r / 127.0f;
-  *offset = o;
-}
-
-inline void quantize_row(const float* v, int8_t* q, int64_t n, float* scale, float* offset) {
-  float mn, mx;
-  row_range(v, n, mn, mx);
-  quantize_row(v, q, n, mn, mx, scale, offset);
-}
-
-// out[c] = gelu(the dequantized acc[c]) for one row (out padded with gelu(0) = 0); the row's min and max.
-template <bool kTanh, class A>
-inline void dequantize_gelu_row(const A* acc, float s, float o, const Epilogue ep, float* out, int64_t n, float& mn,
-                                float& mx) {
-  const Vf sv = vec::set1(s), ov = vec::set1(o);
-  const int64_t body = n / W * W;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  Vf hi = vec::set1(-kInf), lo = vec::set1(kInf);
-  auto at = [&](Vf a, int64_t c) {
-    Vf shift = vec::fmadd(ov, vec::load(ep.sum_scale + c), vec::load(ep.bias + c));
-    Vf g = gelu_math::gelu<kTanh>(vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift));
-    vec::store(out + c, g);
-    return g;
-  };
-  for (int64_t c = 0; c < body; c += W) {
-    const Vf g = at(vec::load(acc + c), c);
-    hi = vec::vmax(hi, g);
-    lo = vec::vmin(lo, g);
-  }
-  mx = vec::hmax(hi);
-  mn = -vec::hmax(-lo);
-  if (body < n) {
-    at(vec::load_partial(acc + body, n - body), body);
-    for (int64_t c = body; c < n; ++c) {
-      mx = std::max(mx, out[c]);
-      mn = std::min(mn, out[c]);
-    }
-  }
-}
-
-// acc [rows + 1, n] int32 / float32 contiguous; row_scale, row_offset float32 [rows]; col_scale float32 [n]
-int64_t check_acc(const char* op, const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
-                  const at::Tensor& col_scale);
-void check_bias(const char* op, const c10::optional<at::Tensor>& bias, int64_t n);
-
-// The shape and row vectors of an int8 GEMM's accumulator, checked.
-struct AccRows {
-  int64_t rows, n, npad;
-  const float* scale;
-  const float* offset;
-  AccRows(const char* op, const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
-          const at::Tensor& col_scale, const c10::optional<at::Tensor>& bias)
-      : rows(check_acc(op, acc, row_scale, row_offset, col_scale)),
-        n(acc.size(1)),
-        npad(vec::round_up(acc.size(1), W)),
-        scale(row_scale.data_ptr<float>()),
-        offset(row_offset.data_ptr<float>()) {
-    check_bias(op, bias, n);
-  }
-};
-
-int64_t check_acc(const char* op, const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
-                  const at::Tensor& col_scale) {
+// acc [rows + 1, n] int32 / float32 contiguous; row_scale, row_offset float32 [rows]; col_scale
+// float32 [n]; bias absent or a float vector [n]. The returned view keeps pointers into them (and
+// into `bias_c`, bias made contiguous, which the caller keeps alive).
+Int8Acc check_acc(const char* op, const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
+                  const at::Tensor& col_scale, const c10::optional<at::Tensor>& bias, at::Tensor& bias_c) {
   TORCH_CHECK(acc.device().is_cpu() && acc.dim() == 2 && acc.is_contiguous() && acc.size(0) >= 1, "fastbert._C.", op,
               ": acc must be a contiguous [rows + 1, n] CPU tensor, got shape ", acc.sizes());
   TORCH_CHECK(acc.scalar_type() == at::kInt || acc.scalar_type() == at::kFloat, "fastbert._C.", op,
               ": acc must be int32 or float32, got ", acc.scalar_type());
-  const int64_t rows = acc.size(0) - 1;
+  const int64_t rows = acc.size(0) - 1, n = acc.size(1);
   for (const at::Tensor* t : {&row_scale, &row_offset}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 1 && t->size(0) == rows && t->is_contiguous(),
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->dim() == 1 && t->size(0) == rows &&
+                    t->is_contiguous(),
                 "fastbert._C.", op, ": row scales and offsets must be contiguous float32 [", rows, "], got ",
                 t->scalar_type(), " ", t->sizes());
   }
-  TORCH_CHECK(col_scale.scalar_type() == at::kFloat && col_scale.dim() == 1 && col_scale.size(0) == acc.size(1),
-              "fastbert._C.", op, ": col_scale must be float32 [", acc.size(1), "], got ", col_scale.scalar_type(),
+  TORCH_CHECK(col_scale.device().is_cpu() && col_scale.scalar_type() == at::kFloat && col_scale.dim() == 1 &&
+                  col_scale.size(0) == n && col_scale.is_contiguous(),
+              "fastbert._C.", op, ": col_scale must be contiguous float32 [", n, "], got ", col_scale.scalar_type(),
               " ", col_scale.sizes());
-  return rows;
-}
-
-void check_bias(const char* op, const c10::optional<at::Tensor>& bias, int64_t n) {
-  if (!bias.has_value() || !bias->defined()) return;
-  TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == n &&
-                  detail::is_float_dtype(bias->scalar_type()),
-              "fastbert._C.", op, ": bias must be a float CPU vector [", n, "], got ", bias->sizes());
-}
-
-// Calls f(A{}) with A the accumulator's C++ type (int32_t or float).
-template <class F>
-void dispatch_acc(const at::Tensor& acc, F&& f) {
-  if (acc.scalar_type() == at::kInt) {
-    f(int32_t{});
-  } else {
-    f(float{});
+  kernels::Param b{nullptr, kernels::Dtype::kFloat};
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == n &&
+                    detail::is_float_dtype(bias->scalar_type()),
+                "fastbert._C.", op, ": bias must be a float CPU vector [", n, "], got ", bias->sizes());
+    bias_c = bias->contiguous();
+    b = detail::param(bias_c);
   }
+  return Int8Acc{acc.data_ptr(), detail::dtype_of(acc), rows, n, row_scale.data_ptr<float>(),
+                 row_offset.data_ptr<float>(), col_scale.data_ptr<float>(), b};
 }
 
 // Quantized rows (q [rows + 1, n] with its last row of ones, scale [rows], offset [rows]).
 struct Quantized {
   at::Tensor q, scale, offset;
   Quantized(int64_t rows, int64_t n)
-      : q(detail::empty({rows + 1, n}, at::kChar)),
-        scale(at::empty({rows}, at::TensorOptions().dtype(at::kFloat))),
-        offset(at::empty({rows}, at::TensorOptions().dtype(at::kFloat))) {
+      : q(detail::empty({rows + 1, n}, at::kChar)), scale(detail::empty({rows}, at::kFloat)),
+        offset(detail::empty({rows}, at::kFloat)) {
     int8_t* ones = q.data_ptr<int8_t>() + rows * n;
     std::fill(ones, ones + n, int8_t{1});
   }
+  Int8Rows rows() { return {q.data_ptr<int8_t>(), scale.data_ptr<float>(), offset.data_ptr<float>()}; }
   std::tuple<at::Tensor, at::Tensor, at::Tensor> tuple() const { return {q, scale, offset}; }
-};
-
-// Where a kernel writes its quantized rows (plain pointers, copied into each worker).
-struct QuantizedOut {
-  int8_t* q;
-  float* scale;
-  float* offset;
-  explicit QuantizedOut(Quantized& t)
-      : q(t.q.data_ptr<int8_t>()), scale(t.scale.data_ptr<float>()), offset(t.offset.data_ptr<float>()) {}
-  void row(const float* v, int64_t r, int64_t n) const { quantize_row(v, q + r * n, n, scale + r, offset + r); }
-  void row(const float* v, int64_t r, int64_t n, float mn, float mx) const {
-    quantize_row(v, q + r * n, n, mn, mx, scale + r, offset + r);
-  }
 };
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
-  detail::check_rows("quantize_rows", "x", x);
-  const int64_t rows = x.size(0), n = x.size(1), npad = vec::round_up(n, W);
+  const char* op = "quantize_rows";
+  detail::check_rows(op, "x", x);
+  const int64_t rows = x.size(0), n = x.size(1);
   Quantized out(rows, n);
-  const QuantizedOut qo(out);
-  detail::dispatch_float(x.scalar_type(), "quantize_rows", [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x.data_ptr<T>();
-    at::parallel_for(0, rows, detail::row_grain(n), [=](int64_t r0, int64_t r1) {
-      float* v = vec::thread_buffer<float, detail::kSlotRow>(npad);
-      const int64_t body = n / W * W;
-      for (int64_t r = r0; r < r1; ++r) {
-        const T* xr = xp + r * n;
-        for (int64_t c = 0; c < body; c += W) vec::store(v + c, vec::load(xr + c));
-        if (body < n) vec::store(v + body, vec::load_partial(xr + body, n - body));
-        qo.row(v, r, n);
-      }
-    });
-  });
+  if (rows > 0 && n > 0) detail::kernels_for(op).quantize_rows(detail::dtype_of(x), x.data_ptr(), rows, n, out.rows());
   return out.tuple();
 }
 
 at::Tensor int8_dequantize(const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset,
                            const at::Tensor& col_scale, const c10::optional<at::Tensor>& bias, at::ScalarType dtype) {
-  const AccRows a("int8_dequantize", acc, row_scale, row_offset, col_scale, bias);
-  const int64_t rows = a.rows, n = a.n, npad = a.npad;
-  const float *rs = a.scale, *ro = a.offset;
+  const char* op = "int8_dequantize";
+  at::Tensor bias_c;
+  const Int8Acc a = check_acc(op, acc, row_scale, row_offset, col_scale, bias, bias_c);
   TORCH_CHECK(detail::is_float_dtype(dtype), "fastbert._C.int8_dequantize: dtype must be a float dtype");
-  at::Tensor y = detail::empty({rows, n}, dtype);
-  dispatch_acc(acc, [&](auto atag) {
-    using A = decltype(atag);
-    const A* ap = acc.data_ptr<A>();
-    const Epilogue ep = epilogue(ap, rows, col_scale, bias, n);
-    detail::dispatch_float(dtype, "int8_dequantize", [&](auto tag) {
-      using T = decltype(tag);
-      T* yp = y.data_ptr<T>();
-      at::parallel_for(0, rows, detail::row_grain(n), [=](int64_t r0, int64_t r1) {
-        float* v = vec::thread_buffer<float, detail::kSlotRow>(npad);
-        const int64_t body = n / W * W;
-        for (int64_t r = r0; r < r1; ++r) {
-          dequantize_row(ap + r * n, rs[r], ro[r], ep, v, n);
-          T* yr = yp + r * n;
-          for (int64_t c = 0; c < body; c += W) vec::store(yr + c, vec::load(v + c));
-          if (body < n) vec::store_partial(yr + body, vec::load(v + body), n - body);
-        }
-      });
-    });
-  });
+  at::Tensor y = detail::empty({a.rows, a.n}, dtype);
+  if (y.numel() > 0) detail::kernels_for(op).int8_dequantize(a, detail::dtype_of(dtype), y.data_ptr());
   return y;
 }
 
@@ -323,80 +82,67 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& 
                                                               const at::Tensor& row_offset,
                                                               const at::Tensor& col_scale, const at::Tensor& bias,
                                                               const std::string& approximate) {
-  const AccRows a("int8_bias_gelu", acc, row_scale, row_offset, col_scale, bias);
-  const int64_t rows = a.rows, n = a.n, npad = a.npad;
-  const float *rs = a.scale, *ro = a.offset;
+  const char* op = "int8_bias_gelu";
+  at::Tensor bias_c;
+  const Int8Acc a = check_acc(op, acc, row_scale, row_offset, col_scale, bias, bias_c);
   TORCH_CHECK(approximate == "none" || approximate == "tanh",
               "fastbert._C.int8_bias_gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
-  Quantized out(rows, n);
-  const QuantizedOut qo(out);
-  dispatch_acc(acc, [&](auto atag) {
-    using A = decltype(atag);
-    const A* ap = acc.data_ptr<A>();
-    const Epilogue ep = epilogue(ap, rows, col_scale, bias, n);
-    detail::dispatch_flags(approximate == "tanh", false, [&](auto kTanh, auto) {
-      at::parallel_for(0, rows, detail::row_grain(n), [=](int64_t r0, int64_t r1) {
-        float* v = vec::thread_buffer<float, detail::kSlotRow>(npad);
-        for (int64_t r = r0; r < r1; ++r) {
-          float mn, mx;
-          dequantize_gelu_row<decltype(kTanh)::value>(ap + r * n, rs[r], ro[r], ep, v, n, mn, mx);
-          qo.row(v, r, n, mn, mx);
-        }
-      });
-    });
-  });
+  Quantized out(a.rows, a.n);
+  if (a.rows > 0 && a.n > 0) detail::kernels_for(op).int8_bias_gelu(a, approximate == "tanh", out.rows());
   return out.tuple();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
     const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
-    const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
+    const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight_in, const at::Tensor& ln_bias_in,
     double eps, bool quantize) {
-  const AccRows a("int8_add_layer_norm", acc, row_scale, row_offset, col_scale, bias);
-  const int64_t rows = a.rows, n = a.n, npad = a.npad;
-  const float *rs = a.scale, *ro = a.offset;
-  detail::check_rows("int8_add_layer_norm", "residual", residual);
-  TORCH_CHECK(residual.size(0) == rows && residual.size(1) == n, "fastbert._C.int8_add_layer_norm: residual has shape ",
-              residual.sizes(), " but acc holds ", rows, " rows of ", n);
-  detail::check_feature("int8_add_layer_norm", "weight", weight, residual);
-  detail::check_feature("int8_add_layer_norm", "ln_bias", ln_bias, residual);
-  at::Tensor y = detail::empty({rows, n}, residual.scalar_type());
-  Quantized out(quantize ? rows : 0, quantize ? n : 0);
-  const QuantizedOut qo(out);
-  // the LayerNorm's own vectors live in row-scratch slots of the calling thread
-  const float* w = detail::padded_float<detail::kSlotKeep>(weight, npad);
-  const float* lb = detail::padded_float<detail::kSlotSums>(ln_bias, npad);
-  const float feps = static_cast<float>(eps);
-  dispatch_acc(acc, [&](auto atag) {
-    using A = decltype(atag);
-    const A* ap = acc.data_ptr<A>();
-    const Epilogue ep = epilogue(ap, rows, col_scale, bias, n);
-    detail::dispatch_float(residual.scalar_type(), "int8_add_layer_norm", [&](auto tag) {
-      using T = decltype(tag);
-      const T* resp = residual.data_ptr<T>();
-      T* yp = y.data_ptr<T>();
-      at::parallel_for(0, rows, detail::row_grain(n), [=](int64_t r0, int64_t r1) {
-        float* v = vec::thread_buffer<float, detail::kSlotPartials>(npad);
-        const int64_t body = n / W * W;
-        for (int64_t r = r0; r < r1; ++r) {
-          const float mean = dequantize_add_row(ap + r * n, rs[r], ro[r], ep, resp + r * n, v, n) / n;
-          for (int64_t c = n; c < npad; ++c) v[c] = mean;  // padding lanes add 0 to the variance
-          const Vf mv = vec::set1(mean);
-          const Vf sv = vec::set1(detail::row_rstd(v, npad, n, mean, feps));
-          T* yr = yp + r * n;
-          for (int64_t c = 0; c < npad; c += W) {
-            Vf o = vec::fmadd((vec::load(v + c) - mv) * sv, vec::load(w + c), vec::load(lb + c));
-            vec::store(v + c, o);
-            if (c < body) vec::store(yr + c, o);
-          }
-          if (body < n) vec::store_partial(yr + body, vec::load(v + body), n - body);
-          if (quantize) qo.row(v, r, n);
-        }
-      });
-    });
-  });
-  if (!quantize) return {y, at::empty({0}, at::kChar), at::empty({0}, at::kFloat), at::empty({0}, at::kFloat)};
+  const char* op = "int8_add_layer_norm";
+  at::Tensor bias_c;
+  const Int8Acc a = check_acc(op, acc, row_scale, row_offset, col_scale, bias, bias_c);
+  detail::check_rows(op, "residual", residual);
+  TORCH_CHECK(residual.size(0) == a.rows && residual.size(1) == a.n, "fastbert._C.int8_add_layer_norm: residual has shape ",
+              residual.sizes(), " but acc holds ", a.rows, " rows of ", a.n);
+  detail::check_feature(op, "weight", weight_in, residual);
+  detail::check_feature(op, "ln_bias", ln_bias_in, residual);
+  const at::Tensor weight = weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
+  at::Tensor y = detail::empty({a.rows, a.n}, residual.scalar_type());
+  Quantized out(quantize ? a.rows : 0, quantize ? a.n : 0);
+  const Int8Rows q = out.rows();
+  if (a.rows > 0 && a.n > 0) {
+    detail::kernels_for(op).int8_add_layer_norm(a, detail::dtype_of(residual), residual.data_ptr(),
+                                                detail::param(weight), detail::param(ln_bias),
+                                                static_cast<float>(eps), y.data_ptr(), quantize ? &q : nullptr);
+  }
+  if (!quantize) {
+    return {y, detail::empty({0}, at::kChar), detail::empty({0}, at::kFloat), detail::empty({0}, at::kFloat)};
+  }
   return {y, out.q, out.scale, out.offset};
+}
+
+at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& out) {
+  const char* op = "int8_gemm";
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"a", a}, {"b", b}}) {
+    TORCH_CHECK(t.defined() && t.device().is_cpu() && t.scalar_type() == at::kChar && t.dim() == 2, "fastbert._C.", op,
+                ": ", name, " must be a 2-D int8 CPU tensor, got ", t.scalar_type(), " ", t.sizes());
+    TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, "fastbert._C.", op, ": ", name, " must have contiguous rows");
+  }
+  TORCH_CHECK(a.size(1) == b.size(1), "fastbert._C.", op, ": a [m, k] and b [n, k] differ in k: ", a.sizes(), " and ",
+              b.sizes());
+  const int64_t m = a.size(0), n = b.size(0), k = a.size(1);
+  at::Tensor c;
+  if (out.has_value() && out->defined()) {
+    c = *out;
+    TORCH_CHECK(c.device().is_cpu() && c.scalar_type() == at::kInt && c.dim() == 2 && c.size(0) == m && c.size(1) == n &&
+                    c.is_contiguous(),
+                "fastbert._C.", op, ": out must be a contiguous int32 [", m, ", ", n, "] CPU tensor");
+  } else {
+    c = detail::empty({m, n}, at::kInt);
+  }
+  if (m == 0 || n == 0) return c;
+  if (k == 0) return c.zero_();
+  detail::kernels_for(op).int8_gemm(a.data_ptr<int8_t>(), std::max<int64_t>(a.stride(0), 1), b.data_ptr<int8_t>(),
+                                    std::max<int64_t>(b.stride(0), 1), c.data_ptr<int32_t>(), n, m, n, k);
+  return c;
 }
 
 }  // namespace fastbert

@@ -1,210 +1,43 @@
-// Fused dropout + residual add + LayerNorm on the CPU (BERT's post-LN tail):
-//   h = dropout(x) + residual,  y = (h - mean) * rstd * weight + bias,  per row of [rows, hidden].
-// Forward: x and residual are read once and y written once; h lives only in a per-thread fp32 row
-// (in L1/L2) for the mean, the variance (two passes over the cached row) and the output.
-// Backward: h is recomputed from x, residual and the regenerated dropout mask (neither h nor the
-// mask is ever stored); dweight / dbias are summed per fixed chunk of rows (fp32 over groups of 8
-// rows, then double), then over chunks in chunk order, so they do not depend on the thread count.
-// Outputs much larger than the caches are written with non-temporal stores.
-#include <ATen/Parallel.h>
-
-#include <algorithm>
+// add_layer_norm's entry points: checks and outputs here, the kernels in kernels/layer_norm.cpp.
 #include <cmath>
 
 #include "cpu_ops.h"
-#include "philox.h"
-#include "vec.h"
 
 namespace fastbert {
-namespace {
-
-using vec::Vf;
-constexpr int64_t W = vec::kWidth;
-
-struct Dropout {
-  philox::Keys keys;
-  uint32_t thresh;
-  float scale;
-  Dropout(double p, int64_t seed)
-      : keys(static_cast<uint64_t>(seed)), thresh(philox::threshold(p)), scale(static_cast<float>(1.0 / (1.0 - p))) {}
-  // multiplier (scale or 0) of the W elements with offsets base, base + 1, ...
-  Vf at(uint64_t base) const { return philox::keep_scale(base, keys, thresh, scale); }
-};
-
-// h = x * keep + residual for one row into hrow (fp32, padded to whole vectors; lanes past n are 0).
-// Returns the row sum.
-template <class T, bool kDropout>
-inline float load_h(const T* xr, const T* rr, float* hrow, int64_t n, uint64_t row_offset, const Dropout* dp) {
-  const int64_t body = n / W * W;
-  Vf s0 = vec::set1(0.0f), s1 = vec::set1(0.0f);
-  int64_t c = 0;
-  auto step = [&](Vf xv, Vf rv, int64_t col) {
-    Vf h;
-    if constexpr (kDropout) {
-      h = vec::fmadd(xv, dp->at(row_offset + static_cast<uint64_t>(col)), rv);
-    } else {
-      h = xv + rv;
-    }
-    vec::store(hrow + col, h);
-    return h;
-  };
-  for (; c + 2 * W <= body; c += 2 * W) {
-    s0 = s0 + step(vec::load(xr + c), vec::load(rr + c), c);
-    s1 = s1 + step(vec::load(xr + c + W), vec::load(rr + c + W), c + W);
-  }
-  for (; c < body; c += W) s0 = s0 + step(vec::load(xr + c), vec::load(rr + c), c);
-  if (body < n) s1 = s1 + step(vec::load_partial(xr + body, n - body), vec::load_partial(rr + body, n - body), body);
-  return vec::hsum(s0 + s1);
-}
-
-template <class T, bool kDropout, bool kStream>
-void forward_rows(const T* x, const T* res, const float* w, const float* b, T* y, float* mean_out, float* rstd_out,
-                  int64_t r0, int64_t r1, int64_t n, float eps, const Dropout* dp) {
-  const int64_t npad = vec::round_up(n, W);
-  const int64_t body = n / W * W;
-  float* h = vec::thread_buffer<float, detail::kSlotRow>(npad);
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* xr = x + r * n;
-    const T* rr = res + r * n;
-    T* yr = y + r * n;
-    const float mean = load_h<T, kDropout>(xr, rr, h, n, static_cast<uint64_t>(r) * static_cast<uint64_t>(n), dp) / n;
-    for (int64_t c = n; c < npad; ++c) h[c] = mean;  // padding lanes add 0 to the variance
-    const Vf mv = vec::set1(mean);
-    const float rstd = detail::row_rstd(h, npad, n, mean, eps);
-    mean_out[r] = mean;
-    rstd_out[r] = rstd;
-    const Vf sv = vec::set1(rstd);
-    for (int64_t c = 0; c < body; c += W) {
-      Vf xhat = (vec::load(h + c) - mv) * sv;
-      vec::put<kStream>(yr + c, vec::fmadd(xhat, vec::load(w + c), vec::load(b + c)));
-    }
-    if (body < n) {
-      Vf xhat = (vec::load(h + body) - mv) * sv;
-      vec::store_partial(yr + body, vec::fmadd(xhat, vec::load(w + body), vec::load(b + body)), n - body);
-    }
-  }
-}
-
-// One reduction chunk of rows [r0, r1): dx, dresidual, and the chunk's dweight / dbias partial sums
-// (double) in pw / pb. Within the chunk, sums run in fp32 over groups of kFlushRows rows (aw / ab)
-// which are then added to the double partials, so the order of every addition is fixed.
-template <class T, bool kDropout, bool kStream>
-void backward_rows(const T* dy, const T* x, const T* res, const float* w, const float* mean, const float* rstd,
-                   T* dx, T* dres, double* pw, double* pb, float* aw, float* ab, float* h, float* k, int64_t r0,
-                   int64_t r1, int64_t n, const Dropout* dp) {
-  const int64_t body = n / W * W;
-  const int64_t npad = vec::round_up(n, W);
-  const Vf zero = vec::set1(0.0f);
-  for (int64_t c = 0; c < npad; c += W) {
-    vec::store(aw + c, zero);
-    vec::store(ab + c, zero);
-  }
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* dyr = dy + r * n;
-    const T* xr = x + r * n;
-    const T* rr = res + r * n;
-    const uint64_t row_offset = static_cast<uint64_t>(r) * static_cast<uint64_t>(n);
-    const Vf mv = vec::set1(mean[r]);
-    const Vf sv = vec::set1(rstd[r]);
-    // pass 1: h and xhat = (h - mean) * rstd (kept in h), the row sums of g = dy * w and g * xhat,
-    // and the dweight / dbias sums
-    Vf sg = zero, sgx = zero;
-    auto step = [&](Vf xv, Vf rv, Vf d, int64_t c) {
-      Vf hv;
-      if constexpr (kDropout) {
-        Vf kv = dp->at(row_offset + static_cast<uint64_t>(c));
-        vec::store(k + c, kv);
-        hv = vec::fmadd(xv, kv, rv);
-      } else {
-        hv = xv + rv;
-      }
-      Vf xhat = (hv - mv) * sv;
-      vec::store(h + c, xhat);
-      Vf g = d * vec::load(w + c);
-      sg = sg + g;
-      sgx = vec::fmadd(g, xhat, sgx);
-      vec::store(aw + c, vec::fmadd(d, xhat, vec::load(aw + c)));
-      vec::store(ab + c, vec::load(ab + c) + d);
-    };
-    for (int64_t c = 0; c < body; c += W) step(vec::load(xr + c), vec::load(rr + c), vec::load(dyr + c), c);
-    if (body < n) {  // lanes past n: h = mean (xhat = 0) and dy = 0
-      const int64_t t = n - body;
-      step(vec::load_partial(xr + body, t), vec::load_partial(rr + body, t, mean[r]), vec::load_partial(dyr + body, t),
-           body);
-    }
-    const Vf mg = vec::set1(vec::hsum(sg) / n);
-    const Vf mgx = vec::set1(vec::hsum(sgx) / n);
-    // pass 2: dh = rstd * (g - mean(g) - xhat * mean(g * xhat)); dresidual = dh, dx = dh * keep
-    T* dxr = dx + r * n;
-    T* drr = dres + r * n;
-    auto grad = [&](Vf d, int64_t c) { return sv * vec::fnmadd(vec::load(h + c), mgx, vec::fmadd(d, vec::load(w + c), -mg)); };
-    for (int64_t c = 0; c < body; c += W) {
-      Vf dh = grad(vec::load(dyr + c), c);
-      Vf dxv = kDropout ? dh * vec::load(k + c) : dh;
-      vec::put<kStream>(drr + c, dh);
-      vec::put<kStream>(dxr + c, dxv);
-    }
-    if (body < n) {
-      Vf dh = grad(vec::load_partial(dyr + body, n - body), body);
-      vec::store_partial(drr + body, dh, n - body);
-      vec::store_partial(dxr + body, kDropout ? dh * vec::load(k + body) : dh, n - body);
-    }
-    if ((r - r0) % detail::kFlushRows == detail::kFlushRows - 1 || r == r1 - 1) {
-      detail::flush_sums(aw, pw, npad);
-      detail::flush_sums(ab, pb, npad);
-    }
-  }
-}
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x, const at::Tensor& residual,
-                                                                       const at::Tensor& weight, const at::Tensor& bias,
-                                                                       double eps, double dropout_p, int64_t seed) {
+                                                                       const at::Tensor& weight_in,
+                                                                       const at::Tensor& bias_in, double eps,
+                                                                       double dropout_p, int64_t seed) {
   const char* op = "add_layer_norm_forward";
   detail::check_rows(op, "x", x);
   detail::check_like(op, "residual", residual, x);
-  detail::check_feature(op, "weight", weight, x);
-  detail::check_feature(op, "bias", bias, x);
+  detail::check_feature(op, "weight", weight_in, x);
+  detail::check_feature(op, "bias", bias_in, x);
   detail::check_dropout(op, dropout_p, seed);
   TORCH_CHECK(eps >= 0.0 && std::isfinite(eps), "fastbert._C.", op, ": eps must be finite and >= 0, got ", eps);
   const int64_t m = x.size(0), n = x.size(1);
   at::Tensor y = detail::empty_output(x);
-  at::Tensor mean = at::empty({m}, x.options().dtype(at::kFloat));
-  at::Tensor rstd = at::empty({m}, x.options().dtype(at::kFloat));
+  at::Tensor mean = detail::empty({m}, at::kFloat);
+  at::Tensor rstd = detail::empty({m}, at::kFloat);
   if (m == 0) return {y, mean, rstd};
   if (n == 0) return {y, mean.zero_(), rstd.fill_(1.0 / std::sqrt(eps))};
-  const int64_t npad = vec::round_up(n, W);
-  const float* wp = detail::padded_float<detail::kSlotParamA>(weight, npad);
-  const float* bp = detail::padded_float<detail::kSlotParamB>(bias, npad);
-  float* mp = mean.data_ptr<float>();
-  float* sp = rstd.data_ptr<float>();
-  const Dropout drop(dropout_p, seed);
-  const bool dropout = dropout_p > 0.0;
-  detail::dispatch_float(x.scalar_type(), op, [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x.data_ptr<T>();
-    const T* rp = residual.data_ptr<T>();
-    T* yp = y.data_ptr<T>();
-    detail::dispatch_flags(dropout, detail::stream_output(yp, m, n), [&](auto dropout_flag, auto stream_flag) {
-      at::parallel_for(0, m, detail::row_grain(n), [&](int64_t r0, int64_t r1) {
-        forward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value>(
-            xp, rp, wp, bp, yp, mp, sp, r0, r1, n, static_cast<float>(eps), &drop);
-        vec::stream_fence();
-      });
-    });
-  });
+  const at::Tensor weight = weight_in.contiguous(), bias = bias_in.contiguous();
+  detail::kernels_for(op).add_layer_norm_forward(
+      detail::dtype_of(x), x.data_ptr(), residual.data_ptr(), detail::param(weight), detail::param(bias), y.data_ptr(),
+      mean.data_ptr<float>(), rstd.data_ptr<float>(), m, n, static_cast<float>(eps), dropout_p,
+      static_cast<uint64_t>(seed));
   return {y, mean, rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(
-    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight_in,
     const at::Tensor& mean, const at::Tensor& rstd, double dropout_p, int64_t seed) {
   const char* op = "add_layer_norm_backward";
   detail::check_rows(op, "x", x);
   detail::check_like(op, "dy", dy, x);
   detail::check_like(op, "residual", residual, x);
-  detail::check_feature(op, "weight", weight, x);
+  detail::check_feature(op, "weight", weight_in, x);
   detail::check_dropout(op, dropout_p, seed);
   const int64_t m = x.size(0), n = x.size(1);
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"mean", mean}, {"rstd", rstd}}) {
@@ -213,45 +46,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backwa
                 "fastbert._C.", op, ": ", name, " must be a contiguous float32 CPU tensor of shape [", m, "]");
   }
   auto [dx, dres] = detail::empty_output_pair(x);
-  if (m == 0 || n == 0) return {dx, dres, at::zeros_like(weight), at::zeros_like(weight)};
-  const int64_t npad = vec::round_up(n, W);
-  const float* wp = detail::padded_float<detail::kSlotParamA>(weight, npad);
-  const float* mp = mean.data_ptr<float>();
-  const float* sp = rstd.data_ptr<float>();
-  const int64_t chunk = detail::reduce_chunk_rows(m);
-  const int64_t chunks = (m + chunk - 1) / chunk;
-  // per chunk: [dweight partial (npad) | dbias partial (npad)]
-  double* pp = vec::thread_buffer<double, detail::kSlotPartials>(chunks * 2 * npad);
-  const Dropout drop(dropout_p, seed);
-  const bool dropout = dropout_p > 0.0;
-  detail::dispatch_float(x.scalar_type(), op, [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x.data_ptr<T>();
-    const T* rp = residual.data_ptr<T>();
-    const T* dyp = dy.data_ptr<T>();
-    T* dxp = dx.data_ptr<T>();
-    T* drp = dres.data_ptr<T>();
-    const bool stream = detail::stream_output(dxp, m, n) && detail::stream_output(drp, m, n);
-    detail::dispatch_flags(dropout, stream, [&](auto dropout_flag, auto stream_flag) {
-      at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-        float* h = vec::thread_buffer<float, detail::kSlotRow>(npad);
-        float* k = dropout ? vec::thread_buffer<float, detail::kSlotKeep>(npad) : nullptr;
-        float* aw = vec::thread_buffer<float, detail::kSlotSums>(2 * npad);
-        float* ab = aw + npad;
-        for (int64_t c = c0; c < c1; ++c) {
-          const int64_t r0 = c * chunk, r1 = std::min(m, r0 + chunk);
-          double* pw = pp + c * 2 * npad;
-          double* pb = pw + npad;
-          std::fill(pw, pw + 2 * npad, 0.0);
-          backward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value>(
-              dyp, xp, rp, wp, mp, sp, dxp, drp, pw, pb, aw, ab, h, k, r0, r1, n, &drop);
-        }
-        vec::stream_fence();
-      });
-    });
-  });
-  at::Tensor dweight = detail::sum_partials(pp, chunks, 2 * npad, n, weight.scalar_type());
-  at::Tensor dbias = detail::sum_partials(pp + npad, chunks, 2 * npad, n, weight.scalar_type());
+  if (m == 0 || n == 0) return {dx, dres, detail::zeros({n}, weight_in.scalar_type()), detail::zeros({n}, weight_in.scalar_type())};
+  const at::Tensor weight = weight_in.contiguous();
+  at::Tensor dweight = detail::empty({n}, weight.scalar_type());
+  at::Tensor dbias = detail::empty({n}, weight.scalar_type());
+  detail::kernels_for(op).add_layer_norm_backward(
+      detail::dtype_of(x), dy.data_ptr(), x.data_ptr(), residual.data_ptr(), detail::param(weight),
+      mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr(), dres.data_ptr(), dweight.data_ptr(),
+      dbias.data_ptr(), m, n, dropout_p, static_cast<uint64_t>(seed));
   return {dx, dres, dweight, dbias};
 }
 

@@ -1,21 +1,18 @@
 // Token masking for masked-language-model pretraining: see masking.h for the rule, and the same
 // rule in plain PyTorch in fastbert/reference/masking.py.
 //
-// One parallel pass over the rows (masking_rows.cpp), set up and finished here. When the ids random
+// One parallel pass over the rows (kernels/masking_rows.cpp), set up and finished here. When the ids random
 // replacements avoid depend on the batch (the ids at special and padding positions), those ids are
 // gathered in the same pass and the few random replacements are filled in after it.
-#include <Python.h>
-
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <optional>
 #include <tuple>
 #include <vector>
 
+#include "cpu_ops.h"
+#include "kernels/masking_plan.h"
+#include "kernels/philox_keys.h"
 #include "masking.h"
-#include "masking_plan.h"
-#include "philox.h"
 
 namespace fastbert {
 namespace {
@@ -40,7 +37,7 @@ Flags check_flags(const std::optional<at::Tensor>& t, const char* name, const at
                        d == at::kLong,
                    kOp, ": ", name, " has dtype ", d, "; it must be bool or an integer type");
   f.data = t->data_ptr();
-  f.dtype = d;
+  f.dtype = detail::dtype_of(d);
   f.seq = ids.size(1);
   return f;
 }
@@ -154,8 +151,8 @@ std::tuple<at::Tensor, at::Tensor> mask_tokens(const at::Tensor& input_ids,
   const bool explicit_ids = special_ids.has_value() && special_ids->defined();
   if (explicit_ids) read_special_ids(*special_ids, vocab_size, excluded.ids);
 
-  at::Tensor out = at::empty({rows, seq}, input_ids.options());
-  at::Tensor labels = at::empty({rows, seq}, input_ids.options());
+  at::Tensor out = detail::empty({rows, seq}, at::kLong);
+  at::Tensor labels = detail::empty({rows, seq}, at::kLong);
   if (rows == 0 || seq == 0) return {out, labels};
 
   const uint64_t t_mask = threshold32(mask_replace_prob);
@@ -186,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor> mask_tokens(const at::Tensor& input_ids,
   c.t_random = t_random;
   c.mask_token_id = mask_token_id;
 
-  const std::vector<ChunkResult> results = masking::mask_rows(c, rows);
+  const std::vector<ChunkResult> results = detail::kernels_for("mask_tokens").mask_rows(c, rows);
   finish_pass(c, results, excluded, mask_token_id, draws_random);
   return {out, labels};
 }

@@ -17,9 +17,7 @@
 // position order) gets its outcome from index t of streams 1 and 2.
 #pragma once
 
-#include <Python.h>
-
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <optional>
@@ -27,9 +25,11 @@
 #include <tuple>
 #include <vector>
 
+typedef struct _object PyObject;  // <Python.h>'s
+
 namespace fastbert {
 
-// masking.cpp and masking_rows.cpp: (masked_input_ids, labels), both int64 [rows, seq].
+// masking.cpp (and kernels/masking_rows.cpp): (masked_input_ids, labels), both int64 [rows, seq].
 //   input_ids:      int64 [rows, seq], every id in [0, vocab_size)
 //   special_mask, attention_mask, word_start: optional [rows, seq] masks of dtype bool, uint8,
 //                   int8, int16, int32 or int64 (nonzero = true); attention 0 = padding

@@ -2,10 +2,9 @@
 // int64 [rows, seq] tensor, read through the Python C API (masking.h).
 #include <Python.h>
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
 
+#include "cpu_ops.h"
 #include "masking.h"
 
 namespace fastbert {
@@ -15,7 +14,7 @@ at::Tensor pad_id_lists(PyObject* rows, int64_t seq, int64_t pad_value) {
   TORCH_CHECK_VALUE(seq >= 0, op, ": seq must be >= 0, got ", seq);
   TORCH_CHECK_TYPE(PyList_Check(rows) || PyTuple_Check(rows), op, ": rows must be a list or tuple of lists");
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(rows);
-  at::Tensor out = at::empty({static_cast<int64_t>(n), seq}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor out = detail::empty({static_cast<int64_t>(n), seq}, at::kLong);
   int64_t* o = out.data_ptr<int64_t>();
   PyObject** row_items = PySequence_Fast_ITEMS(rows);
   for (Py_ssize_t r = 0; r < n; ++r) {

@@ -20,8 +20,8 @@ std::tuple<at::Tensor, at::Tensor, int64_t> unpad_indices(const at::Tensor& atte
   TORCH_CHECK(batch * seq <= std::numeric_limits<int32_t>::max(), "fastbert._C.", op,
               ": int32 cu_seqlens hold at most 2**31 - 1 tokens, the mask has ", batch * seq, " positions");
   // capacity for every position; shrunk to the real-token count below (resize_ keeps the storage)
-  at::Tensor indices = at::empty({batch * seq}, at::TensorOptions().dtype(at::kLong));
-  at::Tensor cu_seqlens = at::empty({batch + 1}, at::TensorOptions().dtype(at::kInt));
+  at::Tensor indices = detail::empty({batch * seq}, at::kLong);
+  at::Tensor cu_seqlens = detail::empty({batch + 1}, at::kInt);
   int64_t* idx = indices.data_ptr<int64_t>();
   int32_t* cu = cu_seqlens.data_ptr<int32_t>();
   int64_t total = 0, max_seqlen = 0;

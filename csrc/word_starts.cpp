@@ -1,21 +1,19 @@
 // Whole-word masking's input on the CPU: which WordPiece tokens start a word (a table over the
 // vocabulary: no "##" prefix), and that table looked up for a batch of ids (masking.h).
-#include <Python.h>
-
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "cpu_ops.h"
 #include "masking.h"
 
 namespace fastbert {
 
 at::Tensor word_start_table(const std::vector<std::string>& tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  at::Tensor table = at::empty({n}, at::TensorOptions().dtype(at::kBool));
+  at::Tensor table = detail::empty({n}, at::kBool);
   bool* p = table.data_ptr<bool>();
   for (int64_t i = 0; i < n; ++i) {
     const std::string& t = tokens[static_cast<size_t>(i)];
@@ -34,7 +32,7 @@ at::Tensor word_starts(const at::Tensor& input_ids, const at::Tensor& table) {
                     ": the word-start table must be a contiguous 1-D CPU tensor");
   TORCH_CHECK_TYPE(table.scalar_type() == at::kBool, op, ": the word-start table must be bool, got ",
                    table.scalar_type());
-  at::Tensor out = at::empty(input_ids.sizes(), at::TensorOptions().dtype(at::kBool));
+  at::Tensor out = detail::empty(input_ids.sizes(), at::kBool);
   const int64_t n = input_ids.numel(), vocab = table.numel();
   if (n == 0) return out;
   const int64_t* ids = input_ids.data_ptr<int64_t>();

@@ -5,13 +5,22 @@ Every op in `fastbert.ops` runs on one of three backends (see DESIGN.md):
   "cpp"     CPU tensors, the fused C++ kernels of the extension fastbert._C
   "torch"   anywhere, the reference layers of fastbert.reference
 Optional imports (triton, the extension) are guarded here and nowhere else.
+
+The "cpp" kernels are compiled once per instruction-set level (setup.py builds one library per
+level: "scalar", "avx2", "avx512", "avx512_vnni", and "native" when asked for); when the extension
+is first used, the highest level this CPU runs is loaded, or the highest at or below
+FASTBERT_CPU_CAPABILITY when that is set (for tests, and to reproduce another machine).
+`cpu_capability()` says which runs, `cpu_capabilities()` which could.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
 import os
+import platform
 import warnings
-from typing import Optional
+from typing import Iterator, List, Optional
 
 import torch
 
@@ -24,11 +33,14 @@ _triton = _UNKNOWN
 
 
 def cpp_extension():
-    """The compiled extension fastbert._C, or None (with one warning) when it was not built."""
+    """The compiled extension fastbert._C with the kernels of this CPU's level loaded, or None (with
+    one warning) when it was not built."""
     global _cpp
     if _cpp is _UNKNOWN:
         try:
             from fastbert import _C as ext
+
+            _use_level(ext, _pick_level(ext))
         except ImportError as exc:
             warnings.warn(
                 f"fastbert: the C++ extension fastbert._C is not available ({exc}); CPU ops fall back to "
@@ -39,6 +51,121 @@ def cpp_extension():
             ext = None
         _cpp = ext
     return _cpp
+
+
+# The kernel libraries' levels, lowest first; each of FULL holds every kernel, the others add to the
+# one below them (avx512_vnni: the int8 GEMM).
+LEVELS = ("scalar", "avx2", "avx512", "avx512_vnni", "native")
+_FULL = ("scalar", "avx2", "avx512", "native")
+
+
+def _library(level: str) -> Optional[str]:
+    """The path of the kernel library of `level`, None when this build has none."""
+    try:
+        spec = importlib.util.find_spec(f"fastbert._kernels_{level}")
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.origin and os.path.exists(spec.origin) else None
+
+
+def _runnable(ext) -> List[str]:
+    """The levels this CPU runs and this build has, lowest first ("native" when it was built here)."""
+    levels = [lv for lv in ext.cpu_levels() if _library(lv) is not None]
+    if _library("native") is not None:
+        try:
+            ext.use_kernels(["native"], [_library("native")])
+            levels.append("native")
+        except RuntimeError as exc:  # built on another machine
+            warnings.warn(f"fastbert: the native kernel library does not run here ({exc})", RuntimeWarning,
+                          stacklevel=4)
+    return levels
+
+
+def _pick_level(ext) -> str:
+    """The highest runnable level, at or below FASTBERT_CPU_CAPABILITY when that is set."""
+    levels = _runnable(ext)
+    if not levels:
+        raise ImportError("fastbert._C has no kernel library for this CPU (fastbert/_kernels_*.so); rebuild with: "
+                          "pip install --no-build-isolation -e .")
+    cap = os.environ.get("FASTBERT_CPU_CAPABILITY") or None
+    if cap is None:
+        return levels[-1]
+    if cap not in LEVELS:
+        raise ValueError(f"fastbert: FASTBERT_CPU_CAPABILITY={cap!r} is not a level; choose one of {LEVELS}")
+    return [lv for lv in levels if LEVELS.index(lv) <= LEVELS.index(cap)][-1]
+
+
+def _use_level(ext, level: str) -> None:
+    """Run the kernels of `level`: its library over the full library below it (and what lies between)."""
+    runnable = [lv for lv in LEVELS if lv in _runnable_cache(ext)]
+    chain = runnable[:runnable.index(level) + 1]
+    first = max(i for i, lv in enumerate(chain) if lv in _FULL)
+    chain = chain[first:]
+    ext.use_kernels(chain, [_library(lv) for lv in chain])
+
+
+_runnable_levels: List[List[str]] = []
+
+
+def _runnable_cache(ext) -> List[str]:
+    if not _runnable_levels:
+        _runnable_levels.append(_runnable(ext))
+    return _runnable_levels[0]
+
+
+def cpu_capability() -> Optional[str]:
+    """The instruction-set level the C++ kernels run at ("scalar", "avx2", "avx512", "avx512_vnni" or
+    "native"), None when the extension is not built."""
+    ext = cpp_extension()
+    return None if ext is None else ext.kernel_level()
+
+
+def cpu_capabilities() -> List[str]:
+    """Every level the C++ kernels can run at on this machine, lowest first ([] without the extension)."""
+    ext = cpp_extension()
+    return [] if ext is None else list(_runnable_cache(ext))
+
+
+def set_cpu_capability(level: str) -> str:
+    """Run the C++ kernels at `level` (one of cpu_capabilities()) from now on; returns the previous level."""
+    ext = cpp_extension()
+    if ext is None:
+        raise RuntimeError("fastbert: the C++ extension fastbert._C is not built; there is no level to set")
+    levels = cpu_capabilities()
+    if level not in levels:
+        raise ValueError(f"fastbert: cpu capability {level!r} does not run here; choose one of {levels}")
+    previous = ext.kernel_level()
+    _use_level(ext, level)
+    return previous
+
+
+def cpu_features() -> List[str]:
+    """The instruction-set extensions of this CPU fastbert knows of ("avx2", "avx512", "avx512_vnni",
+    "avx512_bf16", "amx"); [] without the extension."""
+    ext = cpp_extension()
+    return [] if ext is None else list(ext.cpu_features())
+
+
+def native_bf16() -> Optional[bool]:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512_BF16 or AMX), as seen at the kernel
+    level in use (a level capped below avx512 stands for a CPU without them); None where fastbert
+    cannot tell (no extension, or not an x86 CPU)."""
+    level = cpu_capability()
+    if level is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    if LEVELS.index(level) < LEVELS.index("avx512"):
+        return False
+    return bool({"avx512_bf16", "amx"} & set(cpu_features()))
+
+
+@contextlib.contextmanager
+def cpu_capability_scope(level: str) -> Iterator[None]:
+    """Run the C++ kernels at `level` inside the block."""
+    previous = set_cpu_capability(level)
+    try:
+        yield
+    finally:
+        set_cpu_capability(previous)
 
 
 def triton_available() -> bool:

@@ -14,20 +14,33 @@ it raises or disagrees, with one warning in fp32 and bf16; `unavailable()` says 
     onednn         torch.ops.mkldnn._linear_pointwise: oneDNN's inner product on the weight as it is
     onednn_packed  the same on a weight reordered into oneDNN's blocked layout (roles fwd and dx)
     mkl_packed     torch.ops.mkl._mkl_linear on an MKL-packed weight (fp32, role fwd)
+    fp32           (bf16 and fp16) the product in fp32 on the fastest fp32 path, operands converted on
+                   every call and the result rounded back: on a CPU without native bf16 (no
+                   AVX512_BF16, no AMX) torch's bf16 GEMM is several times slower than fp32; when this
+                   path wins fastbert says so once (bf16 then saves memory, not time)
 
 and for int8 inference (a and b int8, role fwd, no bias: the int32 accumulator acc = a @ b^T, whose
 dequantization the consuming op applies, see fastbert.ops.int8):
 
+    fastbert       fastbert's own int8 GEMM (csrc/kernels/int8_gemm.cpp) at the kernels' level: int16
+                   pairs into int32 with vpmaddwd on AVX2 and AVX-512, vpdpbusd with VNNI; exact on
+                   every CPU (AVX2's u8 x s8 instruction saturates, which is why oneDNN's path below
+                   fails its probe on CPUs without VNNI)
     int_mm         torch._int_mm (oneDNN's s8 x s8 -> s32 matmul on x86); also what torchao's int8
                    dynamic-activation / int8-weight linear calls on the CPU
     onednn_qlinear torch.ops.onednn.qlinear_pointwise on a weight prepacked on every call, with the
                    activations moved to u8 (+128, oneDNN's zero point; its fast kernels take u8 x s8)
                    and the accumulator returned as float32
+    float          the product in fp32 (both operands converted on every call, then the fastest float
+                   path), accumulator float32: exact while |acc| < 2**24, within fp32 rounding beyond.
+                   Timed with the others, so an int8 layer never runs a product slower than fp32 would;
+                   when it wins, fastbert says so once (no int8 GEMM here beats fp32: the model gains
+                   nothing from quantize="int8" on this CPU)
 
 Which is fastest depends on the CPU (its vector width, AMX, the library's kernels for it), the shape
 and the thread count, so it is measured, never assumed: the first product of each (role, token
-bucket, in, out, dtype, threads) runs every path on the real operands, times each, and the fastest
-is used from then on in this process (`choices()` shows what was timed and chosen). Token counts are
+bucket, in, out, dtype, threads, kernel level) runs every path on the real operands, times each, and
+the fastest is used from then on in this process (`choices()` shows what was timed and chosen). Token counts are
 bucketed by powers of two, so variable-length batches share a few measurements.
 
 The packed paths reorder the weight on every call and the reorder is part of what is timed: a cached
@@ -46,10 +59,12 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from fastbert import backend as _backend
+
 Tensor = torch.Tensor
 ROLES = ("fwd", "dx", "dw")
-FLOAT_PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed")
-INT8_PATHS = ("int_mm", "onednn_qlinear")
+FLOAT_PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed", "fp32")
+INT8_PATHS = ("fastbert", "int_mm", "onednn_qlinear", "float")
 PATHS = FLOAT_PATHS + INT8_PATHS
 _TIMED_RUNS = 3  # after one untimed run; the minimum is kept
 
@@ -95,13 +110,40 @@ def _onednn_qlinear(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) 
                                               "none", [], "")
 
 
+def _fp32(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    if a.dtype == torch.float32:
+        raise TypeError("the fp32 path takes bf16 and fp16 products")
+    y = product(role, a.float(), b.float(), None if bias is None else bias.float())
+    return y.to(a.dtype) if alloc is None else alloc().copy_(y)
+
+
+def _fastbert_int8(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    return _backend.cpp_function("int8_gemm")(a, b, None if alloc is None else alloc())
+
+
+def _float_int8(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    return product("fwd", a.float(), b.float())
+
+
 _RUN: Dict[str, Callable] = {"addmm": _addmm, "onednn": _onednn, "onednn_packed": _onednn_packed,
-                             "mkl_packed": _mkl_packed, "int_mm": _int_mm, "onednn_qlinear": _onednn_qlinear}
+                             "mkl_packed": _mkl_packed, "fastbert": _fastbert_int8, "int_mm": _int_mm,
+                             "onednn_qlinear": _onednn_qlinear, "float": _float_int8}
+
+
+def _call(path: str, role: str, a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    """a @ b^T (+ bias) on `path`."""
+    if path == "fp32":
+        return _fp32(role, a, b, bias, alloc)
+    return _RUN[path](a, b, bias, alloc)
 
 
 def _offered(path: str, role: str, dtype: torch.dtype) -> bool:
     """Whether this torch build has the path, and the path takes this role and dtype (one of its kind:
     _paths_for(dtype))."""
+    if path == "fastbert":
+        return role == "fwd" and _backend.cpp_available() and _backend.cpp_function("int8_gemm") is not None
+    if path == "float":
+        return role == "fwd"
     if path == "int_mm":
         return role == "fwd" and hasattr(torch, "_int_mm")
     if path == "onednn_qlinear":
@@ -109,6 +151,8 @@ def _offered(path: str, role: str, dtype: torch.dtype) -> bool:
                 and hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack"))
     if path == "addmm":
         return True
+    if path == "fp32":
+        return dtype in (torch.bfloat16, torch.float16)
     if path.startswith("onednn"):
         if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
             return False
@@ -144,7 +188,7 @@ def _probe_run(path: str, role: str, dtype: torch.dtype) -> Optional[str]:
     if dtype == torch.int8:
         a, b = (torch.randint(-128, 128, s, generator=g, dtype=torch.int8) for s in ((37, 24), (40, 24)))
         try:
-            got = _RUN[path](a, b, None, None)
+            got = _call(path, role, a, b, None, None)
         except Exception as e:  # a missing or changed underscored op
             return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         want = a.long() @ b.long().t()
@@ -154,7 +198,7 @@ def _probe_run(path: str, role: str, dtype: torch.dtype) -> Optional[str]:
     if role != "fwd":  # the gradient products come transposed, as the layer passes them
         a, b, bias = a.t().contiguous().t(), b.t().contiguous().t(), None
     try:
-        got = _RUN[path](a, b, bias, None).double()
+        got = _call(path, role, a, b, bias, None).double()
     except Exception as e:  # a missing or changed underscored op, or a CPU without the instructions
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     want = a.double() @ b.double().t() + (0 if bias is None else bias.double())
@@ -190,13 +234,13 @@ def _bucket(tokens: int) -> int:
 
 
 def _key(role: str, a: Tensor, b: Tensor) -> tuple:
-    """(role, token bucket, in_features, out_features, dtype, threads) of a product."""
+    """(role, token bucket, in_features, out_features, dtype, threads, kernel level) of a product."""
     tokens, n_in, n_out = {
         "fwd": (a.shape[0], a.shape[1], b.shape[0]),
         "dx": (a.shape[0], b.shape[0], a.shape[1]),
         "dw": (a.shape[1], b.shape[0], a.shape[0]),
     }[role]
-    return role, _bucket(tokens), n_in, n_out, a.dtype, torch.get_num_threads()
+    return role, _bucket(tokens), n_in, n_out, a.dtype, torch.get_num_threads(), _backend.cpu_capability()
 
 
 def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, float]:
@@ -222,16 +266,42 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
         if forced not in PATHS:
             raise ValueError(f"fastbert: FASTBERT_GEMM={forced!r} is not a GEMM path; choose from {PATHS}")
         if forced in _paths_for(a.dtype) and _probe(forced, role, a.dtype):
-            return _RUN[forced](a, b, bias, alloc)
-        return _RUN[_default(a.dtype)](a, b, bias, alloc)
+            return _call(forced, role, a, b, bias, alloc)
+        return _call(_default(a.dtype), role, a, b, bias, alloc)
     key = _key(role, a, b)
     chosen = _choices.get(key)
     if chosen is not None:
-        return _RUN[chosen[0]](a, b, bias, alloc)
-    timings = _time_paths(candidates(role, a.dtype), lambda p: _RUN[p](a, b, bias, alloc))
+        return _call(chosen[0], role, a, b, bias, alloc)
+    timings = _time_paths(candidates(role, a.dtype), lambda p: _call(p, role, a, b, bias, alloc))
     best = min(timings, key=timings.get)
     _choices[key] = (best, timings)
-    return _RUN[best](a, b, bias, alloc)
+    if best in ("float", "fp32"):
+        _say_fp32_wins(key, timings)
+    return _call(best, role, a, b, bias, alloc)
+
+
+_said: Dict[torch.dtype, bool] = {}
+
+
+def _say_fp32_wins(key: tuple, timings: Dict[str, float]) -> None:
+    """One warning per dtype and process: an int8 or bf16 / fp16 product runs in fp32, because no
+    product in its own dtype beats fp32 on this CPU."""
+    role, tokens, n_in, n_out, dtype, threads, level = key
+    if _said.get(dtype):
+        return
+    _said[dtype] = True
+    ms = ", ".join(f"{p} {t * 1e3:.2f} ms" for p, t in sorted(timings.items(), key=lambda kv: kv[1]))
+    where = f"this CPU (fastbert kernel level {level}, {threads} threads)"
+    shape = f"a [{tokens} x {n_in}] x [{n_in} x {n_out}] product ({role}: {ms})"
+    if dtype == torch.int8:
+        msg = (f"fastbert: no int8 GEMM on {where} beats fp32 for {shape}; int8 layers run such products in fp32, "
+               "so quantize='int8' gains little speed here")
+    else:
+        name = str(dtype).removeprefix("torch.")
+        msg = (f"fastbert: {where} has no fast {name} matrix product (native bf16 needs AVX512_BF16 or AMX): "
+               f"{shape}; {name} products run in fp32 here, so {name} (dtype={name}, autocast, Trainer(bf16=True)) "
+               "saves memory but no time. For speed, run in float32, or quantize='int8' for inference")
+    warnings.warn(msg + " (fastbert.ops.gemm.choices() has every shape)", RuntimeWarning, stacklevel=4)
 
 
 def choices() -> Dict[tuple, Tuple[str, Dict[str, float]]]:
@@ -243,6 +313,7 @@ def reset() -> None:
     """Forget the measured choices and probes (they are measured again at the next product)."""
     _choices.clear()
     _probed.clear()
+    _said.clear()
 
 
 @contextlib.contextmanager

@@ -2,13 +2,12 @@
 // element with int64 counter offset o draws u = word 0 of Philox-4x32-10 with counter
 // (lo32(o), hi32(o), 0, 0) and key (lo32(seed), hi32(seed)); it is kept when
 // (u >> 8) >= threshold(p) = floor(p * 2**24), and kept values are scaled by 1 / (1 - p).
+// This header: the keys and one counter at a time in plain C++ (the host uses it too); philox.h
+// adds the vector generator.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
-
-#include "vec.h"
-#include "vec_philox.h"
 
 namespace fastbert {
 namespace philox {
@@ -50,21 +49,6 @@ inline uint32_t word0(uint64_t offset, const Keys& keys) {
     c2 = n2;
   }
   return c0;
-}
-
-// u for the counters base + i of lane i (i < kWidth); 64-bit counters, the high word carries
-inline vec::Vu words(uint64_t base, const Keys& keys) {
-  return vec::philox_word0(base, kRoundA, kRoundB, keys.k0, keys.k1);
-}
-
-// scale in the lanes kept by the dropout rule, 0 in the dropped ones (counters base + i)
-inline vec::Vf keep_scale(uint64_t base, const Keys& keys, uint32_t thresh, float scale) {
-  return vec::keep_scale(words(base, keys), thresh, scale);
-}
-
-// the same for the counters base + i * step of lane i (a column of a row-major counter grid)
-inline vec::Vf keep_scale_step(uint64_t base, uint64_t step, const Keys& keys, uint32_t thresh, float scale) {
-  return vec::keep_scale(vec::philox_word0_step(base, step, kRoundA, kRoundB, keys.k0, keys.k1), thresh, scale);
 }
 
 }  // namespace philox

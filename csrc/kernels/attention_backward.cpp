@@ -125,7 +125,7 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
                    const Rows<const T>& v, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv, int64_t b,
                    int64_t h) {
   zero_outside<T>(pb, b, h, {dq, dk, dv}, false);
-  const Seq& sq = pb.seqs[static_cast<size_t>(b)];
+  const Seq& sq = pb.seqs[b];
   const int64_t len = sq.len, d = pb.d;
   if (len == 0) return;
   const int64_t lp = vec::round_up(len, W);
@@ -192,14 +192,14 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
 }  // namespace
 
 template <class T>
-void run_backward(Problem& pb, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                  const at::Tensor& v, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool padded) {
-  const Rows<const T> gr = rows_of<const T>(dout, padded), qr = rows_of<const T>(q, padded),
-                      kr = rows_of<const T>(k, padded), vr = rows_of<const T>(v, padded);
-  const Rows<T> dqr = rows_of<T>(dq, padded), dkr = rows_of<T>(dk, padded), dvr = rows_of<T>(dv, padded);
-  pb.stream = dq.numel() > 0 && detail::stream_output(dqr.base, dq.numel() / pb.d, pb.d) &&
-              detail::stream_output(dkr.base, dq.numel() / pb.d, pb.d) &&
-              detail::stream_output(dvr.base, dq.numel() / pb.d, pb.d);
+void run_backward(const kernels::AttnArgs& a) {
+  Problem pb = problem_of(a);
+  const Rows<const T> gr = rows_of<const T>(a.dout), qr = rows_of<const T>(a.q), kr = rows_of<const T>(a.k),
+                      vr = rows_of<const T>(a.v);
+  const Rows<T> dqr = rows_of<T>(a.dq), dkr = rows_of<T>(a.dk), dvr = rows_of<T>(a.dv);
+  const int64_t rows = a.rows * a.heads * (a.padded ? a.batch : 1);
+  pb.stream = kernels::stream_output(dqr.base, rows, pb.d) && kernels::stream_output(dkr.base, rows, pb.d) &&
+              kernels::stream_output(dvr.base, rows, pb.d);
   if (pb.dropout) {
     for_each_pair(pb, [&](int64_t b, int64_t h) {
       backward_pair<T, true>(pb, gr, qr, kr, vr, dqr, dkr, dvr, b, h);
@@ -211,12 +211,9 @@ void run_backward(Problem& pb, const at::Tensor& dout, const at::Tensor& q, cons
   }
 }
 
-template void run_backward<float>(Problem&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, bool);
-template void run_backward<c10::Half>(Problem&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                      const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, bool);
-template void run_backward<c10::BFloat16>(Problem&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                          const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, bool);
+template void run_backward<float>(const kernels::AttnArgs&);
+template void run_backward<c10::Half>(const kernels::AttnArgs&);
+template void run_backward<c10::BFloat16>(const kernels::AttnArgs&);
 
 }  // namespace attn
 }  // namespace fastbert

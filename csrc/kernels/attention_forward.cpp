@@ -22,7 +22,7 @@ template <class T, bool kDropout>
 void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>& k, const Rows<const T>& v,
                   const Rows<T>& out, int64_t b, int64_t h) {
   zero_outside<T>(pb, b, h, {out}, true);
-  const Seq& sq = pb.seqs[static_cast<size_t>(b)];
+  const Seq& sq = pb.seqs[b];
   const int64_t len = sq.len, d = pb.d;
   if (len == 0) return;
   const int64_t lp = vec::round_up(len, W);
@@ -89,12 +89,11 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
 }  // namespace
 
 template <class T>
-void run_forward(Problem& pb, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
-                 bool padded) {
-  const Rows<const T> qr = rows_of<const T>(q, padded), kr = rows_of<const T>(k, padded),
-                      vr = rows_of<const T>(v, padded);
-  const Rows<T> orows = rows_of<T>(out, padded);
-  pb.stream = out.numel() > 0 && detail::stream_output(orows.base, out.numel() / pb.d, pb.d);
+void run_forward(const kernels::AttnArgs& a) {
+  Problem pb = problem_of(a);
+  const Rows<const T> qr = rows_of<const T>(a.q), kr = rows_of<const T>(a.k), vr = rows_of<const T>(a.v);
+  const Rows<T> orows = rows_of<T>(a.out);
+  pb.stream = kernels::stream_output(orows.base, a.rows * a.heads * (a.padded ? a.batch : 1), pb.d);
   if (pb.dropout) {
     for_each_pair(pb, [&](int64_t b, int64_t h) { forward_pair<T, true>(pb, qr, kr, vr, orows, b, h); });
   } else {
@@ -102,11 +101,9 @@ void run_forward(Problem& pb, const at::Tensor& q, const at::Tensor& k, const at
   }
 }
 
-template void run_forward<float>(Problem&, const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, bool);
-template void run_forward<c10::Half>(Problem&, const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
-                                     bool);
-template void run_forward<c10::BFloat16>(Problem&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         at::Tensor&, bool);
+template void run_forward<float>(const kernels::AttnArgs&);
+template void run_forward<c10::Half>(const kernels::AttnArgs&);
+template void run_forward<c10::BFloat16>(const kernels::AttnArgs&);
 
 }  // namespace attn
 }  // namespace fastbert

@@ -1,10 +1,8 @@
 // What the forward (attention_forward.cpp) and the backward (attention_backward.cpp) of the CPU
 // attention share: the problem and the rows of a (sequence, head) pair, the single-threaded BLAS
 // GEMM, per-thread scratch, vector row helpers and the scheduler that hands out the pairs. The
-// entry points and their set-up are in attention.cpp.
+// kernel entry points are in attention.cpp here, the checks and set-up in ../attention.cpp.
 #pragma once
-
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,13 +14,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_ops.h"
+#include "common.h"
 #include "philox.h"
 #include "vec.h"
 
 // GEMMs: the BLAS sgemm_ that at::native::cpublas::gemm uses for fp32 (MKL here; cpublas::gemm
-// itself is not exported by libtorch_cpu), kept on one thread per pair. Measured against the
-// other GEMM ATen exports, at::native::cpublas::brgemm (oneDNN's micro-kernel, JIT-compiled per
+// itself is not exported by libtorch_cpu), lent by the host (Host::sgemm), kept on one thread per
+// pair. Measured against the other GEMM ATen exports, at::native::cpublas::brgemm (oneDNN's micro-kernel, JIT-compiled per
 // shape and thread), on one core of the 2-core AVX-512 machine this was written on:
 //   per call, head_dim 64 (S = Q K^T / O = P V):  len 16: brgemm 0.25 / 0.24 us, sgemm 0.44 / 0.30 us
 //                                                 len 72: brgemm 4.4 / 3.7 us,   sgemm 5.0 / 3.9 us
@@ -35,14 +33,6 @@
 // allocations land in freed large heap blocks: one pass over the sequence lengths 1..512 grew the
 // process by 0.8 GB (forward) and 1.8 GB (backward) with brgemm, by 16 MB and 7 MB with sgemm,
 // which keeps no per-shape state.
-//
-// The BLAS libtorch_cpu is linked with (MKL in the x86 wheels): at::native::cpublas::gemm calls
-// this same sgemm_ for fp32 but is not exported. Weak, so that a torch without a BLAS still
-// loads the extension (the attention ops then raise a clear error).
-extern "C" void sgemm_(char* transa, char* transb, int* m, int* n, int* k, float* alpha, const float* a, int* lda,
-                       const float* b, int* ldb, float* beta, float* c, int* ldc) __attribute__((weak));
-// MKL's per-thread thread count (absent from other BLAS builds).
-extern "C" int MKL_Set_Num_Threads_Local(int n) __attribute__((weak));
 
 namespace fastbert {
 namespace attn {
@@ -62,7 +52,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float*
   int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
   int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
   float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  sgemm_(&opb, &opa, &mi, &ni, &ki, &alpha, b, &la, a, &lb, &beta, c, &lc);
+  kernels::host().sgemm(&opb, &opa, &mi, &ni, &ki, &alpha, b, &la, a, &lb, &beta, c, &lc);
 }
 
 // Keeps the BLAS on one thread for its lifetime: every pair is one thread's work, and a GEMM split
@@ -70,10 +60,10 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float*
 struct SingleThreadedBlas {
   int prev = -1;
   SingleThreadedBlas() {
-    if (MKL_Set_Num_Threads_Local != nullptr) prev = MKL_Set_Num_Threads_Local(1);
+    if (kernels::host().blas_threads_local != nullptr) prev = kernels::host().blas_threads_local(1);
   }
   ~SingleThreadedBlas() {
-    if (MKL_Set_Num_Threads_Local != nullptr && prev >= 0) MKL_Set_Num_Threads_Local(prev);
+    if (kernels::host().blas_threads_local != nullptr && prev >= 0) kernels::host().blas_threads_local(prev);
   }
 };
 
@@ -86,21 +76,12 @@ struct Rows {
   T* at(int64_t b, int64_t h, int64_t r) const { return base + b * sb + h * sh + r * sr; }
 };
 
-// [batch, heads, seq, d] (padded) or [tokens, heads, d] (packed)
 template <class T>
-Rows<T> rows_of(const at::Tensor& t, bool padded) {
-  T* p = static_cast<T*>(t.data_ptr());
-  if (padded) return {p, t.stride(0), t.stride(1), t.stride(2)};
-  return {p, 0, t.stride(1), t.stride(0)};
+Rows<T> rows_of(const kernels::AttnView& t) {
+  return {static_cast<T*>(t.p), t.sb, t.sh, t.sr};
 }
 
-// The real rows of one batch entry: [first, first + len); `real` (nullptr when every row of the
-// range is real) flags the real ones among them, for masks with holes.
-struct Seq {
-  int64_t first = 0;
-  int64_t len = 0;
-  const bool* real = nullptr;
-};
+using Seq = kernels::AttnSeq;
 
 struct Problem {
   int64_t batch = 0, heads = 0, d = 0;
@@ -110,8 +91,8 @@ struct Problem {
   philox::Keys keys;
   uint32_t thresh = 0;
   float keep = 1.0f;  // 1 / (1 - p)
-  bool stream = false;  // outputs written with non-temporal stores (detail::stream_output)
-  std::vector<Seq> seqs;
+  bool stream = false;  // outputs written with non-temporal stores (kernels::stream_output)
+  const Seq* seqs = nullptr;  // [batch]
   Rows<float> lse{nullptr, 0, 0, 0};
 
   uint64_t counter(int64_t b, int64_t h) const {
@@ -192,7 +173,7 @@ void pack_transposed(const T* src, int64_t ld, int64_t len, int64_t d, float* ds
 template <class T>
 void zero_outside(const Problem& pb, int64_t b, int64_t h, std::initializer_list<Rows<T>> outs, bool lse) {
   if (pb.pad_rows == 0) return;
-  const Seq& s = pb.seqs[static_cast<size_t>(b)];
+  const Seq& s = pb.seqs[b];
   auto clear = [&](int64_t r0, int64_t r1) {
     if (r1 <= r0) return;
     for (const Rows<T>& o : outs) {
@@ -236,12 +217,11 @@ void for_each_pair(const Problem& pb, F&& f) {
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) {
     return pb.seqs[a / pb.heads].len > pb.seqs[c / pb.heads].len;
   });
-  TORCH_CHECK(sgemm_ != nullptr, "fastbert._C attention: this torch build exports no BLAS sgemm_");
   std::atomic<int64_t> next{0};
   // one worker per thread even when there are fewer pairs: every GEMM then runs inside the
   // parallel region, where the BLAS stays on its caller's thread
-  const int64_t workers = std::max<int64_t>(1, at::get_num_threads());
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+  const int64_t workers = std::max<int64_t>(1, kernels::num_threads());
+  kernels::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     const SingleThreadedBlas one_thread;
     for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) {
       const int64_t pair = order[static_cast<size_t>(t)];
@@ -251,15 +231,16 @@ void for_each_pair(const Problem& pb, F&& f) {
   });
 }
 
+// The problem of a call (kernels/attention.cpp).
+Problem problem_of(const kernels::AttnArgs& a);
+
 // Runs the forward (attention_forward.cpp) / backward (attention_backward.cpp) of every pair, for
-// T = float, c10::Half or c10::BFloat16: q, k, v, dout and the outputs are rows_of tensors (padded
-// [batch, heads, seq, d] or packed [tokens, heads, d]) of dtype T; pb.lse is set.
+// T = float, c10::Half or c10::BFloat16: the views of `a` (padded [batch, heads, seq, d] or packed
+// [tokens, heads, d]) hold elements of type T.
 template <class T>
-void run_forward(Problem& pb, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
-                 bool padded);
+void run_forward(const kernels::AttnArgs& a);
 template <class T>
-void run_backward(Problem& pb, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                  const at::Tensor& v, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool padded);
+void run_backward(const kernels::AttnArgs& a);
 
 }  // namespace attn
 }  // namespace fastbert

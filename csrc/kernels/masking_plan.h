@@ -1,9 +1,7 @@
-// What the two halves of mask_tokens share: its set-up and the work after the pass (masking.cpp)
-// and the parallel pass over the rows (masking_rows.cpp). The Plan of a call, the optional masks
+// What the two halves of mask_tokens share: its set-up and the work after the pass (the host's
+// ../masking.cpp) and the parallel pass over the rows (masking_rows.cpp, a kernel). The Plan of a call, the optional masks
 // it reads, what a chunk of rows reports back, and the draw of a random replacement id.
 #pragma once
-
-#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "philox.h"
+#include "api.h"
+#include "philox_keys.h"
 
 namespace fastbert {
 namespace masking {
@@ -22,7 +21,7 @@ inline uint64_t threshold32(double p) { return static_cast<uint64_t>(std::floor(
 // An optional [rows, seq] mask of any integer or bool dtype, read as nonzero / zero.
 struct Flags {
   const void* data = nullptr;
-  at::ScalarType dtype = at::kBool;
+  kernels::Dtype dtype = kernels::Dtype::kBool;
   int64_t seq = 0;
   bool present() const { return data != nullptr; }
 };
@@ -40,20 +39,20 @@ inline void and_row(const T* p, int64_t n, bool want_nonzero, uint8_t* out) {
 inline void and_flags(const Flags& f, int64_t row, bool want_nonzero, uint8_t* out) {
   const int64_t n = f.seq, off = row * f.seq;
   switch (f.dtype) {
-    case at::kBool:
-    case at::kByte:
+    case kernels::Dtype::kBool:
+    case kernels::Dtype::kUInt8:
       and_row(static_cast<const uint8_t*>(f.data) + off, n, want_nonzero, out);
       break;
-    case at::kChar:
+    case kernels::Dtype::kInt8:
       and_row(static_cast<const int8_t*>(f.data) + off, n, want_nonzero, out);
       break;
-    case at::kShort:
+    case kernels::Dtype::kInt16:
       and_row(static_cast<const int16_t*>(f.data) + off, n, want_nonzero, out);
       break;
-    case at::kInt:
+    case kernels::Dtype::kInt32:
       and_row(static_cast<const int32_t*>(f.data) + off, n, want_nonzero, out);
       break;
-    case at::kLong:
+    case kernels::Dtype::kInt64:
       and_row(static_cast<const int64_t*>(f.data) + off, n, want_nonzero, out);
       break;
     default:
@@ -96,10 +95,6 @@ inline int64_t ordinary_id(const Plan& c, uint32_t w) {
   const int64_t r = static_cast<int64_t>((static_cast<uint64_t>(w) * c.ordinary) >> 32);  // uniform in [0, ordinary)
   return r + (std::upper_bound(c.gaps, c.gaps + c.n_gaps, r) - c.gaps);
 }
-
-// The pass over every row of c (masking_rows.cpp): fills c.out and c.labels, one ChunkResult per
-// fixed chunk of rows. Stops a chunk at its first row holding an id out of range.
-std::vector<ChunkResult> mask_rows(const Plan& c, int64_t rows);
 
 }  // namespace masking
 }  // namespace fastbert

@@ -1,15 +1,14 @@
-// The pass over the rows of mask_tokens (masking.cpp), each row on its own: the id range check,
+// The pass over the rows of mask_tokens (the host's ../masking.cpp), each row on its own: the id range check,
 // candidate flags, the selection (Floyd's sampling of k candidates from k vector-Philox draws; or,
 // for whole words and Bernoulli selection, a key per position), then the outcome of every selected
 // token from draws indexed by the token's rank among the selected (vector Philox again).
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "common.h"
 #include "masking_plan.h"
 #include "philox.h"
 #include "vec.h"
@@ -370,8 +369,14 @@ bool mask_row(const Plan& c, const Scratch& s, int64_t b, ChunkResult& r) {
 }
 
 }  // namespace
+}  // namespace masking
 
-std::vector<ChunkResult> mask_rows(const Plan& c, int64_t rows) {
+namespace kernels {
+
+// The pass over every row of c: fills c.out and c.labels, one ChunkResult per fixed chunk of rows.
+// Stops a chunk at its first row holding an id out of range.
+std::vector<masking::ChunkResult> mask_rows(const masking::Plan& c, int64_t rows) {
+  using masking::ChunkResult;
   const int64_t seq = c.seq;
   // Fixed chunks of rows (their number depends on the row count only); a task takes whole chunks of
   // at least kTaskTokens tokens, so a batch below that runs on the calling thread: at ~5 ns a token
@@ -382,17 +387,17 @@ std::vector<ChunkResult> mask_rows(const Plan& c, int64_t rows) {
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
   std::vector<ChunkResult> results(static_cast<size_t>(chunks));
   const int64_t grain = std::max<int64_t>(1, kTaskTokens / std::max<int64_t>(1, chunk_rows * seq));
-  at::parallel_for(0, chunks, grain, [&](int64_t c0, int64_t c1) {
-    const Scratch s(seq);
+  parallel_for(0, chunks, grain, [&](int64_t c0, int64_t c1) {
+    const masking::Scratch s(seq);
     for (int64_t ch = c0; ch < c1; ++ch) {
       const int64_t r0 = ch * chunk_rows, r1 = std::min(rows, r0 + chunk_rows);
       for (int64_t b = r0; b < r1; ++b) {
-        if (!mask_row(c, s, b, results[static_cast<size_t>(ch)])) break;
+        if (!masking::mask_row(c, s, b, results[static_cast<size_t>(ch)])) break;
       }
     }
   });
   return results;
 }
 
-}  // namespace masking
+}  // namespace kernels
 }  // namespace fastbert

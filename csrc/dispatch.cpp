@@ -1,0 +1,196 @@
+// Runtime dispatch: what this CPU can execute, and the kernel libraries (kernels/api.h) every
+// entry point calls through. fastbert.backend picks the level (the highest this CPU runs, capped
+// by FASTBERT_CPU_CAPABILITY) and hands the libraries' paths to use_kernels.
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#if defined(__linux__) || defined(__APPLE__)
+#include <dlfcn.h>
+#endif
+
+#include "cpu_ops.h"
+
+// The BLAS libtorch_cpu is linked with (MKL in the x86 wheels): at::native::cpublas::gemm calls
+// this sgemm_ for fp32 but is not exported. Weak, so that a torch without a BLAS still loads the
+// extension (the attention ops then raise a clear error).
+extern "C" void sgemm_(char* transa, char* transb, int* m, int* n, int* k, float* alpha, const float* a, int* lda,
+                       const float* b, int* ldb, float* beta, float* c, int* ldc) __attribute__((weak));
+// MKL's per-thread thread count (absent from other BLAS builds).
+extern "C" int MKL_Set_Num_Threads_Local(int n) __attribute__((weak));
+
+namespace fastbert {
+namespace {
+
+
+// The instruction-set levels a kernel library is built for, lowest first, with what each needs.
+struct Level {
+  const char* name;
+  uint64_t features;
+};
+constexpr Level kLevels[] = {
+    {"scalar", 0},
+    {"avx2", kernels::kAvx2},
+    {"avx512", kernels::kAvx2 | kernels::kAvx512},
+    {"avx512_vnni", kernels::kAvx2 | kernels::kAvx512 | kernels::kAvx512Vnni},
+};
+
+// The Feature bits this CPU and its OS support (the compiler's cpuid + xgetbv checks).
+uint64_t cpu_features_bits() {
+  uint64_t f = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("bmi2")) {
+    f |= kernels::kAvx2;
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd")) {
+    f |= kernels::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx512vnni")) f |= kernels::kAvx512Vnni;
+  if (__builtin_cpu_supports("avx512bf16")) f |= kernels::kAvx512Bf16;
+  if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("amx-bf16")) {
+    f |= kernels::kAmx;
+  }
+#endif
+  return f;
+}
+
+void host_parallel_for(int64_t begin, int64_t end, int64_t grain, void (*body)(void*, int64_t, int64_t), void* ctx) {
+  at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
+}
+
+int64_t host_num_threads() { return at::get_num_threads(); }
+
+const kernels::Host kHost{&host_parallel_for, &host_num_threads, sgemm_ != nullptr ? &sgemm_ : nullptr,
+                          MKL_Set_Num_Threads_Local != nullptr ? &MKL_Set_Num_Threads_Local : nullptr};
+
+// The table of the library at `path`, loaded once (and never unloaded: its code may be running).
+const kernels::Table* load_library(const std::string& level, const std::string& path) {
+  static std::map<std::string, const kernels::Table*> loaded;
+  auto it = loaded.find(path);
+  if (it != loaded.end()) return it->second;
+#if defined(__linux__) || defined(__APPLE__)
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(handle != nullptr, "fastbert._C: cannot load the ", level, " kernel library ", path, ": ", dlerror());
+  using Entry = const kernels::Table* (*)(const kernels::Host*, int);
+  auto entry = reinterpret_cast<Entry>(dlsym(handle, "fastbert_kernel_table"));
+  TORCH_CHECK(entry != nullptr, "fastbert._C: ", path, " is not a fastbert kernel library");
+  const kernels::Table* table = entry(&kHost, kernels::kAbiVersion);
+  TORCH_CHECK(table != nullptr, "fastbert._C: the kernel library ", path,
+              " was built from another version of fastbert; rebuild: pip install --no-build-isolation -e .");
+  const uint64_t missing = table->features & ~cpu_features_bits();
+  TORCH_CHECK(missing == 0, "fastbert._C: the ", level, " kernel library needs instructions this CPU lacks (feature bits ",
+              missing, ")");
+  loaded[path] = table;
+  return table;
+#else
+  TORCH_CHECK(false, "fastbert._C: kernel libraries load on Linux and macOS only");
+#endif
+}
+
+std::mutex g_mutex;
+std::atomic<const kernels::Table*> g_active{nullptr};
+std::string g_level;
+const kernels::Table kEmpty{};
+
+}  // namespace
+
+std::vector<std::string> cpu_features() {
+  const uint64_t have = cpu_features_bits();
+  std::vector<std::string> out;
+  const std::pair<uint64_t, const char*> names[] = {{kernels::kAvx2, "avx2"},
+                                                    {kernels::kAvx512, "avx512"},
+                                                    {kernels::kAvx512Vnni, "avx512_vnni"},
+                                                    {kernels::kAvx512Bf16, "avx512_bf16"},
+                                                    {kernels::kAmx, "amx"}};
+  for (const auto& [bit, name] : names) {
+    if (have & bit) out.emplace_back(name);
+  }
+  return out;
+}
+
+std::vector<std::string> cpu_levels() {
+  std::vector<std::string> out;
+  const uint64_t have = cpu_features_bits();
+  for (const Level& l : kLevels) {
+    if ((l.features & ~have) == 0) out.emplace_back(l.name);
+  }
+  return out;
+}
+
+void use_kernels(const std::vector<std::string>& levels, const std::vector<std::string>& paths) {
+  TORCH_CHECK(!levels.empty() && levels.size() == paths.size(),
+              "fastbert._C.use_kernels: needs one path per level, at least one");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto* t = new kernels::Table();  // never freed: another thread may still be reading the previous one
+  for (size_t i = 0; i < levels.size(); ++i) {
+    const kernels::Table* lib = load_library(levels[i], paths[i]);
+#define FASTBERT_OVERLAY(name, ret, ...) \
+  if (lib->name != nullptr) t->name = lib->name;
+    FASTBERT_KERNEL_ENTRIES(FASTBERT_OVERLAY)
+#undef FASTBERT_OVERLAY
+    t->level = lib->level;
+    t->features |= lib->features;
+    t->vector_bytes = std::max(t->vector_bytes, lib->vector_bytes);
+  }
+#define FASTBERT_CHECK_ENTRY(name, ret, ...)                                                                   \
+  TORCH_CHECK(t->name != nullptr, "fastbert._C.use_kernels: no library of levels up to ", levels.back(), \
+              " provides the kernel " #name);
+  FASTBERT_KERNEL_ENTRIES(FASTBERT_CHECK_ENTRY)
+#undef FASTBERT_CHECK_ENTRY
+  g_level = levels.back();
+  g_active.store(t);
+}
+
+std::string kernel_level() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_level;
+}
+
+namespace detail {
+
+const kernels::Table& kernel_table() {
+  const kernels::Table* t = g_active.load();
+  return t != nullptr ? *t : kEmpty;
+}
+
+const kernels::Table& kernels_for(const char* op) {
+  const kernels::Table* t = g_active.load();
+  TORCH_CHECK(t != nullptr, "fastbert._C.", op,
+              ": no kernel library is loaded (fastbert.backend loads one when fastbert imports the extension)");
+  return *t;
+}
+
+bool has_blas() { return sgemm_ != nullptr; }
+
+kernels::Dtype dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return kernels::Dtype::kFloat;
+    case at::kHalf:
+      return kernels::Dtype::kHalf;
+    case at::kBFloat16:
+      return kernels::Dtype::kBFloat16;
+    case at::kInt:
+      return kernels::Dtype::kInt32;
+    case at::kChar:
+      return kernels::Dtype::kInt8;
+    case at::kByte:
+      return kernels::Dtype::kUInt8;
+    case at::kShort:
+      return kernels::Dtype::kInt16;
+    case at::kLong:
+      return kernels::Dtype::kInt64;
+    case at::kBool:
+      return kernels::Dtype::kBool;
+    default:
+      TORCH_CHECK(false, "fastbert._C: no kernel takes dtype ", t);
+  }
+}
+
+}  // namespace detail
+}  // namespace fastbert
