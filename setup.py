@@ -28,6 +28,7 @@ Environment:
 Objects are kept in build/ between builds: a second install recompiles only what changed.
 """
 import copy
+import hashlib
 import os
 import platform
 import sys
@@ -54,7 +55,7 @@ COMMON = ["-O3", "-std=c++17", "-g0", "-ffp-contract=fast",
           # GCC 12 reports (maybe-)uninitialized values inside its own AVX-512 intrinsic headers (false
           # positives on their "undefined" vector temporaries)
           "-Wno-maybe-uninitialized", "-Wno-uninitialized"]
-GEMM_ONLY = ("int8_gemm.cpp", "common.cpp", "table.cpp")  # TMPFILTER
+GEMM_ONLY = ("int8_gemm.cpp", "common.cpp", "table.cpp")
 
 
 def levels():
@@ -64,7 +65,7 @@ def levels():
         out = [("scalar", ["-march=x86-64", "-mtune=generic"], every),
                ("avx2", ["-march=x86-64-v3"], every),
                ("avx512", ["-march=x86-64-v4"], every),
-               ("avx512_vnni", ["-march=x86-64-v4", "-mavx512vnni"], [f for f in GEMM_ONLY if f in every])]
+               ("avx512_vnni", ["-march=x86-64-v4", "-mavx512vnni"], list(GEMM_ONLY))]
     else:
         out = [("scalar", [], every)]
     arch = os.environ.get("FASTBERT_CPU_ARCH")
@@ -91,6 +92,9 @@ def extensions():
             # every symbol but the table hidden: no inline function of one level stands in for another's
             extra_compile_args={"cxx": COMMON + flags + ["-fvisibility=hidden", "-fvisibility-inlines-hidden",
                                                          f"-DFASTBERT_LEVEL={level}"]},
+            # and at link time, the C++ library's template instances too (they are not hidden by the flags)
+            extra_link_args=[f"-Wl,--version-script={os.path.join(KERNELS, 'exports.map')}"]
+            if sys.platform.startswith("linux") else [],
             language="c++",
         )
         for level, flags, files in levels()
@@ -106,7 +110,9 @@ class Build(BuildExtension):
         super().finalize_options()
         # a stable place for objects, so that a second install (or the test command after the main
         # one) recompiles nothing; pip's editable and wheel builds otherwise use a fresh temp dir
-        tag = f"{sys.implementation.cache_tag}-torch{torch.__version__.split('+')[0]}"
+        # (per torch installation: an isolated wheel build's torch lives elsewhere, and its objects differ)
+        where = hashlib.sha1(os.path.dirname(torch.__file__).encode()).hexdigest()[:8]
+        tag = f"{sys.implementation.cache_tag}-torch{torch.__version__.split('+')[0]}-{where}"
         self.build_temp = os.path.join(BUILD, f"temp-{tag}")
         if self.parallel is None:
             self.parallel = True  # the extensions at once (each one's files in parallel too, by ninja)

@@ -250,3 +250,17 @@ def impl(backend: str, kernel_module: str):
     if backend == "triton":
         return importlib.import_module(f"fastbert.kernels.{kernel_module}")
     raise AssertionError(f"no fused launchers for backend {backend!r}")
+
+
+def describe() -> str:
+    """Which implementations run here: the backends, the CPU's extensions and the C++ kernel levels."""
+    lines = [f"backends: triton {'available' if triton_available() else 'not installed'}"
+             f"{' (interpreted on the CPU)' if triton_interpreting() else ''}, cpp "
+             f"{'built' if cpp_available() else 'not built'}, torch"]
+    if cpp_available():
+        cap = os.environ.get("FASTBERT_CPU_CAPABILITY")
+        lines += [f"CPU extensions: {', '.join(cpu_features()) or 'none of avx2, avx512, avx512_vnni, avx512_bf16, amx'}",
+                  f"C++ kernel levels this CPU runs: {', '.join(cpu_capabilities())}",
+                  f"C++ kernels run at: {cpu_capability()}" + (f" (FASTBERT_CPU_CAPABILITY={cap})" if cap else ""),
+                  f"native bf16 matrix products: {native_bf16()}"]
+    return "\n".join(lines)

@@ -1,5 +1,7 @@
-"""`fastbert selfcheck`: every op of fastbert.ops on every backend this machine can run, against
-the fp64 reference, forward and every gradient, with the error bound the tests use:
+"""`fastbert selfcheck`: every op of fastbert.ops on every backend this machine can run, the C++
+kernels at every instruction-set level this CPU executes ("cpp@avx2", "cpp@avx512", ...; see
+fastbert.backend.cpu_capability), against the fp64 reference, forward and every gradient, with the
+error bound the tests use:
 
     err(backend, fp64 reference) <= 2 * err(torch in the same dtype, fp64 reference) + ATOL[dtype] * scale
 
@@ -9,6 +11,7 @@ their int8 outputs dequantized.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Callable, Iterator, List, Sequence, Tuple
 
@@ -256,7 +259,7 @@ def _int8(op, shape, backend, device, g) -> List[Row]:
     xq, xs, xo = ref.quantize_rows(x)
     acc = ref.int8_mm(xq, wq)
     if op == "int8_matmul":
-        return [exact_check("acc", fastbert.ops.int8_matmul(xq, wq).double(), (xq.long() @ wq.long().t()).double())]
+        return _int8_matmul(xq, wq, g)
     y64 = (acc.double()[:-1] * xs.double()[:, None] + xo.double()[:, None] * acc.double()[-1]) * ws.double() + b.double()
     base = ref.dequantize(acc, xs, xo, ws, b)
     if op == "int8_dequantize":
@@ -272,6 +275,25 @@ def _int8(op, shape, backend, device, g) -> List[Row]:
     ty, *tq = ref.int8_add_layer_norm(acc, xs, xo, ws, b, residual, lw, lb, 1e-12, True)
     return [("y", *bound_check(y, ty, want, torch.float32)),
             ("y (dequantized)", *bound_check(_dequantized(*q), _dequantized(*tq), want, torch.float32))]
+
+
+def _int8_matmul(xq, wq, g) -> List[Row]:
+    """The int8 GEMM on its measured path and on fastbert's own kernel, also on the extreme values
+    that would saturate a 16-bit product (-128 * -128 pairs), exact."""
+    from fastbert.ops import gemm
+
+    def want(a, b):
+        return (a.long() @ b.long().t()).double()
+
+    rows = [exact_check("acc", fastbert.ops.int8_matmul(xq, wq).double(), want(xq, wq))]
+    if "fastbert" not in gemm.candidates("fwd", torch.int8):
+        return rows
+    lo, w_lo = torch.full_like(xq, -128), torch.full_like(wq, -128)
+    w_mixed = (torch.randint(0, 2, wq.shape, generator=g) * 255 - 128).to(torch.int8)  # -128 or 127
+    with gemm.forced("fastbert"):
+        for name, a, b in (("acc (fastbert)", xq, wq), ("acc -128 x -128", lo, w_lo), ("acc -128 x +-", lo, w_mixed)):
+            rows.append(exact_check(name, fastbert.ops.int8_matmul(a, b).double(), want(a, b)))
+    return rows
 
 
 def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
@@ -308,17 +330,23 @@ def main(argv=None) -> int:
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available here")
+    levels = fb_backend.cpu_capabilities() if device == "cpu" else []
     print(f"fastbert {fastbert.__version__}, torch {torch.__version__}, device {device}, "
-          f"backends {available_backends(device)}")
-    todo = [(b, op, shape, dtype) for b in available_backends(device) + ["auto"]
+          f"backends {available_backends(device)}, C++ kernel levels {levels} (running: {fb_backend.cpu_capability()}, "
+          f"CPU: {', '.join(fb_backend.cpu_features()) or 'no AVX2'})")
+    todo = [(b, level, op, shape, dtype) for b in available_backends(device) + ["auto"]
+            for level in (levels or [None] if b in ("cpp", "auto") else [None])
             for op, shape, dtype in cases(device, b == "triton" and device == "cpu") if b in op_backends(op, device)]
     failures, lines = 0, []
-    for b, op, shape, dtype in tqdm(todo, desc="selfcheck", file=sys.stderr):
-        for name, ok, err, bound in check_case(op, shape, dtype, b, device):
+    for b, level, op, shape, dtype in tqdm(todo, desc="selfcheck", file=sys.stderr):
+        with fb_backend.cpu_capability_scope(level) if level else contextlib.nullcontext():
+            rows = check_case(op, shape, dtype, b, device)
+        tag = b if level is None else f"{b}@{level}"
+        for name, ok, err, bound in rows:
             failures += not ok
-            lines.append(f"{b:<8}{op:<18}{str(shape):<18}{str(dtype)[6:]:<10}{name:<17}{err:>11.2e}{bound:>11.2e}  "
-                         + ("ok" if ok else "FAIL"))
-    print(f"{'backend':<8}{'op':<18}{'shape':<18}{'dtype':<10}{'tensor':<17}{'max err':>11}{'bound':>11}")
+            lines.append(f"{tag:<19}{op:<18}{str(shape):<18}{str(dtype)[6:]:<10}{name:<17}{err:>11.2e}"
+                         f"{bound:>11.2e}  " + ("ok" if ok else "FAIL"))
+    print(f"{'backend':<19}{'op':<18}{'shape':<18}{'dtype':<10}{'tensor':<17}{'max err':>11}{'bound':>11}")
     print("\n".join(lines))
     print(f"{len(lines) - failures} passed, {failures} failed")
     return 1 if failures else 0

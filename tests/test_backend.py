@@ -76,3 +76,98 @@ def test_cpp_backend_rejects_non_cpu_tensors_clearly():
     x = torch.randn(2, 4, device="meta")
     with pytest.raises(RuntimeError, match="backend='cpp' runs on CPU tensors"):
         fastbert.backend.resolve("cpp", x)
+
+
+# --- the C++ kernels' instruction-set levels -------------------------------------------------
+
+
+def _ext():
+    ext = fastbert.backend.cpp_extension()
+    if ext is None:
+        pytest.skip("the C++ extension is not built")
+    return ext
+
+
+def test_the_highest_level_the_cpu_runs_is_in_use_unless_capped(monkeypatch):
+    _ext()
+    levels = fastbert.backend.cpu_capabilities()
+    assert levels and levels[0] == "scalar" and all(lv in fastbert.backend.LEVELS for lv in levels)
+    assert levels == sorted(levels, key=fastbert.backend.LEVELS.index)
+    cap = os.environ.get("FASTBERT_CPU_CAPABILITY")
+    want = levels[-1] if not cap else [lv for lv in levels if fastbert.backend.LEVELS.index(lv)
+                                        <= fastbert.backend.LEVELS.index(cap)][-1]
+    assert fastbert.backend.cpu_capability() == want
+    cpu = set(fastbert.backend.cpu_features())
+    assert ("avx2" in levels) == ("avx2" in cpu) and ("avx512" in levels) == ("avx512" in cpu)
+
+
+@pytest.mark.parametrize("cap", ["scalar", "avx2", "avx512", "avx512_vnni", "native"])
+def test_fastbert_cpu_capability_caps_the_level(cap):
+    _ext()
+    proc = run_python(
+        """
+        import torch, fastbert
+        from fastbert import backend
+        y = fastbert.ops.bias_gelu(torch.randn(5, 40), torch.randn(40))
+        print(backend.cpu_capability(), backend.native_bf16())
+        """,
+        FASTBERT_CPU_CAPABILITY=cap,
+    )
+    assert proc.returncode == 0, proc.stderr
+    runnable = fastbert.backend.cpu_capabilities()
+    want = [lv for lv in runnable if fastbert.backend.LEVELS.index(lv) <= fastbert.backend.LEVELS.index(cap)][-1]
+    level, bf16 = proc.stdout.split()
+    assert level == want
+    if want in ("scalar", "avx2"):
+        assert bf16 == "False"  # a capped level stands for a CPU without native bf16
+
+
+def test_an_unknown_capability_is_a_one_line_error():
+    _ext()
+    proc = run_python(
+        """
+        import torch, fastbert
+        try:
+            fastbert.ops.bias_gelu(torch.randn(2, 4), torch.randn(4))
+        except ValueError as e:
+            print("ERR", e)
+        """,
+        FASTBERT_CPU_CAPABILITY="avx1024",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ERR") and "'avx1024' is not a level" in proc.stdout and "avx2" in proc.stdout
+    assert len(proc.stdout.strip().splitlines()) == 1
+
+
+def test_every_level_runs_the_ops_alike_and_the_scope_restores_the_level():
+    _ext()
+    g = torch.Generator().manual_seed(0)
+    x, b = torch.randn(33, 97, generator=g), torch.randn(97, generator=g)
+    before = fastbert.backend.cpu_capability()
+    for level in fastbert.backend.cpu_capabilities():
+        with fastbert.backend.cpu_capability_scope(level):
+            assert fastbert.backend.cpu_capability() == level
+            y = fastbert.ops.bias_gelu(x, b)
+            z = fastbert.ops.add_layer_norm(x, y, b.abs(), b)
+        torch.testing.assert_close(y, fastbert.reference.bias_gelu(x, b), rtol=1e-5, atol=2e-6)
+        torch.testing.assert_close(z, fastbert.reference.add_layer_norm(x, y, b.abs(), b), rtol=1e-5, atol=2e-5)
+    assert fastbert.backend.cpu_capability() == before
+    with pytest.raises(ValueError, match="does not run here"):
+        fastbert.backend.set_cpu_capability("avx1024")
+
+
+def test_a_kernel_library_exports_its_table_alone():
+    """Everything but fastbert_kernel_table is hidden: no inline function compiled for one level
+    can stand in for another level's, and the libraries need nothing of torch."""
+    import shutil
+
+    _ext()
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    for level in fastbert.backend.cpu_capabilities():
+        path = fastbert.backend._library(level)
+        out = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+        names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+        assert names - {"_init", "_fini"} == {"fastbert_kernel_table"}, (level, sorted(names)[:20])
+        needed = subprocess.run(["nm", "-D", "--undefined-only", path], capture_output=True, text=True).stdout
+        assert "torch" not in needed and "c10" not in needed, (level, needed)

@@ -97,6 +97,34 @@ def test_every_int8_gemm_path_is_exact(_fresh_choices, m, k, n):
     assert any(key[0] == "fwd" and key[4] == torch.int8 for key in gemm.choices())
 
 
+def _levels():
+    return fastbert.backend.cpu_capabilities() or [None]
+
+
+@pytest.mark.parametrize("level", _levels())
+def test_fastbert_int8_gemm_is_exact_at_every_level(level):
+    """fastbert's own int8 GEMM at each instruction-set level: odd shapes, rows with a stride, and
+    the values that saturate a 16-bit product (AVX2's u8 x s8 pairs) where the exact sum does not."""
+    gemm_fn = fastbert.backend.cpp_function("int8_gemm")
+    if level is None or gemm_fn is None:
+        pytest.skip("the C++ extension is not built")
+    g = torch.Generator().manual_seed(7)
+    shapes = [(1, 1, 1), (1, 768, 2304), (2, 3, 5), (17, 33, 65), (64, 64, 64), (129, 384, 96), (300, 768, 77)]
+    shapes += [tuple(int(v) for v in torch.randint(1, 90, (3,), generator=g)) for _ in range(12)]
+    with fastbert.backend.cpu_capability_scope(level):
+        for m, k, n in shapes:
+            a = torch.randint(-128, 128, (m, k + 5), generator=g, dtype=torch.int8)[:, 2:2 + k]  # rows strided
+            w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+            for x, y in ((a, w), (torch.full_like(a, -128), torch.full_like(w, -128)),
+                         (torch.full_like(a, 127), torch.full_like(w, -128)),
+                         (torch.full_like(a, -128), (torch.randint(0, 2, w.shape, generator=g) * 255 - 128).to(torch.int8))):
+                got = gemm_fn(x, y)
+                assert torch.equal(got.long(), x.long() @ y.long().t()), (level, m, k, n)
+        out = torch.empty(3, 5, dtype=torch.int32)
+        assert gemm_fn(a[:3, :4], w[:5, :4], out).data_ptr() == out.data_ptr()
+        assert torch.equal(out.long(), a[:3, :4].long() @ w[:5, :4].long().t())
+
+
 def _layer_inputs(rows, k, n, g, acc_dtype=torch.int32):
     """A real int8 layer: activations quantized with their ones row, a weight, the accumulator."""
     x = torch.randn(rows, k, generator=g) + 0.5 * torch.randn(k, generator=g)

@@ -141,3 +141,37 @@ def test_unknown_path_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("FASTBERT_GEMM", "blas9")
     with pytest.raises(ValueError, match="FASTBERT_GEMM='blas9'"), torch.no_grad():
         fastbert.ops.linear(torch.randn(3, 4), torch.randn(5, 4))
+
+
+@pytest.mark.parametrize("dtype, winner, message", [
+    (torch.bfloat16, "fp32", "no fast bfloat16 matrix product"),
+    (torch.int8, "float", "no int8 GEMM on this CPU"),
+])
+def test_fp32_winning_the_measured_choice_is_said_once(monkeypatch, dtype, winner, message):
+    """On a CPU without native bf16 (or whose int8 GEMMs all lose), the product runs in fp32, and
+    fastbert says so once per dtype, naming the shape and the times."""
+    def timings(paths, run):
+        for p in paths:
+            run(p)
+        return {p: 0.001 if p == winner else 0.002 for p in paths}
+
+    monkeypatch.setattr(gemm, "_time_paths", timings)
+    g = torch.Generator().manual_seed(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for tokens in (40, 300):  # two shapes, one warning
+            if dtype == torch.int8:
+                a = torch.randint(-128, 128, (tokens, 64), generator=g, dtype=torch.int8)
+                w = torch.randint(-128, 128, (48, 64), generator=g, dtype=torch.int8)
+                assert torch.equal(fastbert.ops.int8_matmul(a, w).double(), (a.long() @ w.long().t()).double())
+            else:
+                x, w = torch.randn(tokens, 64, generator=g).to(dtype), torch.randn(48, 64, generator=g).to(dtype)
+                with torch.no_grad():
+                    got = fastbert.ops.linear(x, w)
+                want = x.double() @ w.double().t()
+                assert got.dtype == dtype
+                assert_within_bound("fp32 path", got, (x @ w.t()), want, dtype)
+    said = [str(w.message) for w in caught if message in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    assert "[64 x 48]" in said[0] and winner in said[0]
+    assert all(choice[0] == winner for key, choice in gemm.choices().items() if key[4] == dtype)
