@@ -91,6 +91,7 @@ def main(argv=None):
             parse_dtype(d)
     except ValueError as e:
         ap.error(str(e).removeprefix("fastbert: "))
+    dtypes = report.without_slow_bf16(dtypes)
     batches = make_batches(args.batches, args.batch_size, lo, hi, torch.Generator().manual_seed(0))
     rows = [r for d in dtypes for r in measure(d, args.layers, batches, args.rounds)]
     report.finish(rows, print_rows, argv, json_path=args.json, batch_size=args.batch_size, lengths=[lo, hi])

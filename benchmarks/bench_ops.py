@@ -137,6 +137,8 @@ def main(argv=None):
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     except ValueError as e:
         ap.error(str(e).removeprefix("fastbert: "))
+    if args.device == "cpu":
+        dtypes = report.without_slow_bf16(dtypes)
     providers, rows = run(dtypes, args.device, shapes=shapes, budget_s=args.budget)
     report.finish(rows, lambda r: print_table(providers, r), argv, json_path=args.json, png_path=args.png,
                   plot=lambda r, path: plot(r, providers, path), providers=providers)

@@ -34,7 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 import fastbert  # noqa: E402
-from fastbert.bench.report import command_line, header, write_json  # noqa: E402
+from fastbert.bench.report import command_line, header, without_slow_bf16, write_json  # noqa: E402
 from fastbert.bench.timing import interleaved_cpu_times  # noqa: E402
 from fastbert.masking import IGNORE_INDEX, mask_tokens  # noqa: E402
 from fastbert.pretraining.config import PRECISIONS as DTYPES  # noqa: E402
@@ -182,6 +182,8 @@ def main(argv=None) -> int:
     for d in dtypes:
         if d not in DTYPES:
             ap.error(f"unknown dtype {d!r}; choose from {sorted(DTYPES)}")
+    if device.type == "cpu":
+        dtypes = without_slow_bf16(dtypes)
 
     command = command_line(argv, "bench_pretrain")
     info = header(command, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"))

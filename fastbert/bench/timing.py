@@ -7,6 +7,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+import fastbert.backend
+
 
 def interleaved_cpu_times(
     fns: Dict[str, Callable[[], object]], *, warmup: int = 2, repeats: int = 25, budget_s: Optional[float] = None
@@ -42,7 +44,37 @@ def median_s(fns: Dict[str, Callable[[], object]], *, device: str = "cpu", **kw)
     return {name: statistics.median(t) for name, t in interleaved_cpu_times(fns, **kw).items()}
 
 
+# The environment that makes every library of a run stand for a CPU of a lower level: fastbert's
+# kernels (FASTBERT_CPU_CAPABILITY), torch's own (ATEN_CPU_CAPABILITY), MKL's GEMMs, oneDNN's (torch's
+# int8 and bf16 products; a library past its cap computes what that CPU would, saturation included)
+# and CTranslate2's. ONNX Runtime picks its kernels from cpuid and cannot be capped.
+LEVEL_CAPS = {
+    "scalar": dict(ATEN_CPU_CAPABILITY="default", MKL_ENABLE_INSTRUCTIONS="SSE4_2", ONEDNN_MAX_CPU_ISA="SSE41",
+                   CT2_FORCE_CPU_ISA="GENERIC"),
+    "avx2": dict(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2",
+                 CT2_FORCE_CPU_ISA="AVX2"),
+    "avx512": dict(ATEN_CPU_CAPABILITY="avx512", MKL_ENABLE_INSTRUCTIONS="AVX512", ONEDNN_MAX_CPU_ISA="AVX512_CORE",
+                   CT2_FORCE_CPU_ISA="AVX512"),
+}
+
+
+def run_at_level(level: Optional[str], argv: List[str]) -> None:
+    """Re-run this process with every library capped at `level` (LEVEL_CAPS), unless it already is:
+    the caps take effect only when the libraries load."""
+    import os
+    import sys
+
+    if level is None or os.environ.get("FASTBERT_CPU_CAPABILITY") == level:
+        return
+    if level not in LEVEL_CAPS:
+        raise SystemExit(f"--cpu-capability: choose one of {sorted(LEVEL_CAPS)}, got {level!r}")
+    env = dict(os.environ, FASTBERT_CPU_CAPABILITY=level, **LEVEL_CAPS[level])
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, *argv], env)
+
+
 def machine_info() -> dict:
+    import os
     import platform
 
     info = {
@@ -50,9 +82,13 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "fastbert_cpu_level": fastbert.backend.cpu_capability(),
         "processor": _cpu_name(),
         "cpu_flags": _cpu_flags(),
     }
+    caps = {k: os.environ[k] for k in ("FASTBERT_CPU_CAPABILITY", *LEVEL_CAPS["avx2"]) if k in os.environ}
+    if caps:
+        info["capped"] = caps
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     try:
