@@ -117,6 +117,17 @@ class Build(BuildExtension):
         if self.parallel is None:
             self.parallel = True  # the extensions at once (each one's files in parallel too, by ninja)
 
+    def run(self):
+        super().run()
+        # a kernel library of a level this build no longer makes (a native one from an earlier
+        # FASTBERT_CPU_ARCH build) would still be loaded, with the kernels of that earlier build
+        if self.inplace or getattr(self, "editable_mode", False):
+            built = {ext.name.rsplit(".", 1)[-1] for ext in self.extensions}
+            folder = os.path.join(HERE, "fastbert")
+            for f in os.listdir(folder):
+                if f.startswith("_kernels_") and f.split(".")[0] not in built:
+                    os.remove(os.path.join(folder, f))
+
     def build_extension(self, ext):
         # a copy with the extension's own object folder (and ninja file): the extensions build in threads
         own = copy.copy(self)

@@ -169,31 +169,65 @@ def _tolerance(dtype: torch.dtype, inner: int) -> float:
 def _probe(path: str, role: str, dtype: torch.dtype) -> bool:
     """Run `path` once on a small product against float64; False if it is missing, raises or
     disagrees. A failure in fp32 or bf16 is warned of once (an underscored op that changed between
-    torch releases); in fp16 it is usual (CPUs without AVX-512 FP16) and only recorded."""
+    torch releases); in fp16, and in bf16 on a CPU without native bf16, it is usual (the CPU lacks
+    the instructions) and only recorded."""
     key = (path, role, dtype)
     if key not in _probed:
         why = None if _offered(path, role, dtype) else "not in this torch build"
-        if why is None and path not in _DEFAULT.values():
+        if why is None and path != "addmm":
             why = _probe_run(path, role, dtype)
-            if why is not None and dtype in (torch.float32, torch.bfloat16):
+            usual = dtype == torch.float16 or (dtype == torch.bfloat16 and _backend.native_bf16() is False)
+            if why is not None and dtype in (torch.float32, torch.bfloat16) and not usual:
                 warnings.warn(f"fastbert.ops.linear: GEMM path {path!r} ({role}, {dtype}) is not used: {why}",
                               stacklevel=3)
         _probed[key] = why
     return _probed[key] is None
 
 
+def _int8_agrees(path: str, got: Tensor, want: Tensor) -> bool:
+    """Whether an int8 path's accumulator is the exact product `want` (the float path: within fp32's
+    rounding of it)."""
+    if tuple(got.shape) != tuple(want.shape):
+        return False
+    if path == "float":
+        return bool(((got.double() - want.double()).abs() <= 6e-8 * want.double().abs()).all())
+    return bool((got.double() == want.double()).all())
+
+
+def _exact_int8(paths: List[str], a: Tensor, b: Tensor) -> List[str]:
+    """The int8 paths whose result on these operands is exact, checked against fastbert's kernel
+    (exact by construction) or the int64 product: a library's kernel for one shape can differ from
+    its kernel for the shape its probe ran (oneDNN's int8 kernels without VNNI saturate 16-bit pair
+    sums). A path that disagrees is dropped for good, and fastbert.ops.gemm.unavailable() says why."""
+    want = _call("fastbert", "fwd", a, b, None, None) if "fastbert" in paths else a.long() @ b.long().t()
+    kept = []
+    for path in paths:
+        if path == "fastbert" or _int8_agrees(path, _call(path, "fwd", a, b, None, None), want):
+            kept.append(path)
+        else:
+            _probed[(path, "fwd", torch.int8)] = (f"its result disagreed with the exact integer product on a "
+                                                  f"[{a.shape[0]} x {a.shape[1]}] x [{b.shape[1]} x {b.shape[0]}] product")
+    return kept
+
+
 def _probe_run(path: str, role: str, dtype: torch.dtype) -> Optional[str]:
     """None when `path` computes a small product right, else why not."""
     g = torch.Generator().manual_seed(0)
     if dtype == torch.int8:
-        a, b = (torch.randint(-128, 128, s, generator=g, dtype=torch.int8) for s in ((37, 24), (40, 24)))
-        try:
-            got = _call(path, role, a, b, None, None)
-        except Exception as e:  # a missing or changed underscored op
-            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        want = a.long() @ b.long().t()
-        ok = tuple(got.shape) == tuple(want.shape) and bool((got.double() == want.double()).all())
-        return None if ok else "its result disagrees with the exact integer product"
+        # a small product, and one large enough for a library's optimized kernels whose values make
+        # 16-bit pair sums saturate (a = 127 is 255 as u8; u8 x s8 pairs of 255 x 127 overflow int16)
+        big_b = torch.full((96, 768), 127, dtype=torch.int8)
+        big_b[1::2] = -128
+        cases = [tuple(torch.randint(-128, 128, s, generator=g, dtype=torch.int8) for s in ((37, 24), (40, 24))),
+                 (torch.full((128, 768), 127, dtype=torch.int8), big_b)]
+        for a, b in cases:
+            try:
+                got = _call(path, role, a, b, None, None)
+            except Exception as e:  # a missing or changed underscored op
+                return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if not _int8_agrees(path, got, a.long() @ b.long().t()):
+                return "its result disagrees with the exact integer product"
+        return None
     a, b, bias = (torch.randn(*s, generator=g).to(dtype) for s in ((37, 24), (40, 24), (40,)))
     if role != "fwd":  # the gradient products come transposed, as the layer passes them
         a, b, bias = a.t().contiguous().t(), b.t().contiguous().t(), None
@@ -208,11 +242,13 @@ def _probe_run(path: str, role: str, dtype: torch.dtype) -> Optional[str]:
     return None
 
 
-_DEFAULT = {"float": "addmm", "int8": "int_mm"}  # the paths taken without a probe, and when a forced one does not apply
-
-
 def _default(dtype: torch.dtype) -> str:
-    return _DEFAULT["int8" if dtype == torch.int8 else "float"]
+    """The path a product takes when a forced one does not apply: torch.addmm for floats (taken
+    without a probe: torch's own product), for int8 fastbert's kernel, else the float path (every
+    int8 path is probed: a library's int8 kernel without VNNI may saturate)."""
+    if dtype != torch.int8:
+        return "addmm"
+    return "fastbert" if _probe("fastbert", "fwd", dtype) else "float"
 
 
 def unavailable() -> Dict[Tuple[str, str, torch.dtype], str]:
@@ -272,7 +308,10 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
     chosen = _choices.get(key)
     if chosen is not None:
         return _call(chosen[0], role, a, b, bias, alloc)
-    timings = _time_paths(candidates(role, a.dtype), lambda p: _call(p, role, a, b, bias, alloc))
+    paths = candidates(role, a.dtype)
+    if a.dtype == torch.int8:
+        paths = _exact_int8(paths, a, b)
+    timings = _time_paths(paths, lambda p: _call(p, role, a, b, bias, alloc))
     best = min(timings, key=timings.get)
     _choices[key] = (best, timings)
     if best in ("float", "fp32"):

@@ -85,3 +85,26 @@ def test_the_int8_table_compares_with_fastbert_fp32():
     assert fb["vs_fastbert_fp32"] > 0 and by_name["GEMM floor int8"]["vs_floor"] == pytest.approx(1.0)
     assert fb["max_abs_err"] < 0.5
     assert "transformers sdpa int8" not in by_name
+
+
+def test_cpu_capability_reruns_the_benchmark_with_every_library_capped(monkeypatch):
+    """--cpu-capability avx2: the same command again, in a process whose fastbert, torch, MKL, oneDNN
+    and CTranslate2 stand for an AVX2 CPU (they read their caps when they load)."""
+    import os
+    import sys
+
+    from fastbert.bench import timing
+
+    calls = []
+    monkeypatch.setattr(os, "execve", lambda exe, argv, env: calls.append((exe, argv, env)))
+    monkeypatch.delenv("FASTBERT_CPU_CAPABILITY", raising=False)
+    timing.run_at_level("avx2", ["benchmarks/bench_encoder.py", "--cpu-capability", "avx2"])
+    (exe, argv, env), = calls
+    assert exe == sys.executable and argv == [sys.executable, "benchmarks/bench_encoder.py", "--cpu-capability", "avx2"]
+    assert env["FASTBERT_CPU_CAPABILITY"] == "avx2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2" and env["CT2_FORCE_CPU_ISA"] == "AVX2"
+    monkeypatch.setenv("FASTBERT_CPU_CAPABILITY", "avx2")
+    timing.run_at_level("avx2", ["x"])  # already capped: runs on
+    assert len(calls) == 1
+    with pytest.raises(SystemExit, match="choose one of"):
+        timing.run_at_level("avx1024", ["x"])

@@ -87,7 +87,7 @@ def test_every_int8_gemm_path_is_exact(_fresh_choices, m, k, n):
     w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
     want = a.long() @ w.long().t()
     paths = gemm.candidates("fwd", torch.int8)
-    assert "int_mm" in paths
+    assert "float" in paths and ("fastbert" in paths) == fastbert.backend.cpp_available()
     for path in paths:
         with gemm.forced(path):
             got = fastbert.ops.int8_matmul(a, w)
