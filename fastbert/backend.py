@@ -242,6 +242,16 @@ def cpp_function(name: str):
     return fn
 
 
+def cpu_only(backend: Optional[str], t: torch.Tensor):
+    """The extension, for an op with C++ kernels and no Triton ones (int8 inference), when they run
+    it: backend "cpp", or the automatic choice on a CPU tensor with the extension built. None when
+    its reference runs instead ("torch"; "triton" and tensors on other devices, which have no such
+    kernels)."""
+    if backend == "triton" or (backend is None and t.device.type != "cpu"):
+        return None
+    return cpp_extension() if resolve(backend, t) == "cpp" else None
+
+
 def impl(backend: str, kernel_module: str):
     """The module holding the `<op>_forward` / `<op>_backward` launchers of a fused backend:
     the extension for "cpp", fastbert.kernels.<kernel_module> for "triton"."""

@@ -37,10 +37,9 @@ Tensor = torch.Tensor
 
 
 def _impl(backend: Optional[str], t: Tensor):
-    """The extension for the "cpp" backend, else the reference ("torch", and devices without int8 kernels)."""
-    if backend == "triton" or (backend is None and t.device.type != "cpu"):
-        return ref
-    return _backend.cpp_extension() if _backend.resolve(backend, t) == "cpp" else ref
+    """The extension's int8 kernels, or the reference where they do not run (fastbert.backend.cpu_only)."""
+    ext = _backend.cpu_only(backend, t)
+    return ref if ext is None else ext
 
 
 def _check_acc(op: str, acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor,
