@@ -68,17 +68,23 @@ def _library(level: str) -> Optional[str]:
     return spec.origin if spec is not None and spec.origin and os.path.exists(spec.origin) else None
 
 
+_runnable_levels: List[List[str]] = []
+
+
 def _runnable(ext) -> List[str]:
-    """The levels this CPU runs and this build has, lowest first ("native" when it was built here)."""
-    levels = [lv for lv in ext.cpu_levels() if _library(lv) is not None]
-    if _library("native") is not None:
-        try:
-            ext.use_kernels(["native"], [_library("native")])
-            levels.append("native")
-        except RuntimeError as exc:  # built on another machine
-            warnings.warn(f"fastbert: the native kernel library does not run here ({exc})", RuntimeWarning,
-                          stacklevel=4)
-    return levels
+    """The levels this CPU runs and this build has, lowest first ("native" when it was built for a
+    CPU like this one: loading it checks); found once."""
+    if not _runnable_levels:
+        levels = [lv for lv in ext.cpu_levels() if _library(lv) is not None]
+        if _library("native") is not None:
+            try:
+                ext.use_kernels(["native"], [_library("native")])
+                levels.append("native")
+            except RuntimeError as exc:  # built on another machine
+                warnings.warn(f"fastbert: the native kernel library does not run here ({exc})", RuntimeWarning,
+                              stacklevel=4)
+        _runnable_levels.append(levels)
+    return _runnable_levels[0]
 
 
 def _pick_level(ext) -> str:
@@ -97,20 +103,11 @@ def _pick_level(ext) -> str:
 
 def _use_level(ext, level: str) -> None:
     """Run the kernels of `level`: its library over the full library below it (and what lies between)."""
-    runnable = [lv for lv in LEVELS if lv in _runnable_cache(ext)]
+    runnable = _runnable(ext)
     chain = runnable[:runnable.index(level) + 1]
     first = max(i for i, lv in enumerate(chain) if lv in _FULL)
     chain = chain[first:]
     ext.use_kernels(chain, [_library(lv) for lv in chain])
-
-
-_runnable_levels: List[List[str]] = []
-
-
-def _runnable_cache(ext) -> List[str]:
-    if not _runnable_levels:
-        _runnable_levels.append(_runnable(ext))
-    return _runnable_levels[0]
 
 
 def cpu_capability() -> Optional[str]:
@@ -123,7 +120,7 @@ def cpu_capability() -> Optional[str]:
 def cpu_capabilities() -> List[str]:
     """Every level the C++ kernels can run at on this machine, lowest first ([] without the extension)."""
     ext = cpp_extension()
-    return [] if ext is None else list(_runnable_cache(ext))
+    return [] if ext is None else list(_runnable(ext))
 
 
 def set_cpu_capability(level: str) -> str:
