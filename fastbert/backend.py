@@ -53,10 +53,10 @@ def cpp_extension():
     return _cpp
 
 
-# The kernel libraries' levels, lowest first; each of FULL holds every kernel, the others add to the
+# The kernel libraries' levels, lowest first; each of FULL_LEVELS holds every kernel, the others add to the
 # one below them (avx512_vnni: the int8 GEMM).
 LEVELS = ("scalar", "avx2", "avx512", "avx512_vnni", "native")
-_FULL = ("scalar", "avx2", "avx512", "native")
+FULL_LEVELS = ("scalar", "avx2", "avx512", "native")
 
 
 def _library(level: str) -> Optional[str]:
@@ -105,7 +105,7 @@ def _use_level(ext, level: str) -> None:
     """Run the kernels of `level`: its library over the full library below it (and what lies between)."""
     runnable = _runnable(ext)
     chain = runnable[:runnable.index(level) + 1]
-    first = max(i for i, lv in enumerate(chain) if lv in _FULL)
+    first = max(i for i, lv in enumerate(chain) if lv in FULL_LEVELS)
     chain = chain[first:]
     ext.use_kernels(chain, [_library(lv) for lv in chain])
 
