@@ -279,8 +279,10 @@ def _int8(op, shape, backend, device, g) -> List[Row]:
 
 def _int8_matmul(xq, wq, g) -> List[Row]:
     """The int8 GEMM on its measured path and on fastbert's own kernel, also on the extreme values
-    that would saturate a 16-bit product (-128 * -128 pairs), exact."""
+    that would saturate a 16-bit product (-128 * -128 pairs) and on weights in [-64, 64] (AVX2's
+    u8 x s8 kernel) at their extremes, exact."""
     from fastbert.ops import gemm
+    from fastbert.reference import int8 as ref
 
     def want(a, b):
         return (a.long() @ b.long().t()).double()
@@ -291,7 +293,10 @@ def _int8_matmul(xq, wq, g) -> List[Row]:
     lo, w_lo = torch.full_like(xq, -128), torch.full_like(wq, -128)
     w_mixed = (torch.randint(0, 2, wq.shape, generator=g) * 255 - 128).to(torch.int8)  # -128 or 127
     with gemm.forced("fastbert"):
-        for name, a, b in (("acc (fastbert)", xq, wq), ("acc -128 x -128", lo, w_lo), ("acc -128 x +-", lo, w_mixed)):
+        cases = (("acc (fastbert)", xq, wq), ("acc -128 x -128", lo, w_lo), ("acc -128 x +-", lo, w_mixed),
+                 ("acc 127 x 64", torch.full_like(xq, 127), torch.full_like(wq, 64)),
+                 ("acc x [-64, 64]", xq, ref.quantize_weight(wq.float(), 64)[0]))
+        for name, a, b in cases:
             rows.append(exact_check(name, fastbert.ops.int8_matmul(a, b).double(), want(a, b)))
     return rows
 

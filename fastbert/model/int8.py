@@ -1,8 +1,9 @@
 """int8 inference for fastbert's BERT: `quantize_("int8")` / `from_pretrained(..., quantize="int8")`.
 
 Every linear layer of the encoder (the QKV projections, the attention output, both FFN layers)
-becomes an Int8Linear: its weight is quantized once, per output channel, and the int8 weight and
-its scales are then the layer's only copy of it. Nothing is derived from a float weight that could
+becomes an Int8Linear: its weight is quantized once, per output channel (to [-127, 127], or to
+[-64, 64] on CPUs that multiply those faster: AVX2 without VNNI; fastbert.ops.gemm.int8_weight_range),
+and the int8 weight and its scales are then the layer's only copy of it. Nothing is derived from a float weight that could
 fall behind it: a write into the int8 weight (through .data, copy_) is what the next forward
 multiplies by; load_state_dict quantizes the float weights it is given into the same tensors;
 state_dict() gives transformers' names and the dequantized float weights, so save_pretrained
@@ -30,6 +31,7 @@ from torch import nn
 
 from fastbert import ops
 from fastbert.model.config import OTHER_ACTIVATIONS
+from fastbert.ops import gemm
 from fastbert.ops.bias_gelu import GELU_FORMS
 
 QUANTIZE_MODES = ("int8",)
@@ -45,19 +47,23 @@ def check_quantize(mode, where: str) -> Optional[str]:
 
 
 class Int8Linear(nn.Module):
-    """nn.Linear with an int8 weight [out, in] (per output channel symmetric; `weight_scale` [out],
-    float32) and a float bias, for inference. Built from an nn.Linear, whose bias Parameter it keeps."""
+    """nn.Linear with an int8 weight [out, in] (per output channel symmetric, in [-weight_range,
+    weight_range]; `weight_scale` [out], float32) and a float bias, for inference. Built from an
+    nn.Linear, whose bias Parameter it keeps. weight_range: 127 or 64, by default what this CPU
+    multiplies fastest (fastbert.ops.gemm.int8_weight_range)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, weight_range: Optional[int] = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        q, s = ops.quantize_weight(linear.weight)
+        self.weight_range = gemm.int8_weight_range() if weight_range is None else weight_range
+        q, s = ops.quantize_weight(linear.weight, self.weight_range)
         self.register_buffer("weight", q, persistent=False)        # state_dict: see _save_to_state_dict
         self.register_buffer("weight_scale", s, persistent=False)
         self.bias = linear.bias
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"int8 weights in [-{self.weight_range}, {self.weight_range}]")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """F.linear(x, weight, bias) on int8: x quantized per row, int32 GEMM, dequantized to x's dtype."""
@@ -83,7 +89,7 @@ class Int8Linear(nn.Module):
                 error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(w.shape)} from "
                                   f"checkpoint, the shape in current model is {tuple(self.weight.shape)}.")
             else:
-                q, s = ops.quantize_weight(w.to(self.weight.device))
+                q, s = ops.quantize_weight(w.to(self.weight.device), self.weight_range)
                 with torch.no_grad():  # in place: the QKV slices stay slices of the joined tensor
                     self.weight.copy_(q)
                     self.weight_scale.copy_(s)

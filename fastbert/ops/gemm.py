@@ -22,10 +22,12 @@ it raises or disagrees, with one warning in fp32 and bf16; `unavailable()` says 
 and for int8 inference (a and b int8, role fwd, no bias: the int32 accumulator acc = a @ b^T, whose
 dequantization the consuming op applies, see fastbert.ops.int8):
 
-    fastbert       fastbert's own int8 GEMM (csrc/kernels/int8_gemm.cpp) at the kernels' level: int16
-                   pairs into int32 with vpmaddwd on AVX2 and AVX-512, vpdpbusd with VNNI; exact on
-                   every CPU (AVX2's u8 x s8 instruction saturates, which is why oneDNN's path below
-                   fails its probe on CPUs without VNNI)
+    fastbert       fastbert's own int8 GEMM (csrc/kernels/int8_gemm.cpp) at the kernels' level:
+                   vpdpbusd with VNNI; without it vpmaddubsw (u8 x s8 pairs into 16 bits) where every
+                   |weight| <= 64, else int16 pairs into int32 with vpmaddwd; exact on every CPU
+                   (AVX2's u8 x s8 instruction saturates on larger weights, which is why oneDNN's
+                   path below fails its probe on CPUs without VNNI). int8_weight_range() says which
+                   weights int8 layers take here
     int_mm         torch._int_mm (oneDNN's s8 x s8 -> s32 matmul on x86); also what torchao's int8
                    dynamic-activation / int8-weight linear calls on the CPU
     onednn_qlinear torch.ops.onednn.qlinear_pointwise on a weight prepacked on every call, with the
@@ -319,6 +321,39 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
     return _call(best, role, a, b, bias, alloc)
 
 
+_weight_ranges: Dict[tuple, Tuple[int, Dict[int, float]]] = {}
+WEIGHT_RANGE_GAIN = 1.2  # how much faster 64-range weights must multiply for int8 layers to take them
+
+
+def int8_weight_range() -> int:
+    """The range [-R, R] that int8 layers quantize their weights to here: 127, or 64 where fastbert's
+    int8 GEMM multiplies weights in [-64, 64] at least WEIGHT_RANGE_GAIN times as fast (a CPU without
+    VNNI: its u8 x s8 instruction, vpmaddubsw, adds pairs of products into 16 bits and is exact only
+    for such weights; with VNNI, or at the scalar level, both run alike and the finer 127 is kept).
+    Measured once per (kernel level, threads) on a BERT-base-sized product, the two in turn;
+    `weight_ranges()` has the timings. FASTBERT_INT8_WEIGHT_RANGE=127 or 64 pins it."""
+    pinned = os.environ.get("FASTBERT_INT8_WEIGHT_RANGE")
+    if pinned:
+        if pinned not in ("127", "64"):
+            raise ValueError(f"fastbert: FASTBERT_INT8_WEIGHT_RANGE={pinned!r}: choose 127 or 64")
+        return int(pinned)
+    if not _probe("fastbert", "fwd", torch.int8):
+        return 127
+    key = (torch.get_num_threads(), _backend.cpu_capability())
+    if key not in _weight_ranges:
+        g = torch.Generator().manual_seed(0)
+        a = torch.randint(-127, 128, (512, 768), generator=g, dtype=torch.int8)
+        weights = {r: torch.randint(-r, r + 1, (768, 768), generator=g, dtype=torch.int8) for r in (127, 64)}
+        timings = _time_paths(list(weights), lambda r: _fastbert_int8(a, weights[r], None, None))
+        _weight_ranges[key] = (64 if timings[127] >= WEIGHT_RANGE_GAIN * timings[64] else 127, timings)
+    return _weight_ranges[key][0]
+
+
+def weight_ranges() -> Dict[tuple, Tuple[int, Dict[int, float]]]:
+    """{(threads, kernel level): (int8 weight range chosen, {range: seconds timed})}."""
+    return dict(_weight_ranges)
+
+
 _said: Dict[torch.dtype, bool] = {}
 
 
@@ -353,6 +388,7 @@ def reset() -> None:
     _choices.clear()
     _probed.clear()
     _said.clear()
+    _weight_ranges.clear()
 
 
 @contextlib.contextmanager

@@ -17,7 +17,8 @@ is [rows + 1, n], its last row the weight's column sums. One encoder layer on th
     h2, *h2_quantized = int8_add_layer_norm(acc, i_s, i_o, W2_s, b2, h1, ...)   (the next layer's input)
 
 On the CPU the element-wise ops run the C++ kernels (csrc/int8.cpp) and int8_matmul the GEMM path
-measured fastest for the shape (fastbert.ops.gemm: torch._int_mm or oneDNN's quantized linear).
+measured fastest for the shape (fastbert.ops.gemm: fastbert's own, torch._int_mm, oneDNN's quantized
+linear or the float product).
 There are no Triton int8 kernels: on other devices (and with backend="torch") the reference runs.
 Inference only: none of these ops has a gradient.
 """
@@ -86,12 +87,16 @@ def quantize_rows(x: Tensor, *, backend: Optional[str] = None) -> Tuple[Tensor, 
     return _quantize_rows(x)
 
 
-def quantize_weight(weight: Tensor) -> Tuple[Tensor, Tensor]:
-    """weight [out, in] float -> (q int8 [out, in], scale float32 [out]), per output channel, symmetric."""
+def quantize_weight(weight: Tensor, qmax: int = 127) -> Tuple[Tensor, Tensor]:
+    """weight [out, in] float -> (q int8 [out, in], scale float32 [out]), per output channel, symmetric,
+    q in [-qmax, qmax]: 127, or 64 (what int8 layers take where fastbert.ops.gemm.int8_weight_range()
+    says so)."""
     check_float("quantize_weight", "weight", weight)
     if weight.dim() != 2:
         raise ValueError(f"fastbert.ops.quantize_weight: weight must be 2-D [out, in], got {tuple(weight.shape)}")
-    return ref.quantize_weight(weight.detach())
+    if qmax not in ref.WEIGHT_RANGES:
+        raise ValueError(f"fastbert.ops.quantize_weight: qmax must be one of {ref.WEIGHT_RANGES}, got {qmax!r}")
+    return ref.quantize_weight(weight.detach(), qmax)
 
 
 def _alloc(rows: int, cols: int):

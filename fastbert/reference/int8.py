@@ -4,15 +4,17 @@ and the "torch" backend of fastbert.ops.int8.
 Weights are quantized per output channel, symmetrically; activations per row (token),
 asymmetrically about the row's midpoint:
 
-    weight row w:      s = max|w| / 127,  q = round(w * (127 / max|w|))           w ~ q * s
+    weight row w:      s = max|w| / Q,  q = round(w * (Q / max|w|))               w ~ q * s
     activation row x:  o = (max x + min x) / 2,  r = (max x - min x) / 2,
                        s = r / 127,  q = round((x - o) * (127 / r))              x ~ q * s + o
 
-(round half to even, in fp32; a constant row has s = 0, q = 0 and o its value). The activation's
-midpoint matters: a LayerNorm's output rows are far from centred on 0 (its bias has a few large
-entries), and spending the 8 bits on [min, max] instead of [-max|x|, max|x|] roughly halves the
-error on MiniLM's sentence embeddings (benchmarks/RESULTS.md). Quantized activations carry one
-extra row of ones, so that the int8 GEMM
+(round half to even, in fp32; a constant row has s = 0, q = 0 and o its value). Q, the weight's
+range, is 127, or 64 where the CPU multiplies such weights faster (fastbert.ops.gemm.int8_weight_range:
+AVX2 without VNNI, whose u8 x s8 instruction adds pairs of products into 16 bits, exact while 255 x
+64 x 2 fits). The activation's midpoint matters: a LayerNorm's output rows are far from centred on 0
+(its bias has a few large entries), and spending the 8 bits on [min, max] instead of [-max|x|,
+max|x|] roughly halves the error on MiniLM's sentence embeddings (benchmarks/RESULTS.md). Quantized
+activations carry one extra row of ones, so that the int8 GEMM
 
     acc = q_x @ q_w^T                 exact, in int32; its last row: the column sums of q_w
 
@@ -45,12 +47,16 @@ def quantize_rows(x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     return q, half / 127.0, offset
 
 
-def quantize_weight(w: Tensor) -> Tuple[Tensor, Tensor]:
-    """w [out, in] float -> (q int8 [out, in], scale float32 [out]), per output channel, symmetric."""
+WEIGHT_RANGES = (127, 64)
+
+
+def quantize_weight(w: Tensor, qmax: int = 127) -> Tuple[Tensor, Tensor]:
+    """w [out, in] float -> (q int8 [out, in], scale float32 [out]), per output channel, symmetric,
+    q in [-qmax, qmax]: 127, or 64 (the range that AVX2's u8 x s8 instruction multiplies exactly)."""
     v = w.float()
     amax = v.abs().amax(dim=-1)
-    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
-    return torch.round(v * inv[:, None]).clamp_(-127, 127).to(torch.int8), amax / 127.0
+    inv = torch.where(amax > 0, torch.full_like(amax, float(qmax)) / amax, torch.zeros_like(amax))
+    return torch.round(v * inv[:, None]).clamp_(-qmax, qmax).to(torch.int8), amax / float(qmax)
 
 
 def int8_mm(a: Tensor, b: Tensor) -> Tensor:

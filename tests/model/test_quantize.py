@@ -46,13 +46,24 @@ def _close(a, b):
     return float(a @ b / a.norm() / b.norm())
 
 
-def test_minilm_sentence_embeddings_keep_their_neighbours(minilm):
-    """The acceptance figures of int8 against fp32 on 1000 real sentences (standard-library docs)."""
+@pytest.fixture(scope="module")
+def minilm_fp32(minilm):
+    """1000 real sentences (standard-library docs) and MiniLM's fp32 embeddings of them."""
     from fastbert.bench.workloads import real_sentences
 
     sents = real_sentences(1000)
-    want = fastbert.SentenceEncoder(minilm).encode(sents, batch_size=64)
-    got = fastbert.SentenceEncoder(minilm, quantize="int8").encode(sents, batch_size=64)
+    return sents, fastbert.SentenceEncoder(minilm).encode(sents, batch_size=64)
+
+
+@pytest.mark.parametrize("weight_range", ["127", "64"])
+def test_minilm_sentence_embeddings_keep_their_neighbours(minilm, minilm_fp32, weight_range, monkeypatch):
+    """The acceptance figures of int8 against fp32 on 1000 real sentences, with either weight range
+    (the one a CPU takes is measured: fastbert.ops.gemm.int8_weight_range)."""
+    monkeypatch.setenv("FASTBERT_INT8_WEIGHT_RANGE", weight_range)
+    sents, want = minilm_fp32
+    encoder = fastbert.SentenceEncoder(minilm, quantize="int8")
+    assert {m.weight_range for m in encoder.model.modules() if isinstance(m, Int8Linear)} == {int(weight_range)}
+    got = encoder.encode(sents, batch_size=64)
     figures = embedding_agreement(want, got)
     print(format_figures(figures))
     for key, target in TARGETS.items():
@@ -124,6 +135,23 @@ def test_weights_are_never_stale(saved, tmp_path):
     assert all(m.weight_scale.dtype == torch.float32 for m in model.modules() if isinstance(m, Int8Linear))
     with torch.no_grad():
         torch.testing.assert_close(out(), fresh(ids, mask).last_hidden_state[real], rtol=0, atol=0)
+
+
+def test_weights_written_out_of_the_narrow_range_stay_exact(saved, monkeypatch):
+    """Weights quantized to [-64, 64] (which AVX2 multiplies with vpmaddubsw) and then written with
+    values outside it through .data: the GEMM is still the exact product (the kernel checks)."""
+    monkeypatch.setenv("FASTBERT_INT8_WEIGHT_RANGE", "64")
+    model = fastbert.BertModel.from_pretrained(saved, quantize="int8")
+    assert all(m.weight_range == 64 and int(m.weight.abs().max()) == 64
+               for m in model.modules() if isinstance(m, Int8Linear))
+    model.encoder.layer[1].intermediate.dense.weight.data[3] = -128  # a whole row: 16-bit pair sums would saturate
+    model.encoder.layer[0].attention.self.query.weight.data[-1, -1] = 127
+    ids, mask = _batch(4)
+    real = mask.bool()
+    with torch.no_grad():
+        got = model(ids, mask).last_hidden_state[real]
+        want = model.set_backend("torch")(ids, mask).last_hidden_state[real]
+    assert (got - want).abs().max() < 0.05 and _close(got, want) > 0.9999
 
 
 def test_state_dict_and_checkpoints_are_transformers(saved, tmp_path):

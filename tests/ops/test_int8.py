@@ -64,13 +64,32 @@ def test_quantize_rows_constant_and_zero_rows(backend):
     assert torch.allclose(_dequantized(q, s, o)[2], x[2].double(), atol=float(s[2]) / 2 + 1e-7)
 
 
-def test_quantize_weight_is_per_channel_symmetric():
+@pytest.mark.parametrize("qmax", [127, 64])
+def test_quantize_weight_is_per_channel_symmetric(qmax):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 80, generator=g) * torch.rand(48, 1, generator=g)
-    q, s = fastbert.ops.quantize_weight(w)
+    q, s = fastbert.ops.quantize_weight(w, qmax)
     assert q.dtype == torch.int8 and s.shape == (48,)
-    assert (q.abs().amax(1) == 127).all() and int(q.min()) >= -127
+    assert (q.abs().amax(1) == qmax).all() and int(q.min()) >= -qmax
     assert ((q.double() * s.double()[:, None] - w.double()).abs() <= s.double()[:, None] / 2 + 1e-7).all()
+    with pytest.raises(ValueError, match="qmax must be one of"):
+        fastbert.ops.quantize_weight(w, 100)
+
+
+def test_int8_weight_range_is_measured_or_pinned(monkeypatch, _fresh_choices):
+    """127 or 64, measured once per (threads, level) with both timings kept; the variable pins it."""
+    got = gemm.int8_weight_range()
+    assert got in (127, 64)
+    if fastbert.backend.cpp_available():
+        (chosen, timings), = gemm.weight_ranges().values()
+        assert chosen == got and set(timings) == {127, 64}
+        assert got == (64 if timings[127] >= gemm.WEIGHT_RANGE_GAIN * timings[64] else 127)
+    for pinned in ("127", "64"):
+        monkeypatch.setenv("FASTBERT_INT8_WEIGHT_RANGE", pinned)
+        assert gemm.int8_weight_range() == int(pinned)
+    monkeypatch.setenv("FASTBERT_INT8_WEIGHT_RANGE", "8")
+    with pytest.raises(ValueError, match="choose 127 or 64"):
+        gemm.int8_weight_range()
 
 
 @pytest.fixture
@@ -115,9 +134,15 @@ def test_fastbert_int8_gemm_is_exact_at_every_level(level):
         for m, k, n in shapes:
             a = torch.randint(-128, 128, (m, k + 5), generator=g, dtype=torch.int8)[:, 2:2 + k]  # rows strided
             w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+            w64 = torch.randint(-64, 65, (n, k), generator=g, dtype=torch.int8)  # weights in [-64, 64]
+            late = w64.clone()
+            late[-1, -1] = -128  # one value out of [-64, 64], in the last panel: that task runs again
             for x, y in ((a, w), (torch.full_like(a, -128), torch.full_like(w, -128)),
                          (torch.full_like(a, 127), torch.full_like(w, -128)),
-                         (torch.full_like(a, -128), (torch.randint(0, 2, w.shape, generator=g) * 255 - 128).to(torch.int8))):
+                         (torch.full_like(a, -128), (torch.randint(0, 2, w.shape, generator=g) * 255 - 128).to(torch.int8)),
+                         (a, w64), (torch.full_like(a, 127), torch.full_like(w, 64)),
+                         (torch.full_like(a, 127), torch.full_like(w, -64)), (torch.full_like(a, -128), w64),
+                         (a, late), (torch.full_like(a, 127), late.abs().clamp(max=65))):
                 got = gemm_fn(x, y)
                 assert torch.equal(got.long(), x.long() @ y.long().t()), (level, m, k, n)
         out = torch.empty(3, 5, dtype=torch.int32)
