@@ -1,8 +1,10 @@
 """fastbert's C++ kernels at each instruction-set level this CPU runs, in one process on the same data:
-the fused ops, attention, the int8 GEMM and the whole BERT-base encoder (fp32, and int8 on fastbert's
-own int8 GEMM), the levels called in turn round after round (fastbert.backend.cpu_capability_scope
-switches the kernel library). torch's own kernels and GEMMs are not capped: in the fp32 encoder only
-fastbert's kernels change with the level.
+the fused ops, attention, the int8 GEMM (full-range weights, and weights in [-64, 64], which avx2
+multiplies with vpmaddubsw) and the whole BERT-base encoder (fp32, and int8 on fastbert's own int8
+GEMM, its weights in the range fastbert.ops.gemm.int8_weight_range() picks here), the levels called
+in turn round after round (fastbert.backend.cpu_capability_scope switches the kernel library).
+torch's own kernels and GEMMs are not capped: in the fp32 encoder only fastbert's kernels change
+with the level.
 
 With a `native` level (a build with FASTBERT_CPU_ARCH=native: the same kernels compiled with
 -march=native for this machine) the last column compares it with the best dispatched level: what
@@ -40,6 +42,7 @@ def op_cases(g):
     (qp, _, cu, mx), (kp, *_), (vp, *_) = packed
     a8 = torch.randint(-128, 128, (int(mask.sum()) + 1, 768), generator=g, dtype=torch.int8)
     w8 = torch.randint(-127, 128, (3072, 768), generator=g, dtype=torch.int8)
+    w7 = torch.randint(-64, 65, (3072, 768), generator=g, dtype=torch.int8)  # the narrow weights (avx2's vpmaddubsw)
     acc, xs, xo = fastbert.ops.int8_matmul(a8, w8), torch.rand(a8.shape[0] - 1, generator=g), torch.randn(a8.shape[0] - 1)
     ws, bi = torch.rand(3072, generator=g) * 1e-3, torch.randn(3072, generator=g)
     ln = [h, r, w, lb]
@@ -48,16 +51,17 @@ def op_cases(g):
         leaves = [t.clone().requires_grad_(True) for t in ln]
         fastbert.ops.add_layer_norm(*leaves).backward(dy)
 
-    def int8_gemm():
+    def int8_gemm(w):
         with gemm.forced("fastbert"):
-            fastbert.ops.int8_matmul(a8, w8)
+            fastbert.ops.int8_matmul(a8, w)
 
     return {
         "bias_gelu 4096x3072": lambda: fastbert.ops.bias_gelu(x, b),
         "add_layer_norm 4096x768": lambda: fastbert.ops.add_layer_norm(*ln),
         "add_layer_norm fwd+bwd": ln_fwd_bwd,
         "varlen_attention var128": lambda: fastbert.ops.varlen_attention(qp, kp, vp, cu, mx),
-        f"int8 GEMM {a8.shape[0]}x768x3072": int8_gemm,
+        f"int8 GEMM {a8.shape[0]}x768x3072": lambda: int8_gemm(w8),
+        "... weights in [-64, 64]": lambda: int8_gemm(w7),
         "int8_bias_gelu": lambda: fastbert.ops.int8_bias_gelu(acc, xs, xo, ws, bi),
     }
 

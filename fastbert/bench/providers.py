@@ -4,7 +4,7 @@ MiniLM under SentenceEncoder vs sentence-transformers."""
 from __future__ import annotations
 
 import contextlib
-import time
+import copy
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -16,6 +16,7 @@ from fastbert.bench.workloads import random_transformers_bert
 from fastbert.dtypes import dtype_name
 from fastbert.ops import gemm
 
+WIDE = "(+-127 weights)"  # the int8 row of a model quantized to the full weight range
 MEASURED = "per-shape"  # the floor variant on fastbert's measured choice of path for each shape
 
 
@@ -30,12 +31,10 @@ def _linears(layer):
             (layer.output.dense.weight, layer.output.dense.bias)]
 
 
-def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None, layers: Optional[int] = None,
-               qkv_only: bool = False):
-    """A callable running exactly the model's linear layers (the first `layers`; only the QKV
-    product with qkv_only) on `tokens` rows, in `dtype`, every product on GEMM path `path` (None:
-    fastbert's measured choice for each shape). dtype torch.int8: the products of int8 inference,
-    int8 rows by int8 weights (per channel) into the accumulator."""
+def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
+    """A callable running exactly the model's linear layers on `tokens` rows, in `dtype`, every
+    product on GEMM path `path` (None: fastbert's measured choice for each shape). dtype torch.int8:
+    the products of int8 inference, int8 rows by int8 weights (per channel) into the accumulator."""
     cfg = model.config
     if dtype == torch.int8:
         g = torch.Generator().manual_seed(0)
@@ -56,53 +55,27 @@ def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None, layers: Op
             return w.to(dtype), b.to(dtype)
 
         product = fastbert.ops.linear
-    weights = [[operands(w, b) for w, b in _linears(layer)[:1 if qkv_only else 4]]
-               for layer in model.encoder.layer[:layers]]
+    layers = [[operands(w, b) for w, b in _linears(layer)] for layer in model.encoder.layer]
     x, inter = rows(cfg.hidden_size), rows(cfg.intermediate_size)
-    inputs = (x, x, x, inter)
 
     def run():
         # the linear layers as fastbert's model runs them for inference (outputs into reused
         # buffers, not freshly page-faulted ones), so that the floor is the fastest way to run them
         with gemm.forced(path) if path is not None else contextlib.nullcontext():
-            for layer in weights:
-                for a, (w, b) in zip(inputs, layer):
-                    product(a, w, b)
+            for (wq, bq), (wo, bo), (wi, bi), (w2, b2) in layers:
+                product(x, wq, bq)
+                product(x, wo, bo)
+                product(x, wi, bi)
+                product(inter, w2, b2)
 
     return run
 
 
-SLOW_PATH = 4.0  # a path this many times slower than the fastest on one product gets no floor row
-
-
-def _slow_paths(model, tokens: int, dtype, paths) -> Dict[str, float]:
-    """{path: its time over the fastest's} for the paths SLOW_PATH times slower than the fastest on the
-    model's QKV product (at most 256 rows): a floor on them would take minutes and say nothing (torch's
-    _int_mm is a scalar loop on CPUs without VNNI)."""
-    if len(paths) < 2:
-        return {}
-    one = {p: gemm_floor(model, min(tokens, 256), dtype, p, layers=1, qkv_only=True) for p in paths}
-    best = {p: min(_seconds(run) for _ in range(3)) for p, run in one.items()}
-    fastest = min(best.values())
-    return {p: t / fastest for p, t in best.items() if t > SLOW_PATH * fastest}
-
-
-def _seconds(run: Callable) -> float:
-    t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0
-
-
 def floor_providers(model, tokens: int, dtype) -> Dict[str, Callable]:
-    """"GEMM floor <dtype> <path>" for every GEMM path this machine offers (but those SLOW_PATH times
-    slower than the fastest, said on stdout), and on the per-shape choice (dtype torch.int8: the int8
-    products of int8 inference)."""
+    """"GEMM floor <dtype> <path>" for every GEMM path this machine offers, and on the per-shape
+    choice (dtype torch.int8: the int8 products of int8 inference)."""
     tag = dtype_name(dtype)
-    paths = gemm.candidates("fwd", dtype)
-    slow = _slow_paths(model, tokens, dtype, paths)
-    for p, ratio in slow.items():
-        print(f"floor skipped: GEMM floor {tag} {p}: {ratio:.1f}x the fastest path on the QKV product")
-    provs = {f"GEMM floor {tag} {p}": gemm_floor(model, tokens, dtype, p) for p in paths if p not in slow}
+    provs = {f"GEMM floor {tag} {p}": gemm_floor(model, tokens, dtype, p) for p in gemm.candidates("fwd", dtype)}
     provs[f"GEMM floor {tag} {MEASURED}"] = gemm_floor(model, tokens, dtype)
     return provs
 
@@ -120,6 +93,9 @@ def encoder_providers(layers: int, dtypes, ids, mask, peers=()) -> Tuple[Dict[st
         provs[f"fastbert {tag}"] = (lambda m=fm: m(ids, mask))
         provs.update(floor_providers(fb, tokens, dtype))
         if dtype == torch.int8:  # no transformers int8: its rows are fastbert's, the peers' and the floor
+            if gemm.int8_weight_range() != 127:  # and what the narrower weights this CPU takes gain
+                wide = copy.deepcopy(fb).quantize_("int8", weight_range=127)
+                provs[f"fastbert {tag} {WIDE}"] = (lambda m=wide: m(ids, mask))
             continue
         for impl, hm in hf.items():
             if dtype == torch.float32:
@@ -145,8 +121,6 @@ def last_hidden(out) -> torch.Tensor:
 
 def _copy_to(model, dtype):
     """A copy of `model` in `dtype` (torch.int8: quantized for int8 inference)."""
-    import copy
-
     if dtype == torch.int8:
         return copy.deepcopy(model).quantize_("int8")
     return copy.deepcopy(model).to(dtype)

@@ -36,7 +36,8 @@ def summarise(times: Dict[str, List[float]], tokens: int, dtypes, errors: Option
         fastest_peer = min((med[n] for n in peer_names), default=None)
         # int8 rows are compared with transformers in fp32 (and fastbert int8 with fastbert fp32)
         base, floor = med[f"transformers sdpa {'fp32' if tag == 'int8' else tag}"], med[f"GEMM floor {tag}"]
-        names = [f"fastbert {tag}", *(f"{p} {tag}" for p in ours), *peer_names, f"GEMM floor {tag}"]
+        variants = [k for k in med if k.startswith(f"fastbert {tag} (")]  # int8 on full-range weights
+        names = [f"fastbert {tag}", *variants, *(f"{p} {tag}" for p in ours), *peer_names, f"GEMM floor {tag}"]
         for name in names:
             rows.append({
                 "provider": name, "dtype": tag, "ms": med[name] * 1e3, "tokens_per_s": tokens / med[name],
@@ -46,7 +47,7 @@ def summarise(times: Dict[str, List[float]], tokens: int, dtypes, errors: Option
                 "picked": picked.get(name) or None,
                 **({"floor_paths_ms": floor_paths} if name.startswith("GEMM floor") else {}),
                 **({"vs_fastbert_fp32": med["fastbert fp32"] / med[name]}
-                   if name == "fastbert int8" and "fastbert fp32" in med else {}),
+                   if name.startswith("fastbert int8") and "fastbert fp32" in med else {}),
             })
     return rows
 

@@ -33,6 +33,7 @@ from fastbert import ops
 from fastbert.model.config import OTHER_ACTIVATIONS
 from fastbert.ops import gemm
 from fastbert.ops.bias_gelu import GELU_FORMS
+from fastbert.reference.int8 import WEIGHT_RANGES
 
 QUANTIZE_MODES = ("int8",)
 TRAINING_ERROR = ("fastbert: this model is quantized to int8 for inference; training and gradients need the "
@@ -108,11 +109,15 @@ class Int8Linear(nn.Module):
         return self
 
 
-def quantize_model(model: nn.Module, mode: str = "int8") -> nn.Module:
-    """Turn every encoder linear layer of `model` (a fastbert BERT class) into an Int8Linear, in place."""
+def quantize_model(model: nn.Module, mode: str = "int8", weight_range: Optional[int] = None) -> nn.Module:
+    """Turn every encoder linear layer of `model` (a fastbert BERT class) into an Int8Linear, in place,
+    its weights in [-weight_range, weight_range] (None: what this CPU multiplies fastest)."""
     from fastbert.model.layers import BertLayer
 
     check_quantize(mode, f"{type(model).__name__}.quantize_")
+    if weight_range is not None and weight_range not in WEIGHT_RANGES:
+        raise ValueError(f"{type(model).__name__}.quantize_: weight_range must be one of {WEIGHT_RANGES} or None, "
+                         f"got {weight_range!r}")
     if not hasattr(torch, "_int_mm"):
         raise RuntimeError("fastbert: int8 inference needs torch._int_mm (torch >= 2.4)")
     for layer in model.modules():
@@ -123,7 +128,7 @@ def quantize_model(model: nn.Module, mode: str = "int8") -> nn.Module:
                             (layer.intermediate, "dense"), (layer.output, "dense")):
             linear = getattr(owner, name)
             if not isinstance(linear, Int8Linear):
-                setattr(owner, name, Int8Linear(linear))
+                setattr(owner, name, Int8Linear(linear, weight_range))
     return model
 
 

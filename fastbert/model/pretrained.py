@@ -48,10 +48,12 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
 
     quantized: Optional[str] = None  # "int8" after quantize_("int8")
 
-    def quantize_(self, mode: str = "int8") -> "BertPreTrainedModel":
+    def quantize_(self, mode: str = "int8", *, weight_range: Optional[int] = None) -> "BertPreTrainedModel":
         """Quantize the encoder's linear layers in place for inference: "int8" (per-channel int8
-        weights, per-token int8 activations, int32 accumulation; fastbert.model.int8). Returns self."""
-        quantize_model(self, mode)
+        weights, per-token int8 activations, int32 accumulation; fastbert.model.int8). weight_range:
+        the weights' int8 range, 127 or 64 (None: what this CPU multiplies fastest,
+        fastbert.ops.gemm.int8_weight_range()). Returns self."""
+        quantize_model(self, mode, weight_range)
         for m in self.modules():
             if isinstance(m, BertPreTrainedModel):
                 m.quantized = mode  # the wrapped BertModel of a task model too

@@ -254,8 +254,12 @@ def _default(dtype: torch.dtype) -> str:
 
 
 def unavailable() -> Dict[Tuple[str, str, torch.dtype], str]:
-    """{(path, role, dtype): why it is not used} for the paths probed so far."""
-    return {k: why for k, why in _probed.items() if why is not None}
+    """{(path, role, dtype): why it is not used} for the paths probed so far (and the int8 paths too
+    slow to time at the current threads and kernel level)."""
+    out = {k: why for k, why in _probed.items() if why is not None}
+    slow = _slow.get((torch.get_num_threads(), _backend.cpu_capability()), {})
+    out.update({(p, "fwd", torch.int8): why for p, why in slow.items()})
+    return out
 
 
 def _paths_for(dtype: torch.dtype) -> Tuple[str, ...]:
@@ -263,8 +267,31 @@ def _paths_for(dtype: torch.dtype) -> Tuple[str, ...]:
 
 
 def candidates(role: str, dtype: torch.dtype) -> List[str]:
-    """The paths that take `role` in `dtype` on this build and passed their probe."""
-    return [p for p in _paths_for(dtype) if _probe(p, role, dtype)]
+    """The paths that take `role` in `dtype` on this build and passed their probe (int8: and are not
+    SLOW_INT8 times slower than the fastest here)."""
+    paths = [p for p in _paths_for(dtype) if _probe(p, role, dtype)]
+    return _fast_enough(paths) if dtype == torch.int8 and len(paths) > 1 else paths
+
+
+SLOW_INT8 = 8.0
+_slow: Dict[tuple, Dict[str, str]] = {}  # (threads, kernel level) -> {int8 path: why it is not timed}
+
+
+def _fast_enough(paths: List[str]) -> List[str]:
+    """The int8 paths within SLOW_INT8 of the fastest on a [256 x 768] x [768 x 768] product, timed once
+    per (threads, kernel level): the others would cost seconds at the first product of every shape
+    and never win it (torch._int_mm runs a scalar loop on CPUs without VNNI, about 50x fastbert's
+    kernel on a Zen 3). unavailable() says how much slower the others were."""
+    key = (torch.get_num_threads(), _backend.cpu_capability())
+    if key not in _slow:
+        g = torch.Generator().manual_seed(0)
+        a = torch.randint(-127, 128, (256, 768), generator=g, dtype=torch.int8)
+        b = torch.randint(-127, 128, (768, 768), generator=g, dtype=torch.int8)
+        timings = _time_paths(paths, lambda p: _call(p, "fwd", a, b, None, None))
+        best = min(timings, key=timings.get)
+        _slow[key] = {p: f"{t / timings[best]:.0f}x slower than {best} on a [256 x 768] x [768 x 768] product, so not timed"
+                      for p, t in timings.items() if t > SLOW_INT8 * timings[best]}
+    return [p for p in paths if p not in _slow[key]]
 
 
 def _bucket(tokens: int) -> int:
@@ -389,6 +416,7 @@ def reset() -> None:
     _probed.clear()
     _said.clear()
     _weight_ranges.clear()
+    _slow.clear()
 
 
 @contextlib.contextmanager

@@ -116,6 +116,19 @@ def test_every_int8_gemm_path_is_exact(_fresh_choices, m, k, n):
     assert any(key[0] == "fwd" and key[4] == torch.int8 for key in gemm.choices())
 
 
+def test_int8_paths_far_slower_than_the_fastest_are_not_timed(_fresh_choices, monkeypatch):
+    """An int8 path SLOW_INT8 times slower than the fastest (torch._int_mm's scalar loop on CPUs without
+    VNNI) is left out of the measured choice, and unavailable() says why."""
+    everything = gemm.candidates("fwd", torch.int8)
+    gemm.reset()
+    monkeypatch.setattr(gemm, "SLOW_INT8", 1.0)  # anything slower than the fastest
+    kept = gemm.candidates("fwd", torch.int8)
+    assert len(kept) == 1 and kept[0] in everything
+    why = gemm.unavailable()
+    for path in set(everything) - set(kept):
+        assert "slower than " + kept[0] in why[(path, "fwd", torch.int8)]
+
+
 def _levels():
     return fastbert.backend.cpu_capabilities() or [None]
 
