@@ -152,6 +152,10 @@ def test_weights_written_out_of_the_narrow_range_stay_exact(saved, monkeypatch):
         got = model(ids, mask).last_hidden_state[real]
         want = model.set_backend("torch")(ids, mask).last_hidden_state[real]
     assert (got - want).abs().max() < 0.05 and _close(got, want) > 0.9999
+    wide = fastbert.BertModel.from_pretrained(saved).quantize_("int8", weight_range=127)  # the range asked for
+    assert {m.weight_range for m in wide.modules() if isinstance(m, Int8Linear)} == {127}
+    with pytest.raises(ValueError, match="weight_range must be one of"):
+        fastbert.BertModel.from_pretrained(saved).quantize_("int8", weight_range=100)
 
 
 def test_state_dict_and_checkpoints_are_transformers(saved, tmp_path):
