@@ -23,8 +23,8 @@ and for int8 inference (a and b int8, role fwd, no bias: the int32 accumulator a
 dequantization the consuming op applies, see fastbert.ops.int8):
 
     fastbert       fastbert's own int8 GEMM (csrc/kernels/int8_gemm.cpp) at the kernels' level:
-                   vpdpbusd with VNNI; without it vpmaddubsw (u8 x s8 pairs into 16 bits) where every
-                   |weight| <= 64, else int16 pairs into int32 with vpmaddwd; exact on every CPU
+                   vpdpbusd with VNNI; at avx2 vpmaddubsw (u8 x s8 pairs into 16 bits) where every
+                   |weight| <= 64, else (and at avx512) int16 pairs into int32 with vpmaddwd; exact on every CPU
                    (AVX2's u8 x s8 instruction saturates on larger weights, which is why oneDNN's
                    path below fails its probe on CPUs without VNNI). int8_weight_range() says which
                    weights int8 layers take here
