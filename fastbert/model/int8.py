@@ -3,11 +3,11 @@
 Every linear layer of the encoder (the QKV projections, the attention output, both FFN layers)
 becomes an Int8Linear: its weight is quantized once, per output channel (to [-127, 127], or to
 [-64, 64] on CPUs that multiply those faster: AVX2 without VNNI; fastbert.ops.gemm.int8_weight_range),
-and the int8 weight and its scales are then the layer's only copy of it. Nothing is derived from a float weight that could
-fall behind it: a write into the int8 weight (through .data, copy_) is what the next forward
-multiplies by; load_state_dict quantizes the float weights it is given into the same tensors;
-state_dict() gives transformers' names and the dequantized float weights, so save_pretrained
-writes a checkpoint transformers loads. The QKV projections are slices of one [3 hidden, hidden]
+and the int8 weight and its scales are then the layer's only copy of it. Nothing is derived from a
+float weight that could fall behind it: a write into the int8 weight (through .data, copy_) is what
+the next forward multiplies by; load_state_dict quantizes the float weights it is given into the
+same tensors; state_dict() gives transformers' names and the dequantized float weights, so
+save_pretrained writes a checkpoint transformers loads. The QKV projections are slices of one [3 hidden, hidden]
 int8 tensor (re-joined whenever to() or an assignment gave them memory of their own), so one GEMM
 serves all three.
 

@@ -24,10 +24,10 @@ dequantization the consuming op applies, see fastbert.ops.int8):
 
     fastbert       fastbert's own int8 GEMM (csrc/kernels/int8_gemm.cpp) at the kernels' level:
                    vpdpbusd with VNNI; at avx2 vpmaddubsw (u8 x s8 pairs into 16 bits) where every
-                   |weight| <= 64, else (and at avx512) int16 pairs into int32 with vpmaddwd; exact on every CPU
-                   (AVX2's u8 x s8 instruction saturates on larger weights, which is why oneDNN's
-                   path below fails its probe on CPUs without VNNI). int8_weight_range() says which
-                   weights int8 layers take here
+                   |weight| <= 64, else (and at avx512) int16 pairs into int32 with vpmaddwd; exact
+                   on every CPU (AVX2's u8 x s8 instruction saturates on larger weights, which is
+                   why oneDNN's path below fails its probe on CPUs without VNNI).
+                   int8_weight_range() says which weights int8 layers take here
     int_mm         torch._int_mm (oneDNN's s8 x s8 -> s32 matmul on x86); also what torchao's int8
                    dynamic-activation / int8-weight linear calls on the CPU
     onednn_qlinear torch.ops.onednn.qlinear_pointwise on a weight prepacked on every call, with the
@@ -62,6 +62,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from fastbert import backend as _backend
+from fastbert.reference.int8 import WEIGHT_RANGES
 
 Tensor = torch.Tensor
 ROLES = ("fwd", "dx", "dw")
@@ -257,7 +258,7 @@ def unavailable() -> Dict[Tuple[str, str, torch.dtype], str]:
     """{(path, role, dtype): why it is not used} for the paths probed so far (and the int8 paths too
     slow to time at the current threads and kernel level)."""
     out = {k: why for k, why in _probed.items() if why is not None}
-    slow = _slow.get((torch.get_num_threads(), _backend.cpu_capability()), {})
+    slow = _slow.get(_here(), {})
     out.update({(p, "fwd", torch.int8): why for p, why in slow.items()})
     return out
 
@@ -282,7 +283,7 @@ def _fast_enough(paths: List[str]) -> List[str]:
     per (threads, kernel level): the others would cost seconds at the first product of every shape
     and never win it (torch._int_mm runs a scalar loop on CPUs without VNNI, about 50x fastbert's
     kernel on a Zen 3). unavailable() says how much slower the others were."""
-    key = (torch.get_num_threads(), _backend.cpu_capability())
+    key = _here()
     if key not in _slow:
         g = torch.Generator().manual_seed(0)
         a = torch.randint(-127, 128, (256, 768), generator=g, dtype=torch.int8)
@@ -292,6 +293,11 @@ def _fast_enough(paths: List[str]) -> List[str]:
         _slow[key] = {p: f"{t / timings[best]:.0f}x slower than {best} on a [256 x 768] x [768 x 768] product, so not timed"
                       for p, t in timings.items() if t > SLOW_INT8 * timings[best]}
     return [p for p in paths if p not in _slow[key]]
+
+
+def _here() -> Tuple[int, Optional[str]]:
+    """(threads, C++ kernel level): what a measurement of GEMM speed holds for."""
+    return torch.get_num_threads(), _backend.cpu_capability()
 
 
 def _bucket(tokens: int) -> int:
@@ -305,7 +311,7 @@ def _key(role: str, a: Tensor, b: Tensor) -> tuple:
         "dx": (a.shape[0], b.shape[0], a.shape[1]),
         "dw": (a.shape[1], b.shape[0], a.shape[0]),
     }[role]
-    return role, _bucket(tokens), n_in, n_out, a.dtype, torch.get_num_threads(), _backend.cpu_capability()
+    return (role, _bucket(tokens), n_in, n_out, a.dtype, *_here())
 
 
 def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, float]:
@@ -361,16 +367,17 @@ def int8_weight_range() -> int:
     `weight_ranges()` has the timings. FASTBERT_INT8_WEIGHT_RANGE=127 or 64 pins it."""
     pinned = os.environ.get("FASTBERT_INT8_WEIGHT_RANGE")
     if pinned:
-        if pinned not in ("127", "64"):
-            raise ValueError(f"fastbert: FASTBERT_INT8_WEIGHT_RANGE={pinned!r}: choose 127 or 64")
+        if pinned not in {str(r) for r in WEIGHT_RANGES}:
+            raise ValueError(f"fastbert: FASTBERT_INT8_WEIGHT_RANGE={pinned!r}: choose "
+                             + " or ".join(str(r) for r in WEIGHT_RANGES))
         return int(pinned)
     if not _probe("fastbert", "fwd", torch.int8):
         return 127
-    key = (torch.get_num_threads(), _backend.cpu_capability())
+    key = _here()
     if key not in _weight_ranges:
         g = torch.Generator().manual_seed(0)
         a = torch.randint(-127, 128, (512, 768), generator=g, dtype=torch.int8)
-        weights = {r: torch.randint(-r, r + 1, (768, 768), generator=g, dtype=torch.int8) for r in (127, 64)}
+        weights = {r: torch.randint(-r, r + 1, (768, 768), generator=g, dtype=torch.int8) for r in WEIGHT_RANGES}
         timings = _time_paths(list(weights), lambda r: _fastbert_int8(a, weights[r], None, None))
         _weight_ranges[key] = (64 if timings[127] >= WEIGHT_RANGE_GAIN * timings[64] else 127, timings)
     return _weight_ranges[key][0]

@@ -148,14 +148,15 @@ def test_fastbert_int8_gemm_is_exact_at_every_level(level):
             a = torch.randint(-128, 128, (m, k + 5), generator=g, dtype=torch.int8)[:, 2:2 + k]  # rows strided
             w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
             w64 = torch.randint(-64, 65, (n, k), generator=g, dtype=torch.int8)  # weights in [-64, 64]
-            late = w64.clone()
+            late, edge = w64.clone(), torch.full_like(w, 64)
             late[-1, -1] = -128  # one value out of [-64, 64], in the last panel: that task runs again
+            edge[-1, -1] = 65  # just out of it: beside a 64 (even k), 255 x 65 + 255 x 64 overflows 16 bits
             for x, y in ((a, w), (torch.full_like(a, -128), torch.full_like(w, -128)),
                          (torch.full_like(a, 127), torch.full_like(w, -128)),
                          (torch.full_like(a, -128), (torch.randint(0, 2, w.shape, generator=g) * 255 - 128).to(torch.int8)),
                          (a, w64), (torch.full_like(a, 127), torch.full_like(w, 64)),
                          (torch.full_like(a, 127), torch.full_like(w, -64)), (torch.full_like(a, -128), w64),
-                         (a, late), (torch.full_like(a, 127), late.abs().clamp(max=65))):
+                         (a, late), (torch.full_like(a, 127), edge)):
                 got = gemm_fn(x, y)
                 assert torch.equal(got.long(), x.long() @ y.long().t()), (level, m, k, n)
         out = torch.empty(3, 5, dtype=torch.int32)
