@@ -26,6 +26,10 @@ from fastbert.model.pretrained import BertPreTrainedModel
 
 
 class BertModel(BertPreTrainedModel):
+    """The encoder of every family: embeddings (the family's: embeddings_class, embed) -> the
+    layers -> pooler (when the family has one)."""
+
+    embeddings_class = BertEmbeddings
     # a batch with padding runs packed (unpad once, varlen attention, pad once); False keeps every
     # batch padded (the two paths agree at real tokens; the switch is there to check that)
     unpad_inputs: bool = True
@@ -33,7 +37,7 @@ class BertModel(BertPreTrainedModel):
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
-        self.embeddings = BertEmbeddings(config)
+        self.embeddings = self.embeddings_class(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.post_init()
@@ -48,7 +52,8 @@ class BertModel(BertPreTrainedModel):
         .last_hidden_state [batch, seq, hidden], .pooler_output [batch, hidden], .hidden_states,
         .attentions. The cross-attention and cache arguments are a decoder's: not supported.
 
-        _pooled_only (for heads that read the pooled output alone): the last layer may run at each
+        _pooled_only (for heads that read the first token alone, through the pooler or not: BERT's
+        and RoBERTa's sequence classifiers): the last layer may run at each
         sequence's first token only (BertLayer.first_tokens); last_hidden_state is then [batch, 1,
         hidden]. It does whenever the other outputs do not need every token: no hidden states or
         attention probabilities asked for, no additive float mask, a real first token in every
@@ -60,7 +65,8 @@ class BertModel(BertPreTrainedModel):
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = cfg.use_return_dict if return_dict is None else return_dict
-        bsz, seq = check_input_shape(input_ids, inputs_embeds, cfg)
+        emb = self.embeddings
+        bsz, seq = check_input_shape(input_ids, inputs_embeds, emb.word_embeddings.embedding_dim, emb.max_tokens)
         device = (input_ids if input_ids is not None else inputs_embeds).device
         compiling = torch.compiler.is_compiling()
         if not compiling:  # value checks read the tensors: skipped while torch.compile traces
@@ -69,11 +75,11 @@ class BertModel(BertPreTrainedModel):
         if token_type_ids is None:
             token_type_ids = torch.zeros((bsz, seq), dtype=torch.long, device=device)
         if position_ids is None:
-            position_ids = torch.arange(seq, device=device).expand(bsz, seq)
-        hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+            position_ids = emb.default_position_ids(input_ids, bsz, seq, device)
+        hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
         scales = head_scales(head_mask, cfg.num_hidden_layers, cfg.num_attention_heads)
         explicit = bias is not None or bool(output_attentions)
-        first_only = (_pooled_only and not self.quantized and self.pooler is not None and cfg.num_hidden_layers > 0
+        first_only = (_pooled_only and not self.quantized and cfg.num_hidden_layers > 0
                       and not explicit and not output_hidden_states and not compiling
                       and (key_mask is None or bool(key_mask[:, 0].all())))
         if self.quantized:
@@ -88,6 +94,10 @@ class BertModel(BertPreTrainedModel):
         out = BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=states,
                                          attentions=probs)
         return out if return_dict else out.to_tuple()
+
+    def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds) -> torch.Tensor:
+        """The encoder's input [batch, seq, hidden]."""
+        return self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
 
     def _encode_packed(self, hidden, key_mask, scales, output_hidden_states, first_only=False):
         """Unpad once, every layer on the real tokens (varlen attention), pad once; with first_only,

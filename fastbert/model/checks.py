@@ -11,15 +11,15 @@ from fastbert.ops.checks import check_float, check_ids, check_range, check_shape
 WHERE = "fastbert"
 
 
-def check_input_shape(input_ids, inputs_embeds, config) -> Tuple[int, int]:
-    """(batch, seq) of input_ids [batch, seq] or inputs_embeds [batch, seq, hidden] (exactly one of
-    them), no longer than the position table."""
+def check_input_shape(input_ids, inputs_embeds, width: int, max_tokens: int) -> Tuple[int, int]:
+    """(batch, seq) of input_ids [batch, seq] or inputs_embeds [batch, seq, width] (exactly one of
+    them), no longer than the max_tokens the position table has room for."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(f"{WHERE}: give exactly one of input_ids and inputs_embeds")
     if inputs_embeds is not None:
         check_float(WHERE, "inputs_embeds", inputs_embeds)
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
-            raise ValueError(f"{WHERE}: inputs_embeds must be [batch, seq, hidden_size = {config.hidden_size}], "
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
+            raise ValueError(f"{WHERE}: inputs_embeds must be [batch, seq, {width}] (the word embeddings' width), "
                              f"got {tuple(inputs_embeds.shape)}")
         shape = tuple(inputs_embeds.shape[:2])
     elif not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
@@ -27,10 +27,9 @@ def check_input_shape(input_ids, inputs_embeds, config) -> Tuple[int, int]:
         raise ValueError(f"{WHERE}: input_ids must be a [batch, seq] tensor, got {got}")
     else:
         shape = tuple(input_ids.shape)
-    if shape[1] > config.max_position_embeddings:
-        raise ValueError(
-            f"{WHERE}: sequence length {shape[1]} is longer than max_position_embeddings {config.max_position_embeddings}"
-        )
+    if shape[1] > max_tokens:
+        raise ValueError(f"{WHERE}: sequence length {shape[1]} is longer than the model's max_position_embeddings "
+                         f"allow ({max_tokens} tokens)")
     return shape
 
 

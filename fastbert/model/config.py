@@ -72,17 +72,17 @@ class BertConfig:
     def validate(self) -> None:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
-                f"fastbert.BertConfig: hidden_size {self.hidden_size} is not a multiple of "
+                f"fastbert.{type(self).__name__}: hidden_size {self.hidden_size} is not a multiple of "
                 f"num_attention_heads {self.num_attention_heads}"
             )
         if self.hidden_act not in GELU_FORMS and self.hidden_act not in OTHER_ACTIVATIONS:
             raise ValueError(
-                f"fastbert.BertConfig: hidden_act {self.hidden_act!r} is not supported; "
+                f"fastbert.{type(self).__name__}: hidden_act {self.hidden_act!r} is not supported; "
                 f"supported: {sorted(GELU_FORMS) + sorted(OTHER_ACTIVATIONS)}"
             )
         if self.position_embedding_type != "absolute":
             raise ValueError(
-                f"fastbert.BertConfig: position_embedding_type {self.position_embedding_type!r} is not "
+                f"fastbert.{type(self).__name__}: position_embedding_type {self.position_embedding_type!r} is not "
                 "supported; fastbert implements 'absolute' (what BERT checkpoints use)"
             )
 
@@ -129,16 +129,17 @@ class BertConfig:
         """From a config.json, or a directory holding one."""
         file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
         if not os.path.isfile(file):
-            raise FileNotFoundError(f"fastbert.BertConfig: no {CONFIG_NAME} at {path}")
+            raise FileNotFoundError(f"fastbert.{cls.__name__}: no {CONFIG_NAME} at {path}")
         try:
             with open(file, encoding="utf-8") as f:
                 d = json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"fastbert.BertConfig: {file} is not valid JSON ({e})") from None
-        model_type = d.get("model_type", "bert")
-        if model_type != "bert":
+            raise ValueError(f"fastbert.{cls.__name__}: {file} is not valid JSON ({e})") from None
+        model_type = d.get("model_type", cls.model_type)
+        if model_type != cls.model_type:
             raise ValueError(
-                f"fastbert.BertConfig: {file} describes a {model_type!r} model; fastbert loads BERT (model_type 'bert')"
+                f"fastbert.{cls.__name__}: {file} describes a {model_type!r} model, not {cls.model_type!r}; "
+                "fastbert.AutoModel (and the other Auto classes) pick the class from model_type"
             )
         return cls.from_dict(d)
 
@@ -152,4 +153,30 @@ class BertConfig:
         return isinstance(other, BertConfig) and self.to_dict() == other.to_dict()
 
     def __repr__(self) -> str:
-        return f"BertConfig {json.dumps(self.to_dict(), indent=2, sort_keys=True)}"
+        return f"{type(self).__name__} {json.dumps(self.to_dict(), indent=2, sort_keys=True)}"
+
+
+# The other families' configs: BERT's fields under their model_type, with transformers' defaults.
+
+class RobertaConfig(BertConfig):
+    model_type = "roberta"
+    _defaults = {**BertConfig._defaults, "vocab_size": 50265, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
+
+
+class XLMRobertaConfig(RobertaConfig):
+    model_type = "xlm-roberta"
+    _defaults = {**RobertaConfig._defaults, "vocab_size": 30522}
+
+
+class CamembertConfig(RobertaConfig):
+    model_type = "camembert"
+    _defaults = {**RobertaConfig._defaults, "vocab_size": 30522}
+
+
+class ElectraConfig(BertConfig):
+    """ELECTRA: embeddings of embedding_size, projected to hidden_size by a linear layer when the two differ."""
+
+    model_type = "electra"
+    _defaults = {**BertConfig._defaults, "embedding_size": 128, "hidden_size": 256, "num_attention_heads": 4,
+                 "intermediate_size": 1024, "summary_type": "first", "summary_use_proj": True,
+                 "summary_activation": "gelu", "summary_last_dropout": 0.1}

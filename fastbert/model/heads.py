@@ -50,17 +50,29 @@ def _output(cls, return_dict: bool, encoded, **fields):
 
 
 class _Head(BertPreTrainedModel):
-    # whether the head reads the pooled output alone (then the last layer may run at the first tokens only)
+    """A task model: the family's encoder (model_class, under base_model_prefix) and a head."""
+
+    model_class = BertModel
+    # whether the head reads the first token alone (then the last layer may run at the first tokens only)
     pooled_only: bool = False
+
+    def _add_encoder(self, config, add_pooling_layer: bool) -> None:
+        setattr(self, self.base_model_prefix, self.model_class(config, add_pooling_layer=add_pooling_layer))
 
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
                 output_attentions, output_hidden_states):
-        return self.bert(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask=head_mask,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True, _pooled_only=self.pooled_only)
+        return self.base_model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                               head_mask=head_mask, output_attentions=output_attentions,
+                               output_hidden_states=output_hidden_states, return_dict=True,
+                               _pooled_only=self.pooled_only)
 
     def _return_dict(self, return_dict) -> bool:
         return self.config.use_return_dict if return_dict is None else return_dict
+
+
+def classifier_dropout(config) -> float:
+    """The classifier's dropout: classifier_dropout, else hidden_dropout_prob (transformers' rule)."""
+    return config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
 
 
 def _sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -87,19 +99,20 @@ def _sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Te
 class _TiedMLMHead(_Head):
     """A model whose MLM decoder is the word-embedding matrix (one parameter, as transformers ties it)."""
 
+    output_embeddings = "cls.predictions.decoder"
     _tied_weights_keys = {
         "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",
     }
 
     def tie_weights(self) -> None:
-        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        self.get_output_embeddings().weight = self.get_input_embeddings().weight
 
 
 class BertForPreTraining(_TiedMLMHead):
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.bert = BertModel(config)
+        self._add_encoder(config, True)
         self.cls = BertPreTrainingHeads(config)
         self.post_init()
         self.tie_weights()
@@ -121,7 +134,7 @@ class BertForPreTraining(_TiedMLMHead):
 class BertForMaskedLM(_TiedMLMHead):
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
+        self._add_encoder(config, False)
         self.cls = BertOnlyMLMHead(config)
         self.post_init()
         self.tie_weights()
@@ -144,17 +157,22 @@ class _Classifier(_Head):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=self.features == "pooler_output")
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self._add_encoder(config, self.features == "pooler_output")
+        self._add_classifier(config)
         self.post_init()
+
+    def _add_classifier(self, config) -> None:
+        self.dropout = nn.Dropout(classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(features))
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 labels=None, head_mask=None, output_attentions=None, output_hidden_states=None, return_dict=None):
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
                            output_attentions, output_hidden_states)
-        logits = self.classifier(self.dropout(getattr(out, self.features)))
+        logits = self._logits(getattr(out, self.features))
         return _output(self.output_class, self._return_dict(return_dict), out, loss=self._loss(logits, labels),
                        logits=logits)
 
@@ -184,7 +202,7 @@ class BertForQuestionAnswering(_Head):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=False)
+        self._add_encoder(config, False)
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 

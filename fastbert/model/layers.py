@@ -25,13 +25,26 @@ def _plain_embedding(module: nn.Module) -> bool:
 
 
 class BertEmbeddings(nn.Module, _Backend):
-    def __init__(self, config: BertConfig):
+    """Word + position + token type embeddings, LayerNorm, dropout; `width` wide (ELECTRA's
+    embedding_size; the hidden size otherwise). Positions count 0, 1, ... unless given."""
+
+    def __init__(self, config: BertConfig, width: Optional[int] = None, position_padding_idx: Optional[int] = None):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        width = config.hidden_size if width is None else width
+        self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, width, padding_idx=position_padding_idx)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input the position table has room for."""
+        return self.position_embeddings.num_embeddings
+
+    def default_position_ids(self, input_ids: Optional[torch.Tensor], bsz: int, seq: int,
+                             device: torch.device) -> torch.Tensor:
+        return torch.arange(seq, device=device).expand(bsz, seq)
 
     def forward(self, input_ids, token_type_ids, position_ids, inputs_embeds=None):
         words = self._words(input_ids) if inputs_embeds is None else inputs_embeds

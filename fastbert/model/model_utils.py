@@ -44,13 +44,18 @@ class ModelUtilsMixin:
         self.base_model.embeddings.word_embeddings = value
         self.tie_weights()
 
+    # the dotted name of an MLM head's decoder (the family's), None for a model without one
+    output_embeddings: Optional[str] = None
+
     def get_output_embeddings(self) -> Optional[nn.Linear]:
-        cls = getattr(self, "cls", None)
-        return cls.predictions.decoder if cls is not None else None
+        return None if self.output_embeddings is None else self.get_submodule(self.output_embeddings)
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.cls.predictions.decoder = value
-        self.cls.predictions.bias = value.bias
+        owner_name, _, attr = self.output_embeddings.rpartition(".")
+        owner = self.get_submodule(owner_name) if owner_name else self
+        setattr(owner, attr, value)
+        if isinstance(getattr(owner, "bias", None), nn.Parameter):  # a head whose bias is the decoder's, by name too
+            owner.bias = value.bias
 
     def tie_weights(self) -> None:
         """Models with an MLM head share its decoder with the word embeddings; the rest have nothing to tie."""
@@ -85,10 +90,9 @@ class ModelUtilsMixin:
         if decoder is not None:
             bias = torch.zeros(n, device=decoder.bias.device, dtype=decoder.bias.dtype)
             bias[:keep] = decoder.bias.detach()[:keep]
-            head = self.cls.predictions
-            head.bias = nn.Parameter(bias)
-            head.decoder = nn.Linear(old.embedding_dim, n, bias=True, device=bias.device, dtype=old.weight.dtype)
-            head.decoder.bias = head.bias
+            new_decoder = nn.Linear(old.embedding_dim, n, bias=True, device=bias.device, dtype=old.weight.dtype)
+            new_decoder.bias = nn.Parameter(bias)
+            self.set_output_embeddings(new_decoder)
         self.config.vocab_size = n
         self.tie_weights()
         return new

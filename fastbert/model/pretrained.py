@@ -35,13 +35,15 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
     """Weights init as transformers', from_pretrained / save_pretrained in transformers' format."""
 
     base_model_prefix = "bert"
+    config_class = BertConfig  # each family's own (RobertaConfig, ...): what from_pretrained reads
     # keys that share a tensor with another key: not written by save_pretrained, tied on load
     _tied_weights_keys: Dict[str, str] = {}
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        if not isinstance(config, BertConfig):
-            raise TypeError(f"fastbert: config must be a fastbert.BertConfig, got {type(config).__name__}")
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"fastbert: {type(self).__name__} takes a fastbert.{self.config_class.__name__}, "
+                            f"got {type(config).__name__}")
         self.config = config
         self._backend: Optional[str] = None
         _patch_trainer()
@@ -124,7 +126,7 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         config["architectures"] = [type(self).__name__]
         config["dtype"] = str(self.dtype).replace("torch.", "")
         config.pop("torch_dtype", None)
-        BertConfig(**config).save_pretrained(directory)
+        type(self.config)(**config).save_pretrained(directory)
         state = self.state_dict() if state_dict is None else state_dict
         # copies: safetensors refuses tensors that share memory (the QKV projections are slices of one)
         state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()
@@ -160,7 +162,7 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         check_quantize(quantize, f"{cls.__name__}.from_pretrained")
         if not os.path.isdir(path):
             raise FileNotFoundError(f"fastbert: {path} is not a directory (expected config.json and model weights)")
-        config = BertConfig.from_pretrained(path) if config is None else BertConfig(**config.to_dict())
+        config = cls.config_class.from_pretrained(path) if config is None else cls.config_class(**config.to_dict())
         apply_config_overrides(config, kwargs, f"{cls.__name__}.from_pretrained")
         dtype = resolve_load_dtype(dtype, torch_dtype, config)
         model = cls(config)
