@@ -2,7 +2,14 @@
 from fastbert import data, masking, ops, reference
 from fastbert.backend import BACKENDS
 from fastbert.maps import attention_map
-from fastbert.model import (
+from fastbert.model import (  # the other families and the Auto classes
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForPreTraining,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     BertConfig,
     BertForMaskedLM,
     BertForPreTraining,
@@ -10,6 +17,31 @@ from fastbert.model import (
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
+    CamembertConfig,
+    CamembertForMaskedLM,
+    CamembertForQuestionAnswering,
+    CamembertForSequenceClassification,
+    CamembertForTokenClassification,
+    CamembertModel,
+    ElectraConfig,
+    ElectraForMaskedLM,
+    ElectraForPreTraining,
+    ElectraForQuestionAnswering,
+    ElectraForSequenceClassification,
+    ElectraForTokenClassification,
+    ElectraModel,
+    RobertaConfig,
+    RobertaForMaskedLM,
+    RobertaForQuestionAnswering,
+    RobertaForSequenceClassification,
+    RobertaForTokenClassification,
+    RobertaModel,
+    XLMRobertaConfig,
+    XLMRobertaForMaskedLM,
+    XLMRobertaForQuestionAnswering,
+    XLMRobertaForSequenceClassification,
+    XLMRobertaForTokenClassification,
+    XLMRobertaModel,
 )
 from fastbert.sentence import SentenceEncoder
 
@@ -19,4 +51,14 @@ __all__ = [
     "ops", "reference", "masking", "data", "BACKENDS", "__version__",
     "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
     "BertForTokenClassification", "BertForQuestionAnswering", "SentenceEncoder", "attention_map",
+    "RobertaConfig", "XLMRobertaConfig", "CamembertConfig", "ElectraConfig", "AutoConfig", "AutoModel",
+    "AutoModelForMaskedLM", "AutoModelForPreTraining", "AutoModelForQuestionAnswering",
+    "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "RobertaModel",
+    "RobertaForMaskedLM", "RobertaForSequenceClassification", "RobertaForTokenClassification",
+    "RobertaForQuestionAnswering", "XLMRobertaModel", "XLMRobertaForMaskedLM",
+    "XLMRobertaForSequenceClassification", "XLMRobertaForTokenClassification", "XLMRobertaForQuestionAnswering",
+    "CamembertModel", "CamembertForMaskedLM", "CamembertForSequenceClassification",
+    "CamembertForTokenClassification", "CamembertForQuestionAnswering", "ElectraModel", "ElectraForPreTraining",
+    "ElectraForMaskedLM", "ElectraForSequenceClassification", "ElectraForTokenClassification",
+    "ElectraForQuestionAnswering",
 ]

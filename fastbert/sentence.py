@@ -1,128 +1,262 @@
-"""Sentence embeddings from a sentence-transformers directory, on fastbert's BERT.
+"""Sentence embeddings from a sentence-transformers directory, on fastbert's encoders.
 
-    enc = fastbert.SentenceEncoder("path/to/all-MiniLM-L6-v2")
-    emb = enc.encode(["a sentence", "another one"], batch_size=64)   # numpy [n, dim]
+    enc = fastbert.SentenceEncoder("path/to/multilingual-e5-base")
+    emb = enc.encode(["a sentence", "another one"], batch_size=64, prompt_name="query")   # numpy [n, dim]
 
-Reads modules.json (a BERT Transformer module, then Pooling, optionally Normalize),
-sentence_bert_config.json (max_seq_length, do_lower_case), 1_Pooling/config.json and the fast
-tokenizer (tokenizer.json), and gives the embeddings sentence-transformers gives. quantize="int8"
-runs the encoder's linear layers in int8 (fastbert.model.int8; its accuracy against fp32 on MiniLM:
-benchmarks/RESULTS.md). Sentences are
-batched longest first, so each batch pads little, and returned in the order given.
+Reads what sentence-transformers 2.x to 6.x write: modules.json (a Transformer module of any
+family fastbert runs, Pooling, then any Dense and Normalize modules), sentence_bert_config.json
+(max_seq_length, do_lower_case; else the tokenizer's model_max_length, as sentence-transformers
+takes it), the pooling config (the pooling_mode_* flags of older versions or pooling_mode: cls,
+mean, max, mean_sqrt_len_tokens, weightedmean, lasttoken; include_prompt),
+config_sentence_transformers.json (prompts, default_prompt_name), each Dense module's config and
+weights, and the fast tokenizer (tokenizer.json); and gives the embeddings sentence-transformers
+gives. quantize="int8" runs the encoder's linear layers in int8 (fastbert.model.int8; its accuracy
+against fp32 on MiniLM: benchmarks/RESULTS.md). Sentences are batched longest first, so each batch
+pads little, and returned in the order given.
 
-    fastbert encode MODEL_DIR --input sentences.txt --output embeddings.npy [--quantize int8]
+    fastbert encode MODEL_DIR --input sentences.txt --output embeddings.npy [--quantize int8] [--prompt-name query]
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from torch import nn
 
-from fastbert.model import BertModel
+POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+# the pooling_mode_* flags sentence-transformers wrote before version 5
+_LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                   "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                   "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+WHERE = "fastbert.SentenceEncoder"
 
-_POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
 
-
-def _read_json(path: str, what: str):
+def read_json(path: str, what: str, where: str = WHERE):
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"fastbert.SentenceEncoder: {what} not found at {path}")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        raise FileNotFoundError(f"{where}: {what} not found at {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: {path} is not valid JSON ({e})") from None
+
+
+def pooling_modes(config: dict, where: str = WHERE) -> Tuple[str, ...]:
+    """The pooling modes of a Pooling module's config, old format or new."""
+    if "pooling_mode" in config:
+        mode = config["pooling_mode"]
+        modes = (mode,) if isinstance(mode, str) else tuple(mode)
+    else:
+        modes = tuple(m for k, m in _LEGACY_POOLING.items() if config.get(k)) or ("mean",)
+    bad = [m for m in modes if m not in POOLING_MODES]
+    if bad or not modes:
+        raise ValueError(f"{where}: pooling mode {bad or modes} is not supported; supported: {POOLING_MODES}")
+    return modes
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: Sequence[str]) -> torch.Tensor:
+    """Sentence vectors [batch, len(modes) * hidden] of token vectors hidden [batch, seq, hidden]
+    (right-padded) at the tokens that mask [batch, seq] keeps, as sentence-transformers' Pooling."""
+    m = mask[..., None].to(hidden.dtype)
+    parts = []
+    for mode in modes:
+        if mode == "cls":  # the first token the mask keeps
+            first = mask.to(torch.int).argmax(dim=1)
+            parts.append(hidden[torch.arange(hidden.shape[0]), first])
+        elif mode == "max":
+            parts.append(hidden.masked_fill(m == 0, float("-inf")).max(dim=1).values)
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            count = m.sum(dim=1).clamp(min=1e-9)
+            parts.append((hidden * m).sum(dim=1) / (count if mode == "mean" else count.sqrt()))
+        elif mode == "weightedmean":  # token i weighs i + 1
+            w = m * torch.arange(1, hidden.shape[1] + 1, dtype=hidden.dtype, device=hidden.device).view(1, -1, 1)
+            parts.append((hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1e-9))
+        else:  # lasttoken: the last token the mask keeps
+            seq = mask.shape[1]
+            kept, back = mask.flip(1).max(1)
+            last = seq - 1 - torch.where(kept == 0, seq - 1, back)  # none kept: the first
+            parts.append((hidden * m)[torch.arange(hidden.shape[0]), last])
+    return torch.cat(parts, dim=-1)
+
+
+def _activation(name: Optional[str], where: str) -> nn.Module:
+    """The torch.nn module a Dense config names (sentence-transformers writes its class path)."""
+    if name is None:
+        return nn.Identity()
+    module, _, cls = name.rpartition(".")
+    if not module.startswith("torch."):
+        raise ValueError(f"{where}: the Dense activation {name!r} is not a torch.nn module")
+    act = getattr(importlib.import_module(module), cls, None)
+    if not (isinstance(act, type) and issubclass(act, nn.Module)):
+        raise ValueError(f"{where}: the Dense activation {name!r} is not a torch.nn module")
+    return act()
+
+
+class Dense(nn.Module):
+    """sentence-transformers' Dense module: activation(linear(x)) (+ x, or its projection, with use_residual)."""
+
+    def __init__(self, directory: str, where: str = WHERE):
+        super().__init__()
+        from fastbert.model.checkpoint import load_state_dict
+
+        cfg = read_json(os.path.join(directory, "config.json"), "the Dense config", where)
+        n_in, n_out, bias = int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True))
+        self.linear = nn.Linear(n_in, n_out, bias=bias)
+        self.activation = _activation(cfg.get("activation_function"), where)
+        self.use_residual = bool(cfg.get("use_residual", False))
+        if self.use_residual and n_in != n_out:
+            self.residual = nn.Linear(n_in, n_out, bias=False)
+        state = load_state_dict(directory)
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{where}: {directory}: Dense weights missing {missing}, unexpected {unexpected}")
+        self.out_features = n_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.activation(self.linear(x))
+        if self.use_residual:
+            out = out + (self.residual(x) if hasattr(self, "residual") else x)
+        return out
+
+
+def load_tokenizer(root: str, max_length: int, where: str):
+    """The fast tokenizer of tokenizer.json in root, truncating to max_length tokens, unpadded."""
+    from tokenizers import Tokenizer
+
+    file = os.path.join(root, "tokenizer.json")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{where}: {root} has no tokenizer.json (a fast tokenizer is needed)")
+    tok = Tokenizer.from_file(file)
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_length)
+    return tok
+
+
+def max_length(root: str, model, given: Optional[int], st_config: dict) -> int:
+    """sentence-transformers' max_seq_length: given, else sentence_bert_config.json's, else the
+    tokenizer's model_max_length capped at max_position_embeddings; never more than the model's
+    position table holds."""
+    limit = model.embeddings.max_tokens
+    n = given or st_config.get("max_seq_length")
+    if not n:
+        tok_cfg = os.path.join(root, "tokenizer_config.json")
+        n = read_json(tok_cfg, "tokenizer_config.json").get("model_max_length") if os.path.isfile(tok_cfg) else None
+        n = min(int(n), model.config.max_position_embeddings) if n and n < 1e12 else model.config.max_position_embeddings
+    return min(int(n), limit)
+
+
+def pad_batch(ids: List[List[int]], pad_id: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) [batch, longest], right-padded with pad_id."""
+    n = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), n), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(ids), n, dtype=torch.long)
+    for i, x in enumerate(ids):
+        input_ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+        mask[i, : len(x)] = 1
+    return input_ids.to(device), mask.to(device)
+
+
+def _modules(path: str) -> List[Tuple[str, str]]:
+    """(kind, directory) of each module in modules.json, checked."""
+    modules = read_json(os.path.join(path, "modules.json"), "modules.json")
+    found = [(m.get("type", "").rsplit(".", 1)[-1], os.path.join(path, m.get("path", ""))) for m in modules]
+    kinds = [k for k, _ in found]
+    if not kinds or kinds[0] != "Transformer" or "Pooling" not in kinds:
+        raise ValueError(f"{WHERE}: {path}: expected a Transformer module then Pooling, got {kinds}")
+    unsupported = [k for k in kinds if k not in ("Transformer", "Pooling", "Dense", "Normalize")]
+    if unsupported:
+        raise ValueError(f"{WHERE}: {path}: modules {unsupported} are not supported; supported: Transformer, "
+                         "Pooling, Dense, Normalize")
+    return found
 
 
 class SentenceEncoder:
     def __init__(self, path: str, *, backend: Optional[str] = None, dtype: Optional[torch.dtype] = None,
                  device=None, max_seq_length: Optional[int] = None, quantize: Optional[str] = None):
+        from fastbert.model.auto import AutoModel
+
         if not os.path.isdir(path):
-            raise FileNotFoundError(f"fastbert.SentenceEncoder: {path} is not a directory")
-        modules = _read_json(os.path.join(path, "modules.json"), "modules.json")
-        kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
-        if not kinds or kinds[0] != "Transformer" or "Pooling" not in kinds:
-            raise ValueError(f"fastbert.SentenceEncoder: {path}: expected a Transformer module then Pooling, got {kinds}")
-        unsupported = [k for k in kinds if k not in ("Transformer", "Pooling", "Normalize")]
-        if unsupported:
-            raise ValueError(f"fastbert.SentenceEncoder: {path}: modules {unsupported} are not supported")
-        root = os.path.join(path, modules[0].get("path", ""))
-        pooling_dir = os.path.join(path, modules[kinds.index("Pooling")]["path"])
-        st_config = {}
-        if os.path.isfile(os.path.join(root, "sentence_bert_config.json")):
-            st_config = _read_json(os.path.join(root, "sentence_bert_config.json"), "sentence_bert_config.json")
-        pooling = _read_json(os.path.join(pooling_dir, "config.json"), "the pooling config")
-        modes = [m for m in _POOLING_MODES if pooling.get(f"pooling_mode_{m}")]
-        others = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k[13:] not in _POOLING_MODES]
-        if not modes or others:
-            raise ValueError(
-                f"fastbert.SentenceEncoder: pooling {others or 'none'} is not supported; supported: {_POOLING_MODES}"
-            )
-        self.pooling_modes = modes
-        self.normalize = "Normalize" in kinds
+            raise FileNotFoundError(f"{WHERE}: {path} is not a directory")
+        modules = _modules(path)
+        root = modules[0][1]
+        st_file = os.path.join(root, "sentence_bert_config.json")
+        st_config = read_json(st_file, "sentence_bert_config.json") if os.path.isfile(st_file) else {}
+        pooling = read_json(os.path.join(dict(modules)["Pooling"], "config.json"), "the pooling config")
+        self.pooling_modes = pooling_modes(pooling)
+        self.include_prompt = bool(pooling.get("include_prompt", True))
+        self.dense = nn.Sequential(*[Dense(d) for k, d in modules if k == "Dense"])
+        self.normalize = modules[-1][0] == "Normalize"
+        prompts_file = os.path.join(path, "config_sentence_transformers.json")
+        st_model = read_json(prompts_file, "config_sentence_transformers.json") if os.path.isfile(prompts_file) else {}
+        self.prompts: Dict[str, str] = dict(st_model.get("prompts") or {})
+        self.default_prompt_name: Optional[str] = st_model.get("default_prompt_name")
         self.do_lower_case = bool(st_config.get("do_lower_case", False))
-        self.model = BertModel.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize)
+        self.model = AutoModel.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize)
         if device is not None:
             self.model.to(device)
-        limit = self.model.config.max_position_embeddings
-        self.max_seq_length = min(int(max_seq_length or st_config.get("max_seq_length") or limit), limit)
-        from tokenizers import Tokenizer
-
-        tok_file = os.path.join(root, "tokenizer.json")
-        if not os.path.isfile(tok_file):
-            raise FileNotFoundError(f"fastbert.SentenceEncoder: {root} has no tokenizer.json (a fast tokenizer is needed)")
-        self.tokenizer = Tokenizer.from_file(tok_file)
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=self.max_seq_length)
+        self.dense.to(self.model.device)
+        self.max_seq_length = max_length(root, self.model, max_seq_length, st_config)
+        self.tokenizer = load_tokenizer(root, self.max_seq_length, WHERE)
 
     @property
     def dim(self) -> int:
+        if len(self.dense):
+            return self.dense[-1].out_features
         return self.model.config.hidden_size * len(self.pooling_modes)
 
     def tokenize(self, sentences: Sequence[str]) -> List[List[int]]:
         texts = [s.lower() if self.do_lower_case else s for s in sentences]
         return [e.ids for e in self.tokenizer.encode_batch(texts)]
 
-    def _embed(self, ids: List[List[int]]) -> torch.Tensor:
-        device = self.model.device
-        n = max(len(x) for x in ids)
-        input_ids = torch.zeros(len(ids), n, dtype=torch.long)
-        mask = torch.zeros(len(ids), n, dtype=torch.long)
-        for i, x in enumerate(ids):
-            input_ids[i, : len(x)] = torch.tensor(x)
-            mask[i, : len(x)] = 1
-        input_ids, mask = input_ids.to(device), mask.to(device)
+    def _prompt(self, prompt_name: Optional[str], prompt: Optional[str]) -> str:
+        if prompt is not None:
+            return prompt
+        name = prompt_name if prompt_name is not None else self.default_prompt_name
+        if name is None:
+            return ""
+        if name not in self.prompts:
+            raise ValueError(f"{WHERE}.encode: prompt_name {name!r} is not one of this model's prompts "
+                             f"{sorted(self.prompts)}")
+        return self.prompts[name]
+
+    def _embed(self, ids: List[List[int]], prompt_length: int) -> torch.Tensor:
+        input_ids, mask = pad_batch(ids, self.model.config.pad_token_id or 0, self.model.device)
         hidden = self.model(input_ids, mask).last_hidden_state.float()
-        m = mask[..., None].to(hidden.dtype)
-        parts = []
-        for mode in self.pooling_modes:
-            if mode == "cls_token":
-                parts.append(hidden[:, 0])
-            elif mode == "max_tokens":
-                parts.append(hidden.masked_fill(m == 0, -1e9).max(dim=1).values)
-            else:
-                summed = (hidden * m).sum(dim=1)
-                count = m.sum(dim=1).clamp(min=1e-9)
-                parts.append(summed / (count if mode == "mean_tokens" else count.sqrt()))
-        emb = torch.cat(parts, dim=-1)
+        if prompt_length:  # include_prompt False: the prompt's tokens take no part in the pooling
+            mask = mask.clone()
+            mask[:, :prompt_length] = 0
+        emb = self.dense(pool(hidden, mask, self.pooling_modes))
         if self.normalize:
             emb = torch.nn.functional.normalize(emb, p=2, dim=1)
         return emb
 
     @torch.no_grad()
-    def encode(self, sentences, batch_size: int = 32, *, convert_to_numpy: bool = True, show_progress_bar: bool = False):
-        """Embeddings [n, dim] (numpy float32, or a torch tensor), in the order of `sentences`."""
+    def encode(self, sentences, batch_size: int = 32, *, prompt_name: Optional[str] = None,
+               prompt: Optional[str] = None, normalize_embeddings: bool = False, convert_to_numpy: bool = True,
+               convert_to_tensor: bool = False, show_progress_bar: bool = False):
+        """Embeddings [n, dim] (numpy float32, or a torch tensor), in the order of `sentences`.
+        prompt_name picks one of the model's prompts (e5's "query" / "passage"; the default prompt
+        when the model names one), prompt gives the text itself; it is put before every sentence."""
         single = isinstance(sentences, str)
         if single:
             sentences = [sentences]
         if not all(isinstance(s, str) for s in sentences):
-            raise TypeError("fastbert.SentenceEncoder.encode: sentences must be strings")
+            raise TypeError(f"{WHERE}.encode: sentences must be strings")
         if batch_size < 1:
-            raise ValueError(f"fastbert.SentenceEncoder.encode: batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"{WHERE}.encode: batch_size must be >= 1, got {batch_size}")
+        text = self._prompt(prompt_name, prompt)
+        prompt_length = 0
+        if text and not self.include_prompt:  # its tokens without the closing special token
+            prompt_length = len(self.tokenize([text])[0]) - 1
         was_training = self.model.training
         self.model.eval()
-        ids = self.tokenize(sentences)
+        ids = self.tokenize([text + s for s in sentences])
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         out = torch.empty(len(ids), self.dim)
         from tqdm import tqdm
@@ -130,11 +264,13 @@ class SentenceEncoder:
         starts = range(0, len(order), batch_size)
         for s in tqdm(starts, desc="encode", unit="batch", disable=not show_progress_bar, file=sys.stderr):
             chunk = order[s : s + batch_size]
-            out[chunk] = self._embed([ids[i] for i in chunk]).cpu()
+            out[chunk] = self._embed([ids[i] for i in chunk], prompt_length).cpu()
         self.model.train(was_training)
+        if normalize_embeddings:
+            out = torch.nn.functional.normalize(out, p=2, dim=1)
         if single:
             out = out[0]
-        return out.numpy() if convert_to_numpy else out
+        return out.numpy() if convert_to_numpy and not convert_to_tensor else out
 
 
 def main(argv=None) -> int:
@@ -148,6 +284,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--quantize", default=None, choices=["int8"],
                     help="int8: int8 weights and activations in the encoder's linear layers (fastbert.model.int8)")
+    ap.add_argument("--prompt-name", default=None, help="one of the model's prompts (e5: query, passage)")
     args = ap.parse_args(argv)
     if args.input == "-":
         lines = [ln.rstrip("\n") for ln in sys.stdin]
@@ -155,7 +292,8 @@ def main(argv=None) -> int:
         with open(args.input, encoding="utf-8") as f:
             lines = [ln.rstrip("\n") for ln in f]
     enc = SentenceEncoder(args.model, backend=args.backend, device=args.device, quantize=args.quantize)
-    emb = enc.encode(lines, batch_size=args.batch_size, show_progress_bar=True) if lines else np.zeros((0, enc.dim), np.float32)
+    emb = (enc.encode(lines, batch_size=args.batch_size, prompt_name=args.prompt_name, show_progress_bar=True)
+           if lines else np.zeros((0, enc.dim), np.float32))
     out_dir = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(out_dir, exist_ok=True)
     tmp = args.output + ".tmp.npy"

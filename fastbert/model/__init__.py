@@ -1,9 +1,27 @@
 """BERT on fastbert's fused ops, a drop-in for transformers' BERT classes (see bert.py for the
 data flow): config.py, outputs.py, layers.py, pretrained.py (loading and saving), checkpoint.py
 (transformers' checkpoint files), checks.py (input errors), bert.py (BertModel), heads.py (the task
-models), int8.py (int8 inference: quantize_ and the int8 encoder)."""
+models), int8.py (int8 inference: quantize_ and the int8 encoder); the other families as adapters of the same
+encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py; auto.py (the class for a model_type)."""
+from fastbert.model.auto import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForPreTraining,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 from fastbert.model.bert import BertModel
-from fastbert.model.config import BertConfig
+from fastbert.model.config import BertConfig, CamembertConfig, ElectraConfig, RobertaConfig, XLMRobertaConfig
+from fastbert.model.electra import (
+    ElectraForMaskedLM,
+    ElectraForPreTraining,
+    ElectraForQuestionAnswering,
+    ElectraForSequenceClassification,
+    ElectraForTokenClassification,
+    ElectraModel,
+)
 from fastbert.model.heads import (
     BertForMaskedLM,
     BertForPreTraining,
@@ -20,10 +38,40 @@ from fastbert.model.outputs import (
     TokenClassifierOutput,
 )
 from fastbert.model.pretrained import BertPreTrainedModel
+from fastbert.model.roberta import (
+    CamembertForMaskedLM,
+    CamembertForQuestionAnswering,
+    CamembertForSequenceClassification,
+    CamembertForTokenClassification,
+    CamembertModel,
+    RobertaForMaskedLM,
+    RobertaForQuestionAnswering,
+    RobertaForSequenceClassification,
+    RobertaForTokenClassification,
+    RobertaModel,
+    XLMRobertaForMaskedLM,
+    XLMRobertaForQuestionAnswering,
+    XLMRobertaForSequenceClassification,
+    XLMRobertaForTokenClassification,
+    XLMRobertaModel,
+)
 
 __all__ = [
     "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
     "BertForTokenClassification", "BertForQuestionAnswering", "BertPreTrainedModel",
     "BaseModelOutputWithPooling", "BertForPreTrainingOutput", "MaskedLMOutput", "SequenceClassifierOutput",
     "TokenClassifierOutput", "QuestionAnsweringModelOutput",
+]
+# the other families and the Auto classes
+__all__ += [
+    "RobertaConfig", "XLMRobertaConfig", "CamembertConfig", "ElectraConfig", "AutoConfig", "AutoModel",
+    "AutoModelForMaskedLM", "AutoModelForPreTraining", "AutoModelForQuestionAnswering",
+    "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "RobertaModel",
+    "RobertaForMaskedLM", "RobertaForSequenceClassification", "RobertaForTokenClassification",
+    "RobertaForQuestionAnswering", "XLMRobertaModel", "XLMRobertaForMaskedLM",
+    "XLMRobertaForSequenceClassification", "XLMRobertaForTokenClassification", "XLMRobertaForQuestionAnswering",
+    "CamembertModel", "CamembertForMaskedLM", "CamembertForSequenceClassification",
+    "CamembertForTokenClassification", "CamembertForQuestionAnswering", "ElectraModel", "ElectraForPreTraining",
+    "ElectraForMaskedLM", "ElectraForSequenceClassification", "ElectraForTokenClassification",
+    "ElectraForQuestionAnswering",
 ]

@@ -17,6 +17,18 @@ OTHER_ACTIVATIONS = {"relu": F.relu, "silu": F.silu, "swish": F.silu, "tanh": to
 
 
 
+def read_config(path: str, where: str):
+    """(the file, its dict) of a config.json, or of the one in directory `path`."""
+    file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{where}: no {CONFIG_NAME} at {path}")
+    try:
+        with open(file, encoding="utf-8") as f:
+            return file, json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: {file} is not valid JSON ({e})") from None
+
+
 class BertConfig:
     """The fields of transformers' BertConfig, with its defaults (BERT-base). Unknown keys are
     kept as attributes and written back, as transformers does, so a config round-trips."""
@@ -127,14 +139,7 @@ class BertConfig:
     @classmethod
     def from_pretrained(cls, path: str) -> "BertConfig":
         """From a config.json, or a directory holding one."""
-        file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"fastbert.{cls.__name__}: no {CONFIG_NAME} at {path}")
-        try:
-            with open(file, encoding="utf-8") as f:
-                d = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"fastbert.{cls.__name__}: {file} is not valid JSON ({e})") from None
+        file, d = read_config(path, f"fastbert.{cls.__name__}")
         model_type = d.get("model_type", cls.model_type)
         if model_type != cls.model_type:
             raise ValueError(

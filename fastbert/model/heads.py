@@ -22,7 +22,7 @@ from fastbert.model.outputs import (
 from fastbert.model.pretrained import BertPreTrainedModel
 
 
-def _real_token_head(head: nn.Module, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+def _real_token_head(head, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """head(hidden) [batch, seq, ...], computed at real tokens only when the batch has padding
     (zeros at padded positions). The MLM head's vocabulary GEMM on padded rows is wasted work, and
     its LayerNorm turns the all-zero padded rows of last_hidden_state (with a zero dense bias, as
@@ -135,15 +135,21 @@ class BertForMaskedLM(_TiedMLMHead):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self._add_encoder(config, False)
-        self.cls = BertOnlyMLMHead(config)
+        self._add_lm_head(config)
         self.post_init()
         self.tie_weights()
+
+    def _add_lm_head(self, config) -> None:
+        self.cls = BertOnlyMLMHead(config)
+
+    def _lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.cls.predictions(hidden)
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 labels=None, head_mask=None, output_attentions=None, output_hidden_states=None, return_dict=None):
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
                            output_attentions, output_hidden_states)
-        scores = _real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
+        scores = _real_token_head(self._lm_logits, out.last_hidden_state, attention_mask)
         return _output(MaskedLMOutput, self._return_dict(return_dict), out, loss=_ce(scores, labels), logits=scores)
 
 

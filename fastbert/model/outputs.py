@@ -56,3 +56,6 @@ TokenClassifierOutput = _output_class(
 QuestionAnsweringModelOutput = _output_class(
     "QuestionAnsweringModelOutput", "loss (start and end cross-entropy), start_logits, end_logits [batch, seq].",
     "loss", "start_logits", "end_logits")
+ElectraForPreTrainingOutput = _output_class(
+    "ElectraForPreTrainingOutput", "loss (binary cross-entropy of replaced-token detection over the real tokens), "
+    "logits [batch, seq].", "loss", "logits")

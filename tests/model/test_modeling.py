@@ -88,7 +88,7 @@ def compare(name, hm, fm, ids, mask, tt, extra, dtype, check_grads=True):
         return
     total_h.backward()
     total_f.backward()
-    hgrads = dict(hm.named_parameters())
+    hgrads = dict(hm.named_parameters(remove_duplicate=False))  # a tied weight under either name
     for pname, p in fm.named_parameters():
         hp = hgrads[pname]
         if hp.grad is None and p.grad is None:

@@ -1,0 +1,118 @@
+"""fastbert.AutoModel and the task Auto classes: the fastbert class for a config's model_type, as
+transformers' Auto classes pick theirs."""
+from __future__ import annotations
+
+from typing import Dict
+
+from fastbert.model import electra, roberta
+from fastbert.model.bert import BertModel
+from fastbert.model.config import read_config
+from fastbert.model.heads import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+
+TASKS = ("model", "masked-lm", "sequence-classification", "token-classification", "question-answering")
+
+
+def _family(*classes) -> Dict[str, type]:
+    """{task: class} of a family's classes, given in TASKS' order."""
+    return dict(zip(TASKS, classes))
+
+
+# model_type -> {task: class}
+FAMILIES: Dict[str, Dict[str, type]] = {
+    "bert": _family(BertModel, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
+                    BertForQuestionAnswering),
+    "roberta": _family(*roberta.ROBERTA_CLASSES),
+    "xlm-roberta": _family(roberta.XLMRobertaModel, roberta.XLMRobertaForMaskedLM,
+                           roberta.XLMRobertaForSequenceClassification, roberta.XLMRobertaForTokenClassification,
+                           roberta.XLMRobertaForQuestionAnswering),
+    "camembert": _family(roberta.CamembertModel, roberta.CamembertForMaskedLM,
+                         roberta.CamembertForSequenceClassification, roberta.CamembertForTokenClassification,
+                         roberta.CamembertForQuestionAnswering),
+    "electra": _family(electra.ElectraModel, electra.ElectraForMaskedLM, electra.ElectraForSequenceClassification,
+                       electra.ElectraForTokenClassification, electra.ElectraForQuestionAnswering),
+}
+PRETRAINING = {"bert": BertForPreTraining, "electra": electra.ElectraForPreTraining}
+
+
+class _Auto:
+    """from_pretrained(dir, ...) / from_config(config): the family's class for this task."""
+
+    task = "model"
+
+    def __init__(self, *args, **kwargs):
+        raise EnvironmentError(f"fastbert.{type(self).__name__} is built with {type(self).__name__}.from_pretrained(dir) "
+                               f"or {type(self).__name__}.from_config(config)")
+
+    @classmethod
+    def class_for(cls, model_type: str, where: str = "") -> type:
+        if model_type not in FAMILIES:
+            raise ValueError(f"fastbert.{cls.__name__}: {where}model_type {model_type!r} is not supported; "
+                             f"supported: {', '.join(sorted(FAMILIES))}")
+        return FAMILIES[model_type][cls.task]
+
+    @classmethod
+    def from_pretrained(cls, path: str, *args, **kwargs):
+        """The family's class from_pretrained(path, ...), by config.json's model_type (or that of
+        config=, when given)."""
+        config = kwargs.get("config")
+        if config is not None:
+            model_type = config.model_type
+            where = ""
+        else:
+            file, d = read_config(path, f"fastbert.{cls.__name__}")
+            model_type, where = d.get("model_type"), f"{file}: "
+        return cls.class_for(model_type, where).from_pretrained(path, *args, **kwargs)
+
+    @classmethod
+    def from_config(cls, config):
+        """A freshly initialised model of the family's class for `config` (a fastbert config)."""
+        return cls.class_for(config.model_type)(config)
+
+
+class AutoModel(_Auto):
+    task = "model"
+
+
+class AutoModelForMaskedLM(_Auto):
+    task = "masked-lm"
+
+
+class AutoModelForSequenceClassification(_Auto):
+    task = "sequence-classification"
+
+
+class AutoModelForTokenClassification(_Auto):
+    task = "token-classification"
+
+
+class AutoModelForQuestionAnswering(_Auto):
+    task = "question-answering"
+
+
+class AutoModelForPreTraining(_Auto):
+    task = "pretraining"
+
+    @classmethod
+    def class_for(cls, model_type: str, where: str = "") -> type:
+        if model_type not in PRETRAINING:
+            raise ValueError(f"fastbert.{cls.__name__}: {where}model_type {model_type!r} is not supported; "
+                             f"supported: {', '.join(sorted(PRETRAINING))}")
+        return PRETRAINING[model_type]
+
+
+class AutoConfig:
+    """from_pretrained(dir): the family's config class read from config.json."""
+
+    def __init__(self, *args, **kwargs):
+        raise EnvironmentError("fastbert.AutoConfig is built with AutoConfig.from_pretrained(dir)")
+
+    @classmethod
+    def from_pretrained(cls, path: str):
+        file, d = read_config(path, "fastbert.AutoConfig")
+        return AutoModel.class_for(d.get("model_type"), f"{file}: ").config_class.from_dict(d)

@@ -1,0 +1,80 @@
+"""Directories as sentence-transformers writes them, for families with no downloadable checkpoint
+here: an XLM-RoBERTa-shaped encoder with random weights and a Unigram (sentencepiece-style)
+tokenizer trained on Korean text, saved by transformers and sentence-transformers themselves."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "data"))
+from korean_text import DOCUMENTS  # noqa: E402
+
+KOREAN = [s for doc in DOCUMENTS for s in doc]
+# xlm-roberta-base's configuration at a small width: 514 positions, pad 1, one token type
+XLMR_SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                  max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                  layer_norm_eps=1e-5)
+
+
+def st_modules():
+    """sentence-transformers' module classes (Transformer, Pooling, Dense, Normalize), old or new layout."""
+    try:
+        from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+    except ImportError:  # before version 6
+        from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
+    return Transformer, Pooling, Dense, Normalize
+
+
+def unigram_tokenizer(vocab_size: int = 400):
+    """An XLM-R-style fast tokenizer: Unigram over Metaspace pieces, <s> A </s> (</s></s> B </s>)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>")
+    english = ["the model reads a sentence", "query and passage embeddings", "a short line of text"]
+    tok.train_from_iterator(KOREAN * 4 + english, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[(t, tok.token_to_id(t)) for t in ("<s>", "</s>")])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
+                                                cls_token="<s>", sep_token="</s>", model_max_length=512)
+
+
+def xlmr_checkpoint(directory, head: str = "XLMRobertaModel", seed: int = 0, **config):
+    """A transformers XLM-R checkpoint (random weights) with its tokenizer in `directory`."""
+    import transformers
+
+    tok = unigram_tokenizer()
+    torch.manual_seed(seed)
+    cfg = transformers.XLMRobertaConfig(vocab_size=len(tok), **{**XLMR_SMALL, **config})
+    model = getattr(transformers, head)(cfg).eval()
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return str(directory)
+
+
+def e5_directory(directory, pooling: str = "mean", dense: bool = False):
+    """A multilingual-e5-shaped sentence-transformers directory: XLM-R, `pooling`, Normalize, the
+    prompts "query: " and "passage: "; with dense, a Dense module (tanh) before Normalize."""
+    from sentence_transformers import SentenceTransformer
+
+    Transformer, Pooling, Dense, Normalize = st_modules()
+    hf = xlmr_checkpoint(os.path.join(str(directory), "hf"))
+    first = Transformer(hf)
+    width = first.get_embedding_dimension() if hasattr(first, "get_embedding_dimension") \
+        else first.get_word_embedding_dimension()
+    modules = [first, Pooling(width, pooling_mode=pooling)]
+    if dense:
+        torch.manual_seed(1)
+        pooled = width * (1 if isinstance(pooling, str) else len(pooling))
+        modules.append(Dense(pooled, 48, activation_function=torch.nn.Tanh()))
+    modules.append(Normalize())
+    model = SentenceTransformer(modules=modules, device="cpu", prompts={"query": "query: ", "passage": "passage: "})
+    out = os.path.join(str(directory), "st")
+    model.save(out)
+    return out

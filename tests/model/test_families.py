@@ -1,0 +1,174 @@
+"""RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA on fastbert's one encoder, against transformers'
+classes built from each family's configuration with random weights: every output and every
+parameter's gradient (fp32), checkpoints both ways, the Auto classes and their errors."""
+import json
+
+import pytest
+import torch
+from conftest import device_for
+from test_modeling import TOL, compare
+
+import fastbert
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=96,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# each family's own structure at a small size: RoBERTa-style positions from pad + 1 (a table of
+# max tokens + 2), one token type, pad id 1; ELECTRA's narrower embeddings and their projection
+CONFIGS = {
+    "roberta": dict(SMALL, vocab_size=120, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1),
+    "xlm-roberta": dict(SMALL, vocab_size=120, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1),
+    "camembert": dict(SMALL, vocab_size=120, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1),
+    "electra": dict(SMALL, vocab_size=97, embedding_size=32, max_position_embeddings=64),
+}
+PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "electra": "Electra"}
+TASKS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"]
+CASES = [(f, PREFIX[f] + t) for f in CONFIGS for t in TASKS] + [("electra", "ElectraForPreTraining")]
+
+
+def hf_config(family, **kw):
+    return transformers.AutoConfig.for_model(family, **CONFIGS[family], **kw)
+
+
+def pair(family, name, tmp_path=None, seed=0):
+    """(transformers' model, fastbert's), the same random weights; fastbert's through
+    from_pretrained when tmp_path is given, else load_state_dict."""
+    torch.manual_seed(seed)
+    hc = hf_config(family, num_labels=2 if name.endswith("QuestionAnswering") else 3)
+    hm = getattr(transformers, name)(hc).eval()
+    if tmp_path is None:
+        cls = getattr(fastbert, name)
+        fm = cls(cls.config_class(**hc.to_dict())).eval()
+        fm.load_transformers_state_dict(hm.state_dict())
+    else:
+        hm.save_pretrained(tmp_path)
+        fm = getattr(fastbert, name).from_pretrained(str(tmp_path))
+    return hm, fm
+
+
+def batch(family, bsz, seq, g, pad=True):
+    cfg = CONFIGS[family]
+    ids = torch.randint(3, cfg["vocab_size"], (bsz, seq), generator=g)
+    mask = torch.ones(bsz, seq, dtype=torch.long)
+    if pad:
+        for b in range(1, bsz):
+            mask[b, int(torch.randint(1, seq, (1,), generator=g)):] = 0
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, cfg.get("pad_token_id", 0)))
+    tt = torch.zeros_like(ids) if cfg.get("type_vocab_size", 2) == 1 else (torch.arange(seq) >= seq // 2).long() * mask
+    return ids, mask, tt
+
+
+def labels_for(name, ids, mask, g):
+    bsz, seq = ids.shape
+    if name.endswith("ForMaskedLM"):
+        tok = torch.where(torch.rand(bsz, seq, generator=g) < 0.3, ids, torch.full_like(ids, -100))
+        tok[mask == 0] = -100
+        return dict(labels=tok)
+    if name.endswith("ForSequenceClassification"):
+        return dict(labels=torch.randint(0, 3, (bsz,), generator=g))
+    if name.endswith("ForTokenClassification"):
+        t = torch.randint(0, 3, (bsz, seq), generator=g)
+        t[mask == 0] = -100
+        return dict(labels=t)
+    if name == "ElectraForPreTraining":
+        return dict(labels=torch.randint(0, 2, (bsz, seq), generator=g))
+    return {}
+
+
+@pytest.mark.parametrize("family,name", CASES)
+def test_matches_transformers(backend, family, name):
+    dev = device_for(backend)
+    hm, fm = pair(family, name)
+    hm.to(dev), fm.to(dev).set_backend(backend)
+    g = torch.Generator().manual_seed(1)
+    ids, mask, tt = (t.to(dev) for t in batch(family, 4, 13, g))
+    extra = {k: v.to(dev) for k, v in labels_for(name, ids, mask, g).items()}
+    compare(name, hm, fm, ids, mask, tt, extra, torch.float32)
+
+
+@pytest.mark.parametrize("family", ["roberta", "electra"])
+def test_question_answering_loss(family):
+    hm, fm = pair(family, PREFIX[family] + "ForQuestionAnswering")
+    g = torch.Generator().manual_seed(2)
+    ids, mask, tt = batch(family, 3, 11, g, pad=False)
+    extra = dict(start_positions=torch.tensor([1, 4, 20]), end_positions=torch.tensor([2, 9, 3]))
+    compare(family, hm, fm, ids, mask, tt, extra, torch.float32)
+
+
+@pytest.mark.parametrize("family,name", [(f, PREFIX[f] + t) for f in CONFIGS for t in ("Model", "ForMaskedLM",
+                                                                                      "ForSequenceClassification")])
+def test_checkpoints_both_ways(tmp_path, family, name):
+    """transformers' checkpoint -> fastbert (from_pretrained and the Auto class) -> save_pretrained ->
+    transformers' from_pretrained: the same outputs, nothing missing or left over either way."""
+    hm, fm = pair(family, name, tmp_path / "hf")
+    auto = {"Model": fastbert.AutoModel, "ForMaskedLM": fastbert.AutoModelForMaskedLM,
+            "ForSequenceClassification": fastbert.AutoModelForSequenceClassification}[name[len(PREFIX[family]):]]
+    assert type(auto.from_pretrained(str(tmp_path / "hf"))) is type(fm)
+    fm.save_pretrained(str(tmp_path / "fb"))
+    saved = json.loads((tmp_path / "fb" / "config.json").read_text())
+    assert saved["model_type"] == family and saved["architectures"] == [name]
+    back, info = getattr(transformers, name).from_pretrained(str(tmp_path / "fb"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    g = torch.Generator().manual_seed(3)
+    ids, mask, tt = batch(family, 3, 9, g)
+
+    def main_output(model):
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask)
+        value = out.last_hidden_state if name == PREFIX[family] + "Model" else out.logits
+        return value[mask.bool()] if value.shape[:2] == ids.shape else value
+
+    want = main_output(hm)
+    torch.testing.assert_close(main_output(fm), want, **TOL[torch.float32])
+    torch.testing.assert_close(main_output(back.eval()), want, **TOL[torch.float32])
+
+
+def test_roberta_positions_follow_the_padding_id():
+    """RoBERTa's position ids count real tokens from pad + 1, wherever the padding is (left
+    padding too), as transformers numbers them."""
+    hm, fm = pair("roberta", "RobertaModel")
+    ids = torch.tensor([[1, 1, 5, 6, 7], [5, 6, 7, 8, 9]])
+    mask = (ids != 1).long()
+    with torch.no_grad():
+        want = hm(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = fm(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], **TOL[torch.float32])
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        fm(input_ids=torch.full((1, 65), 5))  # 66 positions, pad 1: room for 64 tokens
+
+
+@pytest.mark.parametrize("family", ["xlm-roberta", "electra"])
+def test_sequence_classifier_runs_its_last_layer_at_the_first_token(monkeypatch, family):
+    """RoBERTa's and ELECTRA's classifiers read the first token only: fastbert runs the last layer
+    there alone (BertLayer.first_tokens), and the logits and gradients still equal transformers'."""
+    from fastbert.model.layers import BertLayer
+
+    calls = []
+    original = BertLayer.first_tokens
+    monkeypatch.setattr(BertLayer, "first_tokens", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    name = PREFIX[family] + "ForSequenceClassification"
+    hm, fm = pair(family, name)
+    g = torch.Generator().manual_seed(4)
+    ids, mask, tt = batch(family, 3, 12, g)
+    compare(name, hm, fm, ids, mask, tt, labels_for(name, ids, mask, g), torch.float32)
+    assert len(calls) == 1
+
+
+def test_auto_classes_refuse_what_they_do_not_run(tmp_path):
+    cfg = transformers.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=48)
+    cfg.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"model_type 'deberta-v2' is not supported; supported: bert, camembert, "
+                                         r"electra, roberta, xlm-roberta"):
+        fastbert.AutoModel.from_pretrained(str(tmp_path))
+    hf_config("roberta").save_pretrained(tmp_path / "r")
+    with pytest.raises(ValueError, match="describes a 'roberta' model, not 'bert'"):
+        fastbert.BertModel.from_pretrained(str(tmp_path / "r"))
+    with pytest.raises(TypeError, match="RobertaModel takes a fastbert.RobertaConfig"):
+        fastbert.RobertaModel(fastbert.BertConfig())
+    with pytest.raises(EnvironmentError, match="from_pretrained"):
+        fastbert.AutoModel()
+    assert isinstance(fastbert.AutoConfig.from_pretrained(str(tmp_path / "r")), fastbert.RobertaConfig)
+    assert type(fastbert.AutoModelForTokenClassification.from_config(fastbert.ElectraConfig(**CONFIGS["electra"]))) \
+        is fastbert.ElectraForTokenClassification
