@@ -1,6 +1,7 @@
 """fastbert: BERT on hand-written fused kernels (Triton on GPU, fused C++ on CPU)."""
 from fastbert import data, masking, ops, reference
 from fastbert.backend import BACKENDS
+from fastbert.cross_encoder import CrossEncoder
 from fastbert.maps import attention_map
 from fastbert.model import (  # the other families and the Auto classes
     AutoConfig,
@@ -50,7 +51,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ops", "reference", "masking", "data", "BACKENDS", "__version__",
     "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-    "BertForTokenClassification", "BertForQuestionAnswering", "SentenceEncoder", "attention_map",
+    "BertForTokenClassification", "BertForQuestionAnswering", "SentenceEncoder", "CrossEncoder", "attention_map",
     "RobertaConfig", "XLMRobertaConfig", "CamembertConfig", "ElectraConfig", "AutoConfig", "AutoModel",
     "AutoModelForMaskedLM", "AutoModelForPreTraining", "AutoModelForQuestionAnswering",
     "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "RobertaModel",

@@ -7,6 +7,7 @@ import sys
 COMMANDS = {
     "selfcheck": ("fastbert.selfcheck", "check every fused op on every backend here against the fp64 reference"),
     "encode": ("fastbert.sentence", "embed lines of text with a sentence-transformers model (.npy out)"),
+    "rerank": ("fastbert.cross_encoder", "rank lines of text against a query with a cross-encoder (JSON lines out)"),
     "prepare": ("fastbert.data.prepare", "text files -> WordPiece vocabulary -> MLM + NSP sentence pairs on disk"),
     "pretrain": ("fastbert.pretraining.pretrain",
                  "pretrain BERT (MLM + NSP) on the fused ops; no arguments: the built-in demo"),

@@ -85,7 +85,7 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: Sequence[str]) -> torc
     return torch.cat(parts, dim=-1)
 
 
-def _activation(name: Optional[str], where: str) -> nn.Module:
+def activation(name: Optional[str], where: str) -> nn.Module:
     """The torch.nn module a Dense config names (sentence-transformers writes its class path)."""
     if name is None:
         return nn.Identity()
@@ -108,7 +108,7 @@ class Dense(nn.Module):
         cfg = read_json(os.path.join(directory, "config.json"), "the Dense config", where)
         n_in, n_out, bias = int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True))
         self.linear = nn.Linear(n_in, n_out, bias=bias)
-        self.activation = _activation(cfg.get("activation_function"), where)
+        self.activation = activation(cfg.get("activation_function"), where)
         self.use_residual = bool(cfg.get("use_residual", False))
         if self.use_residual and n_in != n_out:
             self.residual = nn.Linear(n_in, n_out, bias=False)
@@ -142,7 +142,7 @@ def max_length(root: str, model, given: Optional[int], st_config: dict) -> int:
     """sentence-transformers' max_seq_length: given, else sentence_bert_config.json's, else the
     tokenizer's model_max_length capped at max_position_embeddings; never more than the model's
     position table holds."""
-    limit = model.embeddings.max_tokens
+    limit = model.base_model.embeddings.max_tokens
     n = given or st_config.get("max_seq_length")
     if not n:
         tok_cfg = os.path.join(root, "tokenizer_config.json")
