@@ -2,6 +2,7 @@
 from fastbert import data, masking, ops, reference
 from fastbert.backend import BACKENDS
 from fastbert.cross_encoder import CrossEncoder
+from fastbert.hf import patch, patch_transformers
 from fastbert.maps import attention_map
 from fastbert.model import (  # the other families and the Auto classes
     AutoConfig,
@@ -52,6 +53,7 @@ __all__ = [
     "ops", "reference", "masking", "data", "BACKENDS", "__version__",
     "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
     "BertForTokenClassification", "BertForQuestionAnswering", "SentenceEncoder", "CrossEncoder", "attention_map",
+    "patch", "patch_transformers",
     "RobertaConfig", "XLMRobertaConfig", "CamembertConfig", "ElectraConfig", "AutoConfig", "AutoModel",
     "AutoModelForMaskedLM", "AutoModelForPreTraining", "AutoModelForQuestionAnswering",
     "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "RobertaModel",

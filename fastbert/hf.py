@@ -6,8 +6,14 @@
         through fastbert.ops.attention (registered with both AttentionInterface and
         AttentionMaskInterface: the mask handed to the attention is the [batch, seq] padding mask).
     fastbert.hf.from_transformers(model, backend=None)
-        a loaded transformers BERT model (BertModel or one of the heads fastbert has) as the
-        fastbert class, sharing its parameters (no copy: training one trains the other).
+        a loaded transformers model of a family fastbert runs (BERT, RoBERTa, XLM-RoBERTa,
+        CamemBERT, ELECTRA: the base model or a head fastbert has) as the fastbert class of the
+        same name, sharing its parameters (no copy: training one trains the other).
+    fastbert.patch(model) / fastbert.patch_transformers()
+        the model itself runs on fastbert from then on: its forward is the fastbert model's,
+        whose parameters are the model's own Parameter objects (an optimizer built before the
+        patch still trains it; nothing is copied, so nothing can fall behind); patch_transformers
+        makes transformers' from_pretrained patch every model of a supported class it loads.
 
     transformers.Trainer.save_model on a fastbert model
         writes what save_pretrained writes (config.json and the weights, which transformers loads),
@@ -18,6 +24,7 @@ transformers is imported only when these functions are called.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Optional
@@ -28,10 +35,6 @@ import fastbert
 from fastbert import ops
 
 ATTN_IMPLEMENTATION = "fastbert"
-_CLASSES = (
-    "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-    "BertForTokenClassification", "BertForQuestionAnswering",
-)
 
 
 def fastbert_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -79,17 +82,29 @@ def register() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, fastbert_attention_mask)
 
 
-def from_transformers(model, backend: Optional[str] = None):
-    """The fastbert model for a loaded transformers BERT model, sharing its parameters."""
+def _fastbert_class(model, where: str):
+    """The fastbert class for a transformers model (same class name and model_type), or a TypeError."""
+    from fastbert.model.auto import FAMILIES, PRETRAINING
+
     name = type(model).__name__
-    if name not in _CLASSES:
-        raise TypeError(f"fastbert.hf.from_transformers: {name} is not supported; supported: {', '.join(_CLASSES)}")
-    if getattr(model.config, "model_type", None) != "bert":
-        raise TypeError(f"fastbert.hf.from_transformers: the model's config is {model.config.model_type!r}, not 'bert'")
-    config = fastbert.BertConfig(**model.config.to_dict())
-    cls = getattr(fastbert, name)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    classes = {c.__name__: c for family in FAMILIES.values() for c in family.values()}
+    classes.update({c.__name__: c for c in PRETRAINING.values()})
+    if name not in classes:
+        raise TypeError(f"{where}: {name} is not supported; supported: {', '.join(sorted(classes))}")
+    cls = classes[name]
+    if model_type != cls.config_class.model_type:
+        raise TypeError(f"{where}: the model's config is {model_type!r}, not {cls.config_class.model_type!r}")
+    return cls
+
+
+def from_transformers(model, backend: Optional[str] = None):
+    """The fastbert model for a loaded transformers model, sharing its parameters."""
+    cls = _fastbert_class(model, "fastbert.hf.from_transformers")
+    name = cls.__name__
+    config = cls.config_class(**model.config.to_dict())
     kwargs = {}
-    if name == "BertModel":
+    if hasattr(model, "pooler") and hasattr(cls, "embeddings_class"):  # a base model with or without its pooler
         kwargs["add_pooling_layer"] = model.pooler is not None
     with torch.device("meta"):
         fm = cls(config, **kwargs)
@@ -107,6 +122,62 @@ def from_transformers(model, backend: Optional[str] = None):
         raise ValueError(f"fastbert.hf.from_transformers: parameters not found in the {name}: {left}")
     fm.train(model.training)
     return fm.set_backend(backend)
+
+
+def patch(model, backend: Optional[str] = None):
+    """Run a model loaded by transformers (a class fastbert has: fastbert.hf.from_transformers) on
+    fastbert, in place: model(...) and model.forward(...) run the fastbert model that shares its
+    Parameter objects, in the model's train / eval mode, and return the same fields. The model's
+    modules, state_dict and parameters stay what they were. Returns the model (patching twice is
+    the same as once)."""
+    if getattr(model, "_fastbert_model", None) is not None:
+        return model
+    fm = from_transformers(model, backend)
+
+    @functools.wraps(fm.forward)
+    def forward(*args, **kwargs):
+        if fm.training != model.training:
+            fm.train(model.training)
+        return fm(*args, **kwargs)
+
+    object.__setattr__(model, "_fastbert_model", fm)  # not a submodule: no second copy in state_dict()
+    model.forward = forward
+    return model
+
+
+def patch_transformers() -> None:
+    """From now on, transformers' from_pretrained (every class and the Auto classes) returns the
+    models fastbert runs patched (fastbert.patch); other models load as before. Idempotent."""
+    import transformers
+
+    base = transformers.PreTrainedModel
+    if getattr(base.from_pretrained, "_fastbert", False):
+        return
+    original = base.from_pretrained.__func__
+
+    @functools.wraps(original)
+    def from_pretrained(cls, *args, **kwargs):
+        out = original(cls, *args, **kwargs)
+        model = out[0] if isinstance(out, tuple) else out
+        try:
+            _fastbert_class(model, "")
+        except TypeError:
+            return out  # a class or model_type fastbert does not run
+        patch(model)
+        return out
+
+    from_pretrained._fastbert = True
+    from_pretrained._original = original
+    base.from_pretrained = classmethod(from_pretrained)
+
+
+def unpatch_transformers() -> None:
+    """Undo patch_transformers (models patched already stay patched)."""
+    import transformers
+
+    base = transformers.PreTrainedModel
+    if getattr(base.from_pretrained, "_fastbert", False):
+        base.from_pretrained = classmethod(base.from_pretrained._original)
 
 
 def _owner(module, dotted: str):
