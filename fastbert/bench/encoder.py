@@ -21,7 +21,10 @@ after round, on the same inputs, and each figure is a median
 
     python benchmarks/bench_encoder.py [--workloads var128,full128,var512,minilm] [--dtypes float32,bfloat16]
         [--layers 12] [--rounds 3] [--peers [onnxruntime,openvino,ctranslate2,torch.compile]]
-        [--quantize int8] [--json PATH] [--png PATH]
+        [--quantize int8] [--arch bert|xlm-roberta] [--json PATH] [--png PATH]
+
+--arch xlm-roberta runs the var/full workloads on XLM-RoBERTa-base's configuration (its 250,002-token
+vocabulary, positions from the padding id + 1, one token type) instead of BERT-base's.
     python benchmarks/bench_encoder.py --ablations --workloads var128 --dtypes float32
 
 --ablations times fastbert with one of its CPU choices undone at a time (the padded path instead
@@ -42,14 +45,15 @@ from fastbert.bench.providers import ablation_providers, encoder_providers, last
 from fastbert.bench.report import add_output_options, finish, parser, without_slow_bf16
 from fastbert.bench.tables import pick_fastest, print_ablations, print_table, summarise
 from fastbert.bench.timing import LEVEL_CAPS, interleaved_cpu_times, run_at_level
-from fastbert.bench.workloads import WORKLOADS, make_batch, real_sentences
+from fastbert.bench.workloads import ARCHS, WORKLOADS, arch_config, make_batch, real_sentences
 from fastbert.dtypes import dtype_name, parse_dtype
 
 
-def run_encoder_workload(name, layers, dtypes, rounds, g, progress, peers=()):
+def run_encoder_workload(name, layers, dtypes, rounds, g, progress, peers=(), arch="bert"):
     spec = WORKLOADS[name]
-    ids, mask = make_batch(spec["batch"], spec["lo"], spec["hi"], g)
-    provs, reference, skipped = encoder_providers(layers, dtypes, ids, mask, peers)
+    cfg = arch_config(arch, layers)
+    ids, mask = make_batch(spec["batch"], spec["lo"], spec["hi"], g, cfg.vocab_size, cfg.pad_token_id)
+    provs, reference, skipped = encoder_providers(layers, dtypes, ids, mask, peers, arch)
     with torch.no_grad():
         times = _timed(provs, rounds, f"{name} ({len(provs)} providers x {rounds} rounds)", progress)
         errors = _errors(provs, reference, mask)
@@ -57,7 +61,7 @@ def run_encoder_workload(name, layers, dtypes, rounds, g, progress, peers=()):
     rows = summarise(times, tokens, dtypes, errors, peers)
     rows += [{"provider": k, "skipped": why} for k, why in skipped.items()]
     for r in rows:
-        r.update(workload=name, batch=spec["batch"], seq=ids.shape[1], real_tokens=tokens,
+        r.update(workload=name, arch=arch, batch=spec["batch"], seq=ids.shape[1], real_tokens=tokens,
                  real_share=round(tokens / mask.numel(), 3), layers=layers)
     return rows
 
@@ -135,14 +139,14 @@ def run_minilm(rounds, batch_size, n, progress, quantize=None):
 
 
 def run(workloads, dtypes, layers, rounds, minilm_sentences=1000, minilm_batch=64, progress=True, peers=(),
-        quantize=None):
+        quantize=None, arch="bert"):
     g = torch.Generator().manual_seed(0)
     rows = []
     for w in workloads:
         if w == "minilm":
             rows += run_minilm(rounds, minilm_batch, minilm_sentences, progress, quantize)
         else:
-            rows += run_encoder_workload(w, layers, dtypes, rounds, g, progress, peers)
+            rows += run_encoder_workload(w, layers, dtypes, rounds, g, progress, peers, arch)
     return rows
 
 
@@ -158,7 +162,9 @@ def main(argv=None, defaults=None, prog=None):
     ap = parser(__doc__, prog)
     ap.add_argument("--workloads", default=d["workloads"], help=f"comma-separated, of {list(WORKLOADS) + ['minilm']}")
     ap.add_argument("--dtypes", default=d["dtypes"])
-    ap.add_argument("--layers", type=int, default=d["layers"], help="encoder layers of the BERT-base-shaped model")
+    ap.add_argument("--layers", type=int, default=d["layers"], help="encoder layers of the base-size model")
+    ap.add_argument("--arch", default="bert", choices=sorted(ARCHS),
+                    help="the model of the var/full workloads: BERT-base or XLM-RoBERTa-base (250k vocabulary)")
     ap.add_argument("--rounds", type=int, default=d["rounds"], help="timed rounds (after one warm-up round)")
     ap.add_argument("--minilm-sentences", type=int, default=1000)
     ap.add_argument("--peers", nargs="?", const=",".join(PEERS), default="",
@@ -184,6 +190,9 @@ def main(argv=None, defaults=None, prog=None):
     unknown = [w for w in workloads if w not in WORKLOADS and w != "minilm"]
     if unknown:
         ap.error(f"unknown workloads {unknown}; choose from {list(WORKLOADS) + ['minilm']}")
+    if args.arch != "bert" and "minilm" in workloads:
+        workloads.remove("minilm")
+        print(f"minilm (a BERT checkpoint) left out: --arch {args.arch}", file=sys.stderr)
     try:
         dtypes = without_slow_bf16([parse_dtype(d) for d in args.dtypes.split(",")])
     except ValueError as e:
@@ -202,7 +211,7 @@ def main(argv=None, defaults=None, prog=None):
         rows = [r for w in workloads for r in run_ablations(w, args.layers, dtypes, args.rounds, g, True)]
     else:
         rows = run(workloads, dtypes, args.layers, args.rounds, args.minilm_sentences, peers=peers,
-                   quantize=args.quantize)
+                   quantize=args.quantize, arch=args.arch)
     finish(rows, print_ablations if args.ablations else print_table, argv, prog,
            json_path=args.json, png_path=args.png, plot=plot)
     return 0

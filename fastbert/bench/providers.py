@@ -12,7 +12,7 @@ import torch
 import fastbert
 import fastbert.hf
 from fastbert.bench.peers import peer_providers
-from fastbert.bench.workloads import random_transformers_bert
+from fastbert.bench.workloads import random_transformers_encoder
 from fastbert.dtypes import dtype_name
 from fastbert.ops import gemm
 
@@ -23,12 +23,11 @@ MEASURED = "per-shape"  # the floor variant on fastbert's measured choice of pat
 def _linears(layer):
     """(weight, bias) of a layer's four products as the model runs them: QKV joined, attention
     output, FFN1, FFN2."""
-    sa = layer.attention.self
+    sa = layer.self_attention
     return [(torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]), torch.cat([sa.query.bias, sa.key.bias,
                                                                                       sa.value.bias])),
-            (layer.attention.output.dense.weight, layer.attention.output.dense.bias),
-            (layer.intermediate.dense.weight, layer.intermediate.dense.bias),
-            (layer.output.dense.weight, layer.output.dense.bias)]
+            (layer.attention_output.weight, layer.attention_output.bias),
+            (layer.ffn_input.weight, layer.ffn_input.bias), (layer.ffn_output.weight, layer.ffn_output.bias)]
 
 
 def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
@@ -55,7 +54,7 @@ def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
             return w.to(dtype), b.to(dtype)
 
         product = fastbert.ops.linear
-    layers = [[operands(w, b) for w, b in _linears(layer)] for layer in model.encoder.layer]
+    layers = [[operands(w, b) for w, b in _linears(layer)] for layer in model.layers]
     x, inter = rows(cfg.hidden_size), rows(cfg.intermediate_size)
 
     def run():
@@ -80,10 +79,12 @@ def floor_providers(model, tokens: int, dtype) -> Dict[str, Callable]:
     return provs
 
 
-def encoder_providers(layers: int, dtypes, ids, mask, peers=()) -> Tuple[Dict[str, Callable], Callable, Dict]:
-    """(providers, reference, skipped peers): every provider on the same weights and batch; the
-    reference gives transformers' fp32 (sdpa) last hidden state, to measure each one's error."""
-    hf = {impl: random_transformers_bert(layers, impl) for impl in ("sdpa", "eager")}
+def encoder_providers(layers: int, dtypes, ids, mask, peers=(), arch: str = "bert") -> Tuple[Dict[str, Callable],
+                                                                                          Callable, Dict]:
+    """(providers, reference, skipped peers): every provider on the same weights and batch of the
+    `arch` model (fastbert.bench.workloads.ARCHS); the reference gives transformers' fp32 (sdpa) last
+    hidden state, to measure each one's error."""
+    hf = {impl: random_transformers_encoder(layers, impl, arch) for impl in ("sdpa", "eager")}
     fb = fastbert.hf.from_transformers(hf["sdpa"]).eval()
     tokens = int(mask.sum())
     provs: Dict[str, Callable] = {}
@@ -130,7 +131,7 @@ def ablation_providers(layers: int, dtype, ids, mask) -> Dict[str, object]:
     """fastbert with one of its CPU choices undone at a time, on the same weights and inputs:
     the padded path instead of the packed one, torch's ops instead of the fused C++ ones, one
     thread instead of all; and the GEMM floor."""
-    model = fastbert.hf.from_transformers(random_transformers_bert(layers)).eval()
+    model = fastbert.hf.from_transformers(random_transformers_encoder(layers)).eval()
     if dtype != torch.float32:
         model = model.to(dtype)
     threads = torch.get_num_threads()

@@ -16,20 +16,40 @@ def base_config(layers: int, **kw):
                 intermediate_size=3072, max_position_embeddings=512, **kw)
 
 
-def make_batch(batch, lo, hi, g, vocab=30522):
+# the architectures the encoder benchmark runs: transformers' base model and config at base size
+ARCHS = {
+    "bert": ("BertModel", "BertConfig", {}),
+    # xlm-roberta-base's configuration: a 250,002-token vocabulary, 514 positions from pad + 1, one token type
+    "xlm-roberta": ("XLMRobertaModel", "XLMRobertaConfig",
+                    dict(vocab_size=250002, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+                         bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)),
+}
+
+
+def make_batch(batch, lo, hi, g, vocab=30522, pad_id=0):
+    """(input_ids, attention_mask) [batch, longest]: lengths uniform in lo..hi, random ids from 1000
+    up, padding `pad_id`."""
     lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
     seq = int(lengths.max())
     ids = torch.randint(1000, vocab, (batch, seq), generator=g)
     mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
-    return ids * mask, mask
+    return torch.where(mask.bool(), ids, torch.full_like(ids, pad_id)), mask
 
 
-def random_transformers_bert(layers: int, impl: str = "sdpa"):
-    """transformers' BertModel with BERT-base shapes and the same random weights on every call."""
+def arch_config(arch: str, layers: int, **kw):
+    """transformers' config of `arch` (ARCHS) at base size with `layers` layers."""
+    import transformers
+
+    _, config, extra = ARCHS[arch]
+    return getattr(transformers, config)(**{**base_config(layers), **extra}, **kw)
+
+
+def random_transformers_encoder(layers: int, impl: str = "sdpa", arch: str = "bert"):
+    """transformers' base model of `arch` at base size, the same random weights on every call."""
     import transformers
 
     torch.manual_seed(0)
-    return transformers.BertModel(transformers.BertConfig(**base_config(layers), attn_implementation=impl)).eval()
+    return getattr(transformers, ARCHS[arch][0])(arch_config(arch, layers, attn_implementation=impl)).eval()
 
 
 def real_sentences(n):

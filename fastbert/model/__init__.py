@@ -2,7 +2,7 @@
 data flow): config.py, outputs.py, layers.py, pretrained.py (loading and saving), checkpoint.py
 (transformers' checkpoint files), checks.py (input errors), bert.py (BertModel), heads.py (the task
 models), int8.py (int8 inference: quantize_ and the int8 encoder); the other families as adapters of the same
-encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py; auto.py (the class for a model_type)."""
+encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py, distilbert.py; auto.py (the class for a model_type)."""
 from fastbert.model.auto import (
     AutoConfig,
     AutoModel,
@@ -13,7 +13,21 @@ from fastbert.model.auto import (
     AutoModelForTokenClassification,
 )
 from fastbert.model.bert import BertModel
-from fastbert.model.config import BertConfig, CamembertConfig, ElectraConfig, RobertaConfig, XLMRobertaConfig
+from fastbert.model.config import (
+    BertConfig,
+    CamembertConfig,
+    DistilBertConfig,
+    ElectraConfig,
+    RobertaConfig,
+    XLMRobertaConfig,
+)
+from fastbert.model.distilbert import (
+    DistilBertForMaskedLM,
+    DistilBertForQuestionAnswering,
+    DistilBertForSequenceClassification,
+    DistilBertForTokenClassification,
+    DistilBertModel,
+)
 from fastbert.model.electra import (
     ElectraForMaskedLM,
     ElectraForPreTraining,
@@ -73,5 +87,6 @@ __all__ += [
     "CamembertModel", "CamembertForMaskedLM", "CamembertForSequenceClassification",
     "CamembertForTokenClassification", "CamembertForQuestionAnswering", "ElectraModel", "ElectraForPreTraining",
     "ElectraForMaskedLM", "ElectraForSequenceClassification", "ElectraForTokenClassification",
-    "ElectraForQuestionAnswering",
+    "ElectraForQuestionAnswering", "DistilBertConfig", "DistilBertModel", "DistilBertForMaskedLM",
+    "DistilBertForSequenceClassification", "DistilBertForTokenClassification", "DistilBertForQuestionAnswering",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from fastbert.model import electra, roberta
+from fastbert.model import distilbert, electra, roberta
 from fastbert.model.bert import BertModel
 from fastbert.model.config import read_config
 from fastbert.model.heads import (
@@ -34,6 +34,7 @@ FAMILIES: Dict[str, Dict[str, type]] = {
     "camembert": _family(roberta.CamembertModel, roberta.CamembertForMaskedLM,
                          roberta.CamembertForSequenceClassification, roberta.CamembertForTokenClassification,
                          roberta.CamembertForQuestionAnswering),
+    "distilbert": _family(*distilbert.DISTILBERT_CLASSES),
     "electra": _family(electra.ElectraModel, electra.ElectraForMaskedLM, electra.ElectraForSequenceClassification,
                        electra.ElectraForTokenClassification, electra.ElectraForQuestionAnswering),
 }

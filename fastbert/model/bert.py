@@ -95,6 +95,11 @@ class BertModel(BertPreTrainedModel):
                                          attentions=probs)
         return out if return_dict else out.to_tuple()
 
+    @property
+    def layers(self) -> torch.nn.ModuleList:
+        """The encoder layers (encoder.layer; DistilBERT's transformer.layer)."""
+        return self.encoder.layer
+
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds) -> torch.Tensor:
         """The encoder's input [batch, seq, hidden]."""
         return self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
@@ -133,7 +138,7 @@ class BertModel(BertPreTrainedModel):
     def _layer_plan(self, scales, first_only: bool):
         """(the (layer, head scale) pairs run on every token, the last pair when first_only runs it
         at the first tokens alone, else None)."""
-        pairs = list(zip(self.encoder.layer, scales))
+        pairs = list(zip(self.layers, scales))
         return (pairs[:-1], pairs[-1]) if first_only else (pairs, None)
 
     def _run_layer(self, layer, *args):

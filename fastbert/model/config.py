@@ -185,3 +185,36 @@ class ElectraConfig(BertConfig):
     _defaults = {**BertConfig._defaults, "embedding_size": 128, "hidden_size": 256, "num_attention_heads": 4,
                  "intermediate_size": 1024, "summary_type": "first", "summary_use_proj": True,
                  "summary_activation": "gelu", "summary_last_dropout": 0.1}
+
+
+class DistilBertConfig(BertConfig):
+    """DistilBERT's own fields (dim, n_layers, n_heads, hidden_dim, activation, dropout, ...), read
+    and written under its names; BERT's names (hidden_size, num_attention_heads, ...) read and set
+    them, as transformers' attribute_map does. LayerNorm eps is DistilBERT's fixed 1e-12; there
+    are no token types."""
+
+    model_type = "distilbert"
+    _defaults = dict(vocab_size=30522, max_position_embeddings=512, sinusoidal_pos_embds=False, n_layers=6, n_heads=12,
+                     dim=768, hidden_dim=3072, dropout=0.1, attention_dropout=0.1, activation="gelu",
+                     initializer_range=0.02, qa_dropout=0.1, seq_classif_dropout=0.2, pad_token_id=0,
+                     tie_word_embeddings=True, problem_type=None, output_hidden_states=False, output_attentions=False,
+                     return_dict=True)
+    ALIASES = {"hidden_size": "dim", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers",
+               "intermediate_size": "hidden_dim", "hidden_act": "activation", "hidden_dropout_prob": "dropout",
+               "attention_probs_dropout_prob": "attention_dropout"}
+    layer_norm_eps = 1e-12
+    type_vocab_size = 1
+    position_embedding_type = "absolute"
+    classifier_dropout = None
+
+    @classmethod
+    def known_fields(cls):
+        return super().known_fields() | set(cls.ALIASES)
+
+
+def _alias(name: str) -> property:
+    return property(lambda self: getattr(self, name), lambda self, value: setattr(self, name, value))
+
+
+for _bert_name, _own in DistilBertConfig.ALIASES.items():
+    setattr(DistilBertConfig, _bert_name, _alias(_own))

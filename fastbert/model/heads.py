@@ -61,7 +61,8 @@ class _Head(BertPreTrainedModel):
 
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
                 output_attentions, output_hidden_states):
-        return self.base_model(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+        return self.base_model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                               position_ids=position_ids, inputs_embeds=inputs_embeds,
                                head_mask=head_mask, output_attentions=output_attentions,
                                output_hidden_states=output_hidden_states, return_dict=True,
                                _pooled_only=self.pooled_only)
@@ -212,12 +213,16 @@ class BertForQuestionAnswering(_Head):
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    def _span_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What qa_outputs reads (DistilBERT drops some of it out first)."""
+        return hidden
+
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 start_positions=None, end_positions=None, head_mask=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None):
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
                            output_attentions, output_hidden_states)
-        logits = self.qa_outputs(out.last_hidden_state)
+        logits = self.qa_outputs(self._span_features(out.last_hidden_state))
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
         loss = None
         if start_positions is not None and end_positions is not None:

@@ -123,9 +123,7 @@ def quantize_model(model: nn.Module, mode: str = "int8", weight_range: Optional[
     for layer in model.modules():
         if not isinstance(layer, BertLayer):
             continue
-        sa = layer.attention.self
-        for owner, name in ((sa, "query"), (sa, "key"), (sa, "value"), (layer.attention.output, "dense"),
-                            (layer.intermediate, "dense"), (layer.output, "dense")):
+        for owner, name in layer.linear_slots():
             linear = getattr(owner, name)
             if not isinstance(linear, Int8Linear):
                 setattr(owner, name, Int8Linear(linear, weight_range))
@@ -156,22 +154,21 @@ def int8_layer(layer, hidden: torch.Tensor, hq, attend, quantize_out: bool):
     """One encoder layer on rows: hidden [rows, h] float and hq = its quantized rows (q, scale,
     offset); attend(qkv [rows, 3h] float) -> (context [rows, h], probabilities or None) is the
     layer's attention. -> (hidden, its quantized rows (empty unless quantize_out), probabilities)."""
-    sa, so, inter, out = layer.attention.self, layer.attention.output, layer.intermediate, layer.output
-    w, ws, b = qkv_int8(sa)
+    w, ws, b = qkv_int8(layer.self_attention)
     q, s, o = hq
     ctx, probs = attend(ops.int8_dequantize(ops.int8_matmul(q, w), s, o, ws, b, hidden.dtype))
     q, s, o = ops.quantize_rows(ctx)
-    d, ln = so.dense, so.LayerNorm
+    d, ln = layer.attention_output, layer.attention_norm
     h1, q, s, o = ops.int8_add_layer_norm(ops.int8_matmul(q, d.weight), s, o, d.weight_scale, d.bias, hidden,
                                           ln.weight, ln.bias, ln.eps)
-    d = inter.dense
+    d, act_name = layer.ffn_input, layer.ffn_act
     acc = ops.int8_matmul(q, d.weight)
-    if inter.hidden_act in GELU_FORMS:
-        q, s, o = ops.int8_bias_gelu(acc, s, o, d.weight_scale, d.bias, GELU_FORMS[inter.hidden_act])
+    if act_name in GELU_FORMS:
+        q, s, o = ops.int8_bias_gelu(acc, s, o, d.weight_scale, d.bias, GELU_FORMS[act_name])
     else:
-        act = OTHER_ACTIVATIONS[inter.hidden_act]
+        act = OTHER_ACTIVATIONS[act_name]
         q, s, o = ops.quantize_rows(act(ops.int8_dequantize(acc, s, o, d.weight_scale, d.bias, hidden.dtype)))
-    d, ln = out.dense, out.LayerNorm
+    d, ln = layer.ffn_output, layer.ffn_norm
     h2, q, s, o = ops.int8_add_layer_norm(ops.int8_matmul(q, d.weight), s, o, d.weight_scale, d.bias, h1,
                                           ln.weight, ln.bias, ln.eps, quantize=quantize_out)
     return h2, (q, s, o), probs
@@ -210,7 +207,7 @@ def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], b
     else:
         rows = hidden.reshape(-1, width)
     shape = rows.shape if packed is not None else hidden.shape
-    layers = list(model.encoder.layer)
+    layers = list(model.layers)
 
     def padded(h):
         return ops.pad(h, indices, bsz, seq) if indices is not None else h.view(bsz, seq, width)

@@ -28,12 +28,14 @@ class BertEmbeddings(nn.Module, _Backend):
     """Word + position + token type embeddings, LayerNorm, dropout; `width` wide (ELECTRA's
     embedding_size; the hidden size otherwise). Positions count 0, 1, ... unless given."""
 
-    def __init__(self, config: BertConfig, width: Optional[int] = None, position_padding_idx: Optional[int] = None):
+    def __init__(self, config: BertConfig, width: Optional[int] = None, position_padding_idx: Optional[int] = None,
+                 token_types: bool = True):
         super().__init__()
         width = config.hidden_size if width is None else width
         self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, width, padding_idx=position_padding_idx)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
+        if token_types:  # (DistilBERT has none)
+            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
         self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -48,7 +50,9 @@ class BertEmbeddings(nn.Module, _Backend):
 
     def forward(self, input_ids, token_type_ids, position_ids, inputs_embeds=None):
         words = self._words(input_ids) if inputs_embeds is None else inputs_embeds
-        rest = self.token_type_embeddings(token_type_ids) + self.position_embeddings(position_ids)
+        rest = self.position_embeddings(position_ids)
+        if hasattr(self, "token_type_embeddings"):
+            rest = self.token_type_embeddings(token_type_ids) + rest
         h = ops.add_layer_norm(
             words, rest.to(words.dtype), self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps,
             backend=self.backend,
@@ -172,6 +176,53 @@ class BertLayer(nn.Module, _Backend):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
+    # The layer's parts by role. Everything that runs a layer (here, int8.py) reads them through
+    # these, so a family whose modules have other names (DistilBERT's TransformerBlock) is this
+    # layer with these overridden.
+    @property
+    def self_attention(self):
+        """query, key, value (nn.Linear), qkv_weight(), num_attention_heads, attention_head_size, dropout_p."""
+        return self.attention.self
+
+    @property
+    def attention_output(self) -> nn.Linear:
+        return self.attention.output.dense
+
+    @property
+    def attention_norm(self) -> nn.LayerNorm:
+        return self.attention.output.LayerNorm
+
+    @property
+    def attention_dropout_p(self) -> float:
+        return self.attention.output.dropout.p
+
+    @property
+    def ffn_input(self) -> nn.Linear:
+        return self.intermediate.dense
+
+    @property
+    def ffn_act(self) -> str:
+        return self.intermediate.hidden_act
+
+    @property
+    def ffn_output(self) -> nn.Linear:
+        return self.output.dense
+
+    @property
+    def ffn_norm(self) -> nn.LayerNorm:
+        return self.output.LayerNorm
+
+    @property
+    def ffn_dropout_p(self) -> float:
+        return self.output.dropout.p
+
+    def linear_slots(self):
+        """(owner module, attribute name) of the six linear layers: query, key, value, attention
+        output, FFN input, FFN output (int8 swaps them)."""
+        sa = self.attention.self
+        return [(sa, "query"), (sa, "key"), (sa, "value"), (self.attention.output, "dense"), (self.intermediate, "dense"),
+                (self.output, "dense")]
+
     def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
                 bias: Optional[torch.Tensor] = None, head_scale: Optional[torch.Tensor] = None,
                 want_probs: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -179,8 +230,7 @@ class BertLayer(nn.Module, _Backend):
         (packed path, packed = (cu_seqlens, max_seqlen)). bias (an additive mask) or want_probs take
         the explicit attention path, which also returns the probabilities; head_scale [heads]
         multiplies each head's output. -> (hidden, probabilities [batch, heads, seq, seq] or None)."""
-        sa = self.attention.self
-        w, b = sa.qkv_weight()
+        w, b = self.self_attention.qkv_weight()
         qkv = ops.linear(hidden, w, b)
         ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs)
         return self.feed_forward(ctx, hidden), probs
@@ -188,19 +238,15 @@ class BertLayer(nn.Module, _Backend):
     def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The layer after its attention: output projection of the context ctx, add & LayerNorm
         with the layer's input hidden, the feed-forward block, add & LayerNorm (rows of any shape)."""
-        so = self.attention.output
-        attn = ops.linear(ctx, so.dense.weight, so.dense.bias)
-        h1 = ops.add_layer_norm(
-            attn, hidden, so.LayerNorm.weight, so.LayerNorm.bias, so.LayerNorm.eps,
-            dropout_p=_dropout_p(self, so.dropout.p), backend=self.backend,
-        )
-        inter = ops.linear(h1, self.intermediate.dense.weight)
-        inter = _activation(inter, self.intermediate.dense.bias, self.intermediate.hidden_act, self.backend)
-        out = ops.linear(inter, self.output.dense.weight, self.output.dense.bias)
-        return ops.add_layer_norm(
-            out, h1, self.output.LayerNorm.weight, self.output.LayerNorm.bias, self.output.LayerNorm.eps,
-            dropout_p=_dropout_p(self, self.output.dropout.p), backend=self.backend,
-        )
+        dense, ln = self.attention_output, self.attention_norm
+        attn = ops.linear(ctx, dense.weight, dense.bias)
+        h1 = ops.add_layer_norm(attn, hidden, ln.weight, ln.bias, ln.eps,
+                                dropout_p=_dropout_p(self, self.attention_dropout_p), backend=self.backend)
+        inter = _activation(ops.linear(h1, self.ffn_input.weight), self.ffn_input.bias, self.ffn_act, self.backend)
+        dense, ln = self.ffn_output, self.ffn_norm
+        out = ops.linear(inter, dense.weight, dense.bias)
+        return ops.add_layer_norm(out, h1, ln.weight, ln.bias, ln.eps,
+                                  dropout_p=_dropout_p(self, self.ffn_dropout_p), backend=self.backend)
 
     def first_tokens(self, hidden: torch.Tensor, mask: Optional[torch.Tensor],
                      unpadded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
@@ -212,7 +258,7 @@ class BertLayer(nn.Module, _Backend):
         hidden: [batch, seq, hidden] (mask [batch, seq] or None), or the packed rows [tokens, hidden]
         of the batch that ops.unpad(., mask) gave (indices, cu_seqlens) for. Every sequence's first
         token must be a real one (mask[:, 0] all set)."""
-        sa = self.attention.self
+        sa = self.self_attention
         heads, d = sa.num_attention_heads, sa.attention_head_size
         width = heads * d
         w, b = sa.qkv_weight()
@@ -240,7 +286,7 @@ class BertLayer(nn.Module, _Backend):
         of shape `shape` ([tokens, hidden] packed, [batch, seq, hidden] padded; qkv may hold the rows
         of either flattened) -> (context [..., hidden] shaped `shape`, probabilities or None); the
         arguments as in forward."""
-        sa = self.attention.self
+        sa = self.self_attention
         heads, d = sa.num_attention_heads, sa.attention_head_size
         p_attn = _dropout_p(self, sa.dropout_p)
         probs = None

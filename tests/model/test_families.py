@@ -1,4 +1,4 @@
-"""RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA on fastbert's one encoder, against transformers'
+"""RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT on fastbert's one encoder, against transformers'
 classes built from each family's configuration with random weights: every output and every
 parameter's gradient (fp32), checkpoints both ways, the Auto classes and their errors."""
 import json
@@ -21,8 +21,12 @@ CONFIGS = {
     "xlm-roberta": dict(SMALL, vocab_size=120, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1),
     "camembert": dict(SMALL, vocab_size=120, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1),
     "electra": dict(SMALL, vocab_size=97, embedding_size=32, max_position_embeddings=64),
+    # DistilBERT's own field names
+    "distilbert": dict(vocab_size=97, dim=64, n_layers=2, n_heads=2, hidden_dim=96, dropout=0.0, attention_dropout=0.0,
+                       max_position_embeddings=64),
 }
-PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "electra": "Electra"}
+PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "electra": "Electra",
+          "distilbert": "DistilBert"}
 TASKS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"]
 CASES = [(f, PREFIX[f] + t) for f in CONFIGS for t in TASKS] + [("electra", "ElectraForPreTraining")]
 
@@ -55,6 +59,8 @@ def batch(family, bsz, seq, g, pad=True):
         for b in range(1, bsz):
             mask[b, int(torch.randint(1, seq, (1,), generator=g)):] = 0
     ids = torch.where(mask.bool(), ids, torch.full_like(ids, cfg.get("pad_token_id", 0)))
+    if family == "distilbert":  # no token types
+        return ids, mask, None
     tt = torch.zeros_like(ids) if cfg.get("type_vocab_size", 2) == 1 else (torch.arange(seq) >= seq // 2).long() * mask
     return ids, mask, tt
 
@@ -82,12 +88,12 @@ def test_matches_transformers(backend, family, name):
     hm, fm = pair(family, name)
     hm.to(dev), fm.to(dev).set_backend(backend)
     g = torch.Generator().manual_seed(1)
-    ids, mask, tt = (t.to(dev) for t in batch(family, 4, 13, g))
+    ids, mask, tt = (None if t is None else t.to(dev) for t in batch(family, 4, 13, g))
     extra = {k: v.to(dev) for k, v in labels_for(name, ids, mask, g).items()}
     compare(name, hm, fm, ids, mask, tt, extra, torch.float32)
 
 
-@pytest.mark.parametrize("family", ["roberta", "electra"])
+@pytest.mark.parametrize("family", ["roberta", "electra", "distilbert"])
 def test_question_answering_loss(family):
     hm, fm = pair(family, PREFIX[family] + "ForQuestionAnswering")
     g = torch.Generator().manual_seed(2)
@@ -138,7 +144,7 @@ def test_roberta_positions_follow_the_padding_id():
         fm(input_ids=torch.full((1, 65), 5))  # 66 positions, pad 1: room for 64 tokens
 
 
-@pytest.mark.parametrize("family", ["xlm-roberta", "electra"])
+@pytest.mark.parametrize("family", ["xlm-roberta", "electra", "distilbert"])
 def test_sequence_classifier_runs_its_last_layer_at_the_first_token(monkeypatch, family):
     """RoBERTa's and ELECTRA's classifiers read the first token only: fastbert runs the last layer
     there alone (BertLayer.first_tokens), and the logits and gradients still equal transformers'."""
@@ -160,7 +166,7 @@ def test_auto_classes_refuse_what_they_do_not_run(tmp_path):
                                        intermediate_size=48)
     cfg.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"model_type 'deberta-v2' is not supported; supported: bert, camembert, "
-                                         r"electra, roberta, xlm-roberta"):
+                                         r"distilbert, electra, roberta, xlm-roberta"):
         fastbert.AutoModel.from_pretrained(str(tmp_path))
     hf_config("roberta").save_pretrained(tmp_path / "r")
     with pytest.raises(ValueError, match="describes a 'roberta' model, not 'bert'"):

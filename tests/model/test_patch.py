@@ -13,7 +13,8 @@ import fastbert.hf
 transformers = pytest.importorskip("transformers")
 
 NAMES = [("xlm-roberta", "XLMRobertaForSequenceClassification"), ("roberta", "RobertaForMaskedLM"),
-         ("electra", "ElectraModel"), ("camembert", "CamembertForTokenClassification")]
+         ("electra", "ElectraModel"), ("camembert", "CamembertForTokenClassification"),
+         ("distilbert", "DistilBertForSequenceClassification")]
 
 
 def loaded(family, name, seed=0):

@@ -1,0 +1,165 @@
+"""The families on fastbert's one encoder, each built by transformers from its real base configuration
+with random weights (roberta-base, xlm-roberta-base with its 250,002-token vocabulary, camembert-base,
+electra-small-discriminator with its 128-wide embeddings and their projection, bert-base), at
+--layers layers:
+
+1. family x class: the max abs error of fastbert's outputs (at real tokens) and of every parameter's
+   gradient (relative to the largest gradient) against transformers in fp32 on the same batch; whether
+   fastbert's save_pretrained directory loads in transformers with nothing missing or left over and
+   the same outputs; for the base model, int8 (quantize="int8") against fp32: the cosine of every
+   real token's hidden state, mean and min;
+2. fastbert.patch on transformers' XLMRobertaModel at base size (--patch-layers): the same batch
+   (32 sequences of 16..128 tokens) before and after the patch, in one process, and the max abs
+   difference of the outputs.
+
+    python benchmarks/bench_families.py [--layers 2] [--patch-layers 12] [--rounds 3]
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import tempfile
+
+import torch
+
+import fastbert
+from fastbert.bench.report import command_line, header, parser
+from fastbert.bench.timing import interleaved_cpu_times
+from fastbert.bench.workloads import WORKLOADS, arch_config, base_config, make_batch
+
+REAL = {  # each family's published base configuration (what its config.json holds), but the depth
+    "bert": ("Bert", dict()),
+    "roberta": ("Roberta", dict(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+                                layer_norm_eps=1e-5)),
+    "xlm-roberta": ("XLMRoberta", dict(vocab_size=250002, max_position_embeddings=514, type_vocab_size=1,
+                                       pad_token_id=1, layer_norm_eps=1e-5)),
+    "camembert": ("Camembert", dict(vocab_size=32005, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+                                    layer_norm_eps=1e-5)),
+    "electra": ("Electra", dict(embedding_size=128, hidden_size=256, num_attention_heads=4, intermediate_size=1024)),
+}
+HEADS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"]
+
+
+def build(family, head, layers):
+    import transformers
+
+    prefix, extra = REAL[family]
+    cfg = transformers.AutoConfig.for_model(family, **{**base_config(layers), **extra}, num_labels=3,
+                                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    hm = getattr(transformers, prefix + head)(cfg).eval()
+    return hm, fastbert.hf.from_transformers(copy.deepcopy(hm)).eval()
+
+
+def batch(cfg, g):
+    ids, mask = make_batch(8, 8, 64, g, cfg.vocab_size, cfg.pad_token_id)
+    return ids, mask
+
+
+def main_output(out):
+    for key in ("logits", "start_logits", "last_hidden_state"):
+        if getattr(out, key, None) is not None:
+            return out[key]
+
+
+def errors(hm, fm, ids, mask):
+    """(max abs output error at real tokens, max gradient error / largest gradient)."""
+    real = mask.bool()
+    w = None
+    totals = []
+    outs = []
+    for m in (hm, fm):
+        m.zero_grad()
+        y = main_output(m(input_ids=ids, attention_mask=mask))
+        y = y[real] if y.shape[:2] == ids.shape else y
+        w = torch.randn(y.shape, generator=torch.Generator().manual_seed(9)) if w is None else w
+        (y * w).sum().backward()
+        outs.append(y.detach())
+        totals.append(dict(m.named_parameters(remove_duplicate=False)))
+    grad_err = 0.0
+    for name, p in totals[1].items():
+        q = totals[0][name]
+        if p.grad is not None and q.grad is not None and q.grad.abs().max() > 0:
+            grad_err = max(grad_err, ((p.grad - q.grad).abs().max() / q.grad.abs().max()).item())
+    return (outs[1] - outs[0]).abs().max().item(), grad_err
+
+
+def reloads(hm, fm, ids, mask):
+    import transformers
+
+    with tempfile.TemporaryDirectory() as d:
+        fm.save_pretrained(d)
+        back, info = getattr(transformers, type(hm).__name__).from_pretrained(d, output_loading_info=True)
+    clean = not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"])
+    with torch.no_grad():
+        same = torch.allclose(main_output(back.eval()(input_ids=ids, attention_mask=mask)),
+                              main_output(hm(input_ids=ids, attention_mask=mask)), atol=1e-5)
+    return clean and same
+
+
+def int8_cosine(hm, ids, mask):
+    q = fastbert.hf.from_transformers(copy.deepcopy(hm)).eval().quantize_("int8")
+    f = fastbert.hf.from_transformers(copy.deepcopy(hm)).eval()
+    real = mask.bool()
+    with torch.no_grad():
+        a, b = q(ids, mask).last_hidden_state[real], f(ids, mask).last_hidden_state[real]
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+    return cos.mean().item(), cos.min().item()
+
+
+def family_table(layers):
+    g = torch.Generator().manual_seed(0)
+    print(f"\n{'family':<12} {'class':<36} {'out err':>9} {'grad err':>9} {'reload':>7} {'int8 cos mean/min':>18}")
+    for family in REAL:
+        for head in HEADS:
+            hm, fm = build(family, head, layers)
+            ids, mask = batch(hm.config, g)
+            out_err, grad_err = errors(hm, fm, ids, mask)
+            ok = reloads(hm, fm, ids, mask)
+            cos = int8_cosine(hm, ids, mask) if head == "Model" else None
+            cos_text = f"{cos[0]:.5f}/{cos[1]:.5f}" if cos else ""
+            print(f"{family:<12} {type(fm).__name__:<36} {out_err:>9.2e} {grad_err:>9.2e} {'yes' if ok else 'NO':>7} "
+                  f"{cos_text:>18}", flush=True)
+
+
+def patch_speed(layers, rounds):
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.XLMRobertaModel(arch_config("xlm-roberta", layers)).eval()
+    plain = copy.deepcopy(model)
+    fastbert.patch(model)
+    cfg = model.config
+    ids, mask = make_batch(**WORKLOADS["var128"], g=torch.Generator().manual_seed(0), vocab=cfg.vocab_size,
+                           pad_id=cfg.pad_token_id)
+    real = mask.bool()
+    with torch.no_grad():
+        diff = (model(input_ids=ids, attention_mask=mask).last_hidden_state[real]
+                - plain(input_ids=ids, attention_mask=mask).last_hidden_state[real]).abs().max().item()
+        times = interleaved_cpu_times({"transformers": lambda: plain(input_ids=ids, attention_mask=mask),
+                                       "patched": lambda: model(input_ids=ids, attention_mask=mask)},
+                                      warmup=1, repeats=rounds)
+    before, after = (statistics.median(times[k]) for k in ("transformers", "patched"))
+    tokens = int(mask.sum())
+    print(f"\nfastbert.patch(transformers XLMRobertaModel), base size, {layers} layers, var128 "
+          f"({tokens} real tokens), fp32, median of {rounds}:")
+    print(f"  before {before * 1e3:8.1f} ms  {tokens / before:8.0f} tokens/s")
+    print(f"  after  {after * 1e3:8.1f} ms  {tokens / after:8.0f} tokens/s   {before / after:.2f}x;  "
+          f"max abs difference {diff:.2e}")
+
+
+def main(argv=None):
+    ap = parser(__doc__)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--patch-layers", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    header(command_line(argv))
+    family_table(args.layers)
+    patch_speed(args.patch_layers, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
