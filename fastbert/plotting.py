@@ -5,7 +5,7 @@ matplotlib's default font (DejaVu Sans) has no Hangul: Korean tokens and labels 
 empty boxes. `text_fonts(texts)` finds a font with Hangul when the texts hold any and sets it, for
 the figure drawn inside the block only, after DejaVu Sans in the family list, so Latin text keeps
 its look and every Hangul glyph comes from the other font (matplotlib falls back glyph by glyph).
-Where it looks, in order: the NanumGothic that the `plot` extra installs (the font file of the
+Where it looks, in order: the NanumGothic that fastbert's install brings (the font file of the
 koreanize-matplotlib package, used without importing that package, which would restyle every
 figure of the process), then fonts the system has (Noto Sans CJK, Nanum, Malgun Gothic,
 AppleGothic, UnDotum, Baekmuk). Without one: a single warning naming the fix.
@@ -78,8 +78,9 @@ def text_fonts(texts: Iterable[str]):
 
     name = hangul_font()
     if name is None:
-        warnings.warn("fastbert: no font with Hangul found, Korean text will show as boxes: "
-                      "pip install 'fastbert[plot]' (NanumGothic) or install a Noto Sans CJK font", stacklevel=2)
+        warnings.warn("fastbert: no font with Hangul found, Korean text will show as boxes: pip install "
+                      "koreanize-matplotlib (NanumGothic, a fastbert dependency) or install a Noto Sans CJK font",
+                      stacklevel=2)
         return contextlib.nullcontext()
     family = ["DejaVu Sans", name]
     return matplotlib.rc_context({"font.family": family, "font.sans-serif": family})

@@ -12,8 +12,7 @@ TOKENS = ["[CLS]", "버트", "##는", "문장", "을", "읽", "##는다", ".", "
 
 
 def test_korean_attention_map_has_every_glyph(tmp_path):
-    if plotting.hangul_font() is None:
-        pytest.skip("no font with Hangul here: pip install 'fastbert[plot]'")
+    assert plotting.hangul_font() is not None, "the install brings NanumGothic (koreanize-matplotlib): no Hangul font"
     n = len(TOKENS)
     probs = torch.softmax(torch.randn(1, 2, n, n), -1)
     import matplotlib
@@ -28,7 +27,7 @@ def test_korean_attention_map_has_every_glyph(tmp_path):
 
 def test_without_a_hangul_font_one_warning_names_the_fix(monkeypatch):
     monkeypatch.setattr(plotting, "_found", [None])
-    with pytest.warns(UserWarning, match=r"fastbert\[plot\]"):
+    with pytest.warns(UserWarning, match=r"pip install koreanize-matplotlib"):
         plotting.text_fonts(["한국어"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
