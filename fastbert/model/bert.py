@@ -7,8 +7,10 @@ same forward arguments and output field names. Inside, every layer runs through 
     add_layer_norm -> GEMM -> bias_gelu -> GEMM -> add_layer_norm] -> pad once -> heads
 
 A batch with padding runs packed (varlen attention over the real tokens only); a batch without
-padding, or any batch under torch.compile, runs padded. Both give the same values at real tokens;
-hidden states at padded positions are not defined (fastbert leaves them zero on the packed path).
+padding, or any batch under torch.compile, runs padded. Every path and precision (fp32 / bf16
+packed, padded, int8) and every family walks the layers in the one loop of layers.run_layers.
+Both give the same values at real tokens; hidden states at padded positions are not defined
+(fastbert leaves them zero on the packed path).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from fastbert import ops
 from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import BertConfig
 from fastbert.model.int8 import encode_int8
-from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler
+from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler, run_layers
 from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.pretrained import BertPreTrainedModel
@@ -109,31 +111,29 @@ class BertModel(BertPreTrainedModel):
         the last layer at each sequence's first token only (-> [batch, 1, hidden])."""
         bsz, seq = key_mask.shape
         h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
-        states = [hidden] if output_hidden_states else None
         layers, last = self._layer_plan(scales, first_only)
-        for layer, scale in layers:
-            h, _ = self._run_layer(layer, h, None, (cu_seqlens, max_seqlen), None, scale, False)
-            if states is not None:
-                states.append(ops.pad(h, indices, bsz, seq))
+
+        def step(layer, h, scale):
+            return self._run_layer(layer, h, None, (cu_seqlens, max_seqlen), None, scale, False)
+
+        h, states, _ = run_layers(layers, h, step, lambda h: ops.pad(h, indices, bsz, seq), output_hidden_states, False)
         if last is not None:
             return self._run_layer(last[0].first_tokens, h, key_mask, (indices, cu_seqlens), last[1])[:, None], None, None
-        hidden = states[-1] if states is not None else ops.pad(h, indices, bsz, seq)
-        return hidden, None if states is None else tuple(states), None
+        out = states[-1] if states else ops.pad(h, indices, bsz, seq)
+        return out, None if states is None else (hidden, *states), None
 
     def _encode_padded(self, hidden, key_mask, bias, scales, output_hidden_states, output_attentions,
                        first_only=False):
-        states = [hidden] if output_hidden_states else None
-        probs = [] if output_attentions else None
         layers, last = self._layer_plan(scales, first_only)
-        for layer, scale in layers:
-            hidden, p = self._run_layer(layer, hidden, key_mask, None, bias, scale, bool(output_attentions))
-            if states is not None:
-                states.append(hidden)
-            if probs is not None:
-                probs.append(p)
+        want_probs = bool(output_attentions)
+
+        def step(layer, h, scale):
+            return self._run_layer(layer, h, key_mask, None, bias, scale, want_probs)
+
+        out, states, probs = run_layers(layers, hidden, step, lambda h: h, output_hidden_states, want_probs)
         if last is not None:
-            return self._run_layer(last[0].first_tokens, hidden, key_mask, None, last[1])[:, None], None, None
-        return hidden, None if states is None else tuple(states), None if probs is None else tuple(probs)
+            return self._run_layer(last[0].first_tokens, out, key_mask, None, last[1])[:, None], None, None
+        return out, None if states is None else (hidden, *states), None if probs is None else tuple(probs)
 
     def _layer_plan(self, scales, first_only: bool):
         """(the (layer, head scale) pairs run on every token, the last pair when first_only runs it
@@ -147,3 +147,4 @@ class BertModel(BertPreTrainedModel):
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(layer, *args, **getattr(self, "checkpoint_kwargs", {}))
         return layer(*args)
+

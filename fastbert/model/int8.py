@@ -191,6 +191,8 @@ def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], b
     """BertModel's encoder on int8: (last hidden [batch, seq, h], hidden states or None, attentions or None).
     Packed on the real tokens (varlen attention), unless an additive mask, attention probabilities
     or a head mask ask for the padded explicit path."""
+    from fastbert.model.layers import run_layers
+
     if model.training:
         raise RuntimeError(TRAINING_ERROR)
     bsz, seq, width = hidden.shape
@@ -207,25 +209,23 @@ def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], b
     else:
         rows = hidden.reshape(-1, width)
     shape = rows.shape if packed is not None else hidden.shape
-    layers = list(model.layers)
+    layers = list(zip(model.layers, scales))
 
     def padded(h):
         return ops.pad(h, indices, bsz, seq) if indices is not None else h.view(bsz, seq, width)
 
     def run(h):
-        states: Optional[list] = [] if output_hidden_states else None
-        probs: Optional[list] = [] if output_attentions else None
-        hq = ops.quantize_rows(h)
-        for i, (layer, scale) in enumerate(zip(layers, scales)):
-            def attend(qkv, layer=layer, scale=scale):
+        carry = [ops.quantize_rows(h)]  # the layer input's quantized rows, made by the layer before
+
+        def step(layer, h, scale):
+            def attend(qkv):
                 ctx, p = layer.attend(qkv, shape, key_mask, packed, bias, scale, bool(output_attentions))
                 return ctx.reshape(-1, width), p
 
-            h, hq, p = int8_layer(layer, h, hq, attend, quantize_out=i + 1 < len(layers))
-            if states is not None:
-                states.append(padded(h))
-            if probs is not None:
-                probs.append(p)
+            h, carry[0], p = int8_layer(layer, h, carry[0], attend, quantize_out=layer is not layers[-1][0])
+            return h, p
+
+        h, states, probs = run_layers(layers, h, step, padded, output_hidden_states, bool(output_attentions))
         return (padded(h), *(states or ()), *(probs or ()))
 
     out = _InferenceOnly.apply(rows, run) if torch.is_grad_enabled() and rows.requires_grad else run(rows)

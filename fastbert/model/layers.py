@@ -310,6 +310,21 @@ class BertLayer(nn.Module, _Backend):
         return ctx.transpose(1, 2).reshape(bsz, seq, heads * d), probs
 
 
+def run_layers(layers, h, step, to_output, want_states: bool, want_probs: bool):
+    """The one walk over the encoder layers, for every family, path and precision: h = step(layer,
+    h, head_scale) -> (h, probabilities or None) for each (layer, head_scale) pair; -> (the last h,
+    [to_output(h) after each layer] or None, [each layer's probabilities] or None)."""
+    states = [] if want_states else None
+    probs = [] if want_probs else None
+    for layer, scale in layers:
+        h, p = step(layer, h, scale)
+        if states is not None:
+            states.append(to_output(h))
+        if probs is not None:
+            probs.append(p)
+    return h, states, probs
+
+
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
