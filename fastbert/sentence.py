@@ -197,7 +197,9 @@ class SentenceEncoder:
         self.prompts: Dict[str, str] = dict(st_model.get("prompts") or {})
         self.default_prompt_name: Optional[str] = st_model.get("default_prompt_name")
         self.do_lower_case = bool(st_config.get("do_lower_case", False))
-        self.model = AutoModel.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize)
+        # no pooler: sentence-transformers pools the token vectors itself
+        self.model = AutoModel.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize,
+                                               add_pooling_layer=False)
         if device is not None:
             self.model.to(device)
         self.dense.to(self.model.device)

@@ -2,6 +2,7 @@
 in transformers' format."""
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import warnings
@@ -154,20 +155,28 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         name, or "auto" for the checkpoint's) casts the model; `config` replaces config.json;
         ignore_mismatched_sizes=True leaves weights of another shape (a new classifier) at their
         initial values; output_loading_info=True also returns the missing / unexpected / mismatched
-        keys; device_map="cpu" / "cuda" moves the model. The hub's own arguments (cache_dir,
+        keys; device_map="cpu" / "cuda" moves the model; add_pooling_layer=False builds a base model
+        without its pooler. The hub's own arguments (cache_dir,
         revision, ...) have no effect on a local directory and are accepted. Any other keyword is
         an error that names it. Old checkpoints (LayerNorm gamma/beta, position_ids buffers, with or
         without the "bert." prefix) load too; missing or unexpected keys are reported in a warning.
         """
         check_quantize(quantize, f"{cls.__name__}.from_pretrained")
+        init_kwargs = {}
+        if "add_pooling_layer" in kwargs:  # an argument of the model's __init__, as transformers passes it
+            if "add_pooling_layer" not in inspect.signature(cls.__init__).parameters:
+                raise TypeError(f"fastbert: {cls.__name__}.from_pretrained() got an unexpected keyword argument "
+                                "'add_pooling_layer' (only the base models take it)")
+            init_kwargs["add_pooling_layer"] = bool(kwargs.pop("add_pooling_layer"))
         if not os.path.isdir(path):
             raise FileNotFoundError(f"fastbert: {path} is not a directory (expected config.json and model weights)")
         config = cls.config_class.from_pretrained(path) if config is None else cls.config_class(**config.to_dict())
         apply_config_overrides(config, kwargs, f"{cls.__name__}.from_pretrained")
         dtype = resolve_load_dtype(dtype, torch_dtype, config)
-        model = cls(config)
+        model = cls(config, **init_kwargs)
+        dropped = ("pooler.",) if init_kwargs.get("add_pooling_layer") is False else ()  # asked for: not worth a warning
         info = model.load_transformers_state_dict(load_state_dict(path), source=path,
-                                                  ignore_mismatched_sizes=ignore_mismatched_sizes)
+                                                  ignore_mismatched_sizes=ignore_mismatched_sizes, unused_ok=dropped)
         if dtype is not None:
             model = model.to(dtype)
         if device_map is not None:
@@ -182,9 +191,10 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         return (model, info) if output_loading_info else model
 
     def load_transformers_state_dict(self, state: Dict[str, torch.Tensor], source: str = "state dict",
-                                     ignore_mismatched_sizes: bool = False) -> Dict[str, list]:
+                                     ignore_mismatched_sizes: bool = False, unused_ok=()) -> Dict[str, list]:
         """load_state_dict for checkpoints of any BERT class, old or new names; warns with the keys
-        that were missing or left over, and returns them (as transformers' loading info)."""
+        that were missing or left over (but left-over keys starting with one of unused_ok), and
+        returns them all (as transformers' loading info)."""
         own = self.state_dict()
         renamed, info = match_state_dict(own, state, self.base_model_prefix, self._tied_weights_keys)
         if info["mismatched_keys"] and not ignore_mismatched_sizes:
@@ -192,7 +202,8 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
             raise ValueError(f"fastbert: {source} does not fit this config: {bad} "
                              "(from_pretrained(..., ignore_mismatched_sizes=True) leaves them at their initial values)")
         self.load_state_dict(renamed, strict=False)
-        missing, unexpected = info["missing_keys"], info["unexpected_keys"]
+        missing = info["missing_keys"]
+        unexpected = [k for k in info["unexpected_keys"] if not k.startswith(tuple(unused_ok))]
         if missing or unexpected or info["mismatched_keys"]:
             msg = f"fastbert: loading {type(self).__name__} from {source}:"
             if missing:
