@@ -11,7 +11,9 @@ bert-base), at --layers layers:
    real token's hidden state, mean and min;
 2. fastbert.patch on transformers' XLMRobertaModel at base size (--patch-layers): the same batch
    (32 sequences of 16..128 tokens) before and after the patch, in one process, and the max abs
-   difference of the outputs.
+   difference of the outputs;
+3. the memory of fastbert's XLMRobertaModel at base size (12 layers), fp32 and quantize="int8": the
+   bytes of every tensor it holds (each storage once), in all and in the word embeddings.
 
     python benchmarks/bench_families.py [--layers 2] [--patch-layers 12] [--rounds 3]
 """
@@ -158,6 +160,29 @@ def patch_speed(layers, rounds):
           f"max abs difference {diff:.2e}")
 
 
+def tensor_bytes(module) -> int:
+    """Bytes of the tensors a module holds (parameters and buffers, each storage counted once)."""
+    seen = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def memory():
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.XLMRobertaModel(arch_config("xlm-roberta", 12)).eval()
+    fp32 = fastbert.hf.from_transformers(copy.deepcopy(hf)).eval()
+    int8 = fastbert.hf.from_transformers(copy.deepcopy(hf)).eval().quantize_("int8")
+    emb = tensor_bytes(fp32.embeddings.word_embeddings)
+    print("\nfastbert XLMRobertaModel, xlm-roberta-base's configuration (12 layers, 250,002-token vocabulary):")
+    for name, m in (("fp32", fp32), ("int8", int8)):
+        total = tensor_bytes(m)
+        print(f"  {name}: {total / 2**20:7.1f} MiB of tensors, of which the word embeddings {emb / 2**20:.1f} MiB "
+              f"(float32, in both) and the rest {(total - emb) / 2**20:.1f} MiB")
+
+
 def main(argv=None):
     ap = parser(__doc__)
     ap.add_argument("--layers", type=int, default=2)
@@ -167,6 +192,7 @@ def main(argv=None):
     header(command_line(argv))
     family_table(args.layers)
     patch_speed(args.patch_layers, args.rounds)
+    memory()
     return 0
 
 

@@ -78,8 +78,9 @@ class BertConfig:
 
     @classmethod
     def known_fields(cls):
-        """The fields a BertConfig always has (transformers' BertConfig and PretrainedConfig ones)."""
-        return set(cls._defaults) | {"num_labels", "id2label", "label2id"}
+        """The fields a BertConfig always has (transformers' BertConfig and PretrainedConfig ones), and
+        fastbert's dense_seq_output (BertForMaskedLM)."""
+        return set(cls._defaults) | {"num_labels", "id2label", "label2id", "dense_seq_output"}
 
     def validate(self) -> None:
         if self.hidden_size % self.num_attention_heads:

@@ -133,6 +133,11 @@ class BertForPreTraining(_TiedMLMHead):
 
 
 class BertForMaskedLM(_TiedMLMHead):
+    """With config.dense_seq_output = True (flash-attn's BERT has the same switch) and labels, the
+    decoder runs at the labelled tokens only and logits are [labelled tokens, vocab_size] in the
+    order of labels.reshape(-1); the loss is the same. Off by default: logits are then
+    [batch, seq, vocab_size], as transformers gives them."""
+
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self._add_encoder(config, False)
@@ -150,8 +155,16 @@ class BertForMaskedLM(_TiedMLMHead):
                 labels=None, head_mask=None, output_attentions=None, output_hidden_states=None, return_dict=None):
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
                            output_attentions, output_hidden_states)
-        scores = _real_token_head(self._lm_logits, out.last_hidden_state, attention_mask)
-        return _output(MaskedLMOutput, self._return_dict(return_dict), out, loss=_ce(scores, labels), logits=scores)
+        if labels is not None and getattr(self.config, "dense_seq_output", False) and not torch.compiler.is_compiling():
+            # the vocabulary product at the labelled tokens only (XLM-R's is 250,002 wide): logits [labelled, vocab]
+            hidden = out.last_hidden_state
+            sel = (labels.reshape(-1) != -100).nonzero().squeeze(1)
+            scores = self._lm_logits(hidden.reshape(-1, hidden.shape[-1]).index_select(0, sel))
+            loss = _ce(scores, labels.reshape(-1).index_select(0, sel))
+        else:
+            scores = _real_token_head(self._lm_logits, out.last_hidden_state, attention_mask)
+            loss = _ce(scores, labels)
+        return _output(MaskedLMOutput, self._return_dict(return_dict), out, loss=loss, logits=scores)
 
 
 class _Classifier(_Head):

@@ -178,3 +178,27 @@ def test_auto_classes_refuse_what_they_do_not_run(tmp_path):
     assert isinstance(fastbert.AutoConfig.from_pretrained(str(tmp_path / "r")), fastbert.RobertaConfig)
     assert type(fastbert.AutoModelForTokenClassification.from_config(fastbert.ElectraConfig(**CONFIGS["electra"]))) \
         is fastbert.ElectraForTokenClassification
+
+
+@pytest.mark.parametrize("family", ["xlm-roberta", "distilbert"])
+def test_masked_lm_decoder_at_the_labelled_tokens_only(family):
+    """config.dense_seq_output: logits at the labelled tokens only, the same loss and gradients."""
+    name = PREFIX[family] + "ForMaskedLM"
+    hm, fm = pair(family, name)
+    g = torch.Generator().manual_seed(6)
+    ids, mask, _ = batch(family, 4, 13, g)
+    labels = labels_for(name, ids, mask, g)["labels"]
+    full = fm(input_ids=ids, attention_mask=mask, labels=labels)
+    full.loss.backward()
+    want = {n: p.grad.clone() for n, p in fm.named_parameters() if p.grad is not None}
+    fm.zero_grad()
+    fm.config.dense_seq_output = True
+    dense = fm(input_ids=ids, attention_mask=mask, labels=labels)
+    dense.loss.backward()
+    picked = labels.reshape(-1) != -100
+    assert dense.logits.shape == (int(picked.sum()), CONFIGS[family]["vocab_size"])
+    torch.testing.assert_close(dense.logits, full.logits.reshape(-1, full.logits.shape[-1])[picked])
+    torch.testing.assert_close(dense.loss, full.loss)
+    for n, p in fm.named_parameters():
+        if n in want:
+            torch.testing.assert_close(p.grad, want[n], msg=n)
