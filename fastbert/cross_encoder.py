@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
-from fastbert.sentence import activation, load_tokenizer, pad_batch, read_json
+from fastbert.sentence import activation, load_tokenizer, pad_batch, read_json, read_lines
 from fastbert.sentence import max_length as max_length_of
 
 WHERE = "fastbert.CrossEncoder"
@@ -131,11 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None, choices=["triton", "cpp", "torch"])
     ap.add_argument("--quantize", default=None, choices=["int8"])
     args = ap.parse_args(argv)
-    if args.input == "-":
-        docs = [ln.rstrip("\n") for ln in sys.stdin]
-    else:
-        with open(args.input, encoding="utf-8") as f:
-            docs = [ln.rstrip("\n") for ln in f]
+    docs = read_lines(args.input)
     ce = CrossEncoder(args.model, backend=args.backend, quantize=args.quantize)
     for r in ce.rank(args.query, docs, top_k=args.top_k, return_documents=True, batch_size=args.batch_size,
                      show_progress_bar=True):

@@ -275,6 +275,14 @@ class SentenceEncoder:
         return out.numpy() if convert_to_numpy and not convert_to_tensor else out
 
 
+def read_lines(path: str) -> List[str]:
+    """The lines of a UTF-8 text file ('-': standard input), without their line ends."""
+    if path == "-":
+        return [ln.rstrip("\n") for ln in sys.stdin]
+    with open(path, encoding="utf-8") as f:
+        return [ln.rstrip("\n") for ln in f]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fastbert encode", description="Embed lines of text with a sentence-transformers model.")
     ap.add_argument("model", help="a sentence-transformers directory "
@@ -288,11 +296,7 @@ def main(argv=None) -> int:
                     help="int8: int8 weights and activations in the encoder's linear layers (fastbert.model.int8)")
     ap.add_argument("--prompt-name", default=None, help="one of the model's prompts (e5: query, passage)")
     args = ap.parse_args(argv)
-    if args.input == "-":
-        lines = [ln.rstrip("\n") for ln in sys.stdin]
-    else:
-        with open(args.input, encoding="utf-8") as f:
-            lines = [ln.rstrip("\n") for ln in f]
+    lines = read_lines(args.input)
     enc = SentenceEncoder(args.model, backend=args.backend, device=args.device, quantize=args.quantize)
     emb = (enc.encode(lines, batch_size=args.batch_size, prompt_name=args.prompt_name, show_progress_bar=True)
            if lines else np.zeros((0, enc.dim), np.float32))

@@ -51,11 +51,17 @@ class _Auto:
                                f"or {type(self).__name__}.from_config(config)")
 
     @classmethod
+    def classes(cls) -> Dict[str, type]:
+        """{model_type: the class for this task}."""
+        return {model_type: family[cls.task] for model_type, family in FAMILIES.items()}
+
+    @classmethod
     def class_for(cls, model_type: str, where: str = "") -> type:
-        if model_type not in FAMILIES:
+        classes = cls.classes()
+        if model_type not in classes:
             raise ValueError(f"fastbert.{cls.__name__}: {where}model_type {model_type!r} is not supported; "
-                             f"supported: {', '.join(sorted(FAMILIES))}")
-        return FAMILIES[model_type][cls.task]
+                             f"supported: {', '.join(sorted(classes))}")
+        return classes[model_type]
 
     @classmethod
     def from_pretrained(cls, path: str, *args, **kwargs):
@@ -100,11 +106,8 @@ class AutoModelForPreTraining(_Auto):
     task = "pretraining"
 
     @classmethod
-    def class_for(cls, model_type: str, where: str = "") -> type:
-        if model_type not in PRETRAINING:
-            raise ValueError(f"fastbert.{cls.__name__}: {where}model_type {model_type!r} is not supported; "
-                             f"supported: {', '.join(sorted(PRETRAINING))}")
-        return PRETRAINING[model_type]
+    def classes(cls) -> Dict[str, type]:
+        return dict(PRETRAINING)
 
 
 class AutoConfig:

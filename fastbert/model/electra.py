@@ -27,7 +27,7 @@ from fastbert.model.heads import (
 )
 from fastbert.model.layers import BertEmbeddings, _activation, _Backend
 from fastbert.model.outputs import ElectraForPreTrainingOutput
-from fastbert.model.roberta import FirstTokenClassificationHead
+from fastbert.model.roberta import FirstTokenClassifier
 
 
 class ElectraEmbeddings(BertEmbeddings):
@@ -99,17 +99,8 @@ class ElectraForMaskedLM(_ElectraHead, BertForMaskedLM):
         return self.generator_lm_head(self.generator_predictions(hidden))
 
 
-class ElectraForSequenceClassification(_ElectraHead, BertForSequenceClassification):
-    """The first token's last hidden state through classifier (dense, GELU, out_proj); the last
-    layer runs at the first token alone."""
-
-    features = "last_hidden_state"
-
-    def _add_classifier(self, config) -> None:
-        self.classifier = FirstTokenClassificationHead(config, nn.GELU())
-
-    def _logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.classifier(features)
+class ElectraForSequenceClassification(_ElectraHead, FirstTokenClassifier, BertForSequenceClassification):
+    head_activation = nn.GELU
 
 
 class ElectraForTokenClassification(_ElectraHead, BertForTokenClassification):

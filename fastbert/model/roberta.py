@@ -108,17 +108,23 @@ class RobertaForMaskedLM(_RobertaHead, BertForMaskedLM):
         return self.lm_head(hidden)
 
 
-class RobertaForSequenceClassification(_RobertaHead, BertForSequenceClassification):
-    """The first token's last hidden state through classifier (dense, tanh, out_proj). The last
-    layer runs at the first token alone, as BertForSequenceClassification's does."""
+class FirstTokenClassifier:
+    """A sequence classifier whose head reads the first token's last hidden state through
+    classifier (dense, the family's activation, out_proj); the last layer runs at the first token
+    alone, as BertForSequenceClassification's does."""
 
     features = "last_hidden_state"
+    head_activation = nn.Tanh  # RoBERTa's; ELECTRA's is GELU
 
     def _add_classifier(self, config) -> None:
-        self.classifier = FirstTokenClassificationHead(config, nn.Tanh())
+        self.classifier = FirstTokenClassificationHead(config, self.head_activation())
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         return self.classifier(features)
+
+
+class RobertaForSequenceClassification(_RobertaHead, FirstTokenClassifier, BertForSequenceClassification):
+    pass
 
 
 class RobertaForTokenClassification(_RobertaHead, BertForTokenClassification):
