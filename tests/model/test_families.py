@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import device_for
+from conftest import device_for, require
 from test_modeling import TOL, compare
 
 import fastbert
@@ -82,8 +82,7 @@ def labels_for(name, ids, mask, g):
     return {}
 
 
-@pytest.mark.parametrize("family,name", CASES)
-def test_matches_transformers(backend, family, name):
+def check_against_transformers(backend, family, name):
     dev = device_for(backend)
     hm, fm = pair(family, name)
     hm.to(dev), fm.to(dev).set_backend(backend)
@@ -91,6 +90,21 @@ def test_matches_transformers(backend, family, name):
     ids, mask, tt = (None if t is None else t.to(dev) for t in batch(family, 4, 13, g))
     extra = {k: v.to(dev) for k, v in labels_for(name, ids, mask, g).items()}
     compare(name, hm, fm, ids, mask, tt, extra, torch.float32)
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "cpp"])
+@pytest.mark.parametrize("family,name", CASES)
+def test_matches_transformers(backend_name, family, name):
+    require(backend_name)
+    check_against_transformers(backend_name, family, name)
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_matches_transformers_on_triton(family):
+    """One class a family on the Triton kernels (the MLM model: the family's embeddings, the encoder
+    and a head); the kernels themselves are tested in tests/ops and tests/kernels."""
+    require("triton")
+    check_against_transformers("triton", family, PREFIX[family] + "ForMaskedLM")
 
 
 @pytest.mark.parametrize("family", ["roberta", "electra", "distilbert"])
