@@ -65,10 +65,10 @@ class CrossEncoder:
     @torch.no_grad()
     def _scores(self, encodings) -> torch.Tensor:
         ids, mask = pad_batch([e.ids for e in encodings], self.model.config.pad_token_id or 0, self.model.device)
-        types, _ = pad_batch([e.type_ids for e in encodings], 0, self.model.device)
-        if self.model.config.type_vocab_size < 2:
-            types = torch.zeros_like(types)
-        return self.model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.float()
+        kwargs = {}
+        if self.model.config.type_vocab_size > 1:  # (RoBERTa's one type and DistilBERT's none take the default)
+            kwargs["token_type_ids"] = pad_batch([e.type_ids for e in encodings], 0, self.model.device)[0]
+        return self.model(input_ids=ids, attention_mask=mask, **kwargs).logits.float()
 
     @torch.no_grad()
     def predict(self, pairs, batch_size: int = 32, *, activation_fn=None, apply_softmax: bool = False,

@@ -8,7 +8,7 @@ What differs from BERT, and is all that is written here:
   LayerNorm eps 1e-12; no pooler; the weights live under "distilbert.";
 - the heads: pre_classifier + ReLU on the first token (sequence classification), vocab_transform /
   vocab_layer_norm / vocab_projector (MLM), dropout (qa_dropout) before qa_outputs.
-The forward arguments are BERT's, without token types (DistilBERT's forward takes none).
+The forward arguments are DistilBERT's, in transformers' order (no token types).
 """
 from __future__ import annotations
 
@@ -125,6 +125,14 @@ class _DistilBertHead:
     base_model_prefix = "distilbert"
     model_class = DistilBertModel
 
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, position_ids=None,
+                head_mask=None, output_attentions=None, output_hidden_states=None, return_dict=None):
+        """transformers' DistilBERT head arguments, in their order (no token types)."""
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                               labels=labels, position_ids=position_ids, head_mask=head_mask,
+                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                               return_dict=return_dict)
+
 
 class DistilBertForMaskedLM(_DistilBertHead, BertForMaskedLM):
     output_embeddings = "vocab_projector"
@@ -171,6 +179,16 @@ class DistilBertForQuestionAnswering(_DistilBertHead, BertForQuestionAnswering):
 
     def _span_features(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.dropout(hidden)
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, start_positions=None,
+                end_positions=None, position_ids=None, head_mask=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None):
+        """transformers' DistilBertForQuestionAnswering arguments, in their order."""
+        return BertForQuestionAnswering.forward(
+            self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+            start_positions=start_positions, end_positions=end_positions, position_ids=position_ids,
+            head_mask=head_mask, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            return_dict=return_dict)
 
 
 DISTILBERT_CLASSES = (DistilBertModel, DistilBertForMaskedLM, DistilBertForSequenceClassification,

@@ -67,3 +67,23 @@ def test_bad_pairs_are_one_clear_error(reranker):
     ce = fastbert.CrossEncoder(reranker)
     with pytest.raises(TypeError, match=r"pairs must be \(text, text\) pairs of strings"):
         ce.predict([("only one",)])
+
+
+def test_a_distilbert_cross_encoder(tmp_path):
+    """A DistilBERT reranker (no token types) through CrossEncoder, against transformers' logits."""
+    import torch
+    import transformers
+    from st_dirs import unigram_tokenizer
+
+    tok = unigram_tokenizer()
+    cfg = transformers.DistilBertConfig(vocab_size=len(tok), dim=64, n_layers=2, n_heads=4, hidden_dim=128,
+                                        num_labels=1, pad_token_id=tok.pad_token_id, initializer_range=0.2)
+    torch.manual_seed(0)
+    hm = transformers.DistilBertForSequenceClassification(cfg).eval()
+    hm.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    enc = tok([q for q, _ in PAIRS], [d for _, d in PAIRS], padding=True, return_tensors="pt")
+    enc.pop("token_type_ids", None)
+    with torch.no_grad():
+        want = torch.sigmoid(hm(**enc).logits[:, 0]).numpy()
+    np.testing.assert_allclose(fastbert.CrossEncoder(str(tmp_path)).predict(PAIRS), want, atol=2e-5)

@@ -216,3 +216,21 @@ def test_masked_lm_decoder_at_the_labelled_tokens_only(family):
     for n, p in fm.named_parameters():
         if n in want:
             torch.testing.assert_close(p.grad, want[n], msg=n)
+
+
+def test_distilbert_arguments_in_transformers_order():
+    """DistilBERT's heads take (input_ids, attention_mask, inputs_embeds, labels / start_positions,
+    end_positions, ...) as transformers' do, positionally too."""
+    import inspect
+
+    for head in ("ForSequenceClassification", "ForMaskedLM", "ForQuestionAnswering"):
+        ours = list(inspect.signature(getattr(fastbert, "DistilBert" + head).forward).parameters)[1:5]
+        theirs = list(inspect.signature(getattr(transformers, "DistilBert" + head).forward).parameters)[1:5]
+        assert ours == theirs, (head, ours, theirs)
+    hm, fm = pair("distilbert", "DistilBertForSequenceClassification")
+    g = torch.Generator().manual_seed(8)
+    ids, mask, _ = batch("distilbert", 3, 9, g)
+    labels = torch.tensor([0, 2, 1])
+    got, want = fm(ids, mask, None, labels), hm(ids, mask, None, labels)
+    torch.testing.assert_close(got.loss, want.loss, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got.logits, want.logits, atol=2e-5, rtol=1e-4)
