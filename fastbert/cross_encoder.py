@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
 
-from fastbert.sentence import activation, load_tokenizer, pad_batch, read_json, read_lines
+from fastbert.sentence import activation, load_tokenizer, longest_first, pad_batch, read_json, read_lines
 from fastbert.sentence import max_length as max_length_of
 
 WHERE = "fastbert.CrossEncoder"
@@ -81,21 +80,10 @@ class CrossEncoder:
             raise TypeError(f"{WHERE}.predict: pairs must be (text, text) pairs of strings")
         if batch_size < 1:
             raise ValueError(f"{WHERE}.predict: batch_size must be >= 1, got {batch_size}")
-        if not pairs:
-            out = torch.zeros((0,) if self.num_labels == 1 else (0, self.num_labels))
-            return out.numpy() if convert_to_numpy and not convert_to_tensor else out
-        was_training = self.model.training
-        self.model.eval()
         encodings = self.tokenizer.encode_batch(pairs)
-        order = sorted(range(len(encodings)), key=lambda i: -len(encodings[i].ids))
-        logits = torch.empty(len(pairs), self.num_labels)
-        from tqdm import tqdm
-
-        for s in tqdm(range(0, len(order), batch_size), desc="predict", unit="batch", disable=not show_progress_bar,
-                      file=sys.stderr):
-            chunk = order[s : s + batch_size]
-            logits[chunk] = self._scores([encodings[i] for i in chunk]).cpu()
-        self.model.train(was_training)
+        logits = longest_first(self.model, [len(e.ids) for e in encodings], batch_size,
+                               torch.empty(len(pairs), self.num_labels),
+                               lambda chunk: self._scores([encodings[i] for i in chunk]), "predict", show_progress_bar)
         scores = (activation_fn or self.activation_fn)(logits)
         if apply_softmax and scores.shape[1] > 1:
             scores = torch.softmax(scores, dim=1)

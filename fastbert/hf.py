@@ -100,11 +100,13 @@ def _fastbert_class(model, where: str):
 
 def from_transformers(model, backend: Optional[str] = None):
     """The fastbert model for a loaded transformers model, sharing its parameters."""
+    from fastbert.model.bert import BertModel
+
     cls = _fastbert_class(model, "fastbert.hf.from_transformers")
     name = cls.__name__
     config = cls.config_class(**model.config.to_dict())
     kwargs = {}
-    if hasattr(model, "pooler") and hasattr(cls, "embeddings_class"):  # a base model with or without its pooler
+    if issubclass(cls, BertModel) and hasattr(model, "pooler"):  # a base model, with or without its pooler
         kwargs["add_pooling_layer"] = model.pooler is not None
     with torch.device("meta"):
         fm = cls(config, **kwargs)

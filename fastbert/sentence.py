@@ -162,6 +162,25 @@ def pad_batch(ids: List[List[int]], pad_id: int, device) -> Tuple[torch.Tensor, 
     return input_ids.to(device), mask.to(device)
 
 
+def longest_first(model, lengths: Sequence[int], batch_size: int, out: torch.Tensor, run, desc: str,
+                  progress: bool) -> torch.Tensor:
+    """out[chunk] = run(chunk) for chunks of batch_size indices taken longest first (each batch then
+    pads little), with `model` in eval mode meanwhile (its mode restored after); returns out."""
+    from tqdm import tqdm
+
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    was_training = model.training
+    model.eval()
+    try:
+        for s in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress,
+                      file=sys.stderr):
+            chunk = order[s : s + batch_size]
+            out[chunk] = run(chunk).cpu()
+    finally:
+        model.train(was_training)
+    return out
+
+
 def _modules(path: str) -> List[Tuple[str, str]]:
     """(kind, directory) of each module in modules.json, checked."""
     modules = read_json(os.path.join(path, "modules.json"), "modules.json")
@@ -256,18 +275,10 @@ class SentenceEncoder:
         prompt_length = 0
         if text and not self.include_prompt:  # its tokens without the closing special token
             prompt_length = len(self.tokenize([text])[0]) - 1
-        was_training = self.model.training
-        self.model.eval()
         ids = self.tokenize([text + s for s in sentences])
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        out = torch.empty(len(ids), self.dim)
-        from tqdm import tqdm
-
-        starts = range(0, len(order), batch_size)
-        for s in tqdm(starts, desc="encode", unit="batch", disable=not show_progress_bar, file=sys.stderr):
-            chunk = order[s : s + batch_size]
-            out[chunk] = self._embed([ids[i] for i in chunk], prompt_length).cpu()
-        self.model.train(was_training)
+        out = longest_first(self.model, [len(x) for x in ids], batch_size, torch.empty(len(ids), self.dim),
+                            lambda chunk: self._embed([ids[i] for i in chunk], prompt_length), "encode",
+                            show_progress_bar)
         if normalize_embeddings:
             out = torch.nn.functional.normalize(out, p=2, dim=1)
         if single:

@@ -147,4 +147,3 @@ class BertModel(BertPreTrainedModel):
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(layer, *args, **getattr(self, "checkpoint_kwargs", {}))
         return layer(*args)
-

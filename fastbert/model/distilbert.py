@@ -68,9 +68,9 @@ class TransformerBlock(BertLayer):
     def __init__(self, config: DistilBertConfig):
         nn.Module.__init__(self)
         self.attention = DistilBertSelfAttention(config)
-        self.sa_layer_norm = nn.LayerNorm(config.dim, eps=1e-12)
+        self.sa_layer_norm = nn.LayerNorm(config.dim, eps=config.layer_norm_eps)
         self.ffn = FFN(config)
-        self.output_layer_norm = nn.LayerNorm(config.dim, eps=1e-12)
+        self.output_layer_norm = nn.LayerNorm(config.dim, eps=config.layer_norm_eps)
 
     self_attention = property(lambda self: self.attention)
     attention_output = property(lambda self: self.attention.out_lin)
@@ -140,7 +140,7 @@ class DistilBertForMaskedLM(_DistilBertHead, BertForMaskedLM):
 
     def _add_lm_head(self, config) -> None:
         self.vocab_transform = nn.Linear(config.dim, config.dim)
-        self.vocab_layer_norm = nn.LayerNorm(config.dim, eps=1e-12)
+        self.vocab_layer_norm = nn.LayerNorm(config.dim, eps=config.layer_norm_eps)
         self.vocab_projector = nn.Linear(config.dim, config.vocab_size)
 
     def _lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:

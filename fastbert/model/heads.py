@@ -20,6 +20,7 @@ from fastbert.model.outputs import (
     TokenClassifierOutput,
 )
 from fastbert.model.pretrained import BertPreTrainedModel
+from fastbert.ops.masking import IGNORE_INDEX
 
 
 def _real_token_head(head, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -34,6 +35,14 @@ def _real_token_head(head, hidden: torch.Tensor, attention_mask: Optional[torch.
         return head(hidden)
     rows, indices, _, _ = ops.unpad(hidden, attention_mask)
     return ops.pad(head(rows), indices, *attention_mask.shape)
+
+
+def labelled_rows(hidden: torch.Tensor, labels: torch.Tensor):
+    """(the rows of hidden [..., h] at the labelled tokens [n, h], their labels [n]), in the order of
+    labels.reshape(-1): what an MLM head needs to run at the masked tokens only."""
+    flat = labels.reshape(-1)
+    sel = (flat != IGNORE_INDEX).nonzero().squeeze(1)
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, sel), flat.index_select(0, sel)
 
 
 def _ce(logits: torch.Tensor, labels: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -157,10 +166,9 @@ class BertForMaskedLM(_TiedMLMHead):
                            output_attentions, output_hidden_states)
         if labels is not None and getattr(self.config, "dense_seq_output", False) and not torch.compiler.is_compiling():
             # the vocabulary product at the labelled tokens only (XLM-R's is 250,002 wide): logits [labelled, vocab]
-            hidden = out.last_hidden_state
-            sel = (labels.reshape(-1) != -100).nonzero().squeeze(1)
-            scores = self._lm_logits(hidden.reshape(-1, hidden.shape[-1]).index_select(0, sel))
-            loss = _ce(scores, labels.reshape(-1).index_select(0, sel))
+            rows, targets = labelled_rows(out.last_hidden_state, labels)
+            scores = self._lm_logits(rows)
+            loss = _ce(scores, targets)
         else:
             scores = _real_token_head(self._lm_logits, out.last_hidden_state, attention_mask)
             loss = _ce(scores, labels)

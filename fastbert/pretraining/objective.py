@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastbert.masking import IGNORE_INDEX
 from fastbert.model import BertForPreTraining
+from fastbert.model.heads import labelled_rows
 
 # stats: MLM loss sum, MLM correct, MLM count, NSP loss sum, NSP correct, NSP count, real tokens
 NSTATS = 7
@@ -29,11 +29,7 @@ class PretrainingObjective(nn.Module):
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label):
         out = self.model.bert(input_ids, attention_mask, token_type_ids)
-        hidden = out.last_hidden_state
-        flat_labels = labels.reshape(-1)
-        sel = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
-        targets = flat_labels.index_select(0, sel)
-        picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, sel)
+        picked, targets = labelled_rows(out.last_hidden_state, labels)
         mlm_logits = self.model.cls.predictions(picked).float()
         nsp_logits = self.model.cls.seq_relationship(out.pooler_output).float()
         if targets.numel():
