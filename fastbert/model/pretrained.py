@@ -159,7 +159,9 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         without its pooler. The hub's own arguments (cache_dir,
         revision, ...) have no effect on a local directory and are accepted. Any other keyword is
         an error that names it. Old checkpoints (LayerNorm gamma/beta, position_ids buffers, with or
-        without the "bert." prefix) load too; missing or unexpected keys are reported in a warning.
+        without the "bert." prefix) load too. A checkpoint that lacks encoder weights, or holds encoder
+        weights this architecture has no place for, is an error naming them; a new head's missing
+        weights and another head's left-over ones are named in a warning.
         """
         check_quantize(quantize, f"{cls.__name__}.from_pretrained")
         init_kwargs = {}
@@ -192,18 +194,20 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
 
     def load_transformers_state_dict(self, state: Dict[str, torch.Tensor], source: str = "state dict",
                                      ignore_mismatched_sizes: bool = False, unused_ok=()) -> Dict[str, list]:
-        """load_state_dict for checkpoints of any BERT class, old or new names; warns with the keys
-        that were missing or left over (but left-over keys starting with one of unused_ok), and
-        returns them all (as transformers' loading info)."""
+        """load_state_dict for checkpoints of any class of the family, old or new names. Encoder weights
+        the checkpoint lacks or holds beyond this architecture are a ValueError naming them (nothing
+        loaded); a head's missing or left-over keys (but those starting with one of unused_ok) are
+        named in a warning. Returns them all (as transformers' loading info)."""
         own = self.state_dict()
         renamed, info = match_state_dict(own, state, self.base_model_prefix, self._tied_weights_keys)
         if info["mismatched_keys"] and not ignore_mismatched_sizes:
             bad = "; ".join(f"{k}: checkpoint {tuple(a)} vs model {tuple(b)}" for k, a, b in info["mismatched_keys"])
             raise ValueError(f"fastbert: {source} does not fit this config: {bad} "
                              "(from_pretrained(..., ignore_mismatched_sizes=True) leaves them at their initial values)")
+        unexpected = [k for k in info["unexpected_keys"] if not k.startswith(tuple(unused_ok))]
+        self._refuse_partial_encoder(info["missing_keys"], unexpected, source)
         self.load_state_dict(renamed, strict=False)
         missing = info["missing_keys"]
-        unexpected = [k for k in info["unexpected_keys"] if not k.startswith(tuple(unused_ok))]
         if missing or unexpected or info["mismatched_keys"]:
             msg = f"fastbert: loading {type(self).__name__} from {source}:"
             if missing:
@@ -214,3 +218,29 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
                 msg += f"\n  unexpected (ignored): {unexpected}"
             warnings.warn(msg, stacklevel=3)
         return info
+
+    def _refuse_partial_encoder(self, missing, unexpected, source: str) -> None:
+        """ValueError naming the encoder's weights (the base model's, its pooler aside) that a
+        checkpoint lacks or holds beyond this architecture: loading it would leave part of the encoder
+        at random values or drop weights the checkpoint's model ran with (a variant fastbert does not
+        run). A head that is new (missing) or not this class's (unexpected) is normal, as in transformers:
+        that stays a warning."""
+        base = self.base_model
+        names = [name + "." for name, _ in base.named_children() if name != "pooler"]
+        prefixes = tuple(names + ([self.base_model_prefix + "." + n for n in names] if base is not self else []))
+        lacking = [k for k in missing if k.startswith(prefixes)]
+        extra = [k for k in unexpected if k.startswith(prefixes)]
+        if not lacking and not extra:
+            return
+        parts = []
+        if lacking:
+            parts.append(f"lacks encoder weights {_some(lacking)} (they would stay at random values)")
+        if extra:
+            parts.append(f"holds encoder weights {type(self).__name__} has no place for {_some(extra)} "
+                         "(a variant of the architecture fastbert does not run, or another model's checkpoint)")
+        raise ValueError(f"fastbert: {source} {' and '.join(parts)}; nothing was loaded")
+
+
+def _some(keys, n: int = 6) -> str:
+    shown = ", ".join(keys[:n])
+    return f"[{shown}, ... {len(keys) - n} more]" if len(keys) > n else f"[{shown}]"

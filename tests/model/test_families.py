@@ -234,3 +234,28 @@ def test_distilbert_arguments_in_transformers_order():
     got, want = fm(ids, mask, None, labels), hm(ids, mask, None, labels)
     torch.testing.assert_close(got.loss, want.loss, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(got.logits, want.logits, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_checkpoints_that_would_load_partly_are_refused(tmp_path, family):
+    """Encoder weights a checkpoint lacks, or holds beyond the architecture, are an error naming them;
+    a new head (missing) or another head (left over) stays a warning, as in transformers."""
+    from safetensors.torch import load_file, save_file
+
+    hm, _ = pair(family, PREFIX[family] + "ForMaskedLM", tmp_path / "mlm")
+    weights = tmp_path / "mlm" / "model.safetensors"
+    state = load_file(str(weights))
+    base = hm.base_model_prefix
+    with pytest.warns(UserWarning, match="missing") as caught:
+        getattr(fastbert, PREFIX[family] + "ForSequenceClassification").from_pretrained(str(tmp_path / "mlm"))
+    assert "classifier" in str(caught[0].message) and "unexpected" in str(caught[0].message)
+
+    extra = f"{base}.{'transformer' if family == 'distilbert' else 'encoder'}.layer.0.attention.rel_bias.weight"
+    save_file(dict(state, **{extra: torch.zeros(4, 2)}), str(weights))
+    for name in ("Model", "ForMaskedLM", "ForSequenceClassification"):
+        with pytest.raises(ValueError, match=r"holds encoder weights .*rel_bias.weight.*nothing was loaded"):
+            getattr(fastbert, PREFIX[family] + name).from_pretrained(str(tmp_path / "mlm"))
+
+    save_file({k: v for k, v in state.items() if ".layer.1." not in k}, str(weights))
+    with pytest.raises(ValueError, match=r"lacks encoder weights \[.*layer\.1\..*more\] \(they would stay at random"):
+        getattr(fastbert, PREFIX[family] + "Model").from_pretrained(str(tmp_path / "mlm"))
