@@ -36,6 +36,29 @@ class DistilBertEmbeddings(BertEmbeddings):
             self.position_embeddings.weight.requires_grad_(False)
 
 
+def sinusoidal_positions(n_pos: int, dim: int) -> torch.Tensor:
+    """DistilBERT's fixed position table: sin at even features, cos at odd ones, of
+    pos / 10000^(2 * (j // 2) / dim)."""
+    pairs = torch.div(torch.arange(dim, dtype=torch.float64), 2, rounding_mode="floor")
+    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] / torch.pow(10000.0, 2 * pairs / dim)
+    out = torch.empty(n_pos, dim, dtype=torch.float64)
+    out[:, 0::2] = torch.sin(angles[:, 0::2])
+    out[:, 1::2] = torch.cos(angles[:, 1::2])
+    return out
+
+
+class _DistilBertInit:
+    """A fresh model's sinusoidal position table, when the config asks for one (as transformers
+    initialises it)."""
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, DistilBertEmbeddings) and self.config.sinusoidal_pos_embds:
+            weight = module.position_embeddings.weight
+            with torch.no_grad():
+                weight.copy_(sinusoidal_positions(*weight.shape))
+
+
 class DistilBertSelfAttention(BertSelfAttention):
     """q_lin, k_lin, v_lin, out_lin; BertSelfAttention's joined QKV over the first three."""
 
@@ -93,7 +116,7 @@ class Transformer(nn.Module):
         self.layer = nn.ModuleList([TransformerBlock(config) for _ in range(config.n_layers)])
 
 
-class DistilBertModel(BertModel):
+class DistilBertModel(_DistilBertInit, BertModel):
     config_class = DistilBertConfig
     base_model_prefix = "distilbert"
 
@@ -120,7 +143,7 @@ class DistilBertModel(BertModel):
                                return_dict=return_dict, _pooled_only=_pooled_only)
 
 
-class _DistilBertHead:
+class _DistilBertHead(_DistilBertInit):
     config_class = DistilBertConfig
     base_model_prefix = "distilbert"
     model_class = DistilBertModel

@@ -259,3 +259,17 @@ def test_checkpoints_that_would_load_partly_are_refused(tmp_path, family):
     save_file({k: v for k, v in state.items() if ".layer.1." not in k}, str(weights))
     with pytest.raises(ValueError, match=r"lacks encoder weights \[.*layer\.1\..*more\] \(they would stay at random"):
         getattr(fastbert, PREFIX[family] + "Model").from_pretrained(str(tmp_path / "mlm"))
+
+
+def test_distilbert_fresh_sinusoidal_positions_as_transformers_makes_them():
+    """sinusoidal_pos_embds=True: a fresh model's position table is DistilBERT's fixed sinusoid
+    (the values transformers initialises), kept out of training; False: random, trained."""
+    cfg = dict(CONFIGS["distilbert"], sinusoidal_pos_embds=True)
+    want = transformers.DistilBertModel(transformers.DistilBertConfig(**cfg)).embeddings.position_embeddings.weight
+    assert want[1:].abs().max() > 0.5  # the sinusoid, not a small random init
+    for name in ("DistilBertModel", "DistilBertForMaskedLM", "DistilBertForQuestionAnswering"):
+        got = getattr(fastbert, name)(fastbert.DistilBertConfig(**cfg)).base_model.embeddings.position_embeddings.weight
+        torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-6)
+        assert not got.requires_grad
+    plain = fastbert.DistilBertModel(fastbert.DistilBertConfig(**CONFIGS["distilbert"])).embeddings.position_embeddings
+    assert plain.weight.requires_grad and plain.weight.abs().max() < 0.2
