@@ -159,18 +159,20 @@ class Instance:
     is_random_next: bool
 
     def input_ids(self, cls_id: int, sep_id: int, dtype=np.int32) -> np.ndarray:
+        """[CLS] A [SEP] B [SEP], or [CLS] A [SEP] for a single segment (B empty)."""
         na, nb = len(self.tokens_a), len(self.tokens_b)
-        out = np.empty(na + nb + 3, dtype)
+        out = np.empty(na + nb + (3 if nb else 2), dtype)
         out[0] = cls_id
         out[1:na + 1] = self.tokens_a
         out[na + 1] = sep_id
-        out[na + 2:na + 2 + nb] = self.tokens_b
-        out[-1] = sep_id
+        if nb:
+            out[na + 2:na + 2 + nb] = self.tokens_b
+            out[-1] = sep_id
         return out
 
     @property
     def segment_a_length(self) -> int:
-        """Tokens with segment id 0: [CLS] A [SEP]."""
+        """Tokens with segment id 0: [CLS] A [SEP] (all of a single segment)."""
         return len(self.tokens_a) + 2
 
 
@@ -188,7 +190,11 @@ class PairStats:
 
 class PairMaker:
     """Makes the pairs of one split: documents `doc_ids` of `corpus`, NotNext partners drawn from
-    the same split. Deterministic for a given seed."""
+    the same split. Deterministic for a given seed.
+
+    next_sentence=False makes single segments instead, for MLM without NSP (RoBERTa's
+    DOC-SENTENCES): consecutive whole sentences of one document up to the target length (a sentence
+    longer than max_seq_length - 2 tokens alone, cut at its end), written as [CLS] A [SEP]."""
 
     def __init__(
         self,
@@ -198,6 +204,7 @@ class PairMaker:
         max_seq_length: int,
         short_seq_prob: float = 0.1,
         seed: int = 12345,
+        next_sentence: bool = True,
     ):
         if max_seq_length < 5:
             raise ValueError(f"fastbert: max_seq_length {max_seq_length} is too short for [CLS] A [SEP] B [SEP] (>= 5)")
@@ -205,13 +212,14 @@ class PairMaker:
             raise ValueError(f"fastbert: short_seq_prob must be in [0, 1], got {short_seq_prob}")
         self.corpus = corpus
         self.doc_ids = np.asarray(doc_ids, np.int64)
-        if len(self.doc_ids) < 2:
+        self.next_sentence = next_sentence
+        if next_sentence and len(self.doc_ids) < 2:
             raise ValueError(
                 f"fastbert: the corpus has {len(self.doc_ids)} document(s); next-sentence prediction draws the "
                 "second segment of NotNext pairs from a different document, so at least 2 are needed "
                 "(separate documents with a blank line)"
             )
-        self.max_tokens = max_seq_length - 3
+        self.max_tokens = max_seq_length - (3 if next_sentence else 2)
         self.short_seq_prob = short_seq_prob
         self.rng = random.Random(seed)
         self.stats = PairStats()
@@ -254,12 +262,40 @@ class PairMaker:
                     b1 -= 1
         return a[a0:a1], b[b0:b1]
 
+    def document_sequences(self, doc: int) -> Iterator[Instance]:
+        """The single segments of one document (next_sentence=False)."""
+        target = self._target()
+        chunk: List[np.ndarray] = []
+        length = 0
+        for sent in self.corpus.document(doc):
+            if chunk and length + len(sent) > target:
+                yield self._single(chunk)
+                chunk, length, target = [], 0, self._target()
+            chunk.append(sent)
+            length += len(sent)
+        if chunk:
+            yield self._single(chunk)
+
+    def _target(self) -> int:
+        if self.rng.random() < self.short_seq_prob:
+            return self.rng.randint(2, self.max_tokens)
+        return self.max_tokens
+
+    def _single(self, chunk: List[np.ndarray]) -> Instance:
+        a = np.concatenate(chunk)
+        if len(a) > self.max_tokens:
+            self.stats.truncated += 1
+            a = a[:self.max_tokens]
+        self.stats.instances += 1
+        return Instance(a, a[:0], False)
+
     def document_instances(self, doc: int) -> Iterator[Instance]:
+        if not self.next_sentence:
+            yield from self.document_sequences(doc)
+            return
         sents = self.corpus.document(doc)
         rng = self.rng
-        target = self.max_tokens
-        if rng.random() < self.short_seq_prob:
-            target = rng.randint(2, self.max_tokens)
+        target = self._target()
         chunk: List[np.ndarray] = []
         length = 0
         i = 0

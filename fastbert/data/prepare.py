@@ -1,7 +1,13 @@
-"""`fastbert prepare`: text files -> WordPiece vocabulary -> sentence pairs -> memory-mapped shards.
+"""`fastbert prepare`: text files -> vocabulary -> sentence pairs -> memory-mapped shards.
 
     fastbert prepare CORPUS [CORPUS ...] --out DIR [--vocab vocab.txt|tokenizer.json | --vocab-size N]
                      [--max-seq-length 128] [--dupe-factor 5] [--short-seq-prob 0.1] [--eval-fraction 0.05]
+                     [--model-type bert|xlm-roberta]
+
+--model-type says what the data is for (MODEL_TYPES): BERT's MLM + NSP (a WordPiece vocabulary,
+sentence pairs) or XLM-RoBERTa's MLM alone (a sentencepiece Unigram vocabulary with XLM-R's special
+tokens, single segments of consecutive sentences). The same corpus and settings give the same
+directory on every run: the vocabulary trainers break every tie by a fixed order (vocab.py).
 
 The corpus is read twice when a vocabulary is trained (once to train it, once to tokenize), never
 held in memory whole. See corpus.py for the text layouts, instances.py for the pair recipe and
@@ -21,6 +27,9 @@ from fastbert.data import corpus as corpus_mod
 from fastbert.data import shards as shards_mod
 from fastbert.data import vocab as vocab_mod
 from fastbert.data.instances import PairMaker, TokenizedCorpus, split_documents
+
+# model_type -> (vocabulary, whether the data has sentence pairs for next-sentence prediction)
+MODEL_TYPES = {"bert": ("wordpiece", True), "xlm-roberta": ("unigram", False)}
 
 
 class PrepareError(ValueError):
@@ -54,6 +63,7 @@ def prepare_data(
     seed: int = 12345,
     progress: bool = True,
     keep_tokenized: bool = False,
+    model_type: str = "bert",
     log: Callable[[str], None] = print,
 ) -> dict:
     """Prepare a pretraining data directory; returns its index (see shards.py).
@@ -61,9 +71,13 @@ def prepare_data(
     The text comes from the files / directories `corpus`, or from `documents`, a function returning a
     fresh iterable of documents (lists of sentences) each time it is called. strip_accents: None
     strips accents and recomposes (Hangul stays whole), True BERT's decomposed form, False keeps
-    them (fastbert.data.vocab); it applies to a trained vocabulary."""
+    them (fastbert.data.vocab); it applies to a trained WordPiece vocabulary. model_type: see
+    MODEL_TYPES."""
     if (corpus is None) == (documents is None):
         raise ValueError("fastbert prepare: give exactly one of corpus (paths) or documents")
+    if model_type not in MODEL_TYPES:
+        raise PrepareError(f"fastbert prepare: model_type must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
+    kind, next_sentence = MODEL_TYPES[model_type]
     _check_settings(dupe_factor, short_seq_prob, eval_fraction, max_seq_length)
     t0 = time.perf_counter()
     documents_fn = _document_source(corpus, documents, corpus_format)
@@ -72,12 +86,13 @@ def prepare_data(
     if os.path.exists(stale):
         os.remove(stale)  # the directory is not valid data until the new index is written
 
-    tok = _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, strip_accents, min_frequency, progress, log)
+    tok = _vocabulary(vocab, kind, documents_fn, corpus, vocab_size, lowercase, strip_accents, min_frequency, progress,
+                      log)
     special = vocab_mod.check_special_tokens(tok)
     vocab_mod.save_tokenizer(tok, out_dir, model_max_length=max_seq_length)
     stats = corpus_mod.CorpusStats()
     tok_dir = os.path.join(out_dir, "tokenized")
-    tc = _tokenize(documents_fn, stats, tok, tok_dir, corpus, progress)
+    tc = _tokenize(documents_fn, stats, tok, tok_dir, corpus, progress, next_sentence)
 
     train_docs, eval_docs = split_documents(tc.num_documents, eval_fraction, seed)
     if eval_fraction > 0 and len(eval_docs) == 0:
@@ -88,7 +103,7 @@ def prepare_data(
             splits[split], pair_stats[split] = _write_pairs(
                 out_dir, split, tc, docs, tok.get_vocab_size(), special, max_seq_length=max_seq_length,
                 short_seq_prob=short_seq_prob, dupe_factor=dupe_factor, shard_size=shard_size, seed=s,
-                progress=progress)
+                progress=progress, next_sentence=next_sentence)
     if not keep_tokenized:
         shutil.rmtree(tok_dir, ignore_errors=True)
 
@@ -98,6 +113,7 @@ def prepare_data(
         "corpus": [os.fspath(p) for p in corpus] if corpus is not None else "built-in",
     }
     index = _index(tok, special, max_seq_length, splits, settings, _summary(stats, tc, splits, pair_stats, t0))
+    index.update(model_type=model_type, next_sentence=next_sentence)
     shards_mod.write_index(out_dir, index)
     return index
 
@@ -166,13 +182,17 @@ def _document_source(corpus, documents, corpus_format: str) -> Callable:
     return documents_fn
 
 
-def _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, strip_accents, min_frequency, progress, log):
-    """The tokenizer: loaded from `vocab`, or a WordPiece vocabulary trained on the corpus."""
+def _vocabulary(vocab, kind, documents_fn, corpus, vocab_size, lowercase, strip_accents, min_frequency, progress, log):
+    """The tokenizer: loaded from `vocab`, or a vocabulary of `kind` (wordpiece, unigram) trained on
+    the corpus."""
     if vocab is not None:
         try:
             tok = vocab_mod.load_tokenizer(vocab, lowercase=None if lowercase else False)
         except (FileNotFoundError, ValueError) as e:
             raise PrepareError(str(e)) from None
+        if vocab_mod.tokenizer_kind(tok) != kind:
+            raise PrepareError(f"fastbert prepare: {vocab} is a {vocab_mod.tokenizer_kind(tok)} vocabulary; this "
+                               f"model type needs a {kind} one")
         log(f"vocabulary: {vocab} ({tok.get_vocab_size()} tokens)")
         return tok
     bar = _progress(progress, desc="vocabulary: reading", unit=" doc")
@@ -185,18 +205,27 @@ def _vocabulary(vocab, documents_fn, corpus, vocab_size, lowercase, strip_accent
             yield from doc
 
     tv = time.perf_counter()
-    tok = vocab_mod.train_wordpiece(sentences(), vocab_size, lowercase=lowercase, strip_accents=strip_accents,
-                                    min_frequency=min_frequency)
-    if bar is not None:
-        bar.close()
+    try:
+        if kind == "unigram":
+            tok = vocab_mod.train_unigram(sentences(), vocab_size)
+        else:
+            tok = vocab_mod.train_wordpiece(sentences(), vocab_size, lowercase=lowercase, strip_accents=strip_accents,
+                                            min_frequency=min_frequency)
+    except ValueError:
+        _check_text(stats0, corpus)  # no text at all: say what the corpus held
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
     _check_text(stats0, corpus)
-    log(f"vocabulary: trained {tok.get_vocab_size()} WordPiece tokens (asked for {vocab_size}) in "
+    what = "sentencepiece Unigram pieces" if kind == "unigram" else "WordPiece tokens"
+    log(f"vocabulary: trained {tok.get_vocab_size()} {what} (asked for {vocab_size}) in "
         f"{time.perf_counter() - tv:.1f} s")
     return tok
 
 
-def _tokenize(documents_fn, stats, tok, tok_dir: str, corpus, progress: bool) -> TokenizedCorpus:
-    """The corpus tokenized into a disk-backed store; at least 2 documents (NSP needs them)."""
+def _tokenize(documents_fn, stats, tok, tok_dir: str, corpus, progress: bool, next_sentence: bool) -> TokenizedCorpus:
+    """The corpus tokenized into a disk-backed store; at least 2 documents for NSP."""
     bar = _progress(progress, desc="tokenizing", unit=" sent")
     tc = TokenizedCorpus.build(documents_fn(stats), tok, tok_dir, progress=bar)
     if bar is not None:
@@ -206,7 +235,7 @@ def _tokenize(documents_fn, stats, tok, tok_dir: str, corpus, progress: bool) ->
         warnings.warn(f"fastbert prepare: skipped {path}: binary file (NUL bytes), not text", stacklevel=3)
     if tc.num_documents == 0:
         raise PrepareError("fastbert prepare: the corpus gave no tokens at all (every sentence was empty once tokenized)")
-    if tc.num_documents < 2:
+    if next_sentence and tc.num_documents < 2:
         raise PrepareError(
             "fastbert prepare: the corpus has 1 document; next-sentence prediction needs at least 2 (NotNext "
             "pairs take their second segment from a different document). Separate documents with a blank line "
@@ -216,11 +245,13 @@ def _tokenize(documents_fn, stats, tok, tok_dir: str, corpus, progress: bool) ->
 
 
 def _write_pairs(out_dir, split, tc, docs, vocab_size, special, *, max_seq_length, short_seq_prob, dupe_factor,
-                 shard_size, seed, progress):
-    """Sentence pairs of one split into its shards -> (the split's index entry, pair statistics)."""
-    maker = PairMaker(tc, docs, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, seed=seed)
+                 shard_size, seed, progress, next_sentence):
+    """Sentence pairs (or single segments) of one split into its shards -> (the split's index entry,
+    pair statistics)."""
+    maker = PairMaker(tc, docs, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, seed=seed,
+                      next_sentence=next_sentence)
     writer = shards_mod.ShardWriter(out_dir, split, vocab_size=vocab_size, shard_size=shard_size, seed=seed)
-    bar = _progress(progress, desc=f"pairs ({split})", unit=" pair")
+    bar = _progress(progress, desc=f"{'pairs' if next_sentence else 'sequences'} ({split})", unit=" seq")
     for inst in maker.instances(dupe_factor):
         writer.add(inst.input_ids(special["[CLS]"], special["[SEP]"]), inst.segment_a_length, int(inst.is_random_next))
         if bar is not None:
@@ -256,16 +287,18 @@ def format_summary(index: dict) -> str:
         ("sentences", s["sentences"]),
         ("tokens (corpus)", s["corpus_tokens"]),
     ]
+    pairs = index.get("next_sentence", True)
     for split, n in s["pairs"].items():
-        rows.append((f"pairs ({split})", f"{n}  (IsNext {s['is_next_share'][split]:.3f}, "
-                                         f"{s['pair_tokens'][split]} tokens, "
-                                         f"{index['splits'][split]['documents']} documents)"))
+        share = f"IsNext {s['is_next_share'][split]:.3f}, " if pairs else ""
+        rows.append((f"{'pairs' if pairs else 'sequences'} ({split})", f"{n}  ({share}{s['pair_tokens'][split]} tokens, "
+                                                                          f"{index['splits'][split]['documents']} documents)"))
     rows += [
         ("skipped: undecodable lines", c["skipped_undecodable_lines"]),
         ("skipped: empty lines", c["skipped_empty_lines"]),
         ("skipped: empty sentences", s["skipped_empty_sentences"]),
         ("skipped: binary files", len(c["skipped_binary_files"])),
-        ("vocabulary", f"{index['vocab_size']} tokens ({'uncased' if index['lowercase'] else 'cased'})"),
+        ("vocabulary", f"{index['vocab_size']} tokens ({'uncased' if index['lowercase'] else 'cased'}, "
+                       f"{'Unigram' if index.get('model_type') == 'xlm-roberta' else 'WordPiece'})"),
         ("max_seq_length", index["max_seq_length"]),
         ("time", f"{s['seconds']:.1f} s"),
     ]
@@ -282,6 +315,9 @@ def add_data_arguments(p: argparse.ArgumentParser, *, defaults: Optional[dict] =
     text = {k: f"default {v}" for k, v in d.items()}
     text.update(default_text or {})
     g = p.add_argument_group("data preparation")
+    g.add_argument("--model-type", choices=sorted(MODEL_TYPES), default="bert",
+                   help="bert (default): a WordPiece vocabulary and sentence pairs for MLM + NSP; xlm-roberta: a "
+                        "sentencepiece Unigram vocabulary (cased, XLM-R's special tokens) and single segments for MLM")
     g.add_argument("--format", dest="corpus_format", choices=corpus_mod.FORMATS, default="auto",
                    help="corpus layout: 'lines' = one sentence per line, blank line between documents; "
                         "'paragraphs' = running text split into sentences, two blank lines between documents; "
@@ -313,13 +349,15 @@ def prepare_from_args(args, out_dir: str, *, corpus=None, documents=None, progre
         min_frequency=args.min_frequency,
         max_seq_length=args.max_seq_length, dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob,
         eval_fraction=args.eval_fraction, shard_size=args.shard_size, seed=args.data_seed, progress=progress, log=log,
+        model_type=args.model_type,
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fastbert prepare",
-        description="Turn text files into MLM + NSP pretraining pairs on disk (memory-mapped shards).",
+        description="Turn text files into pretraining data on disk (memory-mapped shards): MLM + NSP pairs for BERT, "
+                    "or MLM sequences for XLM-RoBERTa (--model-type).",
     )
     p.add_argument("corpus", nargs="+", help="text files or directories")
     p.add_argument("--out", required=True, help="output directory")

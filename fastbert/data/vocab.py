@@ -1,27 +1,45 @@
-"""WordPiece tokenizers for pretraining, with the `tokenizers` library: train a new vocabulary on a
-corpus, or load one (a BERT vocab.txt, a tokenizer.json, or a directory holding either).
+"""Tokenizers for pretraining, with the `tokenizers` library: train a new vocabulary on a corpus, or
+load one (a BERT vocab.txt, a tokenizer.json, or a directory holding either). Two kinds
+(tokenizer_kind):
 
-The tokenizer is BERT's: BertNormalizer (clean text, CJK characters split, lower-casing unless
-cased), BertPreTokenizer (whitespace and punctuation), WordPiece with "##" continuation pieces.
+  * "wordpiece" (BERT, train_wordpiece): BertNormalizer (clean text, CJK characters split,
+    lower-casing unless cased), BertPreTokenizer (whitespace and punctuation), WordPiece with "##"
+    continuation pieces; [PAD] [UNK] [CLS] [SEP] [MASK] as ids 0..4.
+  * "unigram" (XLM-RoBERTa, train_unigram): sentencepiece-style pieces, cased; NFKC with runs of
+    spaces collapsed, words split at whitespace and marked with "▁" (Metaspace), as XLM-R's
+    tokenizer.json; <s> <pad> </s> <unk> as ids 0..3, then the pieces, then <mask>; "<s> A </s>" and
+    "<s> A </s></s> B </s>".
 
-Accents (strip_accents): BERT's uncased models strip them by decomposing the text (NFD) and
-dropping the combining marks, and keep the text decomposed, which turns every Hangul syllable into
-loose conjoining jamo (a vocabulary no Korean reader can read, and decode(encode(s)) != s). The
-default here, strip_accents=None with lower-casing, drops the combining marks and then recomposes
-(NFD, StripAccents, NFC): "café" -> "cafe" as in BERT, "한국어" stays "한국어". strip_accents=True is
-BERT's own form (text left decomposed), False keeps every accent; cased tokenizers keep accents
-unless strip_accents=True. On English text all three lower-casing forms give the same ids.
+special_token_ids and check_special_tokens name the special tokens of both kinds by BERT's roles
+("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"; for Unigram <pad>, <unk>, <s>, </s>, <mask>), so the
+rest of the code reads one set of keys.
 
-The saved directory (tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json)
-loads with transformers' AutoTokenizer / BertTokenizerFast, which run the normaliser of
-tokenizer.json. The slow BertTokenizer has no recomposition step: from vocab.txt alone it matches
-only strip_accents=True and False (tokenizer_config.json says which was used).
+Accents (strip_accents, WordPiece): BERT's uncased models strip them by decomposing the text (NFD)
+and dropping the combining marks, and keep the text decomposed, which turns every Hangul syllable
+into loose conjoining jamo (a vocabulary no Korean reader can read, and decode(encode(s)) != s).
+The default here, strip_accents=None with lower-casing, drops the combining marks and then
+recomposes (NFD, StripAccents, NFC): "café" -> "cafe" as in BERT, "한국어" stays "한국어".
+strip_accents=True is BERT's own form (text left decomposed), False keeps every accent; cased
+tokenizers keep accents unless strip_accents=True. On English text all three lower-casing forms
+give the same ids.
 
-The `tokenizers` trainer breaks ties between equally frequent merges in hash-map order, which
-changes from process to process: two trainings on the same text can end a few tokens apart. A
-prepared data directory keeps its vocabulary (and `fastbert pretrain` reuses a prepared directory),
-so a run and its resumption always share one; pass a vocabulary (--vocab) to pin it across
-preparations.
+The saved WordPiece directory (tokenizer.json, vocab.txt, tokenizer_config.json,
+special_tokens_map.json) loads with transformers' AutoTokenizer / BertTokenizerFast, which run the
+normaliser of tokenizer.json. The slow BertTokenizer has no recomposition step: from vocab.txt
+alone it matches only strip_accents=True and False (tokenizer_config.json says which was used).
+The saved Unigram directory (tokenizer.json, tokenizer_config.json, special_tokens_map.json; no
+vocab.txt) loads with AutoTokenizer as tokenizer.json is, giving the same ids on any text.
+tokenizer_config.json names PreTrainedTokenizerFast rather than XLMRobertaTokenizer: transformers 5
+rebuilds an XLMRobertaTokenizer from the pieces alone and keeps a normaliser only when it is
+sentencepiece's precompiled one, so it would skip the NFKC step (full-width forms, ligatures and
+compatibility jamo such as "ㅋ" would get other ids there).
+
+Training is deterministic: the trainers are fastbert's own (trainers.py) and break every tie by a
+fixed order (count descending, then the token string), never by hash-map order, so the same corpus
+and settings give the same vocabulary in every process. (The `tokenizers` library's trainers break
+ties in hash-map order, which changes from process to process.) A prepared data directory keeps its
+vocabulary (and `fastbert pretrain` reuses a prepared directory); pass a vocabulary (--vocab) to use
+one made elsewhere.
 """
 from __future__ import annotations
 
@@ -29,8 +47,17 @@ import json
 import os
 from typing import Dict, Iterable, Iterator, List, Optional, Union
 
+from fastbert.data import trainers
+from fastbert.data.trainers import EmptyCorpusError  # noqa: F401  (raised by the trainers for a corpus with no words)
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
+# XLM-R's special tokens: ids 0..3, and <mask> after the pieces
+UNIGRAM_SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")
+UNIGRAM_MASK = "<mask>"
+UNIGRAM_ROLES = {"[PAD]": "<pad>", "[UNK]": "<unk>", "[CLS]": "<s>", "[SEP]": "</s>", "[MASK]": "<mask>"}
+METASPACE = "\u2581"
+KINDS = {"WordPiece": "wordpiece", "Unigram": "unigram"}
 
 
 def _normalizer(lowercase: bool, strip_accents: Optional[bool]):
@@ -52,6 +79,25 @@ def _bert_pipeline(tok, lowercase: bool, strip_accents: Optional[bool] = None):
     return tok
 
 
+def _unigram_pipeline(tok):
+    """XLM-R's pipeline: NFKC with runs of spaces collapsed, whitespace words marked with "▁"."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always")])
+    tok.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme="always")
+    return tok
+
+
+def _reading(texts: Iterable[str], length: Optional[int], show_progress: bool) -> Iterable[str]:
+    if not show_progress:
+        return texts
+    from tqdm.auto import tqdm
+
+    return tqdm(texts, total=length, desc="vocabulary: counting words", unit=" text", dynamic_ncols=True, leave=False)
+
+
 def train_wordpiece(
     texts: Iterable[str],
     vocab_size: int,
@@ -64,23 +110,59 @@ def train_wordpiece(
     show_progress: bool = False,
 ):
     """A new WordPiece tokenizer trained on `texts` (any iterable of strings, streamed) with
-    [PAD] [UNK] [CLS] [SEP] [MASK] as ids 0..4 (strip_accents: see the module docstring)."""
-    from tokenizers import Tokenizer, models, trainers
+    [PAD] [UNK] [CLS] [SEP] [MASK] as ids 0..4 (strip_accents: see the module docstring). The same
+    texts and settings give the same vocabulary on every run. length: the number of texts, for the
+    progress bar that show_progress draws while the words are counted."""
+    from tokenizers import Tokenizer, models
 
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"fastbert: vocab_size {vocab_size} is too small (at least {len(SPECIAL_TOKENS) + 1})")
-    tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")), lowercase,
-                         strip_accents)
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        limit_alphabet=limit_alphabet,
-        continuing_subword_prefix="##",
-        show_progress=show_progress,
-    )
-    tok.train_from_iterator(texts, trainer=trainer, length=length)
+    probe = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")), lowercase,
+                           strip_accents)
+    counts = trainers.count_words(_reading(texts, length, show_progress), probe)
+    tokens = trainers.wordpiece_vocab(counts, vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=min_frequency,
+                                      limit_alphabet=limit_alphabet, prefix="##")
+    model = models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]", continuing_subword_prefix="##")
+    tok = _bert_pipeline(Tokenizer(model), lowercase, strip_accents)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok
+
+
+def train_unigram(texts: Iterable[str], vocab_size: int, *, length: Optional[int] = None, show_progress: bool = False):
+    """A new XLM-RoBERTa-style (sentencepiece Unigram) tokenizer trained on `texts` (any iterable of
+    strings, streamed): cased, <s> <pad> </s> <unk> as ids 0..3, the pieces, <mask> as the last id
+    (see the module docstring). The same texts give the same pieces and scores on every run."""
+    from tokenizers import AddedToken, Tokenizer, models, processors
+
+    specials = UNIGRAM_SPECIAL_TOKENS + (UNIGRAM_MASK,)
+    if vocab_size < len(specials) + 1:
+        raise ValueError(f"fastbert: vocab_size {vocab_size} is too small (at least {len(specials) + 1})")
+    probe = _unigram_pipeline(Tokenizer(models.Unigram()))
+    counts = trainers.count_words(_reading(texts, length, show_progress), probe)
+    pieces = [(p, s) for p, s in trainers.unigram_pieces(counts, vocab_size, n_special=len(specials)) if p not in specials]
+    vocab = [(t, 0.0) for t in UNIGRAM_SPECIAL_TOKENS] + pieces + [(UNIGRAM_MASK, 0.0)]
+    unk = UNIGRAM_SPECIAL_TOKENS.index("<unk>")
+    tok = _unigram_pipeline(Tokenizer(models.Unigram(vocab, unk_id=unk, byte_fallback=False)))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in UNIGRAM_SPECIAL_TOKENS]
+                           + [AddedToken(UNIGRAM_MASK, lstrip=True, special=True, normalized=False)])
+    cls, sep = UNIGRAM_ROLES["[CLS]"], UNIGRAM_ROLES["[SEP]"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} {sep} $B {sep}",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+    return tok
+
+
+def tokenizer_kind(tok) -> str:
+    """The kind of the tokenizer's model: "wordpiece" or "unigram" (ValueError for any other)."""
+    name = type(tok.model).__name__
+    if name not in KINDS:
+        raise ValueError(f"fastbert: a {name} tokenizer is neither WordPiece nor Unigram, the two kinds fastbert reads")
+    return KINDS[name]
+
+
+def _role_names(tok) -> Dict[str, str]:
+    """{BERT role: the token that plays it in `tok`}."""
+    return dict(UNIGRAM_ROLES) if tokenizer_kind(tok) == "unigram" else {t: t for t in SPECIAL_TOKENS}
 
 
 def load_tokenizer(path: str, *, lowercase: Optional[bool] = None, strip_accents: Union[bool, None, str] = "file"):
@@ -151,18 +233,23 @@ def _tokenizer_config(directory: str) -> dict:
 
 
 def special_token_ids(tok) -> Dict[str, int]:
-    return {t: tok.token_to_id(t) for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None}
+    """{BERT role: id} of the special tokens the vocabulary has, keyed "[PAD]" "[UNK]" "[CLS]"
+    "[SEP]" "[MASK]" for both kinds (a Unigram tokenizer's <pad> <unk> <s> </s> <mask>)."""
+    ids = {role: tok.token_to_id(name) for role, name in _role_names(tok).items()}
+    return {role: i for role, i in ids.items() if i is not None}
 
 
 def check_special_tokens(tok, source: str = "the vocabulary") -> Dict[str, int]:
-    """{token: id} of the special tokens; ValueError naming those of [PAD] [CLS] [SEP] [MASK] that
-    are missing (pretraining needs all four)."""
+    """{BERT role: id} of the special tokens (see special_token_ids); ValueError naming those of the
+    [PAD] [CLS] [SEP] [MASK] roles that are missing (pretraining needs all four)."""
     ids = special_token_ids(tok)
-    missing = [t for t in REQUIRED_TOKENS if t not in ids]
+    names = _role_names(tok)
+    missing = [names[r] for r in REQUIRED_TOKENS if r not in ids]
     if missing:
+        what = "an XLM-R (Unigram)" if tokenizer_kind(tok) == "unigram" else "a BERT"
         raise ValueError(
-            f"fastbert: {source} lacks the special token(s) {', '.join(missing)}; a BERT pretraining vocabulary "
-            f"needs {', '.join(REQUIRED_TOKENS)} (and [UNK])"
+            f"fastbert: {source} lacks the special token(s) {', '.join(missing)}; {what} pretraining vocabulary "
+            f"needs {', '.join(names[r] for r in REQUIRED_TOKENS)} (and {names['[UNK]']})"
         )
     return ids
 
@@ -190,6 +277,8 @@ def _bert_normalizer_state(tok) -> Optional[dict]:
 
 
 def is_lowercase(tok) -> bool:
+    if type(tok.model).__name__ == "Unigram":
+        return False  # cased, as XLM-R
     state = _bert_normalizer_state(tok)
     return True if state is None else bool(state.get("lowercase", False))
 
@@ -204,9 +293,14 @@ def accent_form(tok) -> Optional[bool]:
 
 
 def save_tokenizer(tok, directory: str, *, model_max_length: int = 512) -> None:
-    """tokenizer.json + vocab.txt + tokenizer_config.json + special_tokens_map.json."""
+    """WordPiece: tokenizer.json + vocab.txt + tokenizer_config.json + special_tokens_map.json.
+    Unigram: tokenizer.json + tokenizer_config.json + special_tokens_map.json as transformers writes
+    XLM-R's (a vocab.txt left there by an earlier WordPiece vocabulary is removed)."""
     os.makedirs(directory, exist_ok=True)
     _atomic_text(os.path.join(directory, "tokenizer.json"), tok.to_str(pretty=True))
+    if tokenizer_kind(tok) == "unigram":
+        _save_unigram_config(tok, directory, model_max_length)
+        return
     _atomic_text(os.path.join(directory, "vocab.txt"), "".join(t + "\n" for t in vocab_list(tok)))
     config = {
         "tokenizer_class": "BertTokenizer",
@@ -227,6 +321,51 @@ def save_tokenizer(tok, directory: str, *, model_max_length: int = 512) -> None:
     _atomic_text(os.path.join(directory, "tokenizer_config.json"), json.dumps(config, indent=2) + "\n")
     special = {k: config[k] for k in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")}
     _atomic_text(os.path.join(directory, "special_tokens_map.json"), json.dumps(special, indent=2) + "\n")
+
+
+def _save_unigram_config(tok, directory: str, model_max_length: int) -> None:
+    def added(t) -> dict:
+        return {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized, "rstrip": t.rstrip,
+                "single_word": t.single_word, "special": t.special}
+
+    decoder = tok.get_added_tokens_decoder()
+    special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>", "pad_token": "<pad>",
+               "cls_token": "<s>", "mask_token": UNIGRAM_MASK}
+    config = {
+        # tokenizer.json as it is: transformers 5 rebuilds an XLMRobertaTokenizer from the pieces alone and
+        # keeps no normaliser but sentencepiece's precompiled one, so NFKC text (full-width digits,
+        # compatibility jamo such as "ㅋ") would get other ids there
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": int(model_max_length),
+        **special,
+        "add_prefix_space": True,
+        "clean_up_tokenization_spaces": False,  # decode gives the text back, as tokenizers' decoder does
+        "added_tokens_decoder": {str(i): added(decoder[i]) for i in sorted(decoder)},
+    }
+    _atomic_text(os.path.join(directory, "tokenizer_config.json"), json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    mask = next((t for t in decoder.values() if t.content == UNIGRAM_MASK), None)
+    if mask is not None:
+        special["mask_token"] = added(mask)
+    _atomic_text(os.path.join(directory, "special_tokens_map.json"), json.dumps(special, indent=2) + "\n")
+    stale = os.path.join(directory, "vocab.txt")
+    if os.path.isfile(stale):
+        os.remove(stale)
+
+
+def word_start_table(tok):
+    """torch.bool [vocab size]: True where a token starts a word (for whole-word masking). WordPiece:
+    the tokens without the continuation prefix ("##"); Unigram: the pieces that begin with "▁"
+    and the special tokens."""
+    import torch
+
+    tokens = vocab_list(tok)
+    if tokenizer_kind(tok) == "unigram":
+        special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+        starts = [t.startswith(METASPACE) or t in special for t in tokens]
+    else:
+        prefix = getattr(tok.model, "continuing_subword_prefix", None) or "##"
+        starts = [not t.startswith(prefix) for t in tokens]
+    return torch.tensor(starts, dtype=torch.bool)
 
 
 def _slow_strip_accents(tok) -> bool:

@@ -38,7 +38,9 @@ FAMILIES: Dict[str, Dict[str, type]] = {
     "electra": _family(electra.ElectraModel, electra.ElectraForMaskedLM, electra.ElectraForSequenceClassification,
                        electra.ElectraForTokenClassification, electra.ElectraForQuestionAnswering),
 }
-PRETRAINING = {"bert": BertForPreTraining, "electra": electra.ElectraForPreTraining}
+# as transformers' AutoModelForPreTraining: the families without a pretraining head of their own train MLM
+PRETRAINING = {**{family: classes["masked-lm"] for family, classes in FAMILIES.items()},
+               "bert": BertForPreTraining, "electra": electra.ElectraForPreTraining}
 
 
 class _Auto:

@@ -127,6 +127,9 @@ class BertForPreTraining(_TiedMLMHead):
         self.post_init()
         self.tie_weights()
 
+    def _lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.cls.predictions(hidden)
+
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 labels=None, next_sentence_label=None, head_mask=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None):

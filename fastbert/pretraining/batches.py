@@ -40,13 +40,15 @@ def features(rows: Sequence) -> List[dict]:
 
 
 def make_collator(index: dict, *, mlm_probability: float = 0.15, whole_word_mask: bool = False,
-                  max_predictions: Optional[int] = None, vocab_tokens: Optional[List[str]] = None) -> PretrainingCollator:
+                  max_predictions: Optional[int] = None, word_starts: Optional[torch.Tensor] = None) -> PretrainingCollator:
+    """The data's collator; whole-word masking needs `word_starts`, the vocabulary's bool word-start
+    table (fastbert.data.vocab.word_start_table)."""
     special = {k: int(v) for k, v in index["special_tokens"].items()}
     table = None
     if whole_word_mask:
-        if vocab_tokens is None:
-            raise ValueError("fastbert: whole-word masking needs the vocabulary's tokens")
-        table = word_start_table(vocab_tokens)
+        if word_starts is None:
+            raise ValueError("fastbert: whole-word masking needs the vocabulary's word-start table")
+        table = word_start_table(word_starts)
     return PretrainingCollator(
         vocab_size=int(index["vocab_size"]),
         mask_token_id=special["[MASK]"],

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from fastbert.data.shards import INDEX
 from fastbert.dtypes import DTYPES
-from fastbert.model import BertConfig
+from fastbert.model import BertConfig, BertForPreTraining, XLMRobertaConfig, XLMRobertaForMaskedLM
 
 # --precision: "fp32" trains in fp32, the others under autocast to that dtype
 PRECISIONS = {name: (None if name == "fp32" else dtype) for name, dtype in DTYPES.items()}
@@ -113,32 +113,50 @@ def check_config(cfg: TrainConfig) -> None:
         raise TrainError(f"dropout must be in [0, 1), got {cfg.dropout}")
 
 
+# the data's model_type -> the class pretraining trains on it: BERT's MLM + NSP, or XLM-R's MLM
+PRETRAINING_CLASSES = {"bert": BertForPreTraining, "xlm-roberta": XLMRobertaForMaskedLM}
+
+
+def pretraining_class(index: dict):
+    return PRETRAINING_CLASSES[index.get("model_type", "bert")]
+
+
 def build_model_config(cfg: TrainConfig, index: dict) -> BertConfig:
+    """The config of the model to train: the data's model type, given (init_from, model_config) or
+    from cfg's sizes. XLM-R's positions count from its pad id + 1, so its table has pad + 1 more rows
+    than the longest sequence it takes (max_position_embeddings 514 for 512 tokens)."""
     special = index["special_tokens"]
-    if cfg.init_from:
-        config = BertConfig.from_pretrained(cfg.init_from)
-    elif cfg.model_config:
-        config = BertConfig.from_pretrained(cfg.model_config)
+    config_class = pretraining_class(index).config_class
+    given = cfg.init_from or cfg.model_config
+    if given:
+        config = config_class.from_pretrained(given)
+        if config.model_type != config_class.model_type:
+            raise TrainError(f"{given} describes a {config.model_type!r} model; the data was prepared for "
+                             f"{config_class.model_type!r} (--model-type)")
     else:
-        config = BertConfig(
+        xlmr = config_class is XLMRobertaConfig
+        offset = int(special["[PAD]"]) + 1 if xlmr else 0
+        ends = dict(bos_token_id=int(special["[CLS]"]), eos_token_id=int(special["[SEP]"])) if xlmr else {}
+        config = config_class(
             vocab_size=int(index["vocab_size"]), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
             num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
-            max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=2,
+            max_position_embeddings=cfg.max_position_embeddings + offset,
+            type_vocab_size=2 if index.get("next_sentence", True) else 1,
             hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
-            pad_token_id=int(special["[PAD]"]),
+            pad_token_id=int(special["[PAD]"]), **ends,
         )
     if config.vocab_size != int(index["vocab_size"]):
         raise TrainError(
             f"the model's vocab_size {config.vocab_size} differs from the data's vocabulary ({index['vocab_size']} tokens); "
             "prepare the data with the model's vocabulary (--vocab)"
         )
-    if int(index["max_seq_length"]) > config.max_position_embeddings:
+    usable = config.max_position_embeddings - (config.pad_token_id + 1 if config_class is XLMRobertaConfig else 0)
+    if int(index["max_seq_length"]) > usable:
         raise TrainError(
-            f"max_seq_length {index['max_seq_length']} is larger than the model's max_position_embeddings "
-            f"{config.max_position_embeddings}: positions past it have no embedding. Use --max-seq-length <= "
-            f"{config.max_position_embeddings} or a larger --max-position-embeddings"
+            f"max_seq_length {index['max_seq_length']} is larger than the {usable} positions the model has an "
+            f"embedding for. Use --max-seq-length <= {usable} or a larger --max-position-embeddings"
         )
-    if config.type_vocab_size < 2:
+    if index.get("next_sentence", True) and config.type_vocab_size < 2:
         raise TrainError(f"the model's type_vocab_size is {config.type_vocab_size}; sentence pairs need 2")
     return config
 

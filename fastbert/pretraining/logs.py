@@ -51,8 +51,10 @@ class JsonlLog:
         return out
 
 def eval_line(m: Dict[str, float]) -> str:
-    return (f"MLM loss {m['mlm_loss']:.3f}, MLM accuracy {m['mlm_acc']:.3f}, NSP loss {m['nsp_loss']:.3f}, "
-            f"NSP accuracy {m['nsp_acc']:.3f} ({m['pairs']} pairs, {m['masked_tokens']} masked tokens)")
+    nsp = f", NSP loss {m['nsp_loss']:.3f}, NSP accuracy {m['nsp_acc']:.3f}" if "nsp_acc" in m else ""
+    what = "pairs" if "nsp_acc" in m else "sequences"
+    return (f"MLM loss {m['mlm_loss']:.3f}, MLM accuracy {m['mlm_acc']:.3f}{nsp} ({m['pairs']} {what}, "
+            f"{m['masked_tokens']} masked tokens)")
 
 
 def format_eval_table(first: Optional[Dict[str, float]], last: Optional[Dict[str, float]], step: int) -> str:
@@ -61,7 +63,9 @@ def format_eval_table(first: Optional[Dict[str, float]], last: Optional[Dict[str
     rows = [("MLM loss", "mlm_loss", "{:.3f}"), ("MLM perplexity", "mlm_perplexity", "{:.1f}"),
             ("MLM accuracy", "mlm_acc", "{:.1%}"), ("NSP loss", "nsp_loss", "{:.3f}"),
             ("NSP accuracy", "nsp_acc", "{:.1%}")]
-    head = f"held-out ({last['pairs']} pairs, {last['masked_tokens']} masked tokens, fixed masks)"
+    rows = [r for r in rows if r[1] in last]
+    what = "pairs" if "nsp_acc" in last else "sequences"
+    head = f"held-out ({last['pairs']} {what}, {last['masked_tokens']} masked tokens, fixed masks)"
     lines = [head, f"  {'':<16}{'start (step 0)':>16}{f'end (step {step})':>18}"]
     for label, key, fmt in rows:
         lines.append(f"  {label:<16}{fmt.format(first[key]):>16}{fmt.format(last[key]):>18}")
@@ -79,18 +83,20 @@ def plot_curves(log_path: str, png_path: str, quiet: bool = False) -> bool:
     ev = [r for r in recs if r.get("type") == "eval"]
     if not train and not ev:
         return False
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    nsp = "nsp_loss" in (train or ev)[0]
+    fig, axes = plt.subplots(1, 4 if nsp else 3, figsize=(18 if nsp else 14, 4))
     ax = axes[0]
-    if train:
-        ax.plot([r["step"] for r in train], [r["mlm_loss"] for r in train], label="MLM (train)")
-        ax.plot([r["step"] for r in train], [r["nsp_loss"] for r in train], label="NSP (train)")
-    if ev:
-        ax.plot([r["step"] for r in ev], [r["mlm_loss"] for r in ev], "o--", label="MLM (held-out)")
-        ax.plot([r["step"] for r in ev], [r["nsp_loss"] for r in ev], "s--", label="NSP (held-out)")
+    for name in ("MLM", "NSP") if nsp else ("MLM",):
+        key = name.lower() + "_loss"
+        if train:
+            ax.plot([r["step"] for r in train], [r[key] for r in train], label=f"{name} (train)")
+        if ev:
+            ax.plot([r["step"] for r in ev], [r[key] for r in ev], "o--", label=f"{name} (held-out)")
     ax.set_title("loss")
     ax.set_xlabel("step")
     ax.legend()
-    for ax, key, title in ((axes[1], "mlm_acc", "MLM accuracy"), (axes[2], "nsp_acc", "NSP accuracy")):
+    panels = ((axes[1], "mlm_acc", "MLM accuracy"), (axes[2], "nsp_acc", "NSP accuracy"))
+    for ax, key, title in panels[:2 if nsp else 1]:
         if train:
             ax.plot([r["step"] for r in train], [r[key] for r in train], label="train")
         if ev:
@@ -101,9 +107,9 @@ def plot_curves(log_path: str, png_path: str, quiet: bool = False) -> bool:
         ax.set_xlabel("step")
         ax.legend()
     if train:
-        axes[3].plot([r["step"] for r in train], [r["lr"] for r in train])
-    axes[3].set_title("learning rate")
-    axes[3].set_xlabel("step")
+        axes[-1].plot([r["step"] for r in train], [r["lr"] for r in train])
+    axes[-1].set_title("learning rate")
+    axes[-1].set_xlabel("step")
     fig.tight_layout()
     tmp = png_path + ".tmp.png"
     fig.savefig(tmp, dpi=90)
@@ -120,16 +126,17 @@ def describe_run(trainer) -> List[str]:
     mc = trainer.model_config
     backend = resolve(cfg.backend, next(trainer.model.parameters()))
     lines.append(
-        f"model: BertForPreTraining, {mc.num_hidden_layers} layers, hidden {mc.hidden_size}, {mc.num_attention_heads} "
-        f"heads, intermediate {mc.intermediate_size}, vocab {mc.vocab_size}: {n_params / 1e6:.2f} M parameters; "
+        f"model: {type(trainer.model).__name__}, {mc.num_hidden_layers} layers, hidden {mc.hidden_size}, "
+        f"{mc.num_attention_heads} heads, intermediate {mc.intermediate_size}, vocab {mc.vocab_size}: "
+        f"{n_params / 1e6:.2f} M parameters; "
         f"fastbert backend {backend!r} on {trainer.device}, {cfg.precision}"
     )
-    ev = f", held-out {len(trainer.eval_data)} pairs" if trainer.eval_data is not None else ", no held-out split"
+    what = "pairs" if trainer.index.get("next_sentence", True) else "sequences"
+    ev = f", held-out {len(trainer.eval_data)} {what}" if trainer.eval_data is not None else ", no held-out split"
+    lines.append(f"data: {cfg.data_dir}: {len(trainer.train_data)} training {what} "
+                 f"(max_seq_length {trainer.index['max_seq_length']}){ev}")
     lines.append(
-        f"data: {cfg.data_dir}: {len(trainer.train_data)} training pairs (max_seq_length {trainer.index['max_seq_length']}){ev}"
-    )
-    lines.append(
-        f"training: {trainer.total_steps} steps of {cfg.batch_size * cfg.grad_accum * info.world_size} pairs "
+        f"training: {trainer.total_steps} steps of {cfg.batch_size * cfg.grad_accum * info.world_size} {what} "
         f"({info.world_size} process(es) x batch {cfg.batch_size} x accumulation {cfg.grad_accum}), "
         f"{trainer.plan.per_epoch // cfg.grad_accum if cfg.grad_accum <= trainer.plan.per_epoch else 0} steps per epoch, "
         f"lr {cfg.lr:g}, warm-up {trainer.warmup_steps} steps, {torch.get_num_threads()} thread(s) per process"

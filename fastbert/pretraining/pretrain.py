@@ -1,7 +1,9 @@
-"""`fastbert pretrain`: train BertForPreTraining (MLM + NSP) on fastbert's fused ops.
+"""`fastbert pretrain`: train BertForPreTraining (MLM + NSP), or XLMRobertaForMaskedLM (MLM, a
+sentencepiece Unigram vocabulary) with --model-type xlm-roberta, on fastbert's fused ops.
 
     fastbert pretrain                                   # the built-in demo: pydoc_data.topics, a 4-layer BERT
     fastbert pretrain --corpus books/ --out run1        # prepare a corpus, then train on it
+    fastbert pretrain --corpus ko/ --model-type xlm-roberta --out run2   # an XLM-R-shaped model
     fastbert pretrain --data prepared/ --out run1       # train on data `fastbert prepare` made
     fastbert pretrain --out run1 --resume               # continue run1 from its latest checkpoint
     torchrun --nproc_per_node 2 -m fastbert.cli pretrain ...   # data parallel, one process per device / core group
@@ -45,8 +47,9 @@ def _both(key: str, fmt=str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fastbert pretrain",
-        description="Pretrain BERT (MLM + NSP) on fastbert's fused ops. With no --corpus / --data: the built-in "
-                    "corpus (the standard library's pydoc_data.topics) and a 4-layer BERT, a few minutes on a CPU.",
+        description="Pretrain BERT (MLM + NSP), or XLM-RoBERTa (MLM) with --model-type xlm-roberta, on fastbert's "
+                    "fused ops. With no --corpus / --data: the built-in corpus (the standard library's "
+                    "pydoc_data.topics) and a 4-layer model, a few minutes on a CPU.",
     )
     src = p.add_argument_group("input and output")
     src.add_argument("--corpus", nargs="+", help="text files / directories to prepare and train on")
@@ -106,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _data_request(args) -> dict:
-    keys = ("corpus_format", "vocab", "vocab_size", "cased", "min_frequency", "max_seq_length", "dupe_factor",
+    keys = ("model_type", "corpus_format", "vocab", "vocab_size", "cased", "min_frequency", "max_seq_length", "dupe_factor",
             "short_seq_prob", "eval_fraction", "shard_size", "data_seed")
     req = {k: getattr(args, k) for k in keys}
     if args.corpus:
@@ -218,6 +221,14 @@ def _passive_openmp(argv) -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
 
 
+def _trained_class(out_dir: str) -> str:
+    try:
+        with open(os.path.join(out_dir, "config.json"), encoding="utf-8") as f:
+            return json.load(f)["architectures"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        return "AutoModelForPreTraining"
+
+
 def main(argv=None) -> int:
     _passive_openmp(argv)
     args = build_parser().parse_args(argv)
@@ -251,12 +262,13 @@ def main(argv=None) -> int:
     print(format_eval_table(result.first_eval, result.last_eval, result.step))
     print()
     print(f"output: {os.path.abspath(args.out)}")
-    print("  config.json, model.safetensors, vocab.txt, tokenizer.json   the model "
-          "(fastbert.BertForPreTraining.from_pretrained / transformers)")
+    files = [f for f in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json")
+             if os.path.isfile(os.path.join(args.out, f))]
+    print(f"  {', '.join(files):<60}the model (fastbert.{_trained_class(args.out)}.from_pretrained / transformers)")
     if os.path.isfile(os.path.join(args.out, "curves.png")):
-        print("  log.jsonl, curves.png, checkpoints/                         training log, curves, resumable state")
+        print(f"  {'log.jsonl, curves.png, checkpoints/':<60}training log, curves, resumable state")
     else:
-        print("  log.jsonl, checkpoints/                                     training log, resumable state")
+        print(f"  {'log.jsonl, checkpoints/':<60}training log, resumable state")
     print(f"wall time {time.perf_counter() - t0:.1f} s")
     if result.signal:
         return 128 + int(result.signal)

@@ -1,10 +1,11 @@
-"""The pretraining loop: BertForPreTraining on fastbert's fused ops, MLM + NSP.
+"""The pretraining loop on fastbert's fused ops: BertForPreTraining, MLM + NSP, or
+XLMRobertaForMaskedLM, MLM alone, as the prepared data's model_type says.
 
-    loss = mean cross-entropy over the masked tokens (MLM) + mean cross-entropy of the
-           next-sentence label (NSP)
+    loss = mean cross-entropy over the masked tokens (MLM) [+ mean cross-entropy of the
+           next-sentence label (NSP)]
 
-exactly transformers' BertForPreTraining loss; the MLM head runs on the masked tokens only (the
-loss is the same, the vocabulary projection of the other ~85% of the tokens is skipped).
+exactly transformers' BertForPreTraining / ForMaskedLM loss; the MLM head runs on the masked tokens
+only (the loss is the same, the vocabulary projection of the other ~85% of the tokens is skipped).
 
 AdamW (beta1 0.9, beta2 0.999, eps 1e-6, weight decay 0.01 except on biases and LayerNorm weights),
 linear warm-up then linear decay to zero, gradient clipping, gradient accumulation, bf16 / fp16
@@ -38,8 +39,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from fastbert.data import vocab as vocab_mod
 from fastbert.data.shards import InstanceDataset
-from fastbert.model import BertForPreTraining
 from fastbert.pretraining.batches import BatchPlan, EvalPlan, make_collator
 from fastbert.pretraining.checkpoint import TrainerCheckpoints
 from fastbert.pretraining.config import (
@@ -50,6 +51,7 @@ from fastbert.pretraining.config import (
     build_model_config,
     check_config,
     data_fingerprint,
+    pretraining_class,
 )
 from fastbert.pretraining.distributed import (
     DistInfo,
@@ -109,12 +111,9 @@ class Trainer(TrainerCheckpoints):
             raise TrainError(str(e)) from None
         self.index = self.train_data.index
         self.eval_data = InstanceDataset(cfg.data_dir, "eval") if "eval" in self.index["splits"] else None
-        vocab_tokens = None
-        if cfg.whole_word_mask:
-            with open(os.path.join(cfg.data_dir, "vocab.txt"), encoding="utf-8") as f:
-                vocab_tokens = [line.rstrip("\n") for line in f]
+        starts = vocab_mod.word_start_table(vocab_mod.load_tokenizer(cfg.data_dir)) if cfg.whole_word_mask else None
         masking = dict(mlm_probability=cfg.mlm_probability, whole_word_mask=cfg.whole_word_mask,
-                       max_predictions=cfg.max_predictions, vocab_tokens=vocab_tokens)
+                       max_predictions=cfg.max_predictions, word_starts=starts)
         self.collator = make_collator(self.index, **masking)
         self.eval_collator = make_collator(self.index, **masking)
         self.plan = BatchPlan(self.train_data, self.collator, batch_size=cfg.batch_size, seed=cfg.seed,
@@ -134,10 +133,8 @@ class Trainer(TrainerCheckpoints):
         cfg = self.cfg
         self.model_config = build_model_config(cfg, self.index)
         torch.manual_seed(cfg.seed)
-        if cfg.init_from:
-            self.model = BertForPreTraining.from_pretrained(cfg.init_from)
-        else:
-            self.model = BertForPreTraining(self.model_config)
+        cls = pretraining_class(self.index)
+        self.model = cls.from_pretrained(cfg.init_from) if cfg.init_from else cls(self.model_config)
         self.model.set_backend(cfg.backend)
         self.model.to(self.device).train()
         if cfg.precision != "fp32":
@@ -323,16 +320,16 @@ class Trainer(TrainerCheckpoints):
         dt = time.perf_counter() - window.t0
         m = summarize(sums)
         rec = {"type": "train", "step": self.step, "epoch": round(self.consumed / self.plan.per_epoch, 4),
-               "loss": window.loss / window.steps, "mlm_loss": m["mlm_loss"], "nsp_loss": m["nsp_loss"],
-               "mlm_acc": m["mlm_acc"], "nsp_acc": m["nsp_acc"], "lr": lr, "grad_norm": grad_norm,
+               "loss": window.loss / window.steps, "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
+               **{k: m[k] for k in ("nsp_loss", "nsp_acc") if k in m}, "lr": lr, "grad_norm": grad_norm,
                "tokens_per_s": float(sums[6]) / max(dt, 1e-9), "elapsed_s": round(time.perf_counter() - t_start, 2)}
         logger.write(rec)
+        accs = {k: f"{m[k]:.3f}" for k in ("mlm_acc", "nsp_acc") if k in m}
         if bar is not None:
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", mlm_acc=f"{m['mlm_acc']:.3f}", nsp_acc=f"{m['nsp_acc']:.3f}",
-                            tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", **accs, tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
         elif self.info.is_main:
-            self.print(f"step {self.step}/{self.total_steps}  loss {rec['loss']:.4f}  mlm_acc {m['mlm_acc']:.3f}  "
-                       f"nsp_acc {m['nsp_acc']:.3f}  lr {lr:.2e}  {rec['tokens_per_s']:.0f} tok/s")
+            self.print(f"step {self.step}/{self.total_steps}  loss {rec['loss']:.4f}  "
+                       f"{'  '.join(f'{k} {v}' for k, v in accs.items())}  lr {lr:.2e}  {rec['tokens_per_s']:.0f} tok/s")
         window.reset()
 
     def _periodic_evaluation(self, logger: JsonlLog, bar) -> None:

@@ -1,10 +1,11 @@
 """The pretraining loss is transformers' BertForPreTraining loss; a few steps on a fixed batch lower it."""
+import numpy as np
 import pytest
 import torch
 
 import fastbert
 from fastbert.data.shards import InstanceDataset
-from fastbert.pretraining.batches import BatchPlan, make_collator
+from fastbert.pretraining.batches import BatchPlan, features, make_collator
 from fastbert.pretraining.objective import PretrainingObjective, summarize
 from fastbert.pretraining.schedule import linear_schedule, param_groups
 
@@ -15,9 +16,15 @@ def _model_and_batch(tiny_data, seed=0):
     config = fastbert.BertConfig(vocab_size=ds.index["vocab_size"], hidden_size=48, num_hidden_layers=2,
                                  num_attention_heads=3, intermediate_size=96, max_position_embeddings=64)
     model = fastbert.BertForPreTraining(config)
-    plan = BatchPlan(ds, make_collator(ds.index), batch_size=12, seed=seed)
-    batch = next(b for b in map(plan.batch, range(plan.per_epoch)) if (b["attention_mask"] == 0).any())
-    return model, batch  # a batch with padding (shorter pairs)
+    rows = [ds[i] for i in range(seed, seed + 12)]
+    for r in (0, 5):  # shorter pairs, so the batch has padding
+        ids, a_len, label = rows[r]
+        rows[r] = (np.concatenate([ids[:12 + r], ids[-1:]]), min(a_len, 12 + r), label)
+    collator = make_collator(ds.index)
+    collator.generator.manual_seed(seed)
+    batch = collator(features(rows))
+    assert (batch["attention_mask"] == 0).any() and (batch["labels"] != -100).any()
+    return model, batch
 
 
 def test_loss_equals_transformers(tiny_data):

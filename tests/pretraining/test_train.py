@@ -113,7 +113,7 @@ def test_changed_settings_are_refused_on_resume_and_old_runs_kept(tiny_data, tmp
 
 
 def test_max_seq_length_beyond_max_position_embeddings_is_an_error(tiny_data, tmp_path):
-    with pytest.raises(TrainError, match="max_seq_length 32 is larger than the model's max_position_embeddings 16"):
+    with pytest.raises(TrainError, match="max_seq_length 32 is larger than the 16 positions the model has an embedding for"):
         train(tiny_config(tiny_data, str(tmp_path / "o"), max_position_embeddings=16))
 
 
