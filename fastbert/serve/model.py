@@ -1,0 +1,161 @@
+"""What a served directory runs: a sentence-transformers directory gives embeddings, a sequence
+classifier predictions, and one with a single label (a cross-encoder) reranking too.
+
+Requests are tokenized here, in the request's own task (a text over the length limit is refused
+unless the request asks to truncate it), and the model worker runs `Served.run` on batches of
+rows from any number of requests.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+EMBED, RERANK, CLASSIFY = "embedding", "reranker", "classifier"
+
+
+class InputError(ValueError):
+    """A request the model cannot take as it is (answered 413, as text-embeddings-inference does)."""
+
+
+@dataclass
+class Row:
+    """One sequence for the model: token ids, token types, the leading tokens the pooling skips."""
+
+    ids: List[int]
+    type_ids: List[int]
+    skip: int = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _kind(path: str) -> str:
+    modules = os.path.join(path, "modules.json")
+    if os.path.isfile(modules):  # sentence-transformers 6 writes one for cross-encoders too, with no Pooling
+        with open(modules, encoding="utf-8") as f:
+            if any(str(m.get("type", "")).endswith("Pooling") for m in json.load(f)):
+                return EMBED
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{path} has neither modules.json (sentence-transformers) nor config.json")
+    with open(config_file, encoding="utf-8") as f:
+        config = json.load(f)
+    architectures = config.get("architectures") or []
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ValueError(f"{path} is neither a sentence-transformers directory (modules.json) nor a sequence "
+                         f"classifier (its architectures: {architectures or 'none'}); nothing to serve")
+    labels = config.get("id2label") or {}
+    return RERANK if int(config.get("num_labels", len(labels) or 2)) == 1 else CLASSIFY
+
+
+class Served:
+    """The model of a directory and how requests reach it."""
+
+    def __init__(self, path: str, *, quantize: Optional[str] = None, dtype=None, backend: Optional[str] = None):
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"{path} is not a directory")
+        self.path = path
+        self.kind = _kind(path)
+        if self.kind == EMBED:
+            from fastbert.sentence import SentenceEncoder
+
+            self.encoder = SentenceEncoder(path, quantize=quantize, dtype=dtype, backend=backend)
+            self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
+            self.max_input_length = self.encoder.max_seq_length
+        else:
+            from fastbert.cross_encoder import CrossEncoder
+
+            self.cross = CrossEncoder(path, quantize=quantize, dtype=dtype, backend=backend)
+            self.model, self.tokenizer = self.cross.model, self.cross.tokenizer
+            self.max_input_length = self.cross.max_length
+        self.model.eval()
+        self.dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
+        self.quantize = quantize
+
+    @property
+    def labels(self) -> List[str]:
+        config = self.model.config
+        return [config.id2label.get(i, f"LABEL_{i}") for i in range(config.num_labels)]
+
+    # ---- requests -> rows (in the request's task)
+
+    def _rows(self, encodings, truncate: bool, skip: int = 0) -> List[Row]:
+        for i, e in enumerate(encodings):
+            if e.overflowing and not truncate:
+                raise InputError(f"input {i} is longer than the {self.max_input_length} tokens this model takes "
+                                 "(send truncate: true to cut it)")
+        return [Row(list(e.ids), list(e.type_ids), skip) for e in encodings]
+
+    def text_rows(self, texts: Sequence[str], truncate: bool, prompt_name: Optional[str] = None) -> List[Row]:
+        """Rows of texts to embed (with the model's prompt), or of texts to classify."""
+        if self.kind == EMBED:
+            try:
+                prompt, skip = self.encoder.prompt(prompt_name)
+            except ValueError as e:
+                raise InputError(str(e).split(": ", 1)[-1]) from None
+            texts = [prompt + t for t in texts]
+            if self.encoder.do_lower_case:
+                texts = [t.lower() for t in texts]
+            return self._rows(self.tokenizer.encode_batch(texts), truncate, skip)
+        if prompt_name is not None:
+            raise InputError("prompt_name applies to embedding models only")
+        return self._rows(self.tokenizer.encode_batch(list(texts)), truncate)
+
+    def pair_rows(self, pairs: Sequence[Sequence[str]], truncate: bool) -> List[Row]:
+        return self._rows(self.tokenizer.encode_batch([tuple(p) for p in pairs]), truncate)
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool, prompt_name: Optional[str] = None) -> List[list]:
+        """text-embeddings-inference's /tokenize answer: per text, its tokens with id, text,
+        special, start and stop (character offsets into the text sent, prompt included)."""
+        if prompt_name is not None:
+            if self.kind != EMBED:
+                raise InputError("prompt_name applies to embedding models only")
+            prompt = self.encoder.prompt(prompt_name)[0]
+            texts = [prompt + t for t in texts]
+        out = []
+        for text, e in zip(texts, self.tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)):
+            out.append([{"id": i, "text": tok, "special": True, "start": None, "stop": None} if special else
+                        {"id": i, "text": text[a:b], "special": False, "start": a, "stop": b}
+                        for i, tok, special, (a, b) in zip(e.ids, e.tokens, e.special_tokens_mask, e.offsets)])
+        return out
+
+    # ---- rows -> outputs (in the model worker)
+
+    @torch.inference_mode()
+    def run(self, rows: List[Row]) -> torch.Tensor:
+        """[len(rows), dim] embeddings before the model's Normalize module, or [len(rows), labels]
+        logits."""
+        if self.kind == EMBED:
+            return self.encoder.embed_ids([r.ids for r in rows], [r.skip for r in rows], normalize=False)
+        return self.cross._scores(rows)
+
+    def scores(self, logits: torch.Tensor, raw: bool) -> torch.Tensor:
+        """Logits -> the scores a reranker or classifier reports: the model's activation (sigmoid
+        for one label) or, with several labels, softmax; raw: the logits."""
+        if raw:
+            return logits
+        if self.kind == RERANK:
+            return self.cross.activation_fn(logits)
+        return torch.softmax(logits, dim=-1)
+
+    def warm_up(self, max_batch_tokens: int) -> int:
+        """Run a batch of every power-of-two token count up to max_batch_tokens, so that what a
+        first call costs (the GEMM path timed at the first product of each token bucket) is paid
+        now, not by a client; returns the batches run."""
+        longest = self.max_input_length
+        token = (self.model.config.pad_token_id or 0) + 1  # any id but padding
+        n, runs = 1, 0
+        while True:
+            tokens = min(n, max_batch_tokens)
+            rows = [Row([token] * min(longest, tokens - done), [0] * min(longest, tokens - done))
+                    for done in range(0, tokens, longest)]
+            self.run(rows)
+            runs += 1
+            if tokens >= max_batch_tokens:
+                return runs
+            n *= 2
+
