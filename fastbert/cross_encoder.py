@@ -15,7 +15,6 @@ batched longest first and returned in the order given.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from typing import List, Optional, Sequence
@@ -109,8 +108,9 @@ class CrossEncoder:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="fastbert rerank",
-                                 description="Rank lines of text against a query with a cross-encoder.")
+    from fastbert.cli import CommandParser, input_file, model_directory
+
+    ap = CommandParser(prog="fastbert rerank", description="Rank lines of text against a query with a cross-encoder.")
     ap.add_argument("model", help="a CrossEncoder directory (config.json, weights, tokenizer.json)")
     ap.add_argument("--query", "-q", required=True)
     ap.add_argument("--input", "-i", default="-", help="a text file, one document per line ('-': standard input)")
@@ -119,7 +119,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None, choices=["triton", "cpp", "torch"])
     ap.add_argument("--quantize", default=None, choices=["int8"])
     args = ap.parse_args(argv)
-    docs = read_lines(args.input)
+    model_directory(args.model)  # named before the input is read or the model loaded
+    docs = read_lines(input_file(args.input))
     ce = CrossEncoder(args.model, backend=args.backend, quantize=args.quantize)
     for r in ce.rank(args.query, docs, top_k=args.top_k, return_documents=True, batch_size=args.batch_size,
                      show_progress_bar=True):

@@ -109,14 +109,16 @@ def _load_tokenizer(path: str):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="fastbert attention-map", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from fastbert.cli import CommandParser, model_directory
+
+    ap = CommandParser(prog="fastbert attention-map", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a BERT directory in transformers' format, with its tokenizer")
     ap.add_argument("--text", required=True)
     ap.add_argument("-o", "--output", required=True, help="the PNG to write")
     ap.add_argument("--layer", type=int, default=None, help="draw this layer only (default: every layer)")
     ap.add_argument("--head", type=int, default=None, help="draw this head only (default: every head)")
     args = ap.parse_args(argv)
+    model_directory(args.model)  # named before the model package is imported
     from fastbert.model import BertModel
 
     model = BertModel.from_pretrained(args.model)
@@ -132,4 +134,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fastbert.cli import main as cli_main
+
+    sys.exit(cli_main(["attention-map", *sys.argv[1:]]))

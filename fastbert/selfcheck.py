@@ -328,8 +328,9 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
-    ap = argparse.ArgumentParser(prog="fastbert selfcheck", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from fastbert.cli import CommandParser
+
+    ap = CommandParser(prog="fastbert selfcheck", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     args = ap.parse_args(argv)
     device = args.device

@@ -18,7 +18,6 @@ pads little, and returned in the order given.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -305,7 +304,9 @@ def read_lines(path: str) -> List[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="fastbert encode", description="Embed lines of text with a sentence-transformers model.")
+    from fastbert.cli import CommandParser, input_file, model_directory
+
+    ap = CommandParser(prog="fastbert encode", description="Embed lines of text with a sentence-transformers model.")
     ap.add_argument("model", help="a sentence-transformers directory "
                     "(modules.json, config.json, model.safetensors, tokenizer.json)")
     ap.add_argument("--input", "-i", default="-", help="a text file, one sentence per line ('-': standard input)")
@@ -317,7 +318,8 @@ def main(argv=None) -> int:
                     help="int8: int8 weights and activations in the encoder's linear layers (fastbert.model.int8)")
     ap.add_argument("--prompt-name", default=None, help="one of the model's prompts (e5: query, passage)")
     args = ap.parse_args(argv)
-    lines = read_lines(args.input)
+    model_directory(args.model)  # named before the input is read or the model loaded
+    lines = read_lines(input_file(args.input))
     enc = SentenceEncoder(args.model, backend=args.backend, device=args.device, quantize=args.quantize)
     emb = (enc.encode(lines, batch_size=args.batch_size, prompt_name=args.prompt_name, show_progress_bar=True)
            if lines else np.zeros((0, enc.dim), np.float32))

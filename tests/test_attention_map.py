@@ -51,6 +51,5 @@ def test_cli_draws_the_grid_and_refuses_a_bad_head(tmp_path):
     proc = _cli("--model", PATH, "--text", TEXT, "-o", str(tmp_path / "bad.png"), "--head", "12")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "fastbert attention-map: error: fastbert.attention_map: head must be an int in [0, 12) (the model has 12 heads), "
-        "got 12"]
+        "fastbert attention-map: error: head must be an int in [0, 12) (the model has 12 heads), got 12"]
     assert not (tmp_path / "bad.png").exists()

@@ -15,8 +15,14 @@ from fastbert.bench.timing import machine_info
 
 
 def parser(doc: str, prog: Optional[str] = None) -> argparse.ArgumentParser:
-    """A benchmark's argument parser, its module docstring as the description."""
-    return argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """A benchmark's argument parser, its module docstring as the description; under a `fastbert`
+    command (prog "fastbert bench"), the command line's parser, whose usage errors are one line."""
+    cls = argparse.ArgumentParser
+    if prog is not None and prog.startswith("fastbert "):
+        from fastbert.cli import CommandParser
+
+        cls = CommandParser
+    return cls(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_device_options(ap: argparse.ArgumentParser, budget: float) -> None:

@@ -354,7 +354,9 @@ def prepare_from_args(args, out_dir: str, *, corpus=None, documents=None, progre
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from fastbert.cli import CommandParser
+
+    p = CommandParser(
         prog="fastbert prepare",
         description="Turn text files into pretraining data on disk (memory-mapped shards): MLM + NSP pairs for BERT, "
                     "or MLM sequences for XLM-RoBERTa (--model-type).",
@@ -367,11 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    from fastbert.cli import report
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         index = prepare_from_args(args, args.out, corpus=args.corpus, progress=not args.no_progress)
     except (PrepareError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        report(parser.prog, e)
         return 2
     print(f"prepared {args.out}")
     print(format_summary(index))
@@ -379,4 +384,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fastbert.cli import main as cli_main
+
+    sys.exit(cli_main(["prepare", *sys.argv[1:]]))

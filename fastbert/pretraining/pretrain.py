@@ -45,7 +45,9 @@ def _both(key: str, fmt=str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from fastbert.cli import CommandParser
+
+    p = CommandParser(
         prog="fastbert pretrain",
         description="Pretrain BERT (MLM + NSP), or XLM-RoBERTa (MLM) with --model-type xlm-roberta, on fastbert's "
                     "fused ops. With no --corpus / --data: the built-in corpus (the standard library's "
@@ -230,8 +232,11 @@ def _trained_class(out_dir: str) -> str:
 
 
 def main(argv=None) -> int:
+    from fastbert.cli import report
+
     _passive_openmp(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     apply_defaults(args)
     if not (args.corpus or args.data) and args.resume is None and not args.overwrite:
         # the built-in demo starts over in its directory (a run on one's own corpus is never overwritten
@@ -248,7 +253,7 @@ def main(argv=None) -> int:
         result = train(config_from_args(args, data_dir, started), info)
     except (PrepareError, TrainError, CheckpointError, ValueError, FileNotFoundError) as e:
         if info.is_main:
-            print(f"error: {e}", file=sys.stderr)
+            report(parser.prog, e)
         return 2
     finally:
         if info.owns_group:

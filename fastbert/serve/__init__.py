@@ -27,8 +27,10 @@ PROG = "fastbert serve"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Serve embeddings, reranking or classification over HTTP "
-                                "(text-embeddings-inference's routes and OpenAI's /v1/embeddings).")
+    from fastbert.cli import CommandParser
+
+    p = CommandParser(prog=PROG, description="Serve embeddings, reranking or classification over HTTP "
+                      "(text-embeddings-inference's routes and OpenAI's /v1/embeddings).")
     p.add_argument("model", help="a sentence-transformers directory, or a sequence classifier / cross-encoder directory")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="port (default %(default)s)")
@@ -59,6 +61,9 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     _check(args, p)
+    from fastbert.cli import model_directory
+
+    model_directory(args.model)  # named before the serve extra is needed
     try:
         import uvicorn
     except ImportError:

@@ -138,7 +138,7 @@ def test_bad_input_gets_a_clear_error(tmp_path, case, capsys):
         expect = r"lacks the special token\(s\) \[CLS\], \[SEP\], \[MASK\]"
     assert cli.main(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ")
+    assert err.startswith("fastbert prepare: error: ") and len(err.splitlines()) == 1, err
     import re
 
     assert re.search(expect, err), err

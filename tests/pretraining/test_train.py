@@ -177,16 +177,18 @@ def test_pretrain_cli_prepares_a_corpus_reuses_it_and_reports(tmp_path, capsys):
     assert cli.main(["pretrain", "--corpus", corpus, "--out", out, "--max-steps", "2", "--resume", *TINY_ARGS]) == 2
     captured = capsys.readouterr()
     assert "reusing" in captured.out
-    assert "error: cannot resume" in captured.err and os.path.basename(ckpt_file) in captured.err
+    assert captured.err.startswith("fastbert pretrain: error: cannot resume") and os.path.basename(ckpt_file) in captured.err
 
 
 def test_pretrain_cli_bad_input(tmp_path, capsys):
     from fastbert import cli
 
     assert cli.main(["pretrain", "--corpus", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o"), *TINY_ARGS]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("fastbert pretrain: error: ") and "missing.txt does not exist" in err and len(err.splitlines()) == 1
     assert cli.main(["pretrain", "--data", str(tmp_path / "nodata"), "--out", str(tmp_path / "o"), *TINY_ARGS]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("fastbert pretrain: error: ") and "nodata" in err and "does not exist" in err, err
 
 
 def test_time_limit_stops_early_with_a_final_evaluation_and_a_checkpoint(tiny_data, tmp_path):

