@@ -1,0 +1,290 @@
+"""`fastbert.ray`: sentence embeddings on a Ray cluster (the optional `ray` extra: pip install "ray[data]").
+
+    import ray, fastbert.ray
+    ds = ray.data.read_parquet("corpus/")                                    # any dataset with a text column
+    out = fastbert.ray.embed_dataset(ds, "path/to/all-MiniLM-L6-v2", text_field="text", id_field="doc_id")
+    out.write_parquet("embeddings/")                                          # columns id, embedding
+
+    fastbert embed MODEL_DIR --input a.jsonl b.parquet --output DIR --ray local     # a cluster on this machine
+
+embed_dataset maps the dataset's batches through a pool of actors, each holding one
+SentenceEncoder (loaded once, in the actor) and running torch on `threads_per_actor` threads; the
+output keeps the input's order (Ray Data's preserve_order) and has the columns of `fastbert embed`'s
+shards (fastbert.corpus.shards.columns): id, embedding (fixed-size list of float32, or int8 with a
+float32 scale, or the signs packed 8 to a byte), so the vectors are those of the single process.
+
+`fastbert embed ... --ray ADDRESS` (embed_files) writes the same output directory as the single
+process (part-NNNNN.parquet shards and manifest.json, read alike by
+fastbert.corpus.shards.read_embeddings), resumes the same way, and gives the same ids in the same
+order: the driver reads the inputs with fastbert.corpus.readers (positions, ids, validation, skipped
+records), hands the texts to the cluster a window of shards at a time (ray.data.from_arrow, blocks
+sized so every actor has work), keeps the ids itself, and writes each shard once its rows are back.
+Memory on the driver holds one window's texts and embeddings, whatever the corpus size; the actors
+are started again for each window (a model load per actor every `window` rows).
+
+ADDRESS: "local" starts a Ray cluster on this machine (or uses the one this process already
+started); "auto" joins the cluster this machine belongs to; "ray://HOST:10001" connects a client to
+a remote cluster's head. Across machines:
+
+    head$    ray start --head --port 6379                    # also serves clients on ray://HEAD:10001
+    worker$  ray start --address HEAD:6379                   # on every other machine
+    head$    fastbert embed /shared/models/all-MiniLM-L6-v2 --input /shared/corpus/part-*.jsonl \\
+                 --output /shared/embeddings --ray auto          # or from elsewhere: --ray ray://HEAD:10001
+
+The model directory must be on a path every node sees (a shared file system, or the same copy at the
+same path on each); the inputs are read and the shards written by the driver, where the command runs.
+Every node needs fastbert installed (the same version) with the same torch.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import List, Optional
+
+import numpy as np
+
+from fastbert.corpus import readers, shards
+
+WHERE = "fastbert.ray"
+ROWS_PER_CALL = 32  # model batches per actor call: the rows sorted longest first together
+
+
+class _Embedder:
+    """One actor of the pool: a SentenceEncoder loaded once; batches in, shard columns out."""
+
+    def __init__(self, model_dir: str, text_field: str, id_field: str, batch_size: int, threads: int,
+                 quantize: Optional[str], prompt_name: Optional[str], output_dtype: str):
+        import torch
+
+        from fastbert.sentence import SentenceEncoder
+
+        torch.set_num_threads(threads)
+        self.encoder = SentenceEncoder(model_dir, quantize=quantize)
+        self.encoder.model.eval()
+        self.prompt, self.skip = self.encoder.prompt(prompt_name)
+        self.text_field, self.id_field = text_field, id_field
+        self.batch_size, self.output_dtype = batch_size, output_dtype
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        from fastbert.corpus.embed import embed_records
+
+        texts = batch.column(self.text_field).to_pylist()
+        ids = batch.column(self.id_field).to_pylist()
+        records = []
+        for ident, text in zip(ids, texts):
+            if not isinstance(text, str) or not text.strip():
+                what = "empty" if isinstance(text, str) else f"{type(text).__name__}, not a string"
+                raise ValueError(f"{WHERE}: the text of id {ident!r} is {what}")
+            records.append(readers.Record(ident, text, 0))
+        emb = (embed_records(self.encoder, records, self.prompt, self.skip, self.batch_size) if records
+               else np.zeros((0, self.encoder.dim), np.float32))
+        cols = shards.columns(ids, emb, self.output_dtype)
+        cols["id"] = batch.column(self.id_field)  # the ids as given, their type kept
+        return pa.table(cols)
+
+
+def _cluster_cpus() -> int:
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def check_prompt(model_dir: str, prompt_name: Optional[str]) -> None:
+    """A prompt_name the model does not have: an error here, before any actor starts."""
+    if prompt_name is None:
+        return
+    from fastbert.sentence import read_json
+
+    path = os.path.join(model_dir, "config_sentence_transformers.json")
+    prompts = (read_json(path, "config_sentence_transformers.json").get("prompts") or {}) if os.path.isfile(path) else {}
+    if prompt_name not in prompts:
+        raise ValueError(f"{WHERE}: prompt_name {prompt_name!r} is not one of this model's prompts {sorted(prompts)}")
+
+
+def embed_dataset(ds, model_dir: str, *, text_field: str = "text", id_field: Optional[str] = None,
+                  batch_size: int = 64, concurrency: Optional[int] = None, threads_per_actor: Optional[int] = None,
+                  quantize: Optional[str] = None, prompt_name: Optional[str] = None, output_dtype: str = "float32",
+                  rows_per_call: Optional[int] = None):
+    """A Ray Dataset of the columns id and embedding (and scale for output_dtype="int8") of `ds`'s
+    rows, in their order. id_field: the column holding the ids (None: the column "id"; a dataset
+    without one is refused, as Ray Data numbers no rows: add one, or embed files with embed_files,
+    which numbers records by position). concurrency: the actors (default: the cluster's CPUs /
+    threads_per_actor); threads_per_actor: torch threads in each (default 1); rows_per_call: rows
+    handed to an actor at a time, embedded longest first in batches of batch_size (default 32 batches)."""
+    import ray
+
+    if output_dtype not in shards.OUTPUT_DTYPES:
+        raise ValueError(f"{WHERE}: output_dtype must be one of {', '.join(shards.OUTPUT_DTYPES)}, got {output_dtype!r}")
+    if batch_size < 1:
+        raise ValueError(f"{WHERE}: batch_size must be >= 1, got {batch_size}")
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"{WHERE}: model directory {model_dir} does not exist")
+    check_prompt(model_dir, prompt_name)
+    names = ds.columns() if hasattr(ds, "columns") else ds.schema().names
+    id_column = id_field if id_field is not None else "id"
+    for column, what in ((text_field, "text_field"), (id_column, "id_field")):
+        if column not in names:
+            hint = "" if what == "text_field" or id_field is not None else (
+                "; Ray Data numbers no rows: add an id column and name it with id_field, or embed files with "
+                "fastbert.ray.embed_files (`fastbert embed --ray`), which uses each record's position")
+            raise ValueError(f"{WHERE}: the dataset has no column {column!r} ({what}; columns: {names}){hint}")
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False)
+    threads = int(threads_per_actor or 1)
+    actors = int(concurrency or max(1, _cluster_cpus() // threads))
+    ds.context.execution_options.preserve_order = True
+    return ds.map_batches(
+        _Embedder, batch_format="pyarrow", batch_size=rows_per_call or ROWS_PER_CALL * batch_size,
+        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=threads,
+        fn_constructor_kwargs=dict(model_dir=os.path.abspath(model_dir), text_field=text_field, id_field=id_column,
+                                   batch_size=batch_size, threads=threads, quantize=quantize,
+                                   prompt_name=prompt_name, output_dtype=output_dtype))
+
+
+def connect(address: str, progress: bool = True) -> bool:
+    """Join or start the cluster `address` names; True when this call started it (and must stop it)."""
+    import ray
+    import ray.data  # noqa: F401 - its loggers configured before they are set below
+
+    logging.getLogger("ray").setLevel(logging.INFO if progress else logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.INFO if progress else logging.WARNING)
+    if ray.is_initialized():
+        return False
+    kwargs = dict(include_dashboard=False, log_to_driver=progress, logging_level=logging.INFO if progress
+                  else logging.WARNING)
+    if address == "local":
+        ray.init(**kwargs)
+    else:
+        ray.init(address=address, **kwargs)
+    return True
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    """The exception raised in an actor, out of the Ray errors that carry it."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        inner = getattr(error, "cause", None) or error.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        error = inner
+    return error
+
+
+def _windows(args, begin: int, skipped, window: int):
+    """Lists of (records, skipped since the last) of at most `window` shards each."""
+    from fastbert.corpus.embed import _chunks
+
+    group = []
+    for chunk, n_skipped in _chunks(args, begin, skipped):
+        group.append((chunk, n_skipped))
+        if len(group) == window:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def _embed_window(records: List[readers.Record], args, actors: int, threads: int):
+    """float32 embeddings of the records, in their order, from the cluster: arrays [rows, dim] as they come."""
+    import pyarrow as pa
+    import ray
+
+    per = max(1, min(ROWS_PER_CALL * args.batch_size, math.ceil(len(records) / (4 * actors))))
+    blocks = [pa.table({"pos": pa.array(range(s, min(s + per, len(records))), pa.int64()),
+                        "text": [r.text for r in records[s:s + per]]}) for s in range(0, len(records), per)]
+    ds = ray.data.from_arrow(blocks)
+    out = embed_dataset(ds, args.model, text_field="text", id_field="pos", batch_size=args.batch_size,
+                        concurrency=actors, threads_per_actor=threads, quantize=args.quantize,
+                        prompt_name=args.prompt_name, output_dtype="float32", rows_per_call=per)
+    at = 0
+    for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
+        pos = batch.column("id").to_numpy()
+        if len(pos) and (pos[0] != at or pos[-1] != at + len(pos) - 1):
+            raise RuntimeError(f"{WHERE}: rows came back out of order (position {pos[0]}, expected {at})")
+        emb = batch.column("embedding").combine_chunks()
+        yield emb.flatten().to_numpy(zero_copy_only=False).reshape(len(pos), emb.type.list_size)
+        at += len(pos)
+    if at != len(records):
+        raise RuntimeError(f"{WHERE}: {at} rows came back of {len(records)}")
+
+
+def _write_window(args, manifest: dict, group, parts) -> tuple:
+    """Each shard of the window written as soon as its rows are back; (dim or None, skipped after the last shard)."""
+    pending, have, dim, tail = [], 0, None, 0
+    for chunk, n_skipped in group:
+        if not chunk:
+            tail += n_skipped
+            continue
+        while have < len(chunk):
+            part = next(parts)
+            pending.append(part)
+            have += len(part)
+        emb = np.concatenate(pending) if len(pending) > 1 else pending[0]
+        dim = emb.shape[1]
+        shards.add_shard(args.output, manifest, shards.columns([r.id for r in chunk], emb[:len(chunk)], args.output_dtype),
+                         first_position=chunk[0].position, next_position=chunk[-1].position + 1, skipped=n_skipped)
+        rest = emb[len(chunk):]
+        pending, have = ([rest] if len(rest) else []), len(rest)
+    return dim, tail
+
+
+def _settings(args, actors: int, threads: int) -> dict:
+    return {"address": args.ray, "actors": actors, "threads_per_actor": threads}
+
+
+def embed_files(args) -> dict:
+    """`fastbert embed ... --ray ADDRESS`: args as fastbert.corpus.embed's parser gives them (plus,
+    optionally, ray_actors, ray_threads and ray_window: actors, torch threads per actor, shards per
+    window; the environment variables FASTBERT_RAY_ACTORS and FASTBERT_RAY_THREADS set the first two
+    for the command line); writes args.output as the single process does and returns the final manifest."""
+    from fastbert.corpus.embed import settings_of
+
+    readers.check_inputs(args.input)
+    if not os.path.isdir(args.model):
+        raise FileNotFoundError(f"model directory {args.model} does not exist")
+    if args.shard_size < 1 or args.batch_size < 1:
+        raise ValueError("--shard-size and --batch-size must be >= 1")
+    check_prompt(args.model, args.prompt_name)
+    manifest = shards.start(args.output, settings_of(args), overwrite=args.overwrite)
+    begin = shards.next_position(manifest)
+    skipped = readers.Skipped() if args.on_error == "skip" else None
+    progress = not args.no_progress
+    started = connect(args.ray, progress)
+    try:
+        import ray
+
+        ray.data.DataContext.get_current().enable_progress_bars = progress
+        threads = int(getattr(args, "ray_threads", None) or os.environ.get("FASTBERT_RAY_THREADS") or 1)
+        actors = int(getattr(args, "ray_actors", None) or os.environ.get("FASTBERT_RAY_ACTORS")
+                     or max(1, _cluster_cpus() // threads))
+        window = int(getattr(args, "ray_window", None) or max(1, 100_000 // args.shard_size))
+        manifest["ray"] = _settings(args, actors, threads)
+        dim, tail = None, 0
+        for group in _windows(args, begin, skipped, window):
+            records = [r for chunk, _ in group for r in chunk]
+            try:
+                got, skipped_after = _write_window(args, manifest, group, _embed_window(records, args, actors, threads))
+            except Exception as e:  # noqa: BLE001 - the actor's own error, not Ray's wrapping of it
+                raise _unwrap(e) from None
+            dim, tail = got or dim, tail + skipped_after
+    finally:
+        if started:
+            ray.shutdown()
+    manifest["skipped"] = sum(s["skipped"] for s in manifest["shards"]) + tail
+    if skipped is not None:
+        manifest["skipped_examples"] = skipped.examples
+    manifest["complete"] = True
+    manifest["dim"] = dim if dim is not None else _dim(args.model)
+    shards.write_manifest(args.output, manifest)
+    return manifest
+
+
+def _dim(model_dir: str) -> int:
+    """The model's embedding width (for the manifest of a run that embedded nothing here)."""
+    from fastbert.sentence import SentenceEncoder
+
+    return SentenceEncoder(model_dir).dim
