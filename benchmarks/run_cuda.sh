@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The CUDA checks and benchmarks in one command, on a machine with an NVIDIA GPU, from the source
+# tree (no build needed: the Triton kernels compile at first use; the C++ extension's tests skip).
+#
+#     bash benchmarks/run_cuda.sh [OUT_DIR]
+#
+# OUT_DIR (default benchmarks/out/cuda) receives log.txt, selfcheck.txt and each benchmark's JSON.
+# First the kernels' tests and `fastbert selfcheck --device cuda` (side by side: correctness only),
+# then the benchmarks one after another on an otherwise idle GPU.
+set -u
+out=${1:-benchmarks/out/cuda}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+# the build maps kernels/ to fastbert.kernels; from the source tree a link does the same
+if [ ! -e fastbert/kernels ]; then
+    ln -s ../kernels fastbert/kernels
+    trap 'rm -f fastbert/kernels' EXIT
+fi
+exec > >(tee -a "$out/log.txt") 2>&1
+
+step() {  # step SECONDS NAME COMMAND...: run with a time limit, say how it ended
+    local limit=$1 name=$2
+    shift 2
+    echo "=== $name ($(date +%T))"
+    timeout "$limit" "$@"
+    echo "=== $name: exit $? ($(date +%T))"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+$py -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__,
+'| triton', triton.__version__, '| transformers', transformers.__version__, '|', torch.cuda.get_device_name())"
+
+step 180 selfcheck $py -m fastbert selfcheck --device cuda > "$out/selfcheck.txt" 2>&1 &
+checks=$!
+step 180 "kernel tests" $py -m pytest -q -p no:cacheprovider tests/ops/test_attention.py tests/ops/test_bias_gelu.py \
+    tests/ops/test_add_layer_norm.py -k "triton" -n 8
+wait $checks
+tail -25 "$out/selfcheck.txt"
+
+step 150 "bench_encoder_cuda" $py benchmarks/bench_encoder_cuda.py --json "$out/encoder.json"
+step 100 "bench_attention fp16" $py benchmarks/bench_attention.py --dtype float16 --json "$out/attention_fp16.json"
+step 90 "bench_ops" $py benchmarks/bench_ops.py --dtypes float32,bfloat16 --json "$out/ops.json"
+step 80 "bench_pretrain" $py benchmarks/bench_pretrain.py --device cuda --rounds 5 --budget 30 --json "$out/pretrain.json"
