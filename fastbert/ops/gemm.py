@@ -43,7 +43,8 @@ Which is fastest depends on the CPU (its vector width, AMX, the library's kernel
 and the thread count, so it is measured, never assumed: the first product of each (role, token
 bucket, in, out, dtype, threads, kernel level) runs every path on the real operands, times each, and
 the fastest is used from then on in this process (`choices()` shows what was timed and chosen). Token counts are
-bucketed by powers of two, so variable-length batches share a few measurements.
+bucketed by powers of two (variable-length batches share a few measurements); products over 2048 tokens
+are timed on their first 2048 (TIMING_TOKENS), where the paths' large-product kernels already run.
 
 The packed paths reorder the weight on every call and the reorder is part of what is timed: a cached
 packed copy could go stale unseen (an in-place write through `weight.data` moves no version counter),
@@ -198,10 +199,9 @@ def _int8_agrees(path: str, got: Tensor, want: Tensor) -> bool:
 
 
 def _exact_int8(paths: List[str], a: Tensor, b: Tensor) -> List[str]:
-    """The int8 paths whose result on these operands is exact, checked against fastbert's kernel
-    (exact by construction) or the int64 product: a library's kernel for one shape can differ from
-    its kernel for the shape its probe ran (oneDNN's int8 kernels without VNNI saturate 16-bit pair
-    sums). A path that disagrees is dropped for good, and fastbert.ops.gemm.unavailable() says why."""
+    """The int8 paths exact on these operands (against fastbert's kernel, exact by construction, or
+    int64): a library's kernel for one shape can differ from the one its probe ran (oneDNN's without
+    VNNI saturate 16-bit pair sums). One that disagrees is dropped for good (unavailable() says why)."""
     want = _call("fastbert", "fwd", a, b, None, None) if "fastbert" in paths else a.long() @ b.long().t()
     kept = []
     for path in paths:
@@ -315,8 +315,7 @@ def _key(role: str, a: Tensor, b: Tensor) -> tuple:
 
 
 def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, float]:
-    """{path: seconds}: the fastest of _TIMED_RUNS calls of each path after one untimed call, the
-    paths taken in turn round after round, so that a drift of the machine's speed hits them alike."""
+    """{path: seconds}: the fastest of _TIMED_RUNS calls of each after one untimed call, in turn round after round."""
     best = {}
     for path in paths:
         run(path)
@@ -344,14 +343,27 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
     if chosen is not None:
         return _call(chosen[0], role, a, b, bias, alloc)
     paths = candidates(role, a.dtype)
+    ta, tb = _timing_operands(role, a, b)
     if a.dtype == torch.int8:
-        paths = _exact_int8(paths, a, b)
-    timings = _time_paths(paths, lambda p: _call(p, role, a, b, bias, alloc))
+        paths = _exact_int8(paths, ta, tb)
+    sliced = ta is not a or tb is not b
+    timings = _time_paths(paths, lambda p: _call(p, role, ta, tb, bias, None if sliced else alloc))
     best = min(timings, key=timings.get)
     _choices[key] = (best, timings)
     if best in ("float", "fp32"):
         _say_fp32_wins(key, timings)
     return _call(best, role, a, b, bias, alloc)
+
+
+TIMING_TOKENS = 2048  # larger products are timed on their first 2048 tokens
+
+
+def _timing_operands(role: str, a: Tensor, b: Tensor) -> Tuple[Tensor, Tensor]:
+    """The operands the paths are timed on: the first TIMING_TOKENS tokens of a larger product (rows
+    of a for fwd and dx, the inner dimension for dw), where the ranking of the paths holds already."""
+    if role == "dw":
+        return (a, b) if a.shape[1] <= TIMING_TOKENS else (a[:, :TIMING_TOKENS], b[:, :TIMING_TOKENS])
+    return (a, b) if a.shape[0] <= TIMING_TOKENS else (a[:TIMING_TOKENS], b)
 
 
 _weight_ranges: Dict[tuple, Tuple[int, Dict[int, float]]] = {}

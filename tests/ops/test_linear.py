@@ -87,6 +87,26 @@ def test_the_chosen_path_is_the_fastest_timed():
     assert chosen == min(timings, key=timings.get)
 
 
+@pytest.mark.parametrize("role", gemm.ROLES)
+def test_a_large_product_is_timed_on_its_first_tokens(role, monkeypatch):
+    """Products over TIMING_TOKENS tokens: every path timed on the first TIMING_TOKENS only (the
+    operands each path sees while timing), then the whole product on the chosen path."""
+    monkeypatch.setattr(gemm, "TIMING_TOKENS", 64)
+    g = torch.Generator().manual_seed(5)
+    a, b, bias = _operands(role, 200, 48, 80, torch.float32, g)
+    gemm.candidates(role, torch.float32)  # the paths' probes, on small products of their own, first
+    seen, call = [], gemm._call
+    monkeypatch.setattr(gemm, "_call", lambda p, r, a_, b_, *rest: seen.append((a_.shape, b_.shape)) or call(p, r, a_, b_, *rest))
+    got = gemm.product(role, a, b, bias)
+    want64 = a.double() @ b.double().t() + (0 if bias is None else bias.double())
+    assert_within_bound(role, got, (a @ b.t() + (0 if bias is None else bias)), want64, torch.float32)
+    (key, (chosen, timings)), = gemm.choices().items()
+    assert key[1] == 256 and chosen == min(timings, key=timings.get)
+    timed = {"fwd": (64, 48), "dx": (64, 80), "dw": (80, 64)}[role]
+    assert all(shape[0] == torch.Size(timed) for shape in seen[:-1]) and len(seen) == 4 * len(timings) + 1
+    assert seen[-1] == (a.shape, b.shape)
+
+
 def test_a_broken_path_is_dropped_with_a_warning(monkeypatch):
     def broken(*args):
         raise RuntimeError("no such kernel")
