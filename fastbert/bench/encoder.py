@@ -4,6 +4,7 @@ Workloads (BERT-base shapes, random weights, inference):
     var128   batch 32, lengths uniform in 16..128 (about 58% real tokens), padded to the longest
     full128  batch 32, every sequence 128 tokens
     var512   batch 8, lengths uniform in 64..512
+    one20    batch 1, one sequence of 20 tokens: a server's single short query at low load
 and minilm: the all-MiniLM-L6-v2 checkpoint on 1,000 real sentences, fastbert.SentenceEncoder
 against sentence-transformers' encode (same batch size), with the embeddings compared.
 
@@ -19,7 +20,7 @@ per-shape choice; the fastest is the floor and is named. The providers are calle
 after round, on the same inputs, and each figure is a median
 (fastbert.bench.timing). Each provider's max abs error is taken against transformers in fp32.
 
-    python benchmarks/bench_encoder.py [--workloads var128,full128,var512,minilm] [--dtypes float32,bfloat16]
+    python benchmarks/bench_encoder.py [--workloads var128,full128,var512,one20,minilm] [--dtypes float32,bfloat16]
         [--layers 12] [--rounds 3] [--peers [onnxruntime,openvino,ctranslate2,torch.compile]]
         [--quantize int8] [--arch bert|xlm-roberta] [--json PATH] [--png PATH]
 

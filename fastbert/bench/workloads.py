@@ -8,6 +8,7 @@ WORKLOADS = {
     "var128": dict(batch=32, lo=16, hi=128),
     "full128": dict(batch=32, lo=128, hi=128),
     "var512": dict(batch=8, lo=64, hi=512),
+    "one20": dict(batch=1, lo=20, hi=20),  # a server's single short query at low load
 }
 
 
