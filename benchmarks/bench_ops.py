@@ -84,9 +84,9 @@ def run(dtypes, device, shapes=SHAPES, budget_s=3.0, progress=True):
         fns = {providers["fused"]: fused(providers["fused"]), providers["baseline"]: eager}
         if "compiled" in providers:
             # the backward is timed by replaying one graph (retain_graph), which donated buffers forbid
-            import torch._functorch.config
+            import torch._functorch.config as functorch_config
 
-            torch._functorch.config.donated_buffer = False
+            functorch_config.donated_buffer = False
             fns[providers["compiled"]] = torch.compile(eager)
         times = time_fwd_bwd(fns, inputs, dy, device, budget_s)
         es = torch.empty((), dtype=dtype).element_size()
