@@ -343,9 +343,9 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
     if chosen is not None:
         return _call(chosen[0], role, a, b, bias, alloc)
     paths = candidates(role, a.dtype)
+    if a.dtype == torch.int8:  # exactness on every operand value, timing on the first tokens
+        paths = _exact_int8(paths, a, b)
     ta, tb = _timing_operands(role, a, b)
-    if a.dtype == torch.int8:
-        paths = _exact_int8(paths, ta, tb)
     sliced = ta is not a or tb is not b
     timings = _time_paths(paths, lambda p: _call(p, role, ta, tb, bias, None if sliced else alloc))
     best = min(timings, key=timings.get)
