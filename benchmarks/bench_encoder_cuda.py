@@ -6,8 +6,7 @@ with --scale times as many sequences (a GPU needs more than 32 short ones to fil
 each dtype: fastbert with the model cast to the dtype, transformers cast to it, and in fp16 / bf16
 transformers under torch.autocast. Two directions: inference (torch.no_grad) and a training
 step's forward and backward (the loss: a fixed random weighting of the last hidden state at the
-real tokens). Timed with
-triton.testing.do_bench (medians), the providers in turn on the same inputs. Every row carries the
+real tokens). Timed with triton.testing.do_bench (medians), the providers in turn on the same inputs. Every row carries the
 max abs error at the real tokens against transformers in fp32; the fp32 training row also the
 largest gradient error over all parameters, relative to that parameter's largest gradient.
 
@@ -16,6 +15,7 @@ largest gradient error over all parameters, relative to that parameter's largest
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 
@@ -28,7 +28,7 @@ from fastbert.bench.workloads import WORKLOADS, make_batch, random_transformers_
 from fastbert.dtypes import dtype_name, parse_dtype
 
 
-def providers(layers: int, dtypes, ids, mask):
+def providers(layers: int, dtypes):
     """{name: model called as model(input_ids=..., attention_mask=...)} and the fp32 reference model."""
     hf = random_transformers_encoder(layers, "sdpa").cuda()
     fb = fastbert.hf.from_transformers(hf).cuda().eval()
@@ -43,9 +43,7 @@ def providers(layers: int, dtypes, ids, mask):
 
 
 def call(model, autocast, ids, mask):
-    if autocast is None:
-        return model(input_ids=ids, attention_mask=mask).last_hidden_state
-    with torch.autocast("cuda", dtype=autocast):
+    with contextlib.nullcontext() if autocast is None else torch.autocast("cuda", dtype=autocast):
         return model(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
@@ -75,22 +73,22 @@ def run_workload(name, layers, dtypes, scale, g, progress=True):
     w = WORKLOADS[name]
     ids, mask = make_batch(w["batch"] * scale, w["lo"], w["hi"], g)
     ids, mask = ids.cuda(), mask.cuda()
-    provs, hf = providers(layers, dtypes, ids, mask)
+    provs, hf = providers(layers, dtypes)
     real = mask.bool()
-    weights = torch.randn(int(real.sum()), hf.config.hidden_size, generator=g).cuda() / real.sum().item() ** 0.5
+    tokens = int(real.sum())
+    weights = torch.randn(tokens, hf.config.hidden_size, generator=g).cuda() / tokens ** 0.5
     with torch.no_grad():
         want = call(hf, None, ids, mask)[real].float()
         errors = {n: (call(m, a, ids, mask)[real].float() - want).abs().max().item() for n, (m, a) in provs.items()}
     rows = []
-    tokens = int(mask.sum())
     for direction in ("inference", "training"):
         if direction == "inference":
             fns = {n: (lambda m=m, a=a: torch.no_grad()(call)(m, a, ids, mask)) for n, (m, a) in provs.items()}
         else:
             fns = {n: (lambda m=m, a=a: train_step(m, a, ids, mask, weights)) for n, (m, a) in provs.items()}
         times = median_s(fns, device="cuda")
-        gerr = grad_error(provs["fastbert fp32"][0], hf, ids, mask, weights) if direction == "training" and \
-            "fastbert fp32" in provs else None
+        fp32 = provs.get("fastbert fp32")
+        gerr = grad_error(fp32[0], hf, ids, mask, weights) if direction == "training" and fp32 else None
         for dtype in dtypes:
             tag = dtype_name(dtype)
             base = times[f"transformers {tag}"]

@@ -33,8 +33,9 @@ $py -c "import sys, torch, triton, transformers; print('python', sys.version.spl
 
 step 180 selfcheck $py -m fastbert selfcheck --device cuda > "$out/selfcheck.txt" 2>&1 &
 checks=$!
+workers=$($py -c "import xdist" 2>/dev/null && echo "-n 8")  # pytest-xdist, where installed, compiles in parallel
 step 180 "kernel tests" $py -m pytest -q -p no:cacheprovider tests/ops/test_attention.py tests/ops/test_bias_gelu.py \
-    tests/ops/test_add_layer_norm.py -k "triton" -n 8
+    tests/ops/test_add_layer_norm.py -k "triton" $workers
 wait $checks
 tail -25 "$out/selfcheck.txt"
 
