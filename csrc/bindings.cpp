@@ -81,6 +81,11 @@ void register_int8(py::module_& m) {
   m.def("int8_gemm", &fastbert::int8_gemm, py::arg("a"), py::arg("b"), py::arg("out") = py::none(),
         "c [m, n] int32 = a [m, k] int8 @ b [n, k] int8 ^T, exact, on the kernel library's int8 GEMM (rows of a "
         "and b contiguous); written into `out` (contiguous int32 [m, n]) when given.");
+  // fp32, beside the int8 GEMM: the linear layers' product for few rows (fastbert.ops.gemm's "dot" path)
+  m.def("f32_dot_gemm", &fastbert::f32_dot_gemm, py::arg("a"), py::arg("b"), py::arg("bias") = py::none(),
+        py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>(),
+        "c [m, n] float32 = a [m, k] @ b [n, k] ^T (+ bias [n]), b read as it lies in memory, nothing packed: each "
+        "output a dot product of a row of a and a row of b (for few rows of a); into `out` when given.");
 }
 
 // The data side: unpad index building, token masking, word starts and the collator's id padding.

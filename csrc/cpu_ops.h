@@ -79,6 +79,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
 // c [m, n] int32 = a [m, k] int8 . b [n, k] int8 ^T, exact (kernels/int8_gemm.cpp); into `out` when given.
 at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& out);
 
+// dot_gemm.cpp: c [m, n] float32 = a [m, k] . b [n, k]^T (+ bias [n]) with b read as it lies in memory
+// (nothing packed), for few rows of a (kernels/dot_gemm.cpp); into `out` when given.
+at::Tensor f32_dot_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias,
+                        const c10::optional<at::Tensor>& out);
+
 // padding.cpp: (indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask
 std::tuple<at::Tensor, at::Tensor, int64_t> unpad_indices(const at::Tensor& attention_mask);
 

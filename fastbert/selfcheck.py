@@ -105,6 +105,7 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
     for dtype in (torch.float32, torch.bfloat16):
         yield "linear", (1500, 512, 768), dtype  # a 4.6 MiB fp32 output: the reusing allocator serves it
         yield "embedding", (700, 3000, 512), dtype  # a 5.9 MiB fp32 weight gradient: from the reusing allocator
+    yield "linear", (20, 768, 2304), torch.float32  # a batch of one short query's QKV projection
     for op in INT8_OPS:
         for shape in ((3, 7, 5), (200, 384, 1536)):  # [rows, in, out] of one int8 linear layer
             yield op, shape, torch.float32
@@ -212,6 +213,8 @@ def _mask_tokens(shape, backend, g) -> List[Row]:
 
 
 def _linear(shape, dtype, device, g) -> List[Row]:
+    from fastbert.ops import gemm
+
     m, k, n = shape
     x, dy = torch.randn(m, k, generator=g).to(device, dtype), torch.randn(m, n, generator=g).to(device, dtype)
     w, b = torch.randn(n, k, generator=g).to(device, dtype) / k**0.5, torch.randn(n, generator=g).to(device, dtype)
@@ -219,6 +222,9 @@ def _linear(shape, dtype, device, g) -> List[Row]:
         infer = fastbert.ops.linear(x, w, b)
         base, r64 = F.linear(x, w, b), F.linear(x.double(), w.double(), b.double())
     rows = [("y (inference)", *bound_check(infer, base, r64, dtype))]
+    if x.device.type == "cpu" and dtype == torch.float32 and "dot" in gemm.candidates("fwd", dtype):
+        with torch.no_grad(), gemm.forced("dot"):  # fastbert's own fp32 GEMM, whether or not it was chosen
+            rows.append(("y (dot GEMM)", *bound_check(fastbert.ops.linear(x, w, b), base, r64, dtype)))
     return rows + compare(["y", "dx", "dweight", "dbias"], fastbert.ops.linear, F.linear, [x, w, b], dy, dtype)
 
 

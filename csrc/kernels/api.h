@@ -23,7 +23,7 @@
 namespace fastbert {
 namespace kernels {
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 
 // The storage type of a tensor.
 enum class Dtype : int32_t { kFloat = 0, kHalf, kBFloat16, kInt32, kInt8, kUInt8, kInt16, kInt64, kBool };
@@ -152,6 +152,9 @@ namespace kernels {
   /* c [m, n] int32 (row stride ldc) = a [m, k] int8 (lda) . b [n, k] int8 (ldb)^T, exact */                          \
   X(int8_gemm, void, const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc, int64_t m, \
     int64_t n, int64_t k)                                                                                             \
+  /* c [m, n] float32 (ldc) = a [m, k] (lda) . b [n, k] (ldb)^T (+ bias [n] when not nullptr), b read as it lies */   \
+  X(f32_dot_gemm, void, const float* a, int64_t lda, const float* b, int64_t ldb, const float* bias, float* c,       \
+    int64_t ldc, int64_t m, int64_t n, int64_t k)                                                                     \
   /* the pass of mask_tokens over rows [0, rows): one result per fixed chunk of rows */                               \
   X(mask_rows, std::vector<masking::ChunkResult>, const masking::Plan& plan, int64_t rows)
 

@@ -2,6 +2,8 @@
 // BLAS, set once by fastbert_kernel_table (table.cpp).
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "api.h"
@@ -21,6 +23,19 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
 }
 
 inline int64_t num_threads() { return host().num_threads(); }
+
+// f(i) for every i in [0, n), handed out one index at a time from a shared counter to the threads
+// of one parallel region: a thread that starts late, or is held up, does fewer of them instead of
+// keeping the others waiting.
+template <class F>
+void for_each_claimed(int64_t n, const F& f) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min(num_threads(), n));
+  parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(i);
+  });
+}
 
 }  // namespace kernels
 }  // namespace fastbert

@@ -14,6 +14,11 @@ it raises or disagrees, with one warning in fp32 and bf16; `unavailable()` says 
     onednn         torch.ops.mkldnn._linear_pointwise: oneDNN's inner product on the weight as it is
     onednn_packed  the same on a weight reordered into oneDNN's blocked layout (roles fwd and dx)
     mkl_packed     torch.ops.mkl._mkl_linear on an MKL-packed weight (fp32, role fwd)
+    dot            fastbert's own fp32 GEMM (csrc/kernels/dot_gemm.cpp, role fwd): each output the dot
+                   product of a row of a and a row of the weight, read as it lies in memory. Nothing
+                   is packed, so with few rows (a batch of one short query), where the packing
+                   libraries spend more time on the weight than on the multiply-adds, it is the
+                   fastest; with many rows a packed kernel wins
     fp32           (bf16 and fp16) the product in fp32 on the fastest fp32 path, operands converted on
                    every call and the result rounded back: on a CPU without native bf16 (no
                    AVX512_BF16, no AMX) torch's bf16 GEMM is several times slower than fp32; when this
@@ -63,11 +68,13 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from fastbert import backend as _backend
+from fastbert.ops import gemm_paths
+from fastbert.ops.gemm_paths import Alloc
 from fastbert.reference.int8 import WEIGHT_RANGES
 
 Tensor = torch.Tensor
 ROLES = ("fwd", "dx", "dw")
-FLOAT_PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed", "fp32")
+FLOAT_PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed", "dot", "fp32")
 INT8_PATHS = ("fastbert", "int_mm", "onednn_qlinear", "float")
 PATHS = FLOAT_PATHS + INT8_PATHS
 _TIMED_RUNS = 3  # after one untimed run; the minimum is kept
@@ -77,42 +84,6 @@ _probed: Dict[Tuple[str, str, torch.dtype], Optional[str]] = {}  # why a path is
 _forced: List[Optional[str]] = [None]
 
 
-Alloc = Optional[Callable[[], Tensor]]
-
-
-def _addmm(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
-    out = None if alloc is None else alloc()
-    if bias is None:
-        return torch.mm(a, b.t(), out=out)
-    return torch.addmm(bias, a, b.t(), out=out)
-
-
-def _onednn(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
-
-
-def _onednn_packed(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
-    packed = torch.ops.mkldnn._reorder_linear_weight(b.contiguous(), a.shape[0])
-    return torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], "")
-
-
-def _mkl_packed(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(b, a.shape[0])
-    return torch.ops.mkl._mkl_linear(a, packed, b, bias, a.shape[0])
-
-
-def _int_mm(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
-    return torch._int_mm(a, b.t(), out=None if alloc is None else alloc())
-
-
-def _onednn_qlinear(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
-    packed = torch.ops.onednn.qlinear_prepack(b, [a.shape[0], a.shape[1]])
-    ones = torch.ones(b.shape[0], dtype=torch.float32)
-    zeros = torch.zeros(b.shape[0], dtype=torch.int64)
-    a_u8 = a.view(torch.uint8).bitwise_xor(128)  # the bits of a + 128 as uint8
-    return torch.ops.onednn.qlinear_pointwise(a_u8, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32,
-                                              "none", [], "")
-
 
 def _fp32(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
     if a.dtype == torch.float32:
@@ -121,17 +92,14 @@ def _fp32(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc)
     return y.to(a.dtype) if alloc is None else alloc().copy_(y)
 
 
-def _fastbert_int8(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
-    return _backend.cpp_function("int8_gemm")(a, b, None if alloc is None else alloc())
-
-
 def _float_int8(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
     return product("fwd", a.float(), b.float())
 
 
-_RUN: Dict[str, Callable] = {"addmm": _addmm, "onednn": _onednn, "onednn_packed": _onednn_packed,
-                             "mkl_packed": _mkl_packed, "fastbert": _fastbert_int8, "int_mm": _int_mm,
-                             "onednn_qlinear": _onednn_qlinear, "float": _float_int8}
+_RUN: Dict[str, Callable] = {
+    "addmm": gemm_paths.addmm, "onednn": gemm_paths.onednn, "onednn_packed": gemm_paths.onednn_packed,
+    "mkl_packed": gemm_paths.mkl_packed, "dot": gemm_paths.dot, "fastbert": gemm_paths.fastbert_int8,
+    "int_mm": gemm_paths.int_mm, "onednn_qlinear": gemm_paths.onednn_qlinear, "float": _float_int8}
 
 
 def _call(path: str, role: str, a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
@@ -139,30 +107,6 @@ def _call(path: str, role: str, a: Tensor, b: Tensor, bias: Optional[Tensor], al
     if path == "fp32":
         return _fp32(role, a, b, bias, alloc)
     return _RUN[path](a, b, bias, alloc)
-
-
-def _offered(path: str, role: str, dtype: torch.dtype) -> bool:
-    """Whether this torch build has the path, and the path takes this role and dtype (one of its kind:
-    _paths_for(dtype))."""
-    if path == "fastbert":
-        return role == "fwd" and _backend.cpp_available() and _backend.cpp_function("int8_gemm") is not None
-    if path == "float":
-        return role == "fwd"
-    if path == "int_mm":
-        return role == "fwd" and hasattr(torch, "_int_mm")
-    if path == "onednn_qlinear":
-        return (role == "fwd" and torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack"))
-    if path == "addmm":
-        return True
-    if path == "fp32":
-        return dtype in (torch.bfloat16, torch.float16)
-    if path.startswith("onednn"):
-        if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-            return False
-        return role != "dw" if path == "onednn_packed" else True
-    return (role == "fwd" and dtype == torch.float32 and torch.backends.mkl.is_available()
-            and hasattr(torch.ops.mkl, "_mkl_linear"))
 
 
 def _tolerance(dtype: torch.dtype, inner: int) -> float:
@@ -177,7 +121,7 @@ def _probe(path: str, role: str, dtype: torch.dtype) -> bool:
     the instructions) and only recorded."""
     key = (path, role, dtype)
     if key not in _probed:
-        why = None if _offered(path, role, dtype) else "not in this torch build"
+        why = None if gemm_paths.offered(path, role, dtype) else "not offered for this role and dtype on this build"
         if why is None and path != "addmm":
             why = _probe_run(path, role, dtype)
             usual = dtype == torch.float16 or (dtype == torch.bfloat16 and _backend.native_bf16() is False)
@@ -390,7 +334,7 @@ def int8_weight_range() -> int:
         g = torch.Generator().manual_seed(0)
         a = torch.randint(-127, 128, (512, 768), generator=g, dtype=torch.int8)
         weights = {r: torch.randint(-r, r + 1, (768, 768), generator=g, dtype=torch.int8) for r in WEIGHT_RANGES}
-        timings = _time_paths(list(weights), lambda r: _fastbert_int8(a, weights[r], None, None))
+        timings = _time_paths(list(weights), lambda r: gemm_paths.fastbert_int8(a, weights[r], None, None))
         _weight_ranges[key] = (64 if timings[127] >= WEIGHT_RANGE_GAIN * timings[64] else 127, timings)
     return _weight_ranges[key][0]
 

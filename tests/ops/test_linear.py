@@ -112,7 +112,7 @@ def test_a_broken_path_is_dropped_with_a_warning(monkeypatch):
         raise RuntimeError("no such kernel")
 
     monkeypatch.setitem(gemm._RUN, "onednn", broken)
-    monkeypatch.setattr(gemm, "_offered", lambda path, role, dtype: True)
+    monkeypatch.setattr(gemm.gemm_paths, "offered", lambda path, role, dtype: True)
     with pytest.warns(UserWarning, match="'onednn'.*RuntimeError: no such kernel"):
         paths = gemm.candidates("fwd", torch.float32)
     assert "onednn" not in paths
@@ -130,7 +130,7 @@ def test_a_path_failing_in_fp16_is_dropped_quietly(monkeypatch):
         raise RuntimeError("fp16 path needs avx512_fp16")
 
     monkeypatch.setitem(gemm._RUN, "onednn", broken)
-    monkeypatch.setattr(gemm, "_offered", lambda path, role, dtype: True)
+    monkeypatch.setattr(gemm.gemm_paths, "offered", lambda path, role, dtype: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "onednn" not in gemm.candidates("fwd", torch.float16)
@@ -195,3 +195,34 @@ def test_fp32_winning_the_measured_choice_is_said_once(monkeypatch, dtype, winne
     assert len(said) == 1, [str(w.message) for w in caught]
     assert "[64 x 48]" in said[0] and winner in said[0]
     assert all(choice[0] == winner for key, choice in gemm.choices().items() if key[4] == dtype)
+
+
+@pytest.mark.parametrize("level", fastbert.backend.cpu_capabilities() or [None])
+def test_the_dot_gemm_gives_the_product_at_every_level(level):
+    """fastbert's fp32 dot-product GEMM (the "dot" path) at each instruction-set level: shapes whose
+    rows, columns and inner size end in partial tiles and vectors, strided rows of a, with and
+    without a bias, into an output given, and shapes with nothing to compute."""
+    dot = fastbert.backend.cpp_function("f32_dot_gemm")
+    if level is None or dot is None:
+        pytest.skip("the C++ extension is not built")
+    g = torch.Generator().manual_seed(11)
+    shapes = [(1, 1, 1), (1, 768, 2304), (20, 768, 3072), (20, 3072, 768), (2, 3, 5), (17, 33, 65), (64, 64, 64),
+              (129, 384, 96), (7, 1000, 13)]
+    shapes += [tuple(int(v) for v in torch.randint(1, 90, (3,), generator=g)) for _ in range(12)]
+    with fastbert.backend.cpu_capability_scope(level):
+        for m, k, n in shapes:
+            a = torch.randn(m, k + 5, generator=g)[:, 2:2 + k]  # rows strided
+            w, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+            for bb in (bias, None):
+                want64 = a.double() @ w.double().t() + (0 if bb is None else bb.double())
+                torch_out = a @ w.t() + (0 if bb is None else bb)
+                assert_within_bound(f"dot {level} {m}x{k}x{n}", dot(a, w, bb), torch_out, want64, torch.float32)
+        out = torch.empty(3, 5)
+        assert dot(a[:3, :4], w[:5, :4], None, out).data_ptr() == out.data_ptr()
+        assert torch.allclose(out, a[:3, :4] @ w[:5, :4].t(), atol=1e-5)
+        assert dot(torch.randn(0, 8), torch.randn(4, 8)).shape == (0, 4)
+        assert torch.equal(dot(torch.randn(3, 0), torch.randn(4, 0), torch.ones(4)), torch.ones(3, 4))
+        with pytest.raises(RuntimeError, match="differ in k"):
+            dot(torch.randn(3, 8), torch.randn(4, 9))
+        with pytest.raises(RuntimeError, match="contiguous rows"):
+            dot(torch.randn(8, 3).t(), torch.randn(4, 8))

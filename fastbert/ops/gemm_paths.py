@@ -1,0 +1,87 @@
+"""The CPU GEMM paths themselves: y = a @ b^T (+ bias) on one library's kernel each, and which
+role and dtype each takes on this build (fastbert.ops.gemm times them and picks one per shape).
+Each takes (a, b, bias, alloc); alloc, when not None, makes an output the path may write into."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from fastbert import backend as _backend
+
+Tensor = torch.Tensor
+Alloc = Optional[Callable[[], Tensor]]
+_CPP = {"fastbert": "int8_gemm", "dot": "f32_dot_gemm"}
+
+
+def addmm(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    out = None if alloc is None else alloc()
+    if bias is None:
+        return torch.mm(a, b.t(), out=out)
+    return torch.addmm(bias, a, b.t(), out=out)
+
+
+def onednn(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+
+
+def onednn_packed(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    packed = torch.ops.mkldnn._reorder_linear_weight(b.contiguous(), a.shape[0])
+    return torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], "")
+
+
+def mkl_packed(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(b, a.shape[0])
+    return torch.ops.mkl._mkl_linear(a, packed, b, bias, a.shape[0])
+
+
+def int_mm(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    return torch._int_mm(a, b.t(), out=None if alloc is None else alloc())
+
+
+def onednn_qlinear(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    packed = torch.ops.onednn.qlinear_prepack(b, [a.shape[0], a.shape[1]])
+    ones = torch.ones(b.shape[0], dtype=torch.float32)
+    zeros = torch.zeros(b.shape[0], dtype=torch.int64)
+    a_u8 = a.view(torch.uint8).bitwise_xor(128)  # the bits of a + 128 as uint8
+    return torch.ops.onednn.qlinear_pointwise(a_u8, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32,
+                                              "none", [], "")
+
+
+def fastbert_int8(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    return _backend.cpp_function("int8_gemm")(a, b, None if alloc is None else alloc())
+
+
+def dot(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+    """fastbert's fp32 dot-product GEMM (csrc/kernels/dot_gemm.cpp): the weight read as it lies, nothing
+    packed, so for few rows (a batch of one short query) no pass over the weight is added to the
+    one the product needs."""
+    a = a if a.stride(-1) == 1 else a.contiguous()
+    b = b if b.stride(-1) == 1 else b.contiguous()
+    return _backend.cpp_function("f32_dot_gemm")(a, b, bias, None if alloc is None else alloc())
+
+
+def offered(path: str, role: str, dtype: torch.dtype) -> bool:
+    """Whether this build has the path (torch's op, fastbert's kernel) and the path takes this role
+    and dtype (a dtype of its kind: float for gemm.FLOAT_PATHS, int8 for gemm.INT8_PATHS)."""
+    if path in ("fastbert", "dot"):
+        dtype_ok = dtype == (torch.int8 if path == "fastbert" else torch.float32)
+        return (role == "fwd" and dtype_ok and _backend.cpp_available()
+                and _backend.cpp_function(_CPP[path]) is not None)
+    if path == "float":
+        return role == "fwd"
+    if path == "int_mm":
+        return role == "fwd" and hasattr(torch, "_int_mm")
+    if path == "onednn_qlinear":
+        return (role == "fwd" and torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack"))
+    if path == "addmm":
+        return True
+    if path == "fp32":
+        return dtype in (torch.bfloat16, torch.float16)
+    if path.startswith("onednn"):
+        if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+            return False
+        return role != "dw" if path == "onednn_packed" else True
+    return (role == "fwd" and dtype == torch.float32 and torch.backends.mkl.is_available()
+            and hasattr(torch.ops.mkl, "_mkl_linear"))
