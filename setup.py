@@ -143,7 +143,9 @@ def torch_requirement():
     return f"torch=={major}.{minor}.*"
 
 
-SERVE = ["uvicorn>=0.30", "starlette>=0.37", "prometheus_client>=0.20", "orjson>=3.9"]
+# uvloop and httptools: uvicorn's faster event loop and HTTP parser, which it takes when installed
+SERVE = ["uvicorn>=0.30", "starlette>=0.37", "prometheus_client>=0.20", "orjson>=3.9", "httptools>=0.6",
+         "uvloop>=0.19; sys_platform != 'win32'"]
 EMBED = ["pyarrow>=14"]
 
 setup(

