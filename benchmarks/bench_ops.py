@@ -1,4 +1,4 @@
-"""Benchmark the fused ops (bias_gelu, add_layer_norm), forward and backward, against PyTorch.
+"""Benchmark the fused ops (bias_gelu, geglu, add_layer_norm), forward and backward, against PyTorch.
 
 On CUDA: triton.testing.do_bench GB/s of the "triton" backend against PyTorch eager and
 torch.compile of the same math, with the roofline floor from the bytes each op must move at
@@ -28,6 +28,7 @@ from fastbert.plotting import pyplot
 
 SHAPES = [(4096, 768), (4096, 3072), (4096, 1024)]  # tokens x hidden: BERT-base, its FFN, BERT-large
 HBM_BYTES_PER_S = 3.0e12  # H100 SXM
+OPS = ("bias_gelu", "geglu", "add_layer_norm")
 
 
 def bytes_moved(op: str, direction: str, m: int, n: int, es: int) -> int:
@@ -35,6 +36,8 @@ def bytes_moved(op: str, direction: str, m: int, n: int, es: int) -> int:
     tensors = {
         ("bias_gelu", "fwd"): 2,  # read x, write y
         ("bias_gelu", "bwd"): 3,  # read dy, x; write dx
+        ("geglu", "fwd"): 3,  # read x [m, 2n]; write y [m, n]
+        ("geglu", "bwd"): 5,  # read dy [m, n], x [m, 2n]; write dx [m, 2n]
         ("add_layer_norm", "fwd"): 3,  # read x, residual; write y
         ("add_layer_norm", "bwd"): 5,  # read dy, x, residual; write dx, dresidual
     }[(op, direction)]
@@ -50,6 +53,10 @@ def make_case(op: str, m: int, n: int, dtype, device):
         inputs = [x, b]
         eager = lambda x_, b_: reference.bias_gelu(x_, b_)  # noqa: E731
         fused = lambda backend: (lambda x_, b_: fastbert.ops.bias_gelu(x_, b_, backend=backend))  # noqa: E731
+    elif op == "geglu":  # n: the output's width (the intermediate size); x is [m, 2n]
+        inputs = [torch.randn(m, 2 * n, generator=g).to(device, dtype).requires_grad_(True)]
+        eager = lambda x_: reference.geglu(x_)  # noqa: E731
+        fused = lambda backend: (lambda x_: fastbert.ops.geglu(x_, backend=backend))  # noqa: E731
     else:
         res = torch.randn(m, n, generator=g).to(device, dtype).requires_grad_(True)
         w = torch.randn(n, generator=g).to(device, dtype).requires_grad_(True)
@@ -77,7 +84,7 @@ def run(dtypes, device, shapes=SHAPES, budget_s=3.0, progress=True):
         providers = {"fused": "triton", "baseline": "torch eager", "compiled": "torch.compile"}
     else:
         providers = {"fused": "cpp", "baseline": "torch"}
-    cases = [(op, m, n, dt) for dt in dtypes for op in ("bias_gelu", "add_layer_norm") for (m, n) in shapes]
+    cases = [(op, m, n, dt) for dt in dtypes for op in OPS for (m, n) in shapes]
     rows = []
     for op, m, n, dtype in report.progress_bar(cases, desc="bench_ops", disable=not progress):
         inputs, dy, eager, fused = make_case(op, m, n, dtype, device)

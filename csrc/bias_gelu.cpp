@@ -1,4 +1,5 @@
-// bias_gelu's entry points: checks and outputs here, the kernels in kernels/bias_gelu.cpp.
+// The GELU ops' entry points, bias_gelu's and geglu's: checks and outputs here, the kernels in
+// kernels/bias_gelu.cpp and kernels/geglu.cpp.
 #include "cpu_ops.h"
 
 namespace fastbert {
@@ -39,6 +40,37 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& dy, cons
   detail::kernels_for(op).bias_gelu_backward(detail::dtype_of(x), dy.data_ptr(), x.data_ptr(), detail::param(bias),
                                              dx.data_ptr(), dbias.data_ptr(), x.size(0), x.size(1), tanh);
   return {dx, dbias};
+}
+
+// x [rows, 2n] -> y [rows, n] = gelu(x[:, :n]) * x[:, n:]
+at::Tensor geglu_forward(const at::Tensor& x, const std::string& approximate) {
+  const char* op = "geglu_forward";
+  detail::check_rows(op, "x", x);
+  TORCH_CHECK(x.size(1) % 2 == 0, "fastbert._C.", op, ": x's last dim must be even (two halves), got ", x.size(1));
+  const bool tanh = parse_approximate(approximate, op);
+  const int64_t n = x.size(1) / 2;
+  at::Tensor y = detail::empty({x.size(0), n}, x.scalar_type());
+  if (y.numel() == 0) return y;
+  detail::kernels_for(op).geglu_forward(detail::dtype_of(x), x.data_ptr(), y.data_ptr(), x.size(0), n, tanh);
+  return y;
+}
+
+// dy [rows, n], x [rows, 2n] -> dx [rows, 2n]
+at::Tensor geglu_backward(const at::Tensor& dy, const at::Tensor& x, const std::string& approximate) {
+  const char* op = "geglu_backward";
+  detail::check_rows(op, "x", x);
+  detail::check_rows(op, "dy", dy);
+  TORCH_CHECK(x.size(1) % 2 == 0, "fastbert._C.", op, ": x's last dim must be even (two halves), got ", x.size(1));
+  TORCH_CHECK(dy.size(0) == x.size(0) && 2 * dy.size(1) == x.size(1), "fastbert._C.", op, ": dy has shape ",
+              dy.sizes(), " but x has shape ", x.sizes(), "; dy must be [rows, x's last dim / 2]");
+  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "fastbert._C.", op, ": dy has dtype ", dy.scalar_type(),
+              " but x has dtype ", x.scalar_type());
+  const bool tanh = parse_approximate(approximate, op);
+  at::Tensor dx = detail::empty_output(x);
+  if (dy.numel() == 0) return dx;
+  detail::kernels_for(op).geglu_backward(detail::dtype_of(x), dy.data_ptr(), x.data_ptr(), dx.data_ptr(), x.size(0),
+                                         dy.size(1), tanh);
+  return dx;
 }
 
 }  // namespace fastbert

@@ -17,6 +17,12 @@ void register_fused_ops(py::module_& m) {
         py::arg("approximate") = "none",
         "(dx, dbias): dx = dy * gelu'(x + bias) in x's dtype, dbias = column sums of dx (fp32 math, "
         "thread-count independent) in bias's dtype.");
+  m.def("geglu_forward", &fastbert::geglu_forward, py::arg("x"), py::arg("approximate") = "none",
+        "gelu(x[:, :n]) * x[:, n:] for x [rows, 2n] (float32/float16/bfloat16); approximate 'none' (erf) or 'tanh'. "
+        "Returns y [rows, n] in x's dtype.");
+  m.def("geglu_backward", &fastbert::geglu_backward, py::arg("dy"), py::arg("x"), py::arg("approximate") = "none",
+        "dx [rows, 2n] in x's dtype: dy * x[:, n:] * gelu'(x[:, :n]) in its first half, dy * gelu(x[:, :n]) in its "
+        "second (fp32 math).");
   m.def("add_layer_norm_forward", &fastbert::add_layer_norm_forward, py::arg("x"), py::arg("residual"),
         py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("dropout_p") = 0.0, py::arg("seed") = 0,
         "(y, mean, rstd): y = layer_norm(dropout(x) + residual) * weight + bias over the last dim, in x's dtype; "

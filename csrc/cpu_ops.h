@@ -20,10 +20,12 @@
 
 namespace fastbert {
 
-// bias_gelu.cpp
+// bias_gelu.cpp: bias_gelu and geglu
 at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, const std::string& approximate);
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& dy, const at::Tensor& x,
                                                       const at::Tensor& bias, const std::string& approximate);
+at::Tensor geglu_forward(const at::Tensor& x, const std::string& approximate);
+at::Tensor geglu_backward(const at::Tensor& dy, const at::Tensor& x, const std::string& approximate);
 
 // layer_norm.cpp
 std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x, const at::Tensor& residual,

@@ -84,13 +84,13 @@ def op_backends(op: str, device: str) -> List[str]:
 
 def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dtype]]:
     """(op, shape, dtype) for every check; small shapes when Triton runs under the interpreter.
-    Shapes: [rows, hidden] for the elementwise ops, [batch, heads, seq, head_dim] for attention,
+    Shapes: [rows, hidden] for the elementwise ops (geglu: [rows, 2 hidden] in), [batch, heads, seq, head_dim] for attention,
     [batch, seq, hidden] for unpad/pad, [batch, seq] for masking, [rows, in, out] for linear,
     [tokens, vocab, hidden] for embedding."""
     rows = [(3, 7), (4, 768)] if interpreted else [(512, 768), (512, 3072), (333, 1023)]
     dtypes = [torch.float32, torch.float16] if interpreted else [torch.float32, torch.bfloat16]
     attn = [(3, 2, 17, 16)] if interpreted else [(4, 4, 97, 64)]
-    for op in ("bias_gelu", "add_layer_norm"):
+    for op in ("bias_gelu", "geglu", "add_layer_norm"):
         for shape in rows:
             for dtype in dtypes:
                 yield op, shape, dtype
@@ -125,6 +125,10 @@ def _mixed_mask(batch: int, seq: int, g: torch.Generator) -> torch.Tensor:
 
 def _elementwise(op, shape, dtype, backend, device, g) -> List[Row]:
     m, n = shape
+    if op == "geglu":  # x [m, 2n] -> [m, n]
+        x, dy = (torch.randn(m, k, generator=g).to(device, dtype) for k in (2 * n, n))
+        fused = lambda x_: fastbert.ops.geglu(x_, backend=backend)  # noqa: E731
+        return compare(["y", "dx"], fused, reference.geglu, [x], dy, dtype)
     x = torch.randn(m, n, generator=g).to(device, dtype)
     dy = torch.randn(m, n, generator=g).to(device, dtype)
     if op == "bias_gelu":
@@ -310,7 +314,7 @@ def _int8_matmul(xq, wq, g) -> List[Row]:
 def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
     """The rows (tensor, ok, err, bound) of one op on one backend, on fresh seeded inputs."""
     g = torch.Generator().manual_seed(0)
-    if op in ("bias_gelu", "add_layer_norm"):
+    if op in ("bias_gelu", "geglu", "add_layer_norm"):
         return _elementwise(op, shape, dtype, backend, device, g)
     if op in ("attention", "varlen_attention"):
         return _attention(op, shape, dtype, backend, device, g)

@@ -9,6 +9,7 @@ fastbert.kernels.report`). An op too large for one module keeps its launchers an
 attention_report).
 
     bias_gelu    bias_gelu_forward, bias_gelu_backward
+    geglu        geglu_forward, geglu_backward
     layer_norm   add_layer_norm_forward, add_layer_norm_backward
     attention    attention_forward, attention_backward,
                  varlen_attention_forward, varlen_attention_backward
@@ -21,7 +22,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 # Kernel modules whose variants the build report compiles. A new kernel module is added here
 # and exposes `report_configs()` yielding KernelBuild records.
-KERNEL_MODULES = ("bias_gelu", "layer_norm", "attention")
+KERNEL_MODULES = ("bias_gelu", "geglu", "layer_norm", "attention")
 
 
 class KernelBuild(NamedTuple):

@@ -123,6 +123,10 @@ namespace kernels {
   /* dx = dy * gelu'(x + bias), dbias (bias's dtype) = column sums of dx, thread-count independent */                 \
   X(bias_gelu_backward, void, Dtype dtype, const void* dy, const void* x, Param bias, void* dx, void* dbias,          \
     int64_t m, int64_t n, bool tanh)                                                                                  \
+  /* y [m, n] = gelu(x[:, :n]) * x[:, n:], x [m, 2n] */                                                               \
+  X(geglu_forward, void, Dtype dtype, const void* x, void* y, int64_t m, int64_t n, bool tanh)                        \
+  /* dx [m, 2n] = (dy * x[:, n:] * gelu'(x[:, :n]), dy * gelu(x[:, :n])) */                                           \
+  X(geglu_backward, void, Dtype dtype, const void* dy, const void* x, void* dx, int64_t m, int64_t n, bool tanh)      \
   /* y = layer_norm(dropout(x) + residual) * weight + bias; mean, rstd float32 [m] */                                 \
   X(add_layer_norm_forward, void, Dtype dtype, const void* x, const void* residual, Param weight, Param bias,         \
     void* y, float* mean, float* rstd, int64_t m, int64_t n, float eps, double dropout_p, uint64_t seed)             \

@@ -1,6 +1,6 @@
-// The GELU forms of the fused CPU kernels, forward only (the backward's derivatives are in
-// bias_gelu.cpp), shared by bias_gelu.cpp and the int8 kernels (int8.cpp). See bias_gelu.cpp for
-// how each is computed and how accurate it is.
+// The GELU forms of the fused CPU kernels and their derivatives, shared by bias_gelu.cpp,
+// geglu.cpp and the int8 kernels (int8.cpp). See bias_gelu.cpp for how each is computed and how
+// accurate it is.
 #pragma once
 
 #include "vec.h"
@@ -53,6 +53,57 @@ inline Vf gelu_tanh(Vf x) {
 template <bool kTanh>
 inline Vf gelu(Vf x) {
   return kTanh ? gelu_tanh(x) : gelu_erf(x);
+}
+
+// ---- the derivatives (the backward passes)
+
+constexpr float kSqrtHalf = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1 / sqrt(2 pi)
+
+// Beyond |x| = 14 the tail q is below 1e-43: |x| is clamped there, which also keeps exp's argument
+// in range and infinities finite.
+constexpr float kTailClamp = 14.0f;
+
+// q = Phi(-|x|) = 0.5 erfc(|x| / sqrt 2) and g = exp(-x^2 / 2), from c = min(|x|, 14)
+inline void normal_tail(Vf c, Vf& q, Vf& g) {
+  Vf t = vec::recip(vec::fmadd(c, vec::set1(0.4f * kSqrtHalf), vec::set1(1.0f)));
+  // 0.5 R(a) as a polynomial in t = 1 / (1 + 0.4 a)
+  Vf r = vec::set1(0.5f * 8.709574491e-02f);
+  r = vec::fmadd(r, t, vec::set1(0.5f * -4.614000618e-01f));
+  r = vec::fmadd(r, t, vec::set1(0.5f * 8.342061043e-01f));
+  r = vec::fmadd(r, t, vec::set1(0.5f * -5.618997216e-01f));
+  r = vec::fmadd(r, t, vec::set1(0.5f * 5.528609157e-01f));
+  r = vec::fmadd(r, t, vec::set1(0.5f * 7.066605240e-02f));
+  r = vec::fmadd(r, t, vec::set1(0.5f * 2.565577328e-01f));
+  r = vec::fmadd(r, t, vec::set1(0.5f * 2.216879427e-01f));
+  r = vec::fmadd(r, t, vec::set1(0.5f * 2.252689737e-04f));
+  g = vec::vexp((c * vec::set1(-0.5f)) * c);  // argument in [-98, 0]
+  q = g * r;
+}
+
+// Phi(x) + x phi(x)
+inline Vf gelu_erf_grad(Vf x) {
+  Vf c = vec::vmin(vec::set1(kTailClamp), vec::vabs(x));
+  Vf q, g;
+  normal_tail(c, q, g);
+  Vf cdf = vec::where_negative(x, q, vec::set1(1.0f) - q);
+  Vf xc = vec::vmax(vec::vmin(x, vec::set1(kTailClamp)), vec::set1(-kTailClamp));
+  return vec::fmadd(xc * g, vec::set1(kInvSqrt2Pi), cdf);
+}
+
+// d/dx x sigmoid(2u) = s + 2 x s (1 - s) u', with s (1 - s) = e s^2 and u' = beta (1 + 3 kappa x^2)
+inline Vf gelu_tanh_grad(Vf x) {
+  Vf x2 = x * x;
+  Vf s, e;
+  tanh_parts(x, x2, s, e);
+  Vf du = vec::fmadd(x2, vec::set1(3.0f * kKappa * kBeta), vec::set1(kBeta));
+  Vf w = (vec::set1(2.0f) * x) * (e * s) * s;  // e * s <= 1: no overflow for large |x|
+  return vec::fmadd(w, du, s);
+}
+
+template <bool kTanh>
+inline Vf gelu_grad(Vf x) {
+  return kTanh ? gelu_tanh_grad(x) : gelu_erf_grad(x);
 }
 
 }  // namespace gelu_math

@@ -1,5 +1,5 @@
 """Plain PyTorch reference layers: the ground truth every kernel is tested against, one file per
-op (bias_gelu, layer_norm, attention, masking) and the Philox generator they share (philox).
+op (bias_gelu, geglu, layer_norm, attention, masking) and the Philox generator they share (philox).
 
 They are written for clarity, not speed, and they are also the "torch" backend of fastbert.ops.
 """
@@ -13,6 +13,7 @@ from fastbert.reference.attention import (
     varlen_attention,
 )
 from fastbert.reference.bias_gelu import BiasGelu, bias_gelu
+from fastbert.reference.geglu import GeGLU, geglu
 from fastbert.reference.layer_norm import AddLayerNorm, add_layer_norm
 from fastbert.reference.masking import (
     MLM_IGNORE_INDEX,
@@ -38,7 +39,7 @@ from fastbert.reference.philox import (
 
 __all__ = [
     "check_seed", "dropout_keep_mask", "dropout_threshold", "new_seed", "philox_uint32",
-    "bias_gelu", "BiasGelu", "add_layer_norm", "AddLayerNorm",
+    "bias_gelu", "BiasGelu", "geglu", "GeGLU", "add_layer_norm", "AddLayerNorm",
     "attention", "varlen_attention", "Attention", "attention_dropout_offsets", "attention_keep_mask", "mask_starts",
     "MAX_DROPOUT_SEQLEN", "mask_tokens", "mlm_draws", "mlm_prediction_count", "mlm_units", "mlm_walk",
     "word_start_table", "word_starts", "MLM_IGNORE_INDEX", "MLM_SELECTIONS",

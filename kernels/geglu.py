@@ -1,0 +1,126 @@
+"""GeGLU over the last dim: y = gelu(a) * b with a, b = x[:, :N], x[:, N:], forward and backward.
+
+ModernBERT's feed-forward, between its two GEMMs: the first GEMM's output [M, 2N] is read once,
+and neither half is copied. Layout of this file: jit kernels, the launchers `geglu_forward` /
+`geglu_backward` (plain Python; inputs arrive validated, 2-D, contiguous, on one device), then
+`report_configs`. The GELU forms (and the tile shapes) are bias_gelu's. Everything is computed in
+fp32; y and dx are stored in x.dtype.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import triton
+import triton.language as tl
+
+from . import KernelBuild, aligned_args
+from .bias_gelu import Settings, _approximate_tanh, _gelu, _gelu_grad, settings
+
+
+@triton.jit
+def _geglu_fwd_kernel(
+    Y, stride_ym,  # [M, N] out, x.dtype: gelu(a) * b
+    X, stride_xm,  # [M, 2N] x.dtype: a = X[:, :N], b = X[:, N:]
+    M, N,  # rows, cols of Y
+    APPROXIMATE_TANH: tl.constexpr,  # tanh approximation instead of the exact erf form
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # cols per program (grid axis 1 tiles N)
+):
+    row_start = tl.program_id(0).to(tl.int64) * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)  # relative to row_start
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M - row_start)[:, None] & (cols < N)[None, :]
+    A = X + row_start * stride_xm + rows[:, None] * stride_xm + cols[None, :]
+    a = tl.load(A, mask=mask, other=0.).to(tl.float32)
+    b = tl.load(A + N, mask=mask, other=0.).to(tl.float32)
+    y = _gelu(a, APPROXIMATE_TANH) * b
+    tl.store(Y + row_start * stride_ym + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _geglu_bwd_kernel(
+    DX, stride_dxm,  # [M, 2N] out, x.dtype: (dy * b * gelu'(a), dy * gelu(a))
+    DY, stride_dym,  # [M, N] x.dtype
+    X, stride_xm,  # [M, 2N] x.dtype
+    M, N,  # rows, cols of DY
+    APPROXIMATE_TANH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    row_start = tl.program_id(0).to(tl.int64) * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M - row_start)[:, None] & (cols < N)[None, :]
+    A = X + row_start * stride_xm + rows[:, None] * stride_xm + cols[None, :]
+    a = tl.load(A, mask=mask, other=0.).to(tl.float32)
+    b = tl.load(A + N, mask=mask, other=0.).to(tl.float32)
+    dy = tl.load(DY + row_start * stride_dym + rows[:, None] * stride_dym + cols[None, :], mask=mask,
+                 other=0.).to(tl.float32)
+    DA = DX + row_start * stride_dxm + rows[:, None] * stride_dxm + cols[None, :]
+    tl.store(DA, (dy * b * _gelu_grad(a, APPROXIMATE_TANH)).to(DX.dtype.element_ty), mask=mask)
+    tl.store(DA + N, (dy * _gelu(a, APPROXIMATE_TANH)).to(DX.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+
+
+def geglu_forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """y = gelu(x[:, :N]) * x[:, N:]: x [M, 2N] fp32/fp16/bf16 -> y [M, N] x.dtype."""
+    tanh = _approximate_tanh(approximate)
+    M, N = x.shape[0], x.shape[1] // 2
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return y
+    s = settings(N)
+    _geglu_fwd_kernel[(triton.cdiv(M, s.block_m), triton.cdiv(N, s.block_n))](
+        y, y.stride(0), x, x.stride(0), M, N,
+        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
+        num_warps=s.num_warps, num_stages=s.num_stages,
+    )
+    return y
+
+
+def geglu_backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """dx [M, 2N] in x.dtype: dy * x[:, N:] * gelu'(x[:, :N]), then dy * gelu(x[:, :N])."""
+    tanh = _approximate_tanh(approximate)
+    M, N = dy.shape
+    dx = torch.empty_like(x)
+    if M == 0 or N == 0:
+        return dx
+    s = settings(N, backward=True)
+    _geglu_bwd_kernel[(triton.cdiv(M, s.block_m), triton.cdiv(N, s.block_n))](
+        dx, dx.stride(0), dy, dy.stride(0), x, x.stride(0), M, N,
+        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
+        num_warps=s.num_warps, num_stages=s.num_stages,
+    )
+    return dx
+
+
+# --------------------------------------------------------------------------------------------
+# Build report: every variant the launchers above can compile.
+
+
+def report_configs(max_cols: int = 8192) -> Iterator[KernelBuild]:
+    """Every (kernel, settings, dtype, form) the launchers can pick for N in 1..max_cols."""
+    fwd = sorted({settings(n) for n in range(1, max_cols + 1)})
+    bwd = sorted({settings(n, backward=True) for n in range(1, max_cols + 1)})
+    for x_dt in ("fp32", "fp16", "bf16"):
+        for approximate in ("none", "tanh"):
+            flags = {"APPROXIMATE_TANH": approximate == "tanh"}
+            sig = {"Y": f"*{x_dt}", "stride_ym": "i32", "X": f"*{x_dt}", "stride_xm": "i32", "M": "i32", "N": "i32"}
+            for s in fwd:
+                yield from _builds("geglu_fwd", _geglu_fwd_kernel, sig, flags, s, x_dt, approximate)
+            sig = {"DX": f"*{x_dt}", "stride_dxm": "i32", "DY": f"*{x_dt}", "stride_dym": "i32", "X": f"*{x_dt}",
+                   "stride_xm": "i32", "M": "i32", "N": "i32"}
+            for s in bwd:
+                yield from _builds("geglu_bwd", _geglu_bwd_kernel, sig, flags, s, x_dt, approximate)
+
+
+def _builds(name, fn, sig, flags, s: Settings, x_dt, approximate) -> Iterator[KernelBuild]:
+    constexprs = dict(flags, BLOCK_M=s.block_m, BLOCK_N=s.block_n)
+    for aligned in (True, False) if s.block_n >= 16 else (False,):
+        config = {"x": x_dt, "approximate": approximate, "BLOCK_M": s.block_m, "BLOCK_N": s.block_n, "aligned": aligned}
+        yield KernelBuild(name, fn, sig, constexprs, s.num_warps, s.num_stages, config,
+                          aligned_args(sig) if aligned else ())
