@@ -67,7 +67,8 @@ def test_bench_ops_runs_and_writes_json(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     providers, rows = bench.run([torch.float32], "cpu", shapes=[(64, 96)], budget_s=0.05, progress=False)
-    assert len(rows) == 4  # two ops x forward/backward
+    assert len(rows) == 2 * len(bench.OPS)  # every op, forward and backward
+    assert {r["op"] for r in rows} == {"bias_gelu", "geglu", "add_layer_norm"}
     for r in rows:
         assert r["speedup"] > 0 and all(v > 0 for v in r["ms"].values())
     out = tmp_path / "ops.json"
