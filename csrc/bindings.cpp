@@ -25,8 +25,8 @@ void register_fused_ops(py::module_& m) {
         "second (fp32 math).");
   m.def("add_layer_norm_forward", &fastbert::add_layer_norm_forward, py::arg("x"), py::arg("residual"),
         py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("dropout_p") = 0.0, py::arg("seed") = 0,
-        "(y, mean, rstd): y = layer_norm(dropout(x) + residual) * weight + bias over the last dim, in x's dtype; "
-        "mean and rstd float32 [rows]. Dropout follows fastbert's Philox rule for `seed`.");
+        "(y, mean, rstd): y = layer_norm(dropout(x) + residual) * weight + bias over the last dim, in x's dtype "
+        "(bias None: no bias); mean and rstd float32 [rows]. Dropout follows fastbert's Philox rule for `seed`.");
   m.def("add_layer_norm_backward", &fastbert::add_layer_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("residual"), py::arg("weight"), py::arg("mean"), py::arg("rstd"), py::arg("dropout_p") = 0.0,
         py::arg("seed") = 0,

@@ -28,8 +28,10 @@ at::Tensor geglu_forward(const at::Tensor& x, const std::string& approximate);
 at::Tensor geglu_backward(const at::Tensor& dy, const at::Tensor& x, const std::string& approximate);
 
 // layer_norm.cpp
+// bias: None for a LayerNorm without bias (ModernBERT's)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x, const at::Tensor& residual,
-                                                                       const at::Tensor& weight, const at::Tensor& bias,
+                                                                       const at::Tensor& weight,
+                                                                       const c10::optional<at::Tensor>& bias,
                                                                        double eps, double dropout_p, int64_t seed);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,

@@ -7,13 +7,14 @@ namespace fastbert {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x, const at::Tensor& residual,
                                                                        const at::Tensor& weight_in,
-                                                                       const at::Tensor& bias_in, double eps,
-                                                                       double dropout_p, int64_t seed) {
+                                                                       const c10::optional<at::Tensor>& bias_in,
+                                                                       double eps, double dropout_p, int64_t seed) {
   const char* op = "add_layer_norm_forward";
   detail::check_rows(op, "x", x);
   detail::check_like(op, "residual", residual, x);
   detail::check_feature(op, "weight", weight_in, x);
-  detail::check_feature(op, "bias", bias_in, x);
+  const bool has_bias = bias_in.has_value() && bias_in->defined();
+  if (has_bias) detail::check_feature(op, "bias", *bias_in, x);
   detail::check_dropout(op, dropout_p, seed);
   TORCH_CHECK(eps >= 0.0 && std::isfinite(eps), "fastbert._C.", op, ": eps must be finite and >= 0, got ", eps);
   const int64_t m = x.size(0), n = x.size(1);
@@ -22,9 +23,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::
   at::Tensor rstd = detail::empty({m}, at::kFloat);
   if (m == 0) return {y, mean, rstd};
   if (n == 0) return {y, mean.zero_(), rstd.fill_(1.0 / std::sqrt(eps))};
-  const at::Tensor weight = weight_in.contiguous(), bias = bias_in.contiguous();
+  const at::Tensor weight = weight_in.contiguous(), bias = has_bias ? bias_in->contiguous() : at::Tensor();
+  const kernels::Param bias_param = has_bias ? detail::param(bias) : kernels::Param{nullptr, detail::dtype_of(weight)};
   detail::kernels_for(op).add_layer_norm_forward(
-      detail::dtype_of(x), x.data_ptr(), residual.data_ptr(), detail::param(weight), detail::param(bias), y.data_ptr(),
+      detail::dtype_of(x), x.data_ptr(), residual.data_ptr(), detail::param(weight), bias_param, y.data_ptr(),
       mean.data_ptr<float>(), rstd.data_ptr<float>(), m, n, static_cast<float>(eps), dropout_p,
       static_cast<uint64_t>(seed));
   return {y, mean, rstd};

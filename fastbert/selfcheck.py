@@ -141,7 +141,11 @@ def _elementwise(op, shape, dtype, backend, device, g) -> List[Row]:
     keep = reference.dropout_keep_mask(seed, shape, p, device)
     fused = lambda *a: fastbert.ops.add_layer_norm(*a, dropout_p=p, seed=seed, backend=backend)  # noqa: E731
     ref = lambda *a: reference.add_layer_norm(*a, dropout_p=p, keep_mask=keep)  # noqa: E731
-    return compare(["y", "dx", "dresidual", "dweight", "dbias"], fused, ref, inputs, dy, dtype)
+    rows = compare(["y", "dx", "dresidual", "dweight", "dbias"], fused, ref, inputs, dy, dtype)
+    # a LayerNorm without bias (bias=None), as ModernBERT's
+    no_bias = compare(["y", "dx", "dresidual", "dweight"], lambda *a: fused(*a, None), lambda *a: ref(*a, None),
+                      inputs[:3], dy, dtype)
+    return rows + [(f"{name} (no bias)", *rest) for name, *rest in no_bias]
 
 
 def _attention(op, shape, dtype, backend, device, g) -> List[Row]:

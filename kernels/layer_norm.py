@@ -58,13 +58,14 @@ def _add_layer_norm_fwd_kernel(
     MEAN, RSTD,  # [M] out, fp32, contiguous: statistics of h, for the backward
     X, stride_xm,  # [M, N] x.dtype
     RES, stride_rm,  # [M, N] x.dtype: residual
-    W, B,  # [N] contiguous, x.dtype or fp32: LayerNorm weight and bias
+    W, B,  # [N] contiguous, x.dtype or fp32: LayerNorm weight and bias (B unread without HAS_BIAS)
     M, N,  # rows, cols
     eps,  # fp32
     seed,  # dropout seed in [0, 2**63), unused without HAS_DROPOUT
     threshold,  # i32: an element is dropped when (u >> 8) < threshold
     scale,  # fp32: 1 / (1 - p), the scale of kept elements
     HAS_DROPOUT: tl.constexpr,  # apply dropout to x (no RNG code is compiled without it)
+    HAS_BIAS: tl.constexpr,  # add B (a LayerNorm without bias has none)
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # >= N, a power of 2: a whole row per program
 ):
@@ -89,8 +90,9 @@ def _add_layer_norm_fwd_kernel(
     var = tl.sum(diff * diff, axis=1) / N
     rstd = tl.math.rsqrt(var + eps)
     w = tl.load(W + cols, mask=col_mask, other=0.).to(tl.float32)
-    b = tl.load(B + cols, mask=col_mask, other=0.).to(tl.float32)
-    y = diff * rstd[:, None] * w[None, :] + b[None, :]
+    y = diff * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        y += tl.load(B + cols, mask=col_mask, other=0.).to(tl.float32)[None, :]
     tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(MEAN + row_start + rows, mean, mask=row_mask)
     tl.store(RSTD + row_start + rows, rstd, mask=row_mask)
@@ -256,14 +258,14 @@ def add_layer_norm_forward(
     x: torch.Tensor,
     residual: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor,
+    bias: Optional[torch.Tensor],
     eps: float,
     dropout_p: float,
     seed: Optional[int],
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd): y = layer_norm(dropout(x) + residual) [M, N] in x.dtype; mean, rstd [M] fp32.
 
-    x, residual [M, N] fp32/fp16/bf16 (same dtype); weight, bias [N] in x.dtype or fp32;
+    x, residual [M, N] fp32/fp16/bf16 (same dtype); weight, bias [N] in x.dtype or fp32 (bias None: none);
     seed: a Python int in [0, 2**63), used when dropout_p > 0.
     """
     M, N = x.shape
@@ -279,11 +281,11 @@ def add_layer_norm_forward(
         mean, rstd,
         x, x.stride(0),
         residual, residual.stride(0),
-        weight, bias,
+        weight, weight if bias is None else bias,
         M, N,
         eps,
         seed, threshold, scale,
-        HAS_DROPOUT=has_dropout, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
+        HAS_DROPOUT=has_dropout, HAS_BIAS=bias is not None, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
         **_launch_options(s),
     )
     return y, mean, rstd
@@ -433,12 +435,16 @@ def report_configs(max_cols: int = MAX_N) -> Iterator[KernelBuild]:
                                    {**grads, **rows, "MEAN_G": "*fp32", "MEAN_GX": "*fp32", "M": "i32",
                                     "N": "i32", "rows_per_program": "i32", **drop}))
                 for name, fn, s, sig in builds:
-                    constexprs = {"HAS_DROPOUT": has_dropout, "BLOCK_N": s.block_n}
-                    if "BLOCK_M" in fn.arg_names:
-                        constexprs["BLOCK_M"] = s.block_m
-                    for aligned in (True, False):
-                        config = {"x": x_dt, "weight": w_dt, "dropout": has_dropout,
-                                  **{k: v for k, v in constexprs.items() if k.startswith("BLOCK")},
-                                  "aligned": aligned}
-                        yield KernelBuild(name, fn, sig, constexprs, s.num_warps, s.num_stages, config,
-                                          aligned_args(sig) if aligned else (), s.maxnreg)
+                    for has_bias in (True, False) if "HAS_BIAS" in fn.arg_names else (None,):
+                        constexprs = {"HAS_DROPOUT": has_dropout, "BLOCK_N": s.block_n}
+                        if has_bias is not None:
+                            constexprs["HAS_BIAS"] = has_bias
+                        if "BLOCK_M" in fn.arg_names:
+                            constexprs["BLOCK_M"] = s.block_m
+                        for aligned in (True, False):
+                            config = {"x": x_dt, "weight": w_dt, "dropout": has_dropout,
+                                      **({} if has_bias is None else {"bias": has_bias}),
+                                      **{k: v for k, v in constexprs.items() if k.startswith("BLOCK")},
+                                      "aligned": aligned}
+                            yield KernelBuild(name, fn, sig, constexprs, s.num_warps, s.num_stages, config,
+                                              aligned_args(sig) if aligned else (), s.maxnreg)

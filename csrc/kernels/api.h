@@ -127,7 +127,7 @@ namespace kernels {
   X(geglu_forward, void, Dtype dtype, const void* x, void* y, int64_t m, int64_t n, bool tanh)                        \
   /* dx [m, 2n] = (dy * x[:, n:] * gelu'(x[:, :n]), dy * gelu(x[:, :n])) */                                           \
   X(geglu_backward, void, Dtype dtype, const void* dy, const void* x, void* dx, int64_t m, int64_t n, bool tanh)      \
-  /* y = layer_norm(dropout(x) + residual) * weight + bias; mean, rstd float32 [m] */                                 \
+  /* y = layer_norm(dropout(x) + residual) * weight + bias (none when bias.p is nullptr); mean, rstd float32 [m] */  \
   X(add_layer_norm_forward, void, Dtype dtype, const void* x, const void* residual, Param weight, Param bias,         \
     void* y, float* mean, float* rstd, int64_t m, int64_t n, float eps, double dropout_p, uint64_t seed)             \
   /* dx, dresidual (x's dtype), dweight, dbias (weight's dtype) */                                                    \

@@ -57,6 +57,10 @@ enum Slot : int { kSlotRow = 0, kSlotKeep = 1, kSlotSums = 2, kSlotPartials = 3,
 template <int kSlot>
 inline const float* padded_float(Param v, int64_t n, int64_t padded) {
   float* out = vec::thread_buffer<float, kSlot>(padded);
+  if (v.p == nullptr) {  // an absent vector (a LayerNorm without bias): zeros
+    for (int64_t i = 0; i < padded; ++i) out[i] = 0.0f;
+    return out;
+  }
   dispatch_float(v.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(v.p);

@@ -26,9 +26,9 @@ def _fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
 
 
 @fused_op("add_layer_norm_fwd", _fake_fwd)
-def _add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float, dropout_p: float,
-                        seed: Optional[Tensor], backend: str) -> Tuple[Tensor, Tensor, Tensor]:
-    # x, residual: [rows, hidden]; weight, bias: [hidden]; seed: int64 [1] on the CPU
+def _add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
+                        dropout_p: float, seed: Optional[Tensor], backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    # x, residual: [rows, hidden]; weight, bias: [hidden] (bias None: none); seed: int64 [1] on the CPU
     # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
     return tuple(
         _backend.impl(backend, "layer_norm").add_layer_norm_forward(
@@ -68,7 +68,7 @@ class AddLayerNormFunction(torch.autograd.Function):
     def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
         y, mean, rstd = _add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
         ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
-        ctx.dropout_p, ctx.backend = dropout_p, backend
+        ctx.dropout_p, ctx.backend, ctx.has_bias = dropout_p, backend, bias is not None
         return y
 
     @staticmethod
@@ -77,14 +77,14 @@ class AddLayerNormFunction(torch.autograd.Function):
         dx, dres, dw, db = _add_layer_norm_bwd(
             dy.contiguous(), x, residual, weight, mean, rstd, ctx.dropout_p, seed, ctx.backend
         )
-        return dx, dres, dw, db, None, None, None, None
+        return dx, dres, dw, db if ctx.has_bias else None, None, None, None, None
 
 
 def add_layer_norm(
     x: torch.Tensor,
     residual: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor,
+    bias: Optional[torch.Tensor],
     eps: float = 1e-12,
     *,
     dropout_p: float = 0.0,
@@ -96,7 +96,8 @@ def add_layer_norm(
 
     x, residual: [..., hidden], the same shape and dtype (float32/float16/bfloat16; any layout,
     non-contiguous inputs are copied); under torch.autocast the narrower dtype is promoted to the
-    wider one, as the addition does in an unfused model. weight, bias: [hidden], x's dtype or float32. Returns
+    wider one, as the addition does in an unfused model. weight, bias: [hidden], x's dtype or float32;
+    bias None for a LayerNorm without bias (ModernBERT's norms). Returns
     [..., hidden] in x's dtype; mean and rstd are computed and kept in float32.
     dropout_p: probability of zeroing an element of x (kept ones scaled by 1/(1-p)). The mask is a
     function of `seed` (an int in [0, 2**63); drawn from torch's RNG, or `generator`, when None), the
@@ -114,8 +115,9 @@ def add_layer_norm(
             f"fastbert.ops.add_layer_norm: hidden size {hidden} is above the supported maximum {MAX_HIDDEN} "
             f"of the {backend!r} backend; use backend='torch' for larger rows"
         )
-    args = (as_rows(x), as_rows(residual), weight.contiguous(), bias.contiguous(), float(eps), float(dropout_p), seed_t)
-    if needs_grad(x, residual, weight, bias):
+    args = (as_rows(x), as_rows(residual), weight.contiguous(), None if bias is None else bias.contiguous(), float(eps),
+            float(dropout_p), seed_t)
+    if needs_grad(x, residual, weight, *(() if bias is None else (bias,))):
         return AddLayerNormFunction.apply(*args, backend).view(x.shape)
     return _add_layer_norm_fwd(*args, backend)[0].view(x.shape)
 
@@ -144,9 +146,10 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p) -> Tuple[Tensor, Te
         x, residual = x.to(wide), residual.to(wide)
     check_device(op, "residual", residual, x)
     check_vector(op, "weight", weight, x)
-    check_vector(op, "bias", bias, x)
-    if weight.dtype != bias.dtype:
-        raise TypeError(f"fastbert.ops.{op}: weight is {weight.dtype} but bias is {bias.dtype}; they must match")
+    if bias is not None:
+        check_vector(op, "bias", bias, x)
+        if weight.dtype != bias.dtype:
+            raise TypeError(f"fastbert.ops.{op}: weight is {weight.dtype} but bias is {bias.dtype}; they must match")
     if not eps > 0:
         raise ValueError(f"fastbert.ops.{op}: eps must be > 0, got {eps}")
     if not 0.0 <= dropout_p < 1.0:

@@ -10,20 +10,21 @@ from torch import nn
 from fastbert.reference.philox import dropout_keep_mask, new_seed
 
 
-def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-12,
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   eps: float = 1e-12,
                    dropout_p: float = 0.0, seed: Optional[int] = None,
                    keep_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """layer_norm(dropout(x) + residual) over the last dim, with the fastbert dropout rule.
 
     The mask comes from `keep_mask` when given, else from `seed` (an int or an int64 tensor of
-    shape [1]; a fresh one when None).
+    shape [1]; a fresh one when None). bias None: a LayerNorm without bias.
     """
     if dropout_p > 0.0:
         if keep_mask is None:
             keep_mask = dropout_keep_mask(new_seed() if seed is None else seed, x.shape, dropout_p, x.device)
         x = x * keep_mask.to(x.dtype) * (1.0 / (1.0 - dropout_p))
     h = x + residual
-    return F.layer_norm(h, (h.shape[-1],), weight.to(h.dtype), bias.to(h.dtype), eps)
+    return F.layer_norm(h, (h.shape[-1],), weight.to(h.dtype), None if bias is None else bias.to(h.dtype), eps)
 
 
 class AddLayerNorm(nn.Module):

@@ -32,22 +32,27 @@ def make_inputs(shape, dtype, dev, seed, param_dtype=None):
     return x, res, w, b, dy
 
 
-def check_add_layer_norm(backend, shape, dtype, dropout_p=0.0, param_dtype=None, seed=0, eps=1e-12):
+def check_add_layer_norm(backend, shape, dtype, dropout_p=0.0, param_dtype=None, seed=0, eps=1e-12, bias=True):
+    """bias=False: a LayerNorm without bias (bias=None), compared with F.layer_norm's (the
+    gradients of x, residual and weight)."""
     dev = device_for(backend)
     x, res, w, b, dy = make_inputs(shape, dtype, dev, seed, param_dtype)
     dseed = 1000 + seed
     keep = reference.dropout_keep_mask(dseed, shape, dropout_p, dev) if dropout_p > 0 else None
 
     def op(*a):
+        a = a if bias else (*a, None)
         return fastbert.ops.add_layer_norm(*a, eps, dropout_p=dropout_p, seed=dseed, backend=backend)
 
     def ref(*a):
+        a = a if bias else (*a, None)
         return reference.add_layer_norm(*a, eps, dropout_p, keep_mask=keep)
 
-    out, grads = run_with_grads(op, [x, res, w, b], dy)
-    pt, pt_grads = run_with_grads(ref, [x, res, w, b], dy)
-    r64, r_grads = run_with_grads(ref, [t.double() for t in (x, res, w, b)], dy.double())
-    tag = f"{backend} {tuple(shape)} {dtype} p={dropout_p}"
+    inputs = [x, res, w, b] if bias else [x, res, w]
+    out, grads = run_with_grads(op, inputs, dy)
+    pt, pt_grads = run_with_grads(ref, inputs, dy)
+    r64, r_grads = run_with_grads(ref, [t.double() for t in inputs], dy.double())
+    tag = f"{backend} {tuple(shape)} {dtype} p={dropout_p}{'' if bias else ' no bias'}"
     assert_within_bound(f"{tag} y", out, pt, r64, dtype)
     for name, gk, gp, gr in zip(["dx", "dresidual", "dweight", "dbias"], grads, pt_grads, r_grads):
         assert_within_bound(f"{tag} {name}", gk, gp, gr, dtype)
@@ -59,6 +64,15 @@ def test_add_layer_norm_matches_reference(backend, dropout_p):
     for i, shape in enumerate(shapes_for(backend)):
         for dtype in dtypes_for(backend):
             check_add_layer_norm(backend, shape, dtype, dropout_p, seed=i)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_add_layer_norm_without_bias_matches_reference(backend, dropout_p):
+    # ModernBERT's norms have no bias
+    for i, shape in enumerate(shapes_for(backend)):
+        for dtype in dtypes_for(backend):
+            check_add_layer_norm(backend, shape, dtype, dropout_p, seed=i, bias=False)
+    check_add_layer_norm(backend, (4, 768), torch.float16, dropout_p, param_dtype=torch.float32, bias=False)
 
 
 def test_add_layer_norm_fp32_params_with_half_input(backend):
