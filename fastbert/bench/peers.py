@@ -19,6 +19,7 @@ its error against the fp32 reference can be measured on the real tokens.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from typing import Callable, Dict, Tuple
@@ -174,6 +175,26 @@ _BUILD = {"onnxruntime": _onnxruntime, "openvino": _openvino, "ctranslate2": _ct
 _PACKAGE = {"onnxruntime": "onnxruntime", "openvino": "openvino", "ctranslate2": "ctranslate2", "torch.compile": None}
 
 
+def _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped, find_spec) -> None:
+    """provs[name] = the peer's run in `dtype`, or skipped[name] = why not."""
+    package = _PACKAGE[peer]
+    name = f"{peer} {dtype_name(dtype)}"
+    if package is not None and find_spec(package) is None:
+        skipped[name] = f"{package} is not installed (pip install -e .[peers])"
+        return
+    try:
+        with torch.no_grad():
+            provs[name] = _BUILD[peer](hf, ids, mask, dtype, workdir)
+    except _Skip as e:
+        skipped[name] = str(e)
+    except Exception as e:  # a converter that fails on this machine: say so, time the rest
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        skipped[name] = f"conversion failed: {type(e).__name__}: {first[:200]}"
+    finally:
+        if hf is not None:
+            hf.eval()  # an exporter may leave it in training mode
+
+
 def peer_providers(hf, ids, mask, dtypes, peers=PEERS) -> Tuple[Providers, Dict[str, str]]:
     """({"<peer> <dtype>": run}, {"<peer> <dtype>": why skipped}); `hf` is transformers' BertModel
     (fp32, eval) with the weights fastbert runs."""
@@ -181,25 +202,15 @@ def peer_providers(hf, ids, mask, dtypes, peers=PEERS) -> Tuple[Providers, Dict[
 
     provs: Providers = {}
     skipped: Dict[str, str] = {}
+    # the exported models (ONNX, OpenVINO, CTranslate2: 0.4-1.8 GB each for BERT-base) are read
+    # into the engines when they are built, so the directory goes when the last one is
     workdir = tempfile.mkdtemp(prefix="fastbert-peers-")
-    for peer in peers:
-        package = _PACKAGE[peer]
-        for dtype in dtypes:
-            name = f"{peer} {dtype_name(dtype)}"
-            if package is not None and importlib.util.find_spec(package) is None:
-                skipped[name] = f"{package} is not installed (pip install -e .[peers])"
-                continue
-            try:
-                with torch.no_grad():
-                    provs[name] = _BUILD[peer](hf, ids, mask, dtype, workdir)
-            except _Skip as e:
-                skipped[name] = str(e)
-            except Exception as e:  # a converter that fails on this machine: say so, time the rest
-                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                skipped[name] = f"conversion failed: {type(e).__name__}: {first[:200]}"
-            finally:
-                if hf is not None:
-                    hf.eval()  # an exporter may leave it in training mode
+    try:
+        for peer in peers:
+            for dtype in dtypes:
+                _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped, importlib.util.find_spec)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     for name, why in skipped.items():
         print(f"peer skipped: {name}: {why}", file=sys.stderr)
     return provs, skipped

@@ -108,3 +108,21 @@ def test_cpu_capability_reruns_the_benchmark_with_every_library_capped(monkeypat
     assert len(calls) == 1
     with pytest.raises(SystemExit, match="choose one of"):
         timing.run_at_level("avx1024", ["x"])
+
+
+def test_the_exported_models_go_once_the_engines_are_built(monkeypatch):
+    """The peers' exports (0.4-1.8 GB each at BERT-base size) are removed when peer_providers
+    returns; the engines it built still run."""
+    import importlib.util
+    import os
+    import tempfile
+
+    installed = [p for p in ("onnxruntime", "openvino", "ctranslate2") if importlib.util.find_spec(p) is not None]
+    if not installed:
+        pytest.skip("no peer is installed (the peers extra: pip install -e .[peers])")
+    made, real = [], tempfile.mkdtemp
+    monkeypatch.setattr(peers.tempfile, "mkdtemp", lambda **kw: made.append(real(**kw)) or made[-1])
+    hf, ids, mask = _tiny_bert()
+    provs, skipped = peers.peer_providers(hf, ids, mask, [torch.float32, torch.int8], peers=tuple(installed))
+    assert len(made) == 1 and not os.path.exists(made[0])
+    assert provs and all(run().shape[:2] == ids.shape for run in provs.values())
