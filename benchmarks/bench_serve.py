@@ -59,6 +59,9 @@ from fastbert.bench.serving import (
     minilm_dir,
     onnx_copy,
     openai_body,
+    percentile,
+    print_table,
+    ratios,
     run_clients,
 )
 
@@ -121,12 +124,6 @@ def in_process(enc, name: str, precision: str, sets: dict, seconds: float, batch
                          tokens_per_s=sum(tokens[i % len(texts)] for i in range(len(lat))) / sum(lat),
                          p50_ms=1e3 * statistics.median(lat), p99_ms=1e3 * percentile(lat, 99)))
     return rows
-
-
-def percentile(values, q: float) -> float:
-    """The q-th percentile by nearest rank."""
-    v = sorted(values)
-    return v[max(0, min(len(v) - 1, math.ceil(q / 100 * len(v)) - 1))]
 
 
 def reference(model_dir: str, texts: list):
@@ -278,60 +275,6 @@ def metrics_page(live: Live) -> str:
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-# ---- the report
-
-COLUMNS = [("model", "model", "{}"), ("set", "set", "{}"), ("client", "client", "{}"), ("server", "server", "{}"),
-           ("requests_per_s", "req/s", "{:.1f}"), ("texts_per_s", "texts/s", "{:.1f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
-           ("p50_ms", "p50 ms", "{:.1f}"), ("p99_ms", "p99 ms", "{:.1f}"), ("samples", "n", "{}"),
-           ("model_busy", "model busy", "{:.0%}"), ("batch_seqs", "seqs/batch", "{:.1f}"),
-           ("server_cpu", "server cpu", "{:.2f}"), ("client_cpu", "client cpu", "{:.2f}")]
-
-
-def print_table(rows: list) -> None:
-    print("| " + " | ".join(h for _, h, _ in COLUMNS) + " |")
-    print("|" + "|".join("---" if i < 4 else "---:" for i in range(len(COLUMNS))) + "|")
-    for r in rows:
-        cells = [fmt.format(r[k]) if r.get(k) is not None and r.get(k) == r.get(k) else "" for k, _, fmt in COLUMNS]
-        print("| " + " | ".join(cells) + " |")
-
-
-def _get(rows, model, set_name, client, server):
-    return next((r for r in rows if (r["model"], r["set"], r["client"], r["server"]) == (model, set_name, client, server)),
-                None)
-
-
-def _met(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
-def ratios(rows: list, args) -> list:
-    """The figures the targets are about, each with its verdict."""
-    lines, top = [], f"c={max(args.concurrency)}"
-    for m in args.models:
-        served = [r["server"] for r in rows
-                  if r["model"] == m and r["server"].startswith("infinity") and "probe" not in r["server"]]
-        peer = served[0] if served else None
-        for prec in args.precisions:
-            fb = f"fastbert {prec}"
-            for s in args.sets:
-                a, b = _get(rows, m, s, top, fb), _get(rows, m, s, top, peer) if peer else None
-                ip = _get(rows, m, s, f"encode(batch_size={args.inproc_batch})", f"in-process {prec}")
-                if a and b:
-                    x = a["tokens_per_s"] / b["tokens_per_s"]
-                    lines.append(f"{m} {s} {top}: {fb} / {peer} throughput {x:.2f}x (target >= 2x: {_met(x >= 2)}); "
-                                 f"p99 {a['p99_ms']:.0f} vs {b['p99_ms']:.0f} ms (target lower: "
-                                 f"{_met(a['p99_ms'] < b['p99_ms'])})")
-                if a and ip:
-                    x = a["tokens_per_s"] / ip["tokens_per_s"]
-                    lines.append(f"{m} {s} {top}: {fb} server / in-process encode {x:.0%} (target >= 85%: {_met(x >= 0.85)})")
-            a, ip = _get(rows, m, "short", "c=1", fb), _get(rows, m, "short", "encode([one text])", f"in-process {prec}")
-            if a and ip:
-                x = a["p50_ms"] / ip["p50_ms"]
-                lines.append(f"{m} short c=1: {fb} p50 over HTTP {a['p50_ms']:.1f} ms / in-process {ip['p50_ms']:.1f} ms = "
-                             f"{x:.2f}x (target <= 1.5x: {_met(x <= 1.5)})")
-    return lines
 
 
 def versions(python: str) -> dict:

@@ -222,6 +222,11 @@ def _summary(done: List[tuple], probe: _Probe, tokens: List[int], texts: int) ->
             "samples": len(lat), "errors": sum(errors.values()), "error_kinds": errors, **probe.figures()}
 
 
+def percentile(values, q: float) -> float:
+    """The q-th percentile (nearest rank) of values; nan for none."""
+    return _pct(sorted(values), q)
+
+
 def _pct(sorted_values: List[float], q: float) -> float:
     """The q-th percentile (nearest rank) of sorted values; nan for none."""
     if not sorted_values:
@@ -343,6 +348,62 @@ def onnx_copy(model_dir: str, venv_python: str, out: str) -> str:
         if proc.returncode != 0:
             raise RuntimeError(f"the ONNX export failed: {proc.stderr.strip()[-600:]}")
     return out
+
+
+# ---- the report (in the benchmark's process)
+
+COLUMNS = [("model", "model", "{}"), ("set", "set", "{}"), ("client", "client", "{}"), ("server", "server", "{}"),
+           ("requests_per_s", "req/s", "{:.1f}"), ("texts_per_s", "texts/s", "{:.1f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
+           ("p50_ms", "p50 ms", "{:.1f}"), ("p99_ms", "p99 ms", "{:.1f}"), ("samples", "n", "{}"),
+           ("model_busy", "model busy", "{:.0%}"), ("batch_seqs", "seqs/batch", "{:.1f}"),
+           ("server_cpu", "server cpu", "{:.2f}"), ("client_cpu", "client cpu", "{:.2f}")]
+
+
+def print_table(rows: list) -> None:
+    print("| " + " | ".join(h for _, h, _ in COLUMNS) + " |")
+    print("|" + "|".join("---" if i < 4 else "---:" for i in range(len(COLUMNS))) + "|")
+    for r in rows:
+        cells = [fmt.format(r[k]) if r.get(k) is not None and r.get(k) == r.get(k) else "" for k, _, fmt in COLUMNS]
+        print("| " + " | ".join(cells) + " |")
+
+
+def _get(rows, model, set_name, client, server):
+    return next((r for r in rows if (r["model"], r["set"], r["client"], r["server"]) == (model, set_name, client, server)),
+                None)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def ratios(rows: list, args) -> list:
+    """The figures the targets are about, each with its verdict; args: bench_serve's (models,
+    precisions, sets, concurrency, inproc_batch)."""
+    lines, top = [], f"c={max(args.concurrency)}"
+    for m in args.models:
+        served = [r["server"] for r in rows
+                  if r["model"] == m and r["server"].startswith("infinity") and "probe" not in r["server"]]
+        peer = served[0] if served else None
+        for prec in args.precisions:
+            fb = f"fastbert {prec}"
+            for s in args.sets:
+                a, b = _get(rows, m, s, top, fb), _get(rows, m, s, top, peer) if peer else None
+                ip = _get(rows, m, s, f"encode(batch_size={args.inproc_batch})", f"in-process {prec}")
+                if a and b:
+                    x = a["tokens_per_s"] / b["tokens_per_s"]
+                    lines.append(f"{m} {s} {top}: {fb} / {peer} throughput {x:.2f}x (target >= 2x: {_met(x >= 2)}); "
+                                 f"p99 {a['p99_ms']:.0f} vs {b['p99_ms']:.0f} ms (target lower: "
+                                 f"{_met(a['p99_ms'] < b['p99_ms'])})")
+                if a and ip:
+                    x = a["tokens_per_s"] / ip["tokens_per_s"]
+                    lines.append(f"{m} {s} {top}: {fb} server / in-process encode {x:.0%} (target >= 85%: {_met(x >= 0.85)})")
+            a, ip = _get(rows, m, "short", "c=1", fb), _get(rows, m, "short", "encode([one text])", f"in-process {prec}")
+            if a and ip:
+                x = a["p50_ms"] / ip["p50_ms"]
+                lines.append(f"{m} short c=1: {fb} p50 over HTTP {a['p50_ms']:.1f} ms / in-process {ip['p50_ms']:.1f} ms = "
+                             f"{x:.2f}x (target <= 1.5x: {_met(x <= 1.5)})")
+    return lines
+
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--client"]:
