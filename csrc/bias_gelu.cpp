@@ -11,6 +11,11 @@ bool parse_approximate(const std::string& approximate, const char* op) {
   return approximate == "tanh";
 }
 
+// x [rows, 2n]: its last dim split in two halves (geglu's a and b)
+void check_halves(const char* op, const at::Tensor& x) {
+  TORCH_CHECK(x.size(1) % 2 == 0, "fastbert._C.", op, ": x's last dim must be even (two halves), got ", x.size(1));
+}
+
 }  // namespace
 
 at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias_in, const std::string& approximate) {
@@ -46,7 +51,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& dy, cons
 at::Tensor geglu_forward(const at::Tensor& x, const std::string& approximate) {
   const char* op = "geglu_forward";
   detail::check_rows(op, "x", x);
-  TORCH_CHECK(x.size(1) % 2 == 0, "fastbert._C.", op, ": x's last dim must be even (two halves), got ", x.size(1));
+  check_halves(op, x);
   const bool tanh = parse_approximate(approximate, op);
   const int64_t n = x.size(1) / 2;
   at::Tensor y = detail::empty({x.size(0), n}, x.scalar_type());
@@ -60,7 +65,7 @@ at::Tensor geglu_backward(const at::Tensor& dy, const at::Tensor& x, const std::
   const char* op = "geglu_backward";
   detail::check_rows(op, "x", x);
   detail::check_rows(op, "dy", dy);
-  TORCH_CHECK(x.size(1) % 2 == 0, "fastbert._C.", op, ": x's last dim must be even (two halves), got ", x.size(1));
+  check_halves(op, x);
   TORCH_CHECK(dy.size(0) == x.size(0) && 2 * dy.size(1) == x.size(1), "fastbert._C.", op, ": dy has shape ",
               dy.sizes(), " but x has shape ", x.sizes(), "; dy must be [rows, x's last dim / 2]");
   TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "fastbert._C.", op, ": dy has dtype ", dy.scalar_type(),

@@ -175,11 +175,13 @@ _BUILD = {"onnxruntime": _onnxruntime, "openvino": _openvino, "ctranslate2": _ct
 _PACKAGE = {"onnxruntime": "onnxruntime", "openvino": "openvino", "ctranslate2": "ctranslate2", "torch.compile": None}
 
 
-def _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped, find_spec) -> None:
+def _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped) -> None:
     """provs[name] = the peer's run in `dtype`, or skipped[name] = why not."""
+    import importlib.util
+
     package = _PACKAGE[peer]
     name = f"{peer} {dtype_name(dtype)}"
-    if package is not None and find_spec(package) is None:
+    if package is not None and importlib.util.find_spec(package) is None:
         skipped[name] = f"{package} is not installed (pip install -e .[peers])"
         return
     try:
@@ -198,7 +200,6 @@ def _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped, find_spec) -
 def peer_providers(hf, ids, mask, dtypes, peers=PEERS) -> Tuple[Providers, Dict[str, str]]:
     """({"<peer> <dtype>": run}, {"<peer> <dtype>": why skipped}); `hf` is transformers' BertModel
     (fp32, eval) with the weights fastbert runs."""
-    import importlib.util
 
     provs: Providers = {}
     skipped: Dict[str, str] = {}
@@ -208,7 +209,7 @@ def peer_providers(hf, ids, mask, dtypes, peers=PEERS) -> Tuple[Providers, Dict[
     try:
         for peer in peers:
             for dtype in dtypes:
-                _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped, importlib.util.find_spec)
+                _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for name, why in skipped.items():

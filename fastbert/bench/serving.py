@@ -164,7 +164,7 @@ async def _load(spec: dict) -> dict:
     c = spec["concurrency"]
     headers = {"content-type": "application/json"}
     done: List[tuple] = []  # (start, end, request index, "" or what went wrong)
-    state = {"stop": False, "window": None}
+    state = {"stop": False}
 
     async def client(k: int, http) -> None:
         i = k * len(bodies) // c

@@ -12,9 +12,7 @@ import torch
 from fastbert import backend as _backend
 from fastbert import reference
 from fastbert.ops._common import as_rows, fused_op, needs_grad
-from fastbert.ops.checks import check_float, check_vector
-
-APPROXIMATIONS = ("none", "tanh")
+from fastbert.ops.checks import check_approximate, check_float, check_vector
 
 # transformers' hidden_act names of the GELU forms -> `approximate` of bias_gelu ("none": exact erf)
 GELU_FORMS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
@@ -70,8 +68,7 @@ def bias_gelu(
     if x.dim() == 0:
         raise ValueError("fastbert.ops.bias_gelu: x must have at least one dim (the hidden size)")
     check_vector("bias_gelu", "bias", bias, x)
-    if approximate not in APPROXIMATIONS:
-        raise ValueError(f"fastbert.ops.bias_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    check_approximate("bias_gelu", approximate)
     backend = _backend.resolve(backend, x)
     if backend == "torch" or x.numel() == 0:
         return reference.bias_gelu(x, bias, approximate)

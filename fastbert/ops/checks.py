@@ -52,6 +52,15 @@ def check_vector(op: str, name: str, t: torch.Tensor, x: torch.Tensor) -> None:
     check_device(op, name, t, x)
 
 
+GELU_APPROXIMATIONS = ("none", "tanh")  # the exact erf GELU, or its tanh approximation
+
+
+def check_approximate(op: str, approximate) -> None:
+    """`approximate` names a GELU form the fused kernels compute."""
+    if approximate not in GELU_APPROXIMATIONS:
+        raise ValueError(f"{where_of(op)}: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
 def check_ids(op: str, name: str, t) -> None:
     """`t` is a tensor of integer token ids (any integer dtype; not bool, float or complex)."""
     check_tensor(op, name, t)

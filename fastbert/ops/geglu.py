@@ -14,8 +14,7 @@ import torch
 from fastbert import backend as _backend
 from fastbert import reference
 from fastbert.ops._common import as_rows, fused_op, needs_grad
-from fastbert.ops.bias_gelu import APPROXIMATIONS
-from fastbert.ops.checks import check_float
+from fastbert.ops.checks import check_approximate, check_float
 
 
 def _fake_fwd(x, approximate, backend):
@@ -62,8 +61,7 @@ def geglu(x: torch.Tensor, approximate: str = "none", *, backend: Optional[str] 
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"fastbert.ops.geglu: x's last dim must be even (the two halves a and b), got shape "
                          f"{tuple(x.shape)}")
-    if approximate not in APPROXIMATIONS:
-        raise ValueError(f"fastbert.ops.geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    check_approximate("geglu", approximate)
     backend = _backend.resolve(backend, x)
     if backend == "torch" or x.numel() == 0:
         return reference.geglu(x, approximate)

@@ -143,9 +143,10 @@ def _int8_agrees(path: str, got: Tensor, want: Tensor) -> bool:
 
 
 def _exact_int8(paths: List[str], a: Tensor, b: Tensor) -> List[str]:
-    """The int8 paths exact on these operands (against fastbert's kernel, exact by construction, or
-    int64): a library's kernel for one shape can differ from the one its probe ran (oneDNN's without
-    VNNI saturate 16-bit pair sums). One that disagrees is dropped for good (unavailable() says why)."""
+    """The int8 paths whose result on these operands is exact, checked against fastbert's kernel
+    (exact by construction) or the int64 product: a library's kernel for one shape can differ from
+    its kernel for the shape its probe ran (oneDNN's int8 kernels without VNNI saturate 16-bit pair
+    sums). A path that disagrees is dropped for good, and fastbert.ops.gemm.unavailable() says why."""
     want = _call("fastbert", "fwd", a, b, None, None) if "fastbert" in paths else a.long() @ b.long().t()
     kept = []
     for path in paths:
@@ -259,7 +260,8 @@ def _key(role: str, a: Tensor, b: Tensor) -> tuple:
 
 
 def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, float]:
-    """{path: seconds}: the fastest of _TIMED_RUNS calls of each after one untimed call, in turn round after round."""
+    """{path: seconds}: the fastest of _TIMED_RUNS calls of each path after one untimed call, the
+    paths taken in turn round after round, so that a drift of the machine's speed hits them alike."""
     best = {}
     for path in paths:
         run(path)

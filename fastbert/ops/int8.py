@@ -31,7 +31,7 @@ import torch
 from fastbert import backend as _backend
 from fastbert.ops import gemm
 from fastbert.ops._common import fused_op
-from fastbert.ops.checks import check_float, check_tensor, where_of
+from fastbert.ops.checks import check_approximate, check_float, check_tensor, where_of
 from fastbert.reference import int8 as ref
 
 Tensor = torch.Tensor
@@ -154,8 +154,7 @@ def int8_bias_gelu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale
     """quantize_rows(gelu(int8_dequantize(acc, ...))): the FFN's first GEMM's output, activated and
     quantized for the second, with no float activation in memory."""
     _check_acc("int8_bias_gelu", acc, row_scale, row_offset, col_scale, bias)
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"fastbert.ops.int8_bias_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    check_approximate("int8_bias_gelu", approximate)
     args = (acc, row_scale, row_offset, col_scale, bias, approximate)
     if backend is not None:
         return tuple(_impl(backend, acc).int8_bias_gelu(*args))
