@@ -133,13 +133,40 @@ void check_like_q(const char* op, const char* name, const at::Tensor& t, const a
               q.scalar_type());
 }
 
+
+// The rotary tables of a call, checked, into a (none: a stays without); positions: how many rows
+// of the tables the call reads.
+void set_rope(AttnArgs& a, const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin,
+              int64_t positions, const char* op) {
+  const bool has_cos = rope_cos.has_value() && rope_cos->defined(), has_sin = rope_sin.has_value() && rope_sin->defined();
+  TORCH_CHECK(has_cos == has_sin, "fastbert._C.", op, ": rope_cos and rope_sin go together");
+  if (!has_cos) return;
+  TORCH_CHECK(a.d % 2 == 0, "fastbert._C.", op, ": rotary embeddings need an even head_dim, got ", a.d);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"rope_cos", *rope_cos}, {"rope_sin", *rope_sin}}) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 2 &&
+                    t.size(1) == a.d / 2 && t.size(0) >= positions,
+                "fastbert._C.", op, ": ", name, " must be a contiguous float32 CPU tensor [>= ", positions, ", ",
+                a.d / 2, "], got ", t.scalar_type(), " ", t.sizes());
+  }
+  a.rope_cos = rope_cos->data_ptr<float>();
+  a.rope_sin = rope_sin->data_ptr<float>();
+}
+
+// The longest sequence of a packed batch.
+int64_t longest(const std::vector<AttnSeq>& seqs) {
+  int64_t n = 0;
+  for (const AttnSeq& s : seqs) n = std::max(n, s.len);
+  return n;
+}
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
                                                                   const at::Tensor& v_in,
                                                                   const c10::optional<at::Tensor>& key_mask,
                                                                   double scale, double dropout_p, int64_t seed,
-                                                                  bool return_dropout_mask) {
+                                                                  bool return_dropout_mask,
+                                                                  const c10::optional<at::Tensor>& rope_cos,
+                                                                  const c10::optional<at::Tensor>& rope_sin) {
   const char* op = "attention_forward";
   check_qkv(op, q_in, k_in, v_in, 4);
   const at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
@@ -151,6 +178,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   at::Tensor lse = detail::empty({batch, heads, seq}, at::kFloat);
   a.pad_rows = seq;
   a.seqs = seqs.data();
+  set_rope(a, rope_cos, rope_sin, seq, op);
   a.q = view_of(q, true), a.k = view_of(k, true), a.v = view_of(v, true), a.out = view_of(out, true);
   a.lse = lse.data_ptr<float>(), a.lse_sb = heads * seq, a.lse_sh = seq;
   if (q.numel() > 0) detail::kernels_for(op).attention_forward(a);
@@ -166,7 +194,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const c10::optional<at::Tensor>& key_mask, double scale,
-    double dropout_p, int64_t seed) {
+    double dropout_p, int64_t seed, const c10::optional<at::Tensor>& rope_cos,
+    const c10::optional<at::Tensor>& rope_sin) {
   const char* op = "attention_backward";
   check_qkv(op, q_in, k_in, v_in, 4);
   check_like_q(op, "do", dout_in, q_in);
@@ -181,6 +210,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   at::Tensor dq = detail::empty_output(q), dk = detail::empty_output(q), dv = detail::empty_output(q);
   a.pad_rows = seq;
   a.seqs = seqs.data();
+  set_rope(a, rope_cos, rope_sin, seq, op);
   a.q = view_of(q, true), a.k = view_of(k, true), a.v = view_of(v, true), a.dout = view_of(dout, true);
   a.dq = view_of(dq, true), a.dk = view_of(dk, true), a.dv = view_of(dv, true);
   a.lse = const_cast<float*>(lse.data_ptr<float>()), a.lse_sb = heads * seq, a.lse_sh = seq;
@@ -193,7 +223,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
                                                                          const at::Tensor& cu_seqlens,
                                                                          int64_t max_seqlen, double scale,
                                                                          double dropout_p, int64_t seed,
-                                                                         bool return_dropout_mask) {
+                                                                         bool return_dropout_mask,
+                                                                         const c10::optional<at::Tensor>& rope_cos,
+                                                                         const c10::optional<at::Tensor>& rope_sin) {
   const char* op = "varlen_attention_forward";
   check_qkv(op, q_in, k_in, v_in, 3);
   check_cu_seqlens(op, cu_seqlens);
@@ -205,6 +237,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
   at::Tensor out = detail::empty_output(q);
   at::Tensor lse = detail::empty({heads, tokens}, at::kFloat);
   a.seqs = seqs.data();
+  set_rope(a, rope_cos, rope_sin, longest(seqs), op);
   a.q = view_of(q, false), a.k = view_of(k, false), a.v = view_of(v, false), a.out = view_of(out, false);
   a.lse = lse.data_ptr<float>(), a.lse_sb = 0, a.lse_sh = tokens;
   if (q.numel() > 0) detail::kernels_for(op).attention_forward(a);
@@ -216,7 +249,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& cu_seqlens, int64_t max_seqlen,
-    double scale, double dropout_p, int64_t seed) {
+    double scale, double dropout_p, int64_t seed, const c10::optional<at::Tensor>& rope_cos,
+    const c10::optional<at::Tensor>& rope_sin) {
   const char* op = "varlen_attention_backward";
   (void)max_seqlen;  // the sequences come from cu_seqlens
   check_qkv(op, q_in, k_in, v_in, 3);
@@ -231,6 +265,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
   const std::vector<AttnSeq> seqs = packed_seqs(a, cu_seqlens, op);
   at::Tensor dq = detail::empty_output(q), dk = detail::empty_output(q), dv = detail::empty_output(q);
   a.seqs = seqs.data();
+  set_rope(a, rope_cos, rope_sin, longest(seqs), op);
   a.q = view_of(q, false), a.k = view_of(k, false), a.v = view_of(v, false), a.dout = view_of(dout, false);
   a.dq = view_of(dq, false), a.dk = view_of(dk, false), a.dv = view_of(dv, false);
   a.lse = const_cast<float*>(lse.data_ptr<float>()), a.lse_sb = 0, a.lse_sh = tokens;

@@ -80,6 +80,10 @@ struct AttnArgs {
   AttnView dout, dq, dk, dv;       // the backward's
   float* lse = nullptr;            // float32, row r of (b, h) at lse + b * lse_sb + h * lse_sh + r
   int64_t lse_sb = 0, lse_sh = 0;
+  // Rotary embedding of q and k (nullptr: none): float32 [positions, d / 2] cos and sin of each
+  // position's angles; a row's position is its row index (padded) or its index in its sequence (packed)
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ Problem problem_of(const kernels::AttnArgs& a) {
   pb.keep = static_cast<float>(1.0 / (1.0 - a.dropout_p));
   pb.seqs = a.seqs;
   pb.lse = Rows<float>{a.lse, a.lse_sb, a.lse_sh, 1};
+  pb.rope_cos = a.rope_cos;
+  pb.rope_sin = a.rope_sin;
   return pb;
 }
 

@@ -134,8 +134,9 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
   const int64_t nb = lp <= kOneBlockLen ? len : std::min(block_rows(lp), len);
   const bool one_block = nb == len;
   const int64_t rows = std::is_same_v<T, float> ? 0 : len * d;
+  const int64_t qkrows = pb.rope() ? len * d : rows;  // q and k: rotated, or converted, fp32 rows
   float* buf = vec::thread_buffer<float, kSlotAttention>(arena_size(
-      {len * d, lp, lp, lp, nb * lp, nb * lp, kDropout ? nb * lp : 0, nb * d, nb * d, rows, rows, rows, rows}));
+      {len * d, lp, lp, lp, nb * lp, nb * lp, kDropout ? nb * lp : 0, nb * d, nb * d, qkrows, qkrows, rows, rows}));
   Arena arena{buf};
   float* dqa = arena.take(len * d);  // dQ accumulated over key blocks [len, d]
   float* nlse = arena.take(lp);      // -lse, -inf at padded queries
@@ -146,9 +147,19 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
   float* kst = kDropout ? arena.take(nb * lp) : nullptr;  // keep / (1 - p) [nb, lp]
   float* dkb = arena.take(nb * d);
   float* dvb = arena.take(nb * d);
-  int64_t ldq, ldk, ldv, lddo;
-  const float* qr = fp32_rows(q.at(b, h, sq.first), q.sr, len, d, arena.take(rows), ldq);
-  const float* kr = fp32_rows(k.at(b, h, sq.first), k.sr, len, d, arena.take(rows), ldk);
+  int64_t ldq = d, ldk = d, ldv, lddo;
+  const int64_t pos0 = pb.first_position(sq);
+  float* qbuf = arena.take(qkrows);
+  float* kbuf = arena.take(qkrows);
+  const float* qr = qbuf;
+  const float* kr = kbuf;
+  if (pb.rope()) {  // the scores of the rotated q and k; their gradients are rotated back below
+    rotate_rows(q.at(b, h, sq.first), q.sr, len, d, pb, pos0, 1.0f, qbuf);
+    rotate_rows(k.at(b, h, sq.first), k.sr, len, d, pb, pos0, 1.0f, kbuf);
+  } else {
+    qr = fp32_rows(q.at(b, h, sq.first), q.sr, len, d, qbuf, ldq);
+    kr = fp32_rows(k.at(b, h, sq.first), k.sr, len, d, kbuf, ldk);
+  }
   const float* vr = fp32_rows(v.at(b, h, sq.first), v.sr, len, d, arena.take(rows), ldv);
   const float* dor = fp32_rows(dout.at(b, h, sq.first), dout.sr, len, d, arena.take(rows), lddo);
   for (int64_t i = 0; i < lp; ++i) {
@@ -184,8 +195,10 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
     gemm(false, false, n, d, len, pt, lp, dor, lddo, dvb, d, false);             // dV = P^T dO
     gemm(false, false, n, d, len, dpt, lp, qr, ldq, dkb, d, false);             // dK = dS^T Q
     gemm(true, false, len, d, n, dpt, lp, kr + j0 * ldk, ldk, dqa, d, j0 > 0);  // dQ += dS K
+    if (pb.rope()) rotate_rows(static_cast<const float*>(dkb), d, n, d, pb, pos0 + j0, -1.0f, dkb);
     put_key_rows(pb, dk, dv, b, h, sq.first + j0, dkb, dvb, n);
   }
+  if (pb.rope()) rotate_rows(static_cast<const float*>(dqa), d, len, d, pb, pos0, -1.0f, dqa);
   put_query_rows(pb, dq, b, h, sq.first, dqa, len);
 }
 

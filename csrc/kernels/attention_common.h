@@ -94,6 +94,12 @@ struct Problem {
   bool stream = false;  // outputs written with non-temporal stores (kernels::stream_output)
   const Seq* seqs = nullptr;  // [batch]
   Rows<float> lse{nullptr, 0, 0, 0};
+  const float* rope_cos = nullptr;  // rotary tables [positions, d / 2], or nullptr
+  const float* rope_sin = nullptr;
+
+  bool rope() const { return rope_cos != nullptr; }
+  // the rotary position of row 0 of a pair's rows: its row index (padded), 0 (packed)
+  int64_t first_position(const Seq& s) const { return pad_rows > 0 ? s.first : 0; }
 
   uint64_t counter(int64_t b, int64_t h) const {
     return static_cast<uint64_t>(b * heads + h) << 32;
@@ -165,6 +171,30 @@ void pack_transposed(const T* src, int64_t ld, int64_t len, int64_t d, float* ds
       for (int64_t j = 0; j < W; ++j) r[j] = j0 + j < len ? load_n(src + (j0 + j) * ld + c0, nc) : vec::set1(0.0f);
       vec::transpose(r);
       for (int64_t c = 0; c < nc; ++c) vec::store(dst + (c0 + c) * lp + j0, r[c]);
+    }
+  }
+}
+
+// dst[len, d] (row stride d) = the fp32 rows src + j * ld rotated by the angles of positions
+// pos0 + j (rotate-half convention, fastbert.reference.rotary): with h = d / 2,
+//   dst[i] = x[i] cos - x[i + h] sin,  dst[i + h] = x[i + h] cos + x[i] sin       (sign = +1)
+// and sign = -1 rotates back (the transpose, for the gradients). dst may be src (fp32, ld = d).
+template <class T>
+void rotate_rows(const T* src, int64_t ld, int64_t len, int64_t d, const Problem& pb, int64_t pos0, float sign,
+                 float* dst) {
+  const int64_t h = d / 2;
+  const Vf sg = vec::set1(sign);
+  for (int64_t j = 0; j < len; ++j) {
+    const T* x = src + j * ld;
+    float* y = dst + j * d;
+    const float* cs = pb.rope_cos + (pos0 + j) * h;
+    const float* sn = pb.rope_sin + (pos0 + j) * h;
+    for (int64_t c = 0; c < h; c += W) {
+      const int64_t n = std::min(W, h - c);
+      const Vf x1 = load_n(x + c, n), x2 = load_n(x + h + c, n);
+      const Vf cv = load_n(cs + c, n), sv = load_n(sn + c, n) * sg;
+      store_n(y + c, x1 * cv - x2 * sv, n);
+      store_n(y + h + c, x2 * cv + x1 * sv, n);
     }
   }
 }

@@ -28,18 +28,31 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
   const int64_t lp = vec::round_up(len, W);
   const int64_t mb = std::min(block_rows(lp), len);
   const int64_t rows = std::is_same_v<T, float> ? 0 : len * d;
-  float* buf = vec::thread_buffer<float, kSlotAttention>(arena_size({d * lp, lp, mb * lp, mb * d, mb, rows, rows}));
+  const int64_t rotated = pb.rope() ? len * d : 0;  // q and k rotated (fp32)
+  const int64_t qrows = std::max(rows, rotated);
+  float* buf = vec::thread_buffer<float, kSlotAttention>(
+      arena_size({d * lp, lp, mb * lp, mb * d, mb, qrows, rows, rotated}));
   Arena arena{buf};
   float* kt = arena.take(d * lp);  // K^T [d, lp]
   float* bias = arena.take(lp);    // key bias: 0 real, -inf hole / padding column
   float* s = arena.take(mb * lp);  // scores, then weights [mb, lp]
   float* o = arena.take(mb * d);   // unnormalised output block [mb, d]
   float* rinv = arena.take(mb);    // 1 / row sum (0 for a padded query)
-  int64_t ldq, ldv;
-  const float* qr = fp32_rows(q.at(b, h, sq.first), q.sr, len, d, arena.take(rows), ldq);
+  int64_t ldq = d, ldv;
+  float* qbuf = arena.take(qrows);
+  const float* qr = qbuf;
   const float* vr = fp32_rows(v.at(b, h, sq.first), v.sr, len, d, arena.take(rows), ldv);
   // K^T packed by this code: an NN product with it is faster than letting the BLAS transpose
-  pack_transposed(k.at(b, h, sq.first), k.sr, len, d, kt, lp);
+  if (pb.rope()) {  // q and k rotated as they are read into fp32 rows
+    const int64_t pos0 = pb.first_position(sq);
+    float* kbuf = arena.take(rotated);
+    rotate_rows(q.at(b, h, sq.first), q.sr, len, d, pb, pos0, 1.0f, qbuf);
+    rotate_rows(k.at(b, h, sq.first), k.sr, len, d, pb, pos0, 1.0f, kbuf);
+    pack_transposed(static_cast<const float*>(kbuf), d, len, d, kt, lp);
+  } else {
+    qr = fp32_rows(q.at(b, h, sq.first), q.sr, len, d, qbuf, ldq);
+    pack_transposed(k.at(b, h, sq.first), k.sr, len, d, kt, lp);
+  }
   for (int64_t j = 0; j < lp; ++j) bias[j] = j < len && (sq.real == nullptr || sq.real[j]) ? 0.0f : -kInf;
   const Vf scale = vec::set1(pb.scale);
   const uint64_t pair = pb.counter(b, h);

@@ -21,6 +21,7 @@ Layers: custom ops (opaque to torch.compile) -> autograd Functions -> functional
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -64,55 +65,62 @@ def _dense_like(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(t.shape)
 
 
-def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend):
+def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, rope_cos, rope_sin, backend):
     return _dense_like(q), _lse_like(q, False), _keep_like(q, return_mask, q.shape[0], q.shape[2])
 
 
 @fused_op("attention_fwd", _fake_fwd)
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], scale: float, dropout_p: float,
-                   seed: Optional[Tensor], return_mask: bool, backend: str) -> Tensors3:
+                   seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor], rope_sin: Optional[Tensor],
+                   backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").attention_forward(
-        q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask
+        q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask, rope_cos=rope_cos, rope_sin=rope_sin
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
 
 
-def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, backend):
+def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, rope_cos, rope_sin, backend):
     return _dense_like(q), _dense_like(k), _dense_like(v)
 
 
 @fused_op("attention_bwd", _fake_bwd)
 def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key_mask: Optional[Tensor],
-                   scale: float, dropout_p: float, seed: Optional[Tensor], backend: str) -> Tensors3:
+                   scale: float, dropout_p: float, seed: Optional[Tensor], rope_cos: Optional[Tensor],
+                   rope_sin: Optional[Tensor], backend: str) -> Tensors3:
     launch = _backend.impl(backend, "attention").attention_backward
-    return tuple(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed_int(seed)))
+    return tuple(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed_int(seed), rope_cos=rope_cos,
+                        rope_sin=rope_sin))
 
 
-def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
+def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope_cos, rope_sin, backend):
     batch = cu_seqlens.shape[0] - 1
     return _dense_like(q), _lse_like(q, True), _keep_like(q, return_mask, batch, max_seqlen)
 
 
 @fused_op("varlen_attention_fwd", _fake_varlen_fwd)
 def _varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float,
-                          dropout_p: float, seed: Optional[Tensor], return_mask: bool, backend: str) -> Tensors3:
+                          dropout_p: float, seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor],
+                          rope_sin: Optional[Tensor], backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").varlen_attention_forward(
-        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), return_mask
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), return_mask, rope_cos=rope_cos,
+        rope_sin=rope_sin
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
 
 
-def _fake_varlen_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed, backend):
+def _fake_varlen_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed, rope_cos, rope_sin,
+                     backend):
     return _dense_like(q), _dense_like(k), _dense_like(v)
 
 
 @fused_op("varlen_attention_bwd", _fake_varlen_bwd)
 def _varlen_attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor,
                           max_seqlen: int, scale: float, dropout_p: float, seed: Optional[Tensor],
-                          backend: str) -> Tensors3:
+                          rope_cos: Optional[Tensor], rope_sin: Optional[Tensor], backend: str) -> Tensors3:
     return tuple(
         _backend.impl(backend, "attention").varlen_attention_backward(
-            do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed)
+            do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), rope_cos=rope_cos,
+            rope_sin=rope_sin
         )
     )
 
@@ -139,36 +147,38 @@ class AttentionFunction(torch.autograd.Function):
     max_seqlen)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
+    def forward(ctx, q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, backend):
         out, lse, keep = _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask,
-                                    backend)
-        ctx.save_for_backward(q, k, v, out, lse, key_mask, cu_seqlens, seed)
+                                    rope, backend)
+        ctx.save_for_backward(q, k, v, out, lse, key_mask, cu_seqlens, seed, *rope)
         ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.backend = max_seqlen, scale, dropout_p, backend
         ctx.mark_non_differentiable(keep)
         return out, keep
 
     @staticmethod
     def backward(ctx, dout, _dkeep):
-        q, k, v, out, lse, key_mask, cu_seqlens, seed = ctx.saved_tensors
-        rest = (ctx.scale, ctx.dropout_p, seed, ctx.backend)
+        q, k, v, out, lse, key_mask, cu_seqlens, seed, rope_cos, rope_sin = ctx.saved_tensors
+        rest = (ctx.scale, ctx.dropout_p, seed, rope_cos, rope_sin, ctx.backend)
         if cu_seqlens is None:
             dq, dk, dv = _attention_bwd(dout.contiguous(), q, k, v, out, lse, key_mask, *rest)
         else:
             dq, dk, dv = _varlen_attention_bwd(dout.contiguous(), q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, *rest)
-        return (dq, dk, dv) + (None,) * 8
+        return (dq, dk, dv) + (None,) * 9
 
 
-def _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend):
+def _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, backend):
     if cu_seqlens is None:
-        return _attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, backend)
-    return _varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend)
+        return _attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, *rope, backend)
+    return _varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, *rope, backend)
 
 
-def _run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, backend, mask_shape):
+def _run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, backend,
+               mask_shape):
     """(out, keep-mask or None) of a fused backend, through autograd when an input needs a gradient;
-    the keep-mask is all True (of mask_shape) when no dropout ran."""
+    the keep-mask is all True (of mask_shape) when no dropout ran. rope: the (cos, sin) rotary
+    tables, or (None, None)."""
     q, k, v = (_rows_contiguous(t) for t in (q, k, v))
-    args = (q, k, v, key_mask, cu_seqlens, max_seqlen, scale, float(dropout_p), seed, bool(return_mask), backend)
+    args = (q, k, v, key_mask, cu_seqlens, max_seqlen, scale, float(dropout_p), seed, bool(return_mask), rope, backend)
     if needs_grad(q, k, v):
         out, keep = AttentionFunction.apply(*args)
     else:
@@ -220,6 +230,27 @@ def _check_options(op: str, backend: str, head_dim: int, dropout_p: float, scale
     return float(scale)
 
 
+def _rope(op: str, base: Optional[float], backend: str, head_dim: int, positions: int, device):
+    """(cos, sin) rotary tables of `base` covering `positions` rows, or (None, None) for no rotation."""
+    if base is None:
+        return None, None
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
+        raise ValueError(f"fastbert.ops.{op}: rotary_base must be a finite number > 1, got {base!r}")
+    if head_dim % 2:
+        raise ValueError(f"fastbert.ops.{op}: rotary embeddings need an even head_dim, got {head_dim}")
+    if backend == "triton" and head_dim < 32:
+        raise ValueError(f"fastbert.ops.{op}: rotary attention on the 'triton' backend needs head_dim >= 32, "
+                         f"got {head_dim}")
+    # tables in whole powers of two of rows, so that a few entries serve every length
+    return _rotary_tables(float(base), head_dim, max(64, 1 << max(positions - 1, 0).bit_length()), str(device))
+
+
+@functools.lru_cache(maxsize=32)
+def _rotary_tables(base: float, head_dim: int, positions: int, device: str):
+    # a pure function of its arguments, never written to: nothing can make an entry stale
+    return reference.rotary_tables(base, head_dim, positions, torch.device(device))
+
+
 def _as_bool_mask(op: str, attention_mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     check_tensor(op, "attention_mask", attention_mask)
     batch, seq = q.shape[0], q.shape[2]
@@ -240,7 +271,9 @@ def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
 # the "torch" backend
 
 
-def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask):
+def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask, rope=(None, None)):
+    if rope[0] is not None:
+        q, k = (reference.rotate(t, *rope) for t in (q, k))
     keep = None
     if dropout_p > 0:
         starts = reference.mask_starts(mask) if mask is not None else None
@@ -268,7 +301,8 @@ def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *,
               dropout_p: float = 0.0, scale: Optional[float] = None, backend: Optional[str] = None,
-              seed: Optional[int] = None, generator: Optional[torch.Generator] = None, return_dropout_mask: bool = False):
+              seed: Optional[int] = None, generator: Optional[torch.Generator] = None, return_dropout_mask: bool = False,
+              rotary_base: Optional[float] = None):
     """softmax(q k^T * scale, padded keys masked) v, one fused pass (see the module docstring).
 
     q, k, v: [batch, heads, seq, head_dim], one dtype (float32/float16/bfloat16), any strides.
@@ -277,6 +311,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     [0, 2**63); drawn from torch's RNG, or `generator`, when None). scale: default 1/sqrt(head_dim).
     return_dropout_mask: also return the bool [batch, heads, seq, seq] keep-mask the backend used
     (all True without dropout), for checking a backend against the reference.
+    rotary_base: rotate q and k by the rotary embedding of this base (transformers' default rope,
+    fastbert.reference.rotary) as the kernel reads them, position = row index; None: no rotation.
     Returns [batch, heads, seq, head_dim] in q's dtype (zeros at padded query positions).
     """
     op = "attention"
@@ -285,9 +321,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, q.shape[2])
     mask = None if attention_mask is None else _as_bool_mask(op, attention_mask, q)
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
+    rope = _rope(op, rotary_base, backend, q.shape[-1], q.shape[2], q.device)
     if backend == "torch" or q.numel() == 0:
-        return _torch_attention(q, k, v, mask, scale, float(dropout_p), seed_t, return_dropout_mask)
-    out, keep = _run_fused(q, k, v, mask, None, None, scale, dropout_p, seed_t, return_dropout_mask, backend,
+        return _torch_attention(q, k, v, mask, scale, float(dropout_p), seed_t, return_dropout_mask, rope)
+    out, keep = _run_fused(q, k, v, mask, None, None, scale, dropout_p, seed_t, return_dropout_mask, rope, backend,
                            q.shape[:3] + (q.shape[2],))
     return (out, keep) if return_dropout_mask else out
 
@@ -320,12 +357,13 @@ def _check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *,
                      dropout_p: float = 0.0, scale: Optional[float] = None, backend: Optional[str] = None,
                      seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                     return_dropout_mask: bool = False):
+                     return_dropout_mask: bool = False, rotary_base: Optional[float] = None):
     """attention over packed sequences (see the module docstring for the shapes).
 
     Each sequence attends within itself only. The same options as `attention`; the dropout mask
     of sequence b is the one `attention` draws for row b of a right-padded batch, so the two entry
     points agree. return_dropout_mask: also return bool [batch, heads, max_seqlen, max_seqlen].
+    rotary_base: as for `attention`, a token's position its index in its sequence.
     """
     op = "varlen_attention"
     _check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]")
@@ -334,14 +372,16 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, max_seqlen)
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
     batch = cu_seqlens.shape[0] - 1
+    rope = _rope(op, rotary_base, backend, q.shape[-1], max_seqlen, q.device)
     if backend == "torch" or q.numel() == 0:
-        return _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, float(dropout_p), seed_t, return_dropout_mask)
+        return _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, float(dropout_p), seed_t, return_dropout_mask,
+                             rope)
     out, keep = _run_fused(q, k, v, None, cu_seqlens.contiguous(), max_seqlen, scale, dropout_p, seed_t,
-                           return_dropout_mask, backend, (batch, q.shape[1], max_seqlen, max_seqlen))
+                           return_dropout_mask, rope, backend, (batch, q.shape[1], max_seqlen, max_seqlen))
     return (out, keep) if return_dropout_mask else out
 
 
-def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask):
+def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope):
     """The packed batch padded to max_seqlen, through the padded torch path, and packed again."""
     from fastbert.ops.padding import pad
 
@@ -351,7 +391,7 @@ def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, retur
     mask = positions[None, :] < lengths[:, None]  # [batch, max_seqlen]
     indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
     padded = [pad(t, indices, batch, max_seqlen).transpose(1, 2) for t in (q, k, v)]  # [batch, heads, seq, d]
-    res = _torch_attention(*padded, mask, scale, dropout_p, seed, return_mask)
+    res = _torch_attention(*padded, mask, scale, dropout_p, seed, return_mask, rope)
     out, keep = res if return_mask else (res, None)
     packed = out.transpose(1, 2).reshape(batch * max_seqlen, q.shape[1], q.shape[2]).index_select(0, indices)
     return (packed, keep) if return_mask else packed

@@ -36,10 +36,11 @@ from fastbert.reference.philox import (
     new_seed,
     philox_uint32,
 )
+from fastbert.reference.rotary import rotary_tables, rotate, rotate_packed
 
 __all__ = [
     "check_seed", "dropout_keep_mask", "dropout_threshold", "new_seed", "philox_uint32",
-    "bias_gelu", "BiasGelu", "geglu", "GeGLU", "add_layer_norm", "AddLayerNorm",
+    "bias_gelu", "BiasGelu", "geglu", "GeGLU", "add_layer_norm", "AddLayerNorm", "rotary_tables", "rotate", "rotate_packed",
     "attention", "varlen_attention", "Attention", "attention_dropout_offsets", "attention_keep_mask", "mask_starts",
     "MAX_DROPOUT_SEQLEN", "mask_tokens", "mlm_draws", "mlm_prediction_count", "mlm_units", "mlm_walk",
     "word_start_table", "word_starts", "MLM_IGNORE_INDEX", "MLM_SELECTIONS",

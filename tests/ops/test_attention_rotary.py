@@ -1,0 +1,133 @@
+"""Rotary position embedding inside fastbert.ops.attention / varlen_attention (rotary_base=...),
+on every backend, against the reference: q and k rotated by fastbert.reference.rotary, then the
+reference attention. Outputs and dq, dk, dv (the gradients of the unrotated q and k) are compared
+at real-token positions with the bound of STYLE.md lesson 4."""
+import pytest
+import torch
+from conftest import assert_within_bound, device_for
+from test_attention import dtypes_for, mixed_mask, pack, qkv, run
+
+import fastbert
+from fastbert import reference
+
+BASES = (10000.0, 160000.0)  # ModernBERT's local and global layers
+
+
+def rotated_reference(base, seq, head_dim, dev):
+    cos, sin = reference.rotary_tables(base, head_dim, seq, dev)
+
+    def ref(q_, k_, v_, mask, p, keep):
+        return reference.attention(reference.rotate(q_, cos, sin), reference.rotate(k_, cos, sin), v_, mask, p,
+                                   keep_mask=keep)
+
+    return ref
+
+
+def check_rotary(backend, batch, heads, seq, head_dim, dtype, dropout_p, seed, base, left=False):
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = qkv((batch, heads, seq, head_dim), dtype, dev, g)
+    dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(dev, dtype)
+    mask = mixed_mask(batch, seq, g, left).to(dev)
+    keep = reference.attention_keep_mask(99, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
+    rotated = rotated_reference(base, seq, head_dim, dev)
+
+    def op(*t):
+        return fastbert.ops.attention(*t, mask, dropout_p=dropout_p, seed=99, backend=backend, rotary_base=base)
+
+    def ref(*t):
+        return rotated(*t, mask, dropout_p, keep)
+
+    out, grads = run(op, [q, k, v], dout)
+    pt, pt_grads = run(ref, [q, k, v], dout)
+    r64, r_grads = run(ref, [q.double(), k.double(), v.double()], dout.double())
+    real = mask.bool()[:, None, :, None].expand_as(out)
+    tag = f"{backend} rotary {base:g} b{batch} s{seq} d{head_dim} {dtype} p{dropout_p}{' left' if left else ''}"
+    for name, a, b, c in [("out", out, pt, r64)] + [(n, *t) for n, t in zip(("dq", "dk", "dv"), zip(grads, pt_grads, r_grads))]:
+        assert torch.isfinite(a).all(), f"{tag} {name}: non-finite values"
+        assert_within_bound(f"{tag} {name}", a[real], b[real], c[real], dtype)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_rotary_attention_matches_reference(backend, base):
+    seqs = [7, 33, 64] if backend == "triton" else [7, 33, 64, 130]
+    for i, seq in enumerate(seqs):
+        head_dim = (32, 64, 80)[i % 3]
+        for dtype in dtypes_for(backend):
+            check_rotary(backend, 3, 2, seq, head_dim, dtype, 0.0, seed=i, base=base)
+
+
+def test_rotary_attention_dropout_and_left_padding(backend):
+    # left padding: a row's position is its index in the padded batch, as transformers counts it
+    check_rotary(backend, 4, 2, 33, 64, torch.float32, 0.1, seed=3, base=BASES[1], left=True)
+
+
+def test_rotary_attention_odd_widths(backend):
+    # head dims whose halves are not a multiple of the vector width (the cpp and torch backends)
+    if backend == "triton":
+        pytest.skip("the triton backend takes head_dim >= 32 from its list; its error is tested below")
+    for head_dim in (2, 20, 48):
+        check_rotary(backend, 3, 2, 19, head_dim, torch.float32, 0.0, seed=head_dim, base=BASES[0])
+
+
+def test_rotary_varlen_matches_reference_and_padded(backend):
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(8)
+    lengths = [5, 1, 0, 33, 17] if backend == "triton" else [5, 1, 0, 97, 128, 64]
+    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    total, max_seqlen, base = sum(lengths), max(lengths) + 3, BASES[1]
+    cos, sin = reference.rotary_tables(base, 64, max_seqlen, dev)
+    for dtype in dtypes_for(backend):
+        q, k, v = qkv((total, 3, 64), dtype, dev, g)
+        dout = torch.randn(total, 3, 64, generator=g).to(dev, dtype)
+
+        def op(*t):
+            return fastbert.ops.varlen_attention(*t, cu_seqlens, max_seqlen, backend=backend, rotary_base=base)
+
+        def ref(q_, k_, v_):
+            q_, k_ = (reference.rotate_packed(t, cu_seqlens, cos, sin) for t in (q_, k_))
+            return reference.varlen_attention(q_, k_, v_, cu_seqlens)
+
+        out, grads = run(op, [q, k, v], dout)
+        pt, pt_grads = run(ref, [q, k, v], dout)
+        r64, r_grads = run(ref, [q.double(), k.double(), v.double()], dout.double())
+        for name, a, b, c in [("out", out, pt, r64)] + [(n, *t) for n, t in zip(("dq", "dk", "dv"), zip(grads, pt_grads, r_grads))]:
+            assert_within_bound(f"{backend} rotary varlen {dtype} {name}", a, b, c, dtype)
+
+    # packed and right-padded agree: a token's position is its index in its sequence either way
+    batch, seq = 4, 40
+    q, k, v = qkv((batch, 2, seq, 64), torch.float32, dev, g)
+    mask = mixed_mask(batch, seq, g).to(dev)
+    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
+    padded = fastbert.ops.attention(q, k, v, mask, backend=backend, rotary_base=base)
+    packed = fastbert.ops.varlen_attention(*(pack(t, mask) for t in (q, k, v)), cu, n, backend=backend, rotary_base=base)
+    torch.testing.assert_close(packed, pack(padded, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_matches_transformers_modernbert():
+    # the convention (rotate-half, inv_freq, positions) is transformers' own
+    from transformers import ModernBertConfig
+    from transformers.models.modernbert import modeling_modernbert as mb
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 50, 32, generator=g) for _ in range(3))
+    config = ModernBertConfig(hidden_size=128, num_attention_heads=4)
+    rope = mb.ModernBertRotaryEmbedding(config)
+    for layer_type, base in (("full_attention", 160000.0), ("sliding_attention", 10000.0)):
+        cos, sin = rope(q, torch.arange(50)[None].expand(2, -1), layer_type)
+        qr, kr = mb.apply_rotary_pos_emb(q, k, cos, sin)
+        want = torch.nn.functional.scaled_dot_product_attention(qr, kr, v)
+        got = fastbert.ops.attention(q, k, v, backend="torch", rotary_base=base)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_errors():
+    q = torch.randn(1, 2, 8, 7)
+    with pytest.raises(ValueError, match="rotary embeddings need an even head_dim, got 7"):
+        fastbert.ops.attention(q, q, q, rotary_base=10000.0, backend="torch")
+    q = torch.randn(1, 2, 8, 16)
+    for bad in (0.0, -5.0, float("inf"), 1.0, True, "10000"):
+        with pytest.raises(ValueError, match="rotary_base must be a finite number > 1"):
+            fastbert.ops.attention(q, q, q, rotary_base=bad, backend="torch")
+    with pytest.raises(ValueError, match="'triton' backend needs head_dim >= 32, got 16"):
+        fastbert.ops.attention(q, q, q, rotary_base=10000.0, backend="triton")
