@@ -49,6 +49,7 @@ import tempfile
 import time
 
 import numpy as np
+from transformers import AutoConfig
 
 from fastbert.bench.report import command_line, header, write_json
 from fastbert.bench.serving import (
@@ -64,6 +65,7 @@ from fastbert.bench.serving import (
     ratios,
     run_clients,
 )
+from fastbert.bench.timing import encoder_flops_per_token, fp32_gemm_rate
 
 SETS = {"short": (8, 32, 512), "passages": (64, 256, 256)}  # token range, how many texts
 BATCH_TEXTS, BATCH_CONCURRENCY = 32, 8
@@ -326,10 +328,13 @@ def best_of(first: list, second: list) -> list:
     return out
 
 
-def run_model(name: str, sets: dict, args, workdir: str, exe, notes: list, pages: dict) -> list:
+def run_model(name: str, sets: dict, args, workdir: str, exe, notes: list, pages: dict, floor: dict) -> list:
     """In-process, then every server up at once (started one after another), measured cell by cell
     in turn, then in-process again."""
     model_dir = minilm_dir() if name == "minilm" else build_bert_base(os.path.join(workdir, "bert-base"))
+    config = AutoConfig.from_pretrained(model_dir)
+    for s, (_, tokens) in sets.items():
+        floor["flops"][name, s] = encoder_flops_per_token(config, statistics.mean(tokens))
     check = [t for texts, _ in sets.values() for t in texts[:2]]
     ref = reference(model_dir, check)
     seconds = 1.0 if args.quick else args.duration
@@ -360,7 +365,7 @@ def run_model(name: str, sets: dict, args, workdir: str, exe, notes: list, pages
     return (before if args.quick else best_of(before, ceiling())) + rows
 
 
-def run(args, workdir: str, notes: list, pages: dict) -> list:
+def run(args, workdir: str, notes: list, pages: dict, floor: dict) -> list:
     sets = {s: make_texts(*SETS[s][:2], SETS[s][2] // (4 if args.quick else 1), s == "passages", seed=i)
             for i, s in enumerate(args.sets)}
     for s, (texts, tokens) in sets.items():
@@ -372,7 +377,7 @@ def run(args, workdir: str, notes: list, pages: dict) -> list:
                      'own: python -m venv VENV && VENV/bin/pip install "infinity-emb[server,torch,optimum]"')
         log(notes[-1])
         exe = None
-    return [r for name in args.models for r in run_model(name, sets, args, workdir, exe, notes, pages)]
+    return [r for name in args.models for r in run_model(name, sets, args, workdir, exe, notes, pages, floor)]
 
 
 def main(argv=None) -> int:
@@ -383,8 +388,10 @@ def main(argv=None) -> int:
     notes: list = []
     pages: dict = {}  # fastbert serve's /metrics after its last load, per server
     load = os.getloadavg()[0]
+    floor = {**fp32_gemm_rate(), "flops": {}}  # the machine's best fp32 GEMM rate; FLOPs per token by (model, set)
+    log(f"this machine's best fp32 GEMM: {floor['gflops']:.0f} GFLOP/s ({floor['by']}, {floor['shape']})")
     try:
-        rows = run(args, workdir, notes, pages)
+        rows = run(args, workdir, notes, pages, floor)
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -399,7 +406,7 @@ def main(argv=None) -> int:
     for n in notes:
         print(f"# {n}")
     print_table(rows)
-    lines = ratios(rows, args)
+    lines = ratios(rows, args, floor)
     print()
     for line in lines:
         print(line)

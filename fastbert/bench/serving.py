@@ -376,9 +376,19 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def ratios(rows: list, args) -> list:
+def _floor_line(cell: str, peer_tokens_per_s: float, flops_per_token: float, floor: dict) -> str:
+    need = 2 * peer_tokens_per_s * flops_per_token / 1e9
+    where = "within" if need <= floor["gflops"] else "BEYOND"
+    return (f"{cell}: 2x infinity's throughput in fp32 takes {need:.0f} GFLOP/s of the model's products "
+            f"({flops_per_token / 1e6:.1f} MFLOP per token); this machine's best fp32 GEMM runs at "
+            f"{floor['gflops']:.0f} ({floor['by']}, {floor['shape']}): {where} the machine's floor")
+
+
+def ratios(rows: list, args, floor: Optional[dict] = None) -> list:
     """The figures the targets are about, each with its verdict; args: bench_serve's (models,
-    precisions, sets, concurrency, inproc_batch)."""
+    precisions, sets, concurrency, inproc_batch); floor: {"gflops": the machine's best fp32 GEMM
+    rate, "flops": {(model, set): FLOPs per token}}, which says where an unmet fp32 target is
+    beyond what any engine could do on this CPU."""
     lines, top = [], f"c={max(args.concurrency)}"
     for m in args.models:
         served = [r["server"] for r in rows
@@ -394,6 +404,8 @@ def ratios(rows: list, args) -> list:
                     lines.append(f"{m} {s} {top}: {fb} / {peer} throughput {x:.2f}x (target >= 2x: {_met(x >= 2)}); "
                                  f"p99 {a['p99_ms']:.0f} vs {b['p99_ms']:.0f} ms (target lower: "
                                  f"{_met(a['p99_ms'] < b['p99_ms'])})")
+                    if prec == "fp32" and floor and (m, s) in floor["flops"]:
+                        lines.append(_floor_line(f"{m} {s} {top}", b["tokens_per_s"], floor["flops"][m, s], floor))
                 if a and ip:
                     x = a["tokens_per_s"] / ip["tokens_per_s"]
                     lines.append(f"{m} {s} {top}: {fb} server / in-process encode {x:.0%} (target >= 85%: {_met(x >= 0.85)})")

@@ -44,6 +44,45 @@ def median_s(fns: Dict[str, Callable[[], object]], *, device: str = "cpu", **kw)
     return {name: statistics.median(t) for name, t in interleaved_cpu_times(fns, **kw).items()}
 
 
+
+# Products of the shapes an encoder's feed-forward has at large batches (BERT-base: hidden 768, 3072).
+FLOOR_SHAPES = ((4096, 768, 3072), (4096, 3072, 768), (4096, 768, 768))
+
+
+def fp32_gemm_rate(shapes=FLOOR_SHAPES, repeats: int = 5) -> Dict[str, float]:
+    """The best fp32 GEMM rate this machine reaches, in GFLOP/s (2*m*k*n per product), on large
+    products where the library's packing pays for itself: for each shape the best of `repeats`
+    calls of torch.mm (MKL or oneDNN) and of fastbert.ops.linear (its measured path choice).
+    Returns {"gflops": the best, "shape": "MxKxN", "by": which}: a model's fp32 work cannot go
+    faster than that on this CPU, whatever engine runs it."""
+    from fastbert.ops import linear
+
+    best = {"gflops": 0.0, "shape": "", "by": ""}
+    g = torch.Generator().manual_seed(0)
+    for m, k, n in shapes:
+        x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+        wt = w.t().contiguous()
+        calls = {"torch.mm": (torch.mm, x, wt), "fastbert linear": (linear, x, w)}
+        for by, (fn, a, b) in calls.items():
+            fn(a, b)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn(a, b)
+                rate = 2 * m * k * n / (time.perf_counter() - t0) / 1e9
+                if rate > best["gflops"]:
+                    best = {"gflops": rate, "shape": f"{m}x{k}x{n}", "by": by}
+    return best
+
+
+def encoder_flops_per_token(config, mean_tokens: float) -> float:
+    """FLOPs of one token through a BERT-shaped encoder's layers (config: hidden_size,
+    intermediate_size, num_hidden_layers): its four attention projections and two feed-forward
+    products, 2 FLOPs per multiply-add, plus the two attention products against a sequence of
+    mean_tokens. Pooling, embeddings and the elementwise ops are left out (a few per cent)."""
+    d, f, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    return layers * (2 * (4 * d * d + 2 * d * f) + 4 * mean_tokens * d)
+
+
 # The environment that makes every library of a run stand for a CPU of a lower level: fastbert's
 # kernels (FASTBERT_CPU_CAPABILITY), torch's own (ATEN_CPU_CAPABILITY), MKL's GEMMs, oneDNN's (torch's
 # int8 and bf16 products; a library past its cap computes what that CPU would, saturation included)

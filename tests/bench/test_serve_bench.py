@@ -92,3 +92,36 @@ def test_the_verdicts_name_each_target():
         "p99 80 vs 200 ms (target lower: met)",
         "minilm short c=64: fastbert fp32 server / in-process encode 90% (target >= 85%: met)",
         "minilm short c=1: fastbert fp32 p50 over HTTP 15.0 ms / in-process 12.0 ms = 1.25x (target <= 1.5x: met)"]
+
+
+def test_the_fp32_verdict_says_where_the_machine_s_floor_lies():
+    bench = _bench_serve()
+    args = bench.parse(["--models", "minilm", "--precisions", "fp32", "--sets", "short", "--concurrency", "64"])
+    row = dict(model="minilm", set="short", client="c=64")
+    rows = [dict(row, server="fastbert fp32", tokens_per_s=500.0, p99_ms=80.0),
+            dict(row, server="infinity optimum", tokens_per_s=300.0, p99_ms=200.0)]
+    floor = {"gflops": 100.0, "by": "torch.mm", "shape": "4096x768x768", "flops": {("minilm", "short"): 1e8}}
+    lines = bench.ratios(rows, args, floor)
+    assert lines[1] == ("minilm short c=64: 2x infinity's throughput in fp32 takes 60 GFLOP/s of the model's products "
+                        "(100.0 MFLOP per token); this machine's best fp32 GEMM runs at 100 (torch.mm, 4096x768x768): "
+                        "within the machine's floor")
+    floor["flops"]["minilm", "short"] = 2e8
+    assert bench.ratios(rows, args, floor)[1].endswith("BEYOND the machine's floor")
+    assert "takes 120 GFLOP/s" in bench.ratios(rows, args, floor)[1]
+
+
+def test_an_encoder_s_flops_per_token_count_its_products():
+    from types import SimpleNamespace
+
+    from fastbert.bench.timing import encoder_flops_per_token
+
+    base = SimpleNamespace(hidden_size=768, intermediate_size=3072, num_hidden_layers=12)
+    assert encoder_flops_per_token(base, 0) == 12 * 2 * (4 * 768 * 768 + 2 * 768 * 3072)  # 2 FLOPs x 85M weights
+    assert encoder_flops_per_token(base, 100) - encoder_flops_per_token(base, 0) == 12 * 4 * 100 * 768
+
+
+def test_the_machine_s_gemm_rate_is_measured():
+    from fastbert.bench.timing import fp32_gemm_rate
+
+    rate = fp32_gemm_rate(shapes=((64, 32, 48), (16, 8, 8)), repeats=2)
+    assert rate["gflops"] > 0 and rate["shape"] in ("64x32x48", "16x8x8") and rate["by"] in ("torch.mm", "fastbert linear")
