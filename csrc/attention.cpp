@@ -166,7 +166,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
                                                                   double scale, double dropout_p, int64_t seed,
                                                                   bool return_dropout_mask,
                                                                   const c10::optional<at::Tensor>& rope_cos,
-                                                                  const c10::optional<at::Tensor>& rope_sin) {
+                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window) {
   const char* op = "attention_forward";
   check_qkv(op, q_in, k_in, v_in, 4);
   const at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
@@ -178,6 +178,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   at::Tensor lse = detail::empty({batch, heads, seq}, at::kFloat);
   a.pad_rows = seq;
   a.seqs = seqs.data();
+  a.window = window < 0 ? -1 : window;
   set_rope(a, rope_cos, rope_sin, seq, op);
   a.q = view_of(q, true), a.k = view_of(k, true), a.v = view_of(v, true), a.out = view_of(out, true);
   a.lse = lse.data_ptr<float>(), a.lse_sb = heads * seq, a.lse_sh = seq;
@@ -195,7 +196,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const c10::optional<at::Tensor>& key_mask, double scale,
     double dropout_p, int64_t seed, const c10::optional<at::Tensor>& rope_cos,
-    const c10::optional<at::Tensor>& rope_sin) {
+    const c10::optional<at::Tensor>& rope_sin, int64_t window) {
   const char* op = "attention_backward";
   check_qkv(op, q_in, k_in, v_in, 4);
   check_like_q(op, "do", dout_in, q_in);
@@ -210,6 +211,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   at::Tensor dq = detail::empty_output(q), dk = detail::empty_output(q), dv = detail::empty_output(q);
   a.pad_rows = seq;
   a.seqs = seqs.data();
+  a.window = window < 0 ? -1 : window;
   set_rope(a, rope_cos, rope_sin, seq, op);
   a.q = view_of(q, true), a.k = view_of(k, true), a.v = view_of(v, true), a.dout = view_of(dout, true);
   a.dq = view_of(dq, true), a.dk = view_of(dk, true), a.dv = view_of(dv, true);
@@ -225,7 +227,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
                                                                          double dropout_p, int64_t seed,
                                                                          bool return_dropout_mask,
                                                                          const c10::optional<at::Tensor>& rope_cos,
-                                                                         const c10::optional<at::Tensor>& rope_sin) {
+                                                                         const c10::optional<at::Tensor>& rope_sin, int64_t window) {
   const char* op = "varlen_attention_forward";
   check_qkv(op, q_in, k_in, v_in, 3);
   check_cu_seqlens(op, cu_seqlens);
@@ -237,6 +239,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
   at::Tensor out = detail::empty_output(q);
   at::Tensor lse = detail::empty({heads, tokens}, at::kFloat);
   a.seqs = seqs.data();
+  a.window = window < 0 ? -1 : window;
   set_rope(a, rope_cos, rope_sin, longest(seqs), op);
   a.q = view_of(q, false), a.k = view_of(k, false), a.v = view_of(v, false), a.out = view_of(out, false);
   a.lse = lse.data_ptr<float>(), a.lse_sb = 0, a.lse_sh = tokens;
@@ -250,7 +253,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& cu_seqlens, int64_t max_seqlen,
     double scale, double dropout_p, int64_t seed, const c10::optional<at::Tensor>& rope_cos,
-    const c10::optional<at::Tensor>& rope_sin) {
+    const c10::optional<at::Tensor>& rope_sin, int64_t window) {
   const char* op = "varlen_attention_backward";
   (void)max_seqlen;  // the sequences come from cu_seqlens
   check_qkv(op, q_in, k_in, v_in, 3);
@@ -265,6 +268,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
   const std::vector<AttnSeq> seqs = packed_seqs(a, cu_seqlens, op);
   at::Tensor dq = detail::empty_output(q), dk = detail::empty_output(q), dv = detail::empty_output(q);
   a.seqs = seqs.data();
+  a.window = window < 0 ? -1 : window;
   set_rope(a, rope_cos, rope_sin, longest(seqs), op);
   a.q = view_of(q, false), a.k = view_of(k, false), a.v = view_of(v, false), a.dout = view_of(dout, false);
   a.dq = view_of(dq, false), a.dk = view_of(dk, false), a.dv = view_of(dv, false);

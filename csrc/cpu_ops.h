@@ -47,17 +47,18 @@ at::Tensor philox_uint32_scalar(int64_t seed, int64_t start, int64_t count);  //
 // bool dropout keep-mask [batch, heads, n, n] when asked for, else an empty bool tensor of shape [0].
 // rope_cos, rope_sin: none, or the float32 [positions, head_dim / 2] rotary tables of q and k
 // (fastbert.reference.rotary; position: the row index padded, the index in the sequence packed).
+// window >= 0: local attention, a query sees the keys at most `window` rows away; < 0: every key.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                                   const at::Tensor& v,
                                                                   const c10::optional<at::Tensor>& key_mask,
                                                                   double scale, double dropout_p, int64_t seed,
                                                                   bool return_dropout_mask,
                                                                   const c10::optional<at::Tensor>& rope_cos,
-                                                                  const c10::optional<at::Tensor>& rope_sin);
+                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const c10::optional<at::Tensor>& key_mask, double scale, double dropout_p, int64_t seed,
-    const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin);
+    const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin, int64_t window);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                                          const at::Tensor& v,
                                                                          const at::Tensor& cu_seqlens,
@@ -65,11 +66,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
                                                                          double dropout_p, int64_t seed,
                                                                          bool return_dropout_mask,
                                                                   const c10::optional<at::Tensor>& rope_cos,
-                                                                  const c10::optional<at::Tensor>& rope_sin);
+                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale, double dropout_p,
-    int64_t seed, const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin);
+    int64_t seed, const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin, int64_t window);
 
 // int8.cpp: int8 inference. Quantized activations: (q int8 [rows + 1, n], its last row all ones;
 // scale, offset float32 [rows]), x ~ q * scale + offset per row. acc: the int32 (or float32)

@@ -84,6 +84,8 @@ struct AttnArgs {
   // position's angles; a row's position is its row index (padded) or its index in its sequence (packed)
   const float* rope_cos = nullptr;
   const float* rope_sin = nullptr;
+  // Local attention: a query sees the keys at most `window` rows away on either side; < 0: all keys
+  int64_t window = -1;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ Problem problem_of(const kernels::AttnArgs& a) {
   pb.lse = Rows<float>{a.lse, a.lse_sb, a.lse_sh, 1};
   pb.rope_cos = a.rope_cos;
   pb.rope_sin = a.rope_sin;
+  pb.window = a.window;
   return pb;
 }
 

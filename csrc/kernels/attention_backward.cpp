@@ -28,32 +28,33 @@ constexpr int64_t kOneBlockLen = 256;  // backward: sequences up to this long ta
 // pt[r, i] <- P[i, j0 + r] = exp(S * scale - lse), dpt[r, i] <- dP[i, j0 + r] * keep / (1 - p),
 // kst[r, i] <- keep / (1 - p) (dropout only); when `accumulate`, psum[i] += P and dsum[i] += P dP.
 template <bool kDropout>
-void probabilities_block(const Problem& pb, const Seq& sq, uint64_t pair, int64_t j0, int64_t n, int64_t lp,
-                         const float* nlse, float* pt, float* dpt, float* kst, float* psum, float* dsum,
-                         bool accumulate) {
+void probabilities_block(const Problem& pb, const Seq& sq, uint64_t pair, int64_t j0, int64_t n, int64_t qa,
+                         int64_t nqp, int64_t ld, const float* nlse, float* pt, float* dpt, float* kst, float* psum,
+                         float* dsum, bool accumulate) {
   const Vf scale = vec::set1(pb.scale);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t j = j0 + r;
-    float* prow = pt + r * lp;
-    float* drow = dpt + r * lp;
+    float* prow = pt + r * ld;
+    float* drow = dpt + r * ld;
     if (sq.real != nullptr && !sq.real[j]) {  // a hole key: no weight, no gradient
-      std::fill(prow, prow + lp, 0.0f);
-      std::fill(drow, drow + lp, 0.0f);
-      if constexpr (kDropout) std::fill(kst + r * lp, kst + (r + 1) * lp, 0.0f);
+      std::fill(prow, prow + nqp, 0.0f);
+      std::fill(drow, drow + nqp, 0.0f);
+      if constexpr (kDropout) std::fill(kst + r * ld, kst + r * ld + nqp, 0.0f);
       continue;
     }
-    for (int64_t i = 0; i < lp; i += W) {
-      const Vf p = vec::vexp_or_zero(vec::fmadd(vec::load(prow + i), scale, vec::load(nlse + i)));
-      Vf dp = vec::load(drow + i);
+    for (int64_t c = 0; c < nqp; c += W) {
+      const int64_t i = qa + c;  // the query of column c
+      const Vf p = vec::vexp_or_zero(vec::fmadd(vec::load(prow + c), scale, vec::load(nlse + i)));
+      Vf dp = vec::load(drow + c);
       if constexpr (kDropout) {
         // probability (query i + lane, key j): counter pair + (i + lane) * 2^16 + j
         const Vf ks = philox::keep_scale_step(pair + (static_cast<uint64_t>(i) << 16) + static_cast<uint64_t>(j),
                                               uint64_t{1} << 16, pb.keys, pb.thresh, pb.keep);
-        vec::store(kst + r * lp + i, ks);
+        vec::store(kst + r * ld + c, ks);
         dp = dp * ks;
       }
-      vec::store(prow + i, p);
-      vec::store(drow + i, dp);
+      vec::store(prow + c, p);
+      vec::store(drow + c, dp);
       if (accumulate) {
         vec::store(psum + i, vec::load(psum + i) + p);
         vec::store(dsum + i, vec::fmadd(p, dp, vec::load(dsum + i)));
@@ -77,14 +78,14 @@ inline void finish_sums(float* psum, float* dsum, int64_t lp) {
 // dropout (times kst = keep / (1 - p)), the two left operands of the block's gradient GEMMs.
 template <bool kDropout>
 inline void gradient_block(float* pt, float* dpt, const float* kst, const float* psum, const float* dsum, int64_t n,
-                           int64_t lp, Vf scale) {
+                           int64_t nqp, int64_t ld, Vf scale) {
   for (int64_t r = 0; r < n; ++r) {
-    float* prow = pt + r * lp;
-    float* drow = dpt + r * lp;
-    for (int64_t i = 0; i < lp; i += W) {
+    float* prow = pt + r * ld;
+    float* drow = dpt + r * ld;
+    for (int64_t i = 0; i < nqp; i += W) {
       const Vf p = vec::load(prow + i) * vec::load(psum + i);
       vec::store(drow + i, p * (vec::load(drow + i) - vec::load(dsum + i)) * scale);
-      vec::store(prow + i, kDropout ? p * vec::load(kst + r * lp + i) : p);
+      vec::store(prow + i, kDropout ? p * vec::load(kst + r * ld + i) : p);
     }
   }
 }
@@ -120,6 +121,41 @@ inline void put_query_rows(const Problem& pb, const Rows<T>& dq, int64_t b, int6
 // exp(S * scale - lse) sums to 1 only to a few ulps), and D_i = sum_j P_ij dP_ij (dropout applied)
 // is taken from the same fp32 P and dP as dS, not as dO . O from the rounded output. Then
 // sum_j dS_ij = 0 to fp32 rounding; with a single real key, dS vanishes to an ulp of P.
+// The fp32 rows of one pair the backward reads: q and k (rotated when rotary), v and dO.
+struct PairRows {
+  const float *q, *k, *v, *dout;
+  int64_t ldq, ldk, ldv, lddo;
+};
+
+template <class T>
+PairRows pair_rows(const Problem& pb, const Rows<const T>& dout, const Rows<const T>& q, const Rows<const T>& k,
+                   const Rows<const T>& v, int64_t b, int64_t h, Arena& arena, int64_t qkrows, int64_t rows) {
+  const Seq& sq = pb.seqs[b];
+  const int64_t len = sq.len, d = pb.d;
+  PairRows pr{nullptr, nullptr, nullptr, nullptr, d, d, d, d};
+  float* qbuf = arena.take(qkrows);
+  float* kbuf = arena.take(qkrows);
+  if (pb.rope()) {  // the scores of the rotated q and k; their gradients are rotated back at the end
+    const int64_t pos0 = pb.first_position(sq);
+    rotate_rows(q.at(b, h, sq.first), q.sr, len, d, pb, pos0, 1.0f, qbuf);
+    rotate_rows(k.at(b, h, sq.first), k.sr, len, d, pb, pos0, 1.0f, kbuf);
+    pr.q = qbuf, pr.k = kbuf;
+  } else {
+    pr.q = fp32_rows(q.at(b, h, sq.first), q.sr, len, d, qbuf, pr.ldq);
+    pr.k = fp32_rows(k.at(b, h, sq.first), k.sr, len, d, kbuf, pr.ldk);
+  }
+  pr.v = fp32_rows(v.at(b, h, sq.first), v.sr, len, d, arena.take(rows), pr.ldv);
+  pr.dout = fp32_rows(dout.at(b, h, sq.first), dout.sr, len, d, arena.take(rows), pr.lddo);
+  return pr;
+}
+
+// The backward's softmax is made consistent with itself: P is recomputed from the saved lse and
+// then divided by its own row sum (the recomputed scores round differently from the forward's, so
+// exp(S * scale - lse) sums to 1 only to a few ulps), and D_i = sum_j P_ij dP_ij (dropout applied)
+// is taken from the same fp32 P and dP as dS, not as dO . O from the rounded output. Then
+// sum_j dS_ij = 0 to fp32 rounding; with a single real key, dS vanishes to an ulp of P.
+// Local attention: a key block meets only the queries within the window of one of its keys (a span
+// of block + 2 * window columns); the scores out of each key's own window are -inf, so P is 0 there.
 template <class T, bool kDropout>
 void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<const T>& q, const Rows<const T>& k,
                    const Rows<const T>& v, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv, int64_t b,
@@ -131,74 +167,73 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
   const int64_t lp = vec::round_up(len, W);
   // one block of every key when the [len, len] blocks stay cache-sized; longer sequences make a
   // first pass over the key blocks for D alone (the two score GEMMs once more)
-  const int64_t nb = lp <= kOneBlockLen ? len : std::min(block_rows(lp), len);
+  int64_t nb, ls;  // key rows per block, the stride of a block's rows of P^T
+  block_shape(pb, len, lp, lp <= kOneBlockLen ? len : block_rows(lp), nb, ls);
   const bool one_block = nb == len;
   const int64_t rows = std::is_same_v<T, float> ? 0 : len * d;
   const int64_t qkrows = pb.rope() ? len * d : rows;  // q and k: rotated, or converted, fp32 rows
-  float* buf = vec::thread_buffer<float, kSlotAttention>(arena_size(
-      {len * d, lp, lp, lp, nb * lp, nb * lp, kDropout ? nb * lp : 0, nb * d, nb * d, qkrows, qkrows, rows, rows}));
+  float* buf = vec::thread_buffer<float, kSlotAttention>(arena_size({len * d, lp + W, lp + W, lp + W, nb * ls,
+      nb * ls, kDropout ? nb * ls : 0, nb * d, nb * d, qkrows, qkrows, rows, rows}));
   Arena arena{buf};
   float* dqa = arena.take(len * d);  // dQ accumulated over key blocks [len, d]
-  float* nlse = arena.take(lp);      // -lse, -inf at padded queries
-  float* psum = arena.take(lp);      // sum_j P_ij, then its inverse
-  float* dsum = arena.take(lp);      // D_i
-  float* pt = arena.take(nb * lp);   // S^T, then P^T, then normalised with dropout [nb, lp]
-  float* dpt = arena.take(nb * lp);  // dP^T, then with dropout, then dS^T * scale [nb, lp]
-  float* kst = kDropout ? arena.take(nb * lp) : nullptr;  // keep / (1 - p) [nb, lp]
+  float* nlse = arena.take(lp + W);  // -lse, -inf at padded queries and past the sequence
+  float* psum = arena.take(lp + W);  // sum_j P_ij, then its inverse
+  float* dsum = arena.take(lp + W);  // D_i
+  float* pt = arena.take(nb * ls);   // S^T, then P^T, then normalised with dropout [nb, ls]
+  float* dpt = arena.take(nb * ls);  // dP^T, then with dropout, then dS^T * scale [nb, ls]
+  float* kst = kDropout ? arena.take(nb * ls) : nullptr;  // keep / (1 - p) [nb, ls]
   float* dkb = arena.take(nb * d);
   float* dvb = arena.take(nb * d);
-  int64_t ldq = d, ldk = d, ldv, lddo;
-  const int64_t pos0 = pb.first_position(sq);
-  float* qbuf = arena.take(qkrows);
-  float* kbuf = arena.take(qkrows);
-  const float* qr = qbuf;
-  const float* kr = kbuf;
-  if (pb.rope()) {  // the scores of the rotated q and k; their gradients are rotated back below
-    rotate_rows(q.at(b, h, sq.first), q.sr, len, d, pb, pos0, 1.0f, qbuf);
-    rotate_rows(k.at(b, h, sq.first), k.sr, len, d, pb, pos0, 1.0f, kbuf);
-  } else {
-    qr = fp32_rows(q.at(b, h, sq.first), q.sr, len, d, qbuf, ldq);
-    kr = fp32_rows(k.at(b, h, sq.first), k.sr, len, d, kbuf, ldk);
-  }
-  const float* vr = fp32_rows(v.at(b, h, sq.first), v.sr, len, d, arena.take(rows), ldv);
-  const float* dor = fp32_rows(dout.at(b, h, sq.first), dout.sr, len, d, arena.take(rows), lddo);
-  for (int64_t i = 0; i < lp; ++i) {
+  const PairRows pr = pair_rows(pb, dout, q, k, v, b, h, arena, qkrows, rows);
+  for (int64_t i = 0; i < lp + W; ++i) {
     const bool real = i < len && (sq.real == nullptr || sq.real[i]);
     nlse[i] = real ? -*pb.lse.at(b, h, sq.first + i) : -kInf;
     psum[i] = 0.0f;
     dsum[i] = 0.0f;
   }
+  if (pb.local()) std::fill(dqa, dqa + len * d, 0.0f);  // a key block adds to the rows of its span only
   const uint64_t pair = pb.counter(b, h);
-  auto scores = [&](int64_t j0, int64_t n) {
-    gemm(false, true, n, len, d, kr + j0 * ldk, ldk, qr, ldq, pt, lp, false);    // S^T = K Q^T
-    gemm(false, true, n, len, d, vr + j0 * ldv, ldv, dor, lddo, dpt, lp, false);  // dP^T = V dO^T
-    for (int64_t r = 0; r < n; ++r) {  // padding columns (the GEMMs leave them unwritten)
-      std::fill(pt + r * lp + len, pt + (r + 1) * lp, 0.0f);
-      std::fill(dpt + r * lp + len, dpt + (r + 1) * lp, 0.0f);
+  // S^T and dP^T of the key rows j0 .. j0 + n against the queries of their span (-inf out of windows)
+  auto scores = [&](int64_t j0, int64_t n, const Span& qs) {
+    const int64_t nq = qs.hi - qs.lo, nqp = vec::round_up(nq, W);
+    gemm(false, true, n, nq, d, pr.k + j0 * pr.ldk, pr.ldk, pr.q + qs.lo * pr.ldq, pr.ldq, pt, ls, false);
+    gemm(false, true, n, nq, d, pr.v + j0 * pr.ldv, pr.ldv, pr.dout + qs.lo * pr.lddo, pr.lddo, dpt, ls, false);
+    for (int64_t r = 0; r < n; ++r) {  // columns past the span (the GEMMs leave them unwritten)
+      const int64_t j = j0 + r;
+      if (pb.local()) {
+        mask_outside(pt + r * ls, j - pb.window - qs.lo, std::min(j + pb.window + 1 - qs.lo, nq), nqp);
+      } else {
+        mask_outside(pt + r * ls, 0, nq, nqp);
+      }
+      std::fill(dpt + r * ls + nq, dpt + r * ls + nqp, 0.0f);
     }
+    return nqp;
   };
   if (!one_block) {
     for (int64_t j0 = 0; j0 < len; j0 += nb) {
       const int64_t n = std::min(nb, len - j0);
-      scores(j0, n);
-      probabilities_block<kDropout>(pb, sq, pair, j0, n, lp, nlse, pt, dpt, kst, psum, dsum, true);
+      const Span qs = span_of(pb, j0, n, len);
+      const int64_t nqp = scores(j0, n, qs);
+      probabilities_block<kDropout>(pb, sq, pair, j0, n, qs.lo, nqp, ls, nlse, pt, dpt, kst, psum, dsum, true);
     }
     finish_sums(psum, dsum, lp);
   }
   const Vf scale = vec::set1(pb.scale);
   for (int64_t j0 = 0; j0 < len; j0 += nb) {
     const int64_t n = std::min(nb, len - j0);
-    scores(j0, n);
-    probabilities_block<kDropout>(pb, sq, pair, j0, n, lp, nlse, pt, dpt, kst, psum, dsum, one_block);
+    const Span qs = span_of(pb, j0, n, len);
+    const int64_t nq = qs.hi - qs.lo, nqp = scores(j0, n, qs);
+    probabilities_block<kDropout>(pb, sq, pair, j0, n, qs.lo, nqp, ls, nlse, pt, dpt, kst, psum, dsum, one_block);
     if (one_block) finish_sums(psum, dsum, lp);
-    gradient_block<kDropout>(pt, dpt, kst, psum, dsum, n, lp, scale);
-    gemm(false, false, n, d, len, pt, lp, dor, lddo, dvb, d, false);             // dV = P^T dO
-    gemm(false, false, n, d, len, dpt, lp, qr, ldq, dkb, d, false);             // dK = dS^T Q
-    gemm(true, false, len, d, n, dpt, lp, kr + j0 * ldk, ldk, dqa, d, j0 > 0);  // dQ += dS K
-    if (pb.rope()) rotate_rows(static_cast<const float*>(dkb), d, n, d, pb, pos0 + j0, -1.0f, dkb);
+    gradient_block<kDropout>(pt, dpt, kst, psum + qs.lo, dsum + qs.lo, n, nqp, ls, scale);
+    gemm(false, false, n, d, nq, pt, ls, pr.dout + qs.lo * pr.lddo, pr.lddo, dvb, d, false);  // dV = P^T dO
+    gemm(false, false, n, d, nq, dpt, ls, pr.q + qs.lo * pr.ldq, pr.ldq, dkb, d, false);      // dK = dS^T Q
+    gemm(true, false, nq, d, n, dpt, ls, pr.k + j0 * pr.ldk, pr.ldk, dqa + qs.lo * d, d,
+         pb.local() || j0 > 0);  // dQ += dS K
+    if (pb.rope()) rotate_rows(static_cast<const float*>(dkb), d, n, d, pb, pb.first_position(sq) + j0, -1.0f, dkb);
     put_key_rows(pb, dk, dv, b, h, sq.first + j0, dkb, dvb, n);
   }
-  if (pb.rope()) rotate_rows(static_cast<const float*>(dqa), d, len, d, pb, pos0, -1.0f, dqa);
+  if (pb.rope()) rotate_rows(static_cast<const float*>(dqa), d, len, d, pb, pb.first_position(sq), -1.0f, dqa);
   put_query_rows(pb, dq, b, h, sq.first, dqa, len);
 }
 

@@ -97,7 +97,10 @@ struct Problem {
   const float* rope_cos = nullptr;  // rotary tables [positions, d / 2], or nullptr
   const float* rope_sin = nullptr;
 
+  int64_t window = -1;  // local attention: keys at most this many rows away; < 0: every key
+
   bool rope() const { return rope_cos != nullptr; }
+  bool local() const { return window >= 0; }
   // the rotary position of row 0 of a pair's rows: its row index (padded), 0 (packed)
   int64_t first_position(const Seq& s) const { return pad_rows > 0 ? s.first : 0; }
 
@@ -108,6 +111,41 @@ struct Problem {
 
 // Block rows for scores of `lp` columns: a multiple of 16 in [16, 256], about kBlockElems in all.
 inline int64_t block_rows(int64_t lp) { return std::clamp<int64_t>(kBlockElems / lp / 16 * 16, 16, 256); }
+
+// The rows [lo, hi) of the other side a block of rows [first, first + n) of a pair of `len` rows
+// meets: every row, or (local attention, a symmetric window) those within the window of one of the
+// block's rows. Query blocks get their keys this way, key blocks their queries.
+struct Span {
+  int64_t lo, hi;
+};
+inline Span span_of(const Problem& pb, int64_t first, int64_t n, int64_t len) {
+  if (!pb.local()) return {0, len};
+  return {std::max<int64_t>(0, first - pb.window), std::min(len, first + n + pb.window)};
+}
+
+// Rows per block and the stride of a block's score rows, for a pair of len rows (lp = len rounded up
+// to whole vectors) whose blocks over every column would have `rows_full` rows: with local attention
+// a block of m rows meets at most m + 2 * window others, so its blocks can be taller (as tall as
+// blocks over that many columns) and stay cache-sized however long the sequence is.
+inline void block_shape(const Problem& pb, int64_t len, int64_t lp, int64_t rows_full, int64_t& rows, int64_t& ld) {
+  if (!pb.local()) {
+    rows = std::min(rows_full, len);
+    ld = lp;
+    return;
+  }
+  const int64_t reach = std::min(lp, vec::round_up(2 * pb.window + 64, W));
+  rows = std::min(std::max(rows_full, block_rows(reach)), len);
+  ld = std::min(lp, vec::round_up(rows + 2 * pb.window, W));
+}
+
+// row[c] = -inf for the columns c of [0, cols) outside [c0, c1) (clipped to it): the scores of the
+// keys (queries) out of a row's window, and the padding columns past the span.
+inline void mask_outside(float* row, int64_t c0, int64_t c1, int64_t cols) {
+  c0 = std::clamp<int64_t>(c0, 0, cols);
+  c1 = std::clamp<int64_t>(c1, c0, cols);
+  std::fill(row, row + c0, -kInf);
+  std::fill(row + c1, row + cols, -kInf);
+}
 
 // A bump allocator over one thread's scratch; every piece starts on a 64-byte boundary.
 struct Arena {

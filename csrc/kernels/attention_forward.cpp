@@ -3,7 +3,10 @@
 //
 // Forward of one pair, per block of query rows (all of them unless the sequence is long):
 //   S = Q K^T                        GEMM, K^T packed once per pair (fp32, padded to whole vectors)
-//   t = S * scale + key bias         bias 0 for real keys, -inf for holes and the padding columns
+//   t = S * scale + key bias         bias 0 for real keys, -inf for holes and the padding columns;
+//                                    local attention: the block's keys are those within the window
+//                                    of one of its rows (a span of block + 2 * window), the others
+//                                    are never read, and -inf out of each row's own window
 //   e = exp(t - max t), l = sum e    lse = max + log(l) saved for the backward
 //   e *= keep / (1 - p)              dropout (fastbert's Philox rule, counters from the sequence start)
 //   O = (e V) / l                    GEMM, then the row scale on the way out
@@ -18,6 +21,52 @@ namespace fastbert {
 namespace attn {
 namespace {
 
+// The softmax of one block's score rows s [m, ld] (queries i0 .. i0 + m, keys ka .. ka + nk of the
+// pair) in place: scale, key bias, the window, exp, dropout; rinv[r] = 1 / row sum, lse saved.
+template <bool kDropout>
+void softmax_rows(const Problem& pb, const Seq& sq, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t ka,
+                  int64_t nk, const float* bias, float* s, int64_t ld, float* rinv) {
+  const int64_t nkp = vec::round_up(nk, W);
+  const Vf scale = vec::set1(pb.scale);
+  const uint64_t pair = pb.counter(b, h);
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t i = i0 + r;
+    float* row = s + r * ld;
+    float* lse = pb.lse.at(b, h, sq.first + i);
+    if (sq.real != nullptr && !sq.real[i]) {  // a hole: no output, no weight
+      std::fill(row, row + nkp, 0.0f);
+      rinv[r] = 0.0f;
+      *lse = 0.0f;
+      continue;
+    }
+    // keys past the span (the GEMM leaves them unwritten) and, local attention, out of the window
+    if (pb.local()) {
+      mask_outside(row, i - pb.window - ka, std::min(i + pb.window + 1 - ka, nk), nkp);
+    } else {
+      mask_outside(row, 0, nk, nkp);
+    }
+    Vf mx = vec::set1(-kInf);
+    for (int64_t j = 0; j < nkp; j += W) {
+      Vf t = vec::fmadd(vec::load(row + j), scale, vec::load(bias + ka + j));
+      vec::store(row + j, t);
+      mx = vec::vmax(mx, t);
+    }
+    const float mxs = vec::hmax(mx);  // finite: a real query sees itself
+    const Vf mv = vec::set1(mxs);
+    Vf sum = vec::set1(0.0f);
+    const uint64_t base = pair + (static_cast<uint64_t>(i) << 16) + static_cast<uint64_t>(ka);
+    for (int64_t j = 0; j < nkp; j += W) {
+      Vf e = vec::vexp_or_zero(vec::load(row + j) - mv);
+      sum = sum + e;
+      if constexpr (kDropout) e = e * philox::keep_scale(base + static_cast<uint64_t>(j), pb.keys, pb.thresh, pb.keep);
+      vec::store(row + j, e);
+    }
+    const float l = vec::hsum(sum);  // >= 1: the row max contributes e^0
+    rinv[r] = 1.0f / l;
+    *lse = mxs + std::log(l);
+  }
+}
+
 template <class T, bool kDropout>
 void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>& k, const Rows<const T>& v,
                   const Rows<T>& out, int64_t b, int64_t h) {
@@ -26,18 +75,19 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
   const int64_t len = sq.len, d = pb.d;
   if (len == 0) return;
   const int64_t lp = vec::round_up(len, W);
-  const int64_t mb = std::min(block_rows(lp), len);
+  int64_t mb, ls;  // query rows per block, the stride of a block's score rows
+  block_shape(pb, len, lp, block_rows(lp), mb, ls);
   const int64_t rows = std::is_same_v<T, float> ? 0 : len * d;
   const int64_t rotated = pb.rope() ? len * d : 0;  // q and k rotated (fp32)
   const int64_t qrows = std::max(rows, rotated);
   float* buf = vec::thread_buffer<float, kSlotAttention>(
-      arena_size({d * lp, lp, mb * lp, mb * d, mb, qrows, rows, rotated}));
+      arena_size({d * lp, lp + W, mb * ls, mb * d, mb, qrows, rows, rotated}));
   Arena arena{buf};
-  float* kt = arena.take(d * lp);  // K^T [d, lp]
-  float* bias = arena.take(lp);    // key bias: 0 real, -inf hole / padding column
-  float* s = arena.take(mb * lp);  // scores, then weights [mb, lp]
-  float* o = arena.take(mb * d);   // unnormalised output block [mb, d]
-  float* rinv = arena.take(mb);    // 1 / row sum (0 for a padded query)
+  float* kt = arena.take(d * lp);     // K^T [d, lp]
+  float* bias = arena.take(lp + W);   // key bias: 0 real, -inf hole / past the sequence
+  float* s = arena.take(mb * ls);     // scores, then weights [mb, ls]
+  float* o = arena.take(mb * d);      // unnormalised output block [mb, d]
+  float* rinv = arena.take(mb);       // 1 / row sum (0 for a padded query)
   int64_t ldq = d, ldv;
   float* qbuf = arena.take(qrows);
   const float* qr = qbuf;
@@ -53,44 +103,15 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
     qr = fp32_rows(q.at(b, h, sq.first), q.sr, len, d, qbuf, ldq);
     pack_transposed(k.at(b, h, sq.first), k.sr, len, d, kt, lp);
   }
-  for (int64_t j = 0; j < lp; ++j) bias[j] = j < len && (sq.real == nullptr || sq.real[j]) ? 0.0f : -kInf;
-  const Vf scale = vec::set1(pb.scale);
-  const uint64_t pair = pb.counter(b, h);
+  for (int64_t j = 0; j < lp + W; ++j) bias[j] = j < len && (sq.real == nullptr || sq.real[j]) ? 0.0f : -kInf;
 
   for (int64_t i0 = 0; i0 < len; i0 += mb) {
     const int64_t m = std::min(mb, len - i0);
-    gemm(false, false, m, lp, d, qr + i0 * ldq, ldq, kt, lp, s, lp, false);  // S = Q K^T
-    for (int64_t r = 0; r < m; ++r) {
-      const int64_t i = i0 + r;
-      float* row = s + r * lp;
-      float* lse = pb.lse.at(b, h, sq.first + i);
-      if (sq.real != nullptr && !sq.real[i]) {  // a hole: no output, no weight
-        std::fill(row, row + lp, 0.0f);
-        rinv[r] = 0.0f;
-        *lse = 0.0f;
-        continue;
-      }
-      Vf mx = vec::set1(-kInf);
-      for (int64_t j = 0; j < lp; j += W) {
-        Vf t = vec::fmadd(vec::load(row + j), scale, vec::load(bias + j));
-        vec::store(row + j, t);
-        mx = vec::vmax(mx, t);
-      }
-      const float mxs = vec::hmax(mx);
-      const Vf mv = vec::set1(mxs);
-      Vf sum = vec::set1(0.0f);
-      const uint64_t base = pair + (static_cast<uint64_t>(i) << 16);
-      for (int64_t j = 0; j < lp; j += W) {
-        Vf e = vec::vexp_or_zero(vec::load(row + j) - mv);
-        sum = sum + e;
-        if constexpr (kDropout) e = e * philox::keep_scale(base + static_cast<uint64_t>(j), pb.keys, pb.thresh, pb.keep);
-        vec::store(row + j, e);
-      }
-      const float l = vec::hsum(sum);  // >= 1: the row max contributes e^0
-      rinv[r] = 1.0f / l;
-      *lse = mxs + std::log(l);
-    }
-    gemm(false, false, m, d, len, s, lp, vr, ldv, o, d, false);  // O = E V
+    const Span keys = span_of(pb, i0, m, len);  // local attention: the keys of the block's windows only
+    const int64_t nk = keys.hi - keys.lo;
+    gemm(false, false, m, nk, d, qr + i0 * ldq, ldq, kt + keys.lo, lp, s, ls, false);  // S = Q K^T
+    softmax_rows<kDropout>(pb, sq, b, h, i0, m, keys.lo, nk, bias, s, ls, rinv);
+    gemm(false, false, m, d, nk, s, ls, vr + keys.lo * ldv, ldv, o, d, false);  // O = E V
     for (int64_t r = 0; r < m; ++r) {
       T* dst = out.at(b, h, sq.first + i0 + r);
       const Vf f = vec::set1(rinv[r]);

@@ -15,7 +15,7 @@ pass no gradient. Dropout acts on the probabilities with fastbert's counter-base
 (fastbert.reference: the same mask on every backend and in both layouts, regenerated in the
 backward). Backends: "triton" (flash-style kernels, kernels/attention.py), "cpp" (real tokens
 only, csrc/attention.cpp), "torch" (torch.nn.functional.scaled_dot_product_attention; the
-reference layer when dropout is on, so the mask follows the same rule).
+reference layer when dropout is on, so the mask follows the same rule, and for local attention).
 
 Layers: custom ops (opaque to torch.compile) -> autograd Functions -> functional API.
 """
@@ -65,34 +65,36 @@ def _dense_like(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(t.shape)
 
 
-def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, rope_cos, rope_sin, backend):
+def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, rope_cos, rope_sin, window, backend):
     return _dense_like(q), _lse_like(q, False), _keep_like(q, return_mask, q.shape[0], q.shape[2])
 
 
 @fused_op("attention_fwd", _fake_fwd)
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], scale: float, dropout_p: float,
                    seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor], rope_sin: Optional[Tensor],
-                   backend: str) -> Tensors3:
+                   window: int, backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").attention_forward(
-        q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask, rope_cos=rope_cos, rope_sin=rope_sin
+        q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask, rope_cos=rope_cos, rope_sin=rope_sin,
+        **_local(window)
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
 
 
-def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, rope_cos, rope_sin, backend):
+def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, rope_cos, rope_sin, window, backend):
     return _dense_like(q), _dense_like(k), _dense_like(v)
 
 
 @fused_op("attention_bwd", _fake_bwd)
 def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key_mask: Optional[Tensor],
                    scale: float, dropout_p: float, seed: Optional[Tensor], rope_cos: Optional[Tensor],
-                   rope_sin: Optional[Tensor], backend: str) -> Tensors3:
+                   rope_sin: Optional[Tensor], window: int, backend: str) -> Tensors3:
     launch = _backend.impl(backend, "attention").attention_backward
     return tuple(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed_int(seed), rope_cos=rope_cos,
-                        rope_sin=rope_sin))
+                        rope_sin=rope_sin, **_local(window)))
 
 
-def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope_cos, rope_sin, backend):
+def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope_cos, rope_sin, window,
+                     backend):
     batch = cu_seqlens.shape[0] - 1
     return _dense_like(q), _lse_like(q, True), _keep_like(q, return_mask, batch, max_seqlen)
 
@@ -100,27 +102,28 @@ def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, re
 @fused_op("varlen_attention_fwd", _fake_varlen_fwd)
 def _varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float,
                           dropout_p: float, seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor],
-                          rope_sin: Optional[Tensor], backend: str) -> Tensors3:
+                          rope_sin: Optional[Tensor], window: int, backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").varlen_attention_forward(
         q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), return_mask, rope_cos=rope_cos,
-        rope_sin=rope_sin
+        rope_sin=rope_sin, **_local(window)
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
 
 
 def _fake_varlen_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed, rope_cos, rope_sin,
-                     backend):
+                     window, backend):
     return _dense_like(q), _dense_like(k), _dense_like(v)
 
 
 @fused_op("varlen_attention_bwd", _fake_varlen_bwd)
 def _varlen_attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor,
                           max_seqlen: int, scale: float, dropout_p: float, seed: Optional[Tensor],
-                          rope_cos: Optional[Tensor], rope_sin: Optional[Tensor], backend: str) -> Tensors3:
+                          rope_cos: Optional[Tensor], rope_sin: Optional[Tensor], window: int,
+                          backend: str) -> Tensors3:
     return tuple(
         _backend.impl(backend, "attention").varlen_attention_backward(
             do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), rope_cos=rope_cos,
-            rope_sin=rope_sin
+            rope_sin=rope_sin, **_local(window)
         )
     )
 
@@ -147,38 +150,46 @@ class AttentionFunction(torch.autograd.Function):
     max_seqlen)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, backend):
+    def forward(ctx, q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window,
+                backend):
         out, lse, keep = _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask,
-                                    rope, backend)
+                                    rope, window, backend)
         ctx.save_for_backward(q, k, v, out, lse, key_mask, cu_seqlens, seed, *rope)
-        ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.backend = max_seqlen, scale, dropout_p, backend
+        ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.window, ctx.backend = max_seqlen, scale, dropout_p, window, backend
         ctx.mark_non_differentiable(keep)
         return out, keep
 
     @staticmethod
     def backward(ctx, dout, _dkeep):
         q, k, v, out, lse, key_mask, cu_seqlens, seed, rope_cos, rope_sin = ctx.saved_tensors
-        rest = (ctx.scale, ctx.dropout_p, seed, rope_cos, rope_sin, ctx.backend)
+        rest = (ctx.scale, ctx.dropout_p, seed, rope_cos, rope_sin, ctx.window, ctx.backend)
         if cu_seqlens is None:
             dq, dk, dv = _attention_bwd(dout.contiguous(), q, k, v, out, lse, key_mask, *rest)
         else:
             dq, dk, dv = _varlen_attention_bwd(dout.contiguous(), q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, *rest)
-        return (dq, dk, dv) + (None,) * 9
+        return (dq, dk, dv) + (None,) * 10
 
 
-def _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, backend):
+def _local(window: int) -> dict:
+    # the launchers' window argument, passed only for local attention
+    return {} if window < 0 else {"window": window}
+
+
+def _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window, backend):
     if cu_seqlens is None:
-        return _attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, *rope, backend)
-    return _varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, *rope, backend)
+        return _attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, *rope, window, backend)
+    return _varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, *rope, window,
+                                 backend)
 
 
-def _run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, backend,
+def _run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window, backend,
                mask_shape):
     """(out, keep-mask or None) of a fused backend, through autograd when an input needs a gradient;
     the keep-mask is all True (of mask_shape) when no dropout ran. rope: the (cos, sin) rotary
-    tables, or (None, None)."""
+    tables, or (None, None); window: local attention's reach, -1 for none."""
     q, k, v = (_rows_contiguous(t) for t in (q, k, v))
-    args = (q, k, v, key_mask, cu_seqlens, max_seqlen, scale, float(dropout_p), seed, bool(return_mask), rope, backend)
+    args = (q, k, v, key_mask, cu_seqlens, max_seqlen, scale, float(dropout_p), seed, bool(return_mask), rope, window,
+            backend)
     if needs_grad(q, k, v):
         out, keep = AttentionFunction.apply(*args)
     else:
@@ -245,6 +256,15 @@ def _rope(op: str, base: Optional[float], backend: str, head_dim: int, positions
     return _rotary_tables(float(base), head_dim, max(64, 1 << max(positions - 1, 0).bit_length()), str(device))
 
 
+def _check_window(op: str, window: Optional[int]) -> int:
+    """window as the kernels take it: >= 0, or -1 for every key."""
+    if window is None:
+        return -1
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"fastbert.ops.{op}: window must be an int >= 0 (keys on either side), got {window!r}")
+    return window
+
+
 @functools.lru_cache(maxsize=32)
 def _rotary_tables(base: float, head_dim: int, positions: int, device: str):
     # a pure function of its arguments, never written to: nothing can make an entry stale
@@ -271,15 +291,15 @@ def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
 # the "torch" backend
 
 
-def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask, rope=(None, None)):
+def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask, rope=(None, None), window=-1):
     if rope[0] is not None:
         q, k = (reference.rotate(t, *rope) for t in (q, k))
     keep = None
-    if dropout_p > 0:
-        starts = reference.mask_starts(mask) if mask is not None else None
-        keep = _attention_keep_mask(seed, q.shape[0], q.shape[1], q.shape[2], dropout_p, starts)
-        keep = keep.to(q.device)
-        out = reference.attention(q, k, v, mask, dropout_p, scale, keep_mask=keep)
+    if dropout_p > 0 or window >= 0:  # the reference layer: fastbert's dropout rule, the window exactly
+        if dropout_p > 0:
+            starts = reference.mask_starts(mask) if mask is not None else None
+            keep = _attention_keep_mask(seed, q.shape[0], q.shape[1], q.shape[2], dropout_p, starts).to(q.device)
+        out = reference.attention(q, k, v, mask, dropout_p, scale, keep_mask=keep, window=window if window >= 0 else None)
     elif mask is None:
         out = F.scaled_dot_product_attention(q, k, v, scale=scale)
     else:
@@ -302,7 +322,7 @@ def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask, rope=(N
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *,
               dropout_p: float = 0.0, scale: Optional[float] = None, backend: Optional[str] = None,
               seed: Optional[int] = None, generator: Optional[torch.Generator] = None, return_dropout_mask: bool = False,
-              rotary_base: Optional[float] = None):
+              rotary_base: Optional[float] = None, window: Optional[int] = None):
     """softmax(q k^T * scale, padded keys masked) v, one fused pass (see the module docstring).
 
     q, k, v: [batch, heads, seq, head_dim], one dtype (float32/float16/bfloat16), any strides.
@@ -313,6 +333,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     (all True without dropout), for checking a backend against the reference.
     rotary_base: rotate q and k by the rotary embedding of this base (transformers' default rope,
     fastbert.reference.rotary) as the kernel reads them, position = row index; None: no rotation.
+    window: local attention, each query sees the keys at most `window` rows away on either side
+    (ModernBERT's local layers: 64); the blocks past the window are never computed, so the cost
+    grows with the window, not the sequence. None: every key.
     Returns [batch, heads, seq, head_dim] in q's dtype (zeros at padded query positions).
     """
     op = "attention"
@@ -322,10 +345,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     mask = None if attention_mask is None else _as_bool_mask(op, attention_mask, q)
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
     rope = _rope(op, rotary_base, backend, q.shape[-1], q.shape[2], q.device)
+    reach = _check_window(op, window)
     if backend == "torch" or q.numel() == 0:
-        return _torch_attention(q, k, v, mask, scale, float(dropout_p), seed_t, return_dropout_mask, rope)
-    out, keep = _run_fused(q, k, v, mask, None, None, scale, dropout_p, seed_t, return_dropout_mask, rope, backend,
-                           q.shape[:3] + (q.shape[2],))
+        return _torch_attention(q, k, v, mask, scale, float(dropout_p), seed_t, return_dropout_mask, rope, reach)
+    out, keep = _run_fused(q, k, v, mask, None, None, scale, dropout_p, seed_t, return_dropout_mask, rope, reach,
+                           backend, q.shape[:3] + (q.shape[2],))
     return (out, keep) if return_dropout_mask else out
 
 
@@ -357,13 +381,14 @@ def _check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *,
                      dropout_p: float = 0.0, scale: Optional[float] = None, backend: Optional[str] = None,
                      seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                     return_dropout_mask: bool = False, rotary_base: Optional[float] = None):
+                     return_dropout_mask: bool = False, rotary_base: Optional[float] = None,
+                     window: Optional[int] = None):
     """attention over packed sequences (see the module docstring for the shapes).
 
     Each sequence attends within itself only. The same options as `attention`; the dropout mask
     of sequence b is the one `attention` draws for row b of a right-padded batch, so the two entry
     points agree. return_dropout_mask: also return bool [batch, heads, max_seqlen, max_seqlen].
-    rotary_base: as for `attention`, a token's position its index in its sequence.
+    rotary_base, window: as for `attention`, a token's position its index in its sequence.
     """
     op = "varlen_attention"
     _check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]")
@@ -373,15 +398,16 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
     batch = cu_seqlens.shape[0] - 1
     rope = _rope(op, rotary_base, backend, q.shape[-1], max_seqlen, q.device)
+    reach = _check_window(op, window)
     if backend == "torch" or q.numel() == 0:
         return _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, float(dropout_p), seed_t, return_dropout_mask,
-                             rope)
+                             rope, reach)
     out, keep = _run_fused(q, k, v, None, cu_seqlens.contiguous(), max_seqlen, scale, dropout_p, seed_t,
-                           return_dropout_mask, rope, backend, (batch, q.shape[1], max_seqlen, max_seqlen))
+                           return_dropout_mask, rope, reach, backend, (batch, q.shape[1], max_seqlen, max_seqlen))
     return (out, keep) if return_dropout_mask else out
 
 
-def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope):
+def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window):
     """The packed batch padded to max_seqlen, through the padded torch path, and packed again."""
     from fastbert.ops.padding import pad
 
@@ -391,7 +417,7 @@ def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, retur
     mask = positions[None, :] < lengths[:, None]  # [batch, max_seqlen]
     indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
     padded = [pad(t, indices, batch, max_seqlen).transpose(1, 2) for t in (q, k, v)]  # [batch, heads, seq, d]
-    res = _torch_attention(*padded, mask, scale, dropout_p, seed, return_mask, rope)
+    res = _torch_attention(*padded, mask, scale, dropout_p, seed, return_mask, rope, window)
     out, keep = res if return_mask else (res, None)
     packed = out.transpose(1, 2).reshape(batch * max_seqlen, q.shape[1], q.shape[2]).index_select(0, indices)
     return (packed, keep) if return_mask else packed

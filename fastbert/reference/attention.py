@@ -46,18 +46,27 @@ def mask_starts(attention_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(m.any(-1), m.to(torch.int8).argmax(-1), 0).to(torch.int64)
 
 
+def window_band(seq: int, window: int, device=None) -> torch.Tensor:
+    """bool [seq, seq]: key j is within query i's window, |i - j| <= window (local attention)."""
+    pos = torch.arange(seq, device=device)
+    return (pos[:, None] - pos[None, :]).abs() <= window
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
               dropout_p: float = 0.0, scale: Optional[float] = None,
-              keep_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+              keep_mask: Optional[torch.Tensor] = None, window: Optional[int] = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v, spelled out; q, k, v: [batch, heads, seq, head_dim].
 
     attention_mask: [batch, seq], 1/True = real token. Padded keys get no weight; padded queries
     return zeros (and pass no gradient), and so does a query with no real key. keep_mask
     ([batch, heads, seq, seq] bool) applies dropout to the probabilities when dropout_p > 0 (drawn
     with torch's RNG when not given; attention_keep_mask gives fastbert's counter-based mask).
+    window: local attention, a query sees the keys at most `window` positions away (row indices).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if window is not None:
+        scores = scores.masked_fill(~window_band(q.shape[-2], window, q.device), float("-inf"))
     if attention_mask is not None:
         keys = attention_mask.to(torch.bool)[:, None, None, :]
         scores = scores.masked_fill(~keys, float("-inf"))
@@ -82,6 +91,7 @@ def varlen_attention(
     dropout_p: float = 0.0,
     scale: Optional[float] = None,
     keep_mask: Optional[torch.Tensor] = None,
+    window: Optional[int] = None,
 ) -> torch.Tensor:
     """attention over packed sequences, one at a time; q, k, v: [total_tokens, heads, head_dim],
     cu_seqlens: [batch + 1], sequence b is tokens cu_seqlens[b]:cu_seqlens[b + 1].
@@ -94,7 +104,7 @@ def varlen_attention(
             continue
         qs, ks, vs = (t[lo:hi].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         keep = None if keep_mask is None else keep_mask[b : b + 1, :, : hi - lo, : hi - lo]
-        o = attention(qs, ks, vs, None, dropout_p, scale, keep)
+        o = attention(qs, ks, vs, None, dropout_p, scale, keep, window)
         out[lo:hi] = o.squeeze(0).transpose(0, 1)
     return out
 

@@ -38,14 +38,22 @@ def check_rotary(backend, batch, heads, seq, head_dim, dtype, dropout_p, seed, b
     def ref(*t):
         return rotated(*t, mask, dropout_p, keep)
 
-    out, grads = run(op, [q, k, v], dout)
-    pt, pt_grads = run(ref, [q, k, v], dout)
-    r64, r_grads = run(ref, [q.double(), k.double(), v.double()], dout.double())
-    real = mask.bool()[:, None, :, None].expand_as(out)
+    real = mask.bool()[:, None, :, None].expand(q.shape)
     tag = f"{backend} rotary {base:g} b{batch} s{seq} d{head_dim} {dtype} p{dropout_p}{' left' if left else ''}"
-    for name, a, b, c in [("out", out, pt, r64)] + [(n, *t) for n, t in zip(("dq", "dk", "dv"), zip(grads, pt_grads, r_grads))]:
+    compare(tag, op, ref, [q, k, v], dout, dtype, real)
+
+
+def compare(tag, op, ref, inputs, dout, dtype, real=None):
+    """op's output and input gradients against ref's in the same dtype and in fp64 (at `real` positions)."""
+    got = run(op, inputs, dout)
+    same = run(ref, inputs, dout)
+    r64 = run(ref, [t.double() for t in inputs], dout.double())
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        a, b, c = ((r[0] if i == 0 else r[1][i - 1]) for r in (got, same, r64))
         assert torch.isfinite(a).all(), f"{tag} {name}: non-finite values"
-        assert_within_bound(f"{tag} {name}", a[real], b[real], c[real], dtype)
+        if real is not None:
+            a, b, c = a[real], b[real], c[real]
+        assert_within_bound(f"{tag} {name}", a, b, c, dtype)
 
 
 @pytest.mark.parametrize("base", BASES)
@@ -88,11 +96,7 @@ def test_rotary_varlen_matches_reference_and_padded(backend):
             q_, k_ = (reference.rotate_packed(t, cu_seqlens, cos, sin) for t in (q_, k_))
             return reference.varlen_attention(q_, k_, v_, cu_seqlens)
 
-        out, grads = run(op, [q, k, v], dout)
-        pt, pt_grads = run(ref, [q, k, v], dout)
-        r64, r_grads = run(ref, [q.double(), k.double(), v.double()], dout.double())
-        for name, a, b, c in [("out", out, pt, r64)] + [(n, *t) for n, t in zip(("dq", "dk", "dv"), zip(grads, pt_grads, r_grads))]:
-            assert_within_bound(f"{backend} rotary varlen {dtype} {name}", a, b, c, dtype)
+        compare(f"{backend} rotary varlen {dtype}", op, ref, [q, k, v], dout, dtype)
 
     # packed and right-padded agree: a token's position is its index in its sequence either way
     batch, seq = 4, 40

@@ -1,0 +1,93 @@
+"""Local (sliding-window) attention, fastbert.ops.attention / varlen_attention(window=w), on every
+backend against the reference (each query sees the keys at most w positions away): outputs and
+dq, dk, dv at real-token positions with the bound of STYLE.md lesson 4; with dropout, rotary
+embeddings (ModernBERT's local layers) and left padding; packed and padded agree."""
+import pytest
+import torch
+from conftest import device_for
+from test_attention import dtypes_for, mixed_mask, pack, qkv
+from test_attention_rotary import compare
+
+import fastbert
+from fastbert import reference
+
+
+def check_local(backend, batch, heads, seq, head_dim, dtype, window, seed, dropout_p=0.0, rotary_base=None,
+                left=False):
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = qkv((batch, heads, seq, head_dim), dtype, dev, g)
+    dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(dev, dtype)
+    mask = mixed_mask(batch, seq, g, left).to(dev)
+    keep = reference.attention_keep_mask(5, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
+    tables = reference.rotary_tables(rotary_base, head_dim, seq, dev) if rotary_base else None
+
+    def op(*t):
+        return fastbert.ops.attention(*t, mask, dropout_p=dropout_p, seed=5, backend=backend, window=window,
+                                      rotary_base=rotary_base)
+
+    def ref(q_, k_, v_):
+        if tables:
+            q_, k_ = (reference.rotate(t, *tables) for t in (q_, k_))
+        return reference.attention(q_, k_, v_, mask, dropout_p, keep_mask=keep, window=window)
+
+    tag = f"{backend} local w{window} b{batch} s{seq} d{head_dim} {dtype} p{dropout_p} rope {rotary_base}"
+    compare(tag, op, ref, [q, k, v], dout, dtype, mask.bool()[:, None, :, None].expand(q.shape))
+
+
+@pytest.mark.parametrize("window", [0, 3, 16, 64])
+def test_local_attention_matches_reference(backend, window):
+    seqs = [9, 40, 70] + ([300, 700] if backend == "cpp" else [])  # the cpp kernel blocks long sequences
+    for i, seq in enumerate(seqs):
+        for dtype in dtypes_for(backend):
+            check_local(backend, 3, 2, seq, (32, 64)[i % 2], dtype, window, seed=i)
+
+
+def test_local_attention_with_dropout_rotary_and_left_padding(backend):
+    seq = 70 if backend == "triton" else 300
+    check_local(backend, 4, 2, seq, 64, torch.float32, 16, seed=1, dropout_p=0.1, rotary_base=10000.0, left=True)
+
+
+def test_a_window_as_wide_as_the_sequence_is_global_attention(backend):
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = qkv((2, 2, 33, 32), torch.float32, dev, g)
+    mask = mixed_mask(2, 33, g).to(dev)
+    want = fastbert.ops.attention(q, k, v, mask, backend=backend)
+    for window in (32, 33, 1000):
+        got = fastbert.ops.attention(q, k, v, mask, backend=backend, window=window)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_local_varlen_matches_reference_and_padded(backend):
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(6)
+    lengths = [5, 1, 0, 70, 17] if backend == "triton" else [5, 1, 0, 300, 128, 64]
+    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    total, max_seqlen, window = sum(lengths), max(lengths) + 3, 16
+    for dtype in dtypes_for(backend):
+        q, k, v = qkv((total, 3, 64), dtype, dev, g)
+        dout = torch.randn(total, 3, 64, generator=g).to(dev, dtype)
+
+        def op(*t):
+            return fastbert.ops.varlen_attention(*t, cu_seqlens, max_seqlen, backend=backend, window=window)
+
+        def ref(*t):
+            return reference.varlen_attention(*t, cu_seqlens, window=window)
+
+        compare(f"{backend} local varlen {dtype}", op, ref, [q, k, v], dout, dtype)
+
+    batch, seq = 4, 70
+    q, k, v = qkv((batch, 2, seq, 64), torch.float32, dev, g)
+    mask = mixed_mask(batch, seq, g).to(dev)
+    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
+    padded = fastbert.ops.attention(q, k, v, mask, backend=backend, window=window)
+    packed = fastbert.ops.varlen_attention(*(pack(t, mask) for t in (q, k, v)), cu, n, backend=backend, window=window)
+    torch.testing.assert_close(packed, pack(padded, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_window_errors():
+    q = torch.randn(1, 2, 8, 16)
+    for bad in (-1, 2.0, True, "64"):
+        with pytest.raises(ValueError, match="window must be an int >= 0"):
+            fastbert.ops.attention(q, q, q, window=bad, backend="torch")
