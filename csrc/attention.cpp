@@ -152,6 +152,33 @@ void set_rope(AttnArgs& a, const c10::optional<at::Tensor>& rope_cos, const c10:
   a.rope_sin = rope_sin->data_ptr<float>();
 }
 
+// The relative bias of a call, checked, into a (none: a stays without); positions: the longest
+// sequence. Returns the bias as the kernels read it (float32, contiguous), kept alive by the caller.
+at::Tensor set_relative(AttnArgs& a, const c10::optional<at::Tensor>& rel_bias, int64_t positions, const char* op) {
+  if (!rel_bias.has_value() || !rel_bias->defined()) return at::Tensor();
+  const at::Tensor& r = *rel_bias;
+  TORCH_CHECK(r.device().is_cpu() && detail::is_float_dtype(r.scalar_type()) && r.dim() == 2 && r.size(0) == a.heads &&
+                  r.size(1) % 2 == 1 && (r.size(1) + 1) / 2 >= positions,
+              "fastbert._C.", op, ": rel_bias must be a float CPU tensor [heads, 2n - 1] = [", a.heads, ", >= ",
+              2 * positions - 1, "], got ", r.scalar_type(), " ", r.sizes());
+  at::Tensor f = r.to(at::kFloat).contiguous();
+  a.rel_bias = f.data_ptr<float>();
+  a.rel_n = (r.size(1) + 1) / 2;
+  return f;
+}
+
+// The relative bias gradient of a backward: [batch, heads, 2n - 1] per pair, zeroed, pointed to by a
+// (an empty tensor without a bias); summed over the batch by relative_grad.
+at::Tensor relative_grad_buffer(AttnArgs& a) {
+  if (a.rel_bias == nullptr) return detail::empty({0}, at::kFloat);
+  at::Tensor g = detail::zeros({a.batch, a.heads, 2 * a.rel_n - 1}, at::kFloat);
+  a.rel_grad = g.data_ptr<float>();
+  return g;
+}
+at::Tensor relative_grad(const at::Tensor& g, const c10::optional<at::Tensor>& rel_bias) {
+  return g.numel() == 0 ? g : g.sum(0).to(rel_bias->scalar_type());
+}
+
 // The longest sequence of a packed batch.
 int64_t longest(const std::vector<AttnSeq>& seqs) {
   int64_t n = 0;
@@ -166,7 +193,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
                                                                   double scale, double dropout_p, int64_t seed,
                                                                   bool return_dropout_mask,
                                                                   const c10::optional<at::Tensor>& rope_cos,
-                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window) {
+                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window,
+    const c10::optional<at::Tensor>& rel_bias) {
   const char* op = "attention_forward";
   check_qkv(op, q_in, k_in, v_in, 4);
   const at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
@@ -180,6 +208,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   a.seqs = seqs.data();
   a.window = window < 0 ? -1 : window;
   set_rope(a, rope_cos, rope_sin, seq, op);
+  const at::Tensor rel = set_relative(a, rel_bias, seq, op);
   a.q = view_of(q, true), a.k = view_of(k, true), a.v = view_of(v, true), a.out = view_of(out, true);
   a.lse = lse.data_ptr<float>(), a.lse_sb = heads * seq, a.lse_sh = seq;
   if (q.numel() > 0) detail::kernels_for(op).attention_forward(a);
@@ -192,11 +221,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   return {out, lse, keep};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const c10::optional<at::Tensor>& key_mask, double scale,
     double dropout_p, int64_t seed, const c10::optional<at::Tensor>& rope_cos,
-    const c10::optional<at::Tensor>& rope_sin, int64_t window) {
+    const c10::optional<at::Tensor>& rope_sin, int64_t window,
+    const c10::optional<at::Tensor>& rel_bias) {
   const char* op = "attention_backward";
   check_qkv(op, q_in, k_in, v_in, 4);
   check_like_q(op, "do", dout_in, q_in);
@@ -213,11 +243,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   a.seqs = seqs.data();
   a.window = window < 0 ? -1 : window;
   set_rope(a, rope_cos, rope_sin, seq, op);
+  const at::Tensor rel = set_relative(a, rel_bias, seq, op);
   a.q = view_of(q, true), a.k = view_of(k, true), a.v = view_of(v, true), a.dout = view_of(dout, true);
   a.dq = view_of(dq, true), a.dk = view_of(dk, true), a.dv = view_of(dv, true);
   a.lse = const_cast<float*>(lse.data_ptr<float>()), a.lse_sb = heads * seq, a.lse_sh = seq;
+  at::Tensor drel = relative_grad_buffer(a);
   if (q.numel() > 0) detail::kernels_for(op).attention_backward(a);
-  return {dq, dk, dv};
+  return {dq, dk, dv, relative_grad(drel, rel_bias)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -227,7 +259,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
                                                                          double dropout_p, int64_t seed,
                                                                          bool return_dropout_mask,
                                                                          const c10::optional<at::Tensor>& rope_cos,
-                                                                         const c10::optional<at::Tensor>& rope_sin, int64_t window) {
+                                                                         const c10::optional<at::Tensor>& rope_sin, int64_t window,
+    const c10::optional<at::Tensor>& rel_bias) {
   const char* op = "varlen_attention_forward";
   check_qkv(op, q_in, k_in, v_in, 3);
   check_cu_seqlens(op, cu_seqlens);
@@ -241,6 +274,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
   a.seqs = seqs.data();
   a.window = window < 0 ? -1 : window;
   set_rope(a, rope_cos, rope_sin, longest(seqs), op);
+  const at::Tensor rel = set_relative(a, rel_bias, longest(seqs), op);
   a.q = view_of(q, false), a.k = view_of(k, false), a.v = view_of(v, false), a.out = view_of(out, false);
   a.lse = lse.data_ptr<float>(), a.lse_sb = 0, a.lse_sh = tokens;
   if (q.numel() > 0) detail::kernels_for(op).attention_forward(a);
@@ -249,11 +283,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
   return {out, lse, keep};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& cu_seqlens, int64_t max_seqlen,
     double scale, double dropout_p, int64_t seed, const c10::optional<at::Tensor>& rope_cos,
-    const c10::optional<at::Tensor>& rope_sin, int64_t window) {
+    const c10::optional<at::Tensor>& rope_sin, int64_t window,
+    const c10::optional<at::Tensor>& rel_bias) {
   const char* op = "varlen_attention_backward";
   (void)max_seqlen;  // the sequences come from cu_seqlens
   check_qkv(op, q_in, k_in, v_in, 3);
@@ -270,11 +305,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
   a.seqs = seqs.data();
   a.window = window < 0 ? -1 : window;
   set_rope(a, rope_cos, rope_sin, longest(seqs), op);
+  const at::Tensor rel = set_relative(a, rel_bias, longest(seqs), op);
   a.q = view_of(q, false), a.k = view_of(k, false), a.v = view_of(v, false), a.dout = view_of(dout, false);
   a.dq = view_of(dq, false), a.dk = view_of(dk, false), a.dv = view_of(dv, false);
   a.lse = const_cast<float*>(lse.data_ptr<float>()), a.lse_sb = 0, a.lse_sh = tokens;
+  at::Tensor drel = relative_grad_buffer(a);
   if (q.numel() > 0) detail::kernels_for(op).attention_backward(a);
-  return {dq, dk, dv};
+  return {dq, dk, dv, relative_grad(drel, rel_bias)};
 }
 
 }  // namespace fastbert

@@ -46,30 +46,31 @@ void register_fused_ops(py::module_& m) {
 void register_attention(py::module_& m) {
   m.def("attention_forward", &fastbert::attention_forward, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("key_mask"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
-        py::arg("return_dropout_mask"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1,
+        py::arg("return_dropout_mask"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(),
         "(out, lse, keep) of softmax(q k^T * scale, padded keys masked) v for q, k, v [batch, heads, seq, head_dim] "
         "(one float dtype, last dim contiguous) and key_mask None or [batch, seq] (True / nonzero = real token). "
         "out: contiguous, q's dtype, zeros at padded queries; lse: float32 [batch, heads, seq]; keep: the bool "
         "[batch, heads, seq, seq] dropout keep-mask when return_dropout_mask, else an empty bool tensor [0]. "
         "rope_cos, rope_sin: float32 [positions, head_dim / 2] rotary tables applied to q and k as they are read "
         "(position: the row index), or None. window >= 0: local attention, each query sees the keys at most "
-        "window rows away (the blocks past it are never computed); -1: every key.");
+        "window rows away (the blocks past it are never computed); -1: every key. rel_bias: float32 [heads, 2n - 1] "
+        "(n >= seq) or None, entry j - i + n - 1 added to the scaled score of query i and key j.");
   m.def("attention_backward", &fastbert::attention_backward, py::arg("do"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("out"), py::arg("lse"), py::arg("key_mask"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
-        py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1,
-        "(dq, dk, dv) of attention_forward (contiguous, q's dtype; zeros at padded positions; thread-count "
-        "independent). The dropout mask is regenerated from seed.");
+        py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(),
+        "(dq, dk, dv, drel) of attention_forward (contiguous, q's dtype; zeros at padded positions; thread-count "
+        "independent; drel: rel_bias's gradient, or an empty tensor). The dropout mask is regenerated from seed.");
   m.def("varlen_attention_forward", &fastbert::varlen_attention_forward, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
-        py::arg("return_dropout_mask"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1,
+        py::arg("return_dropout_mask"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(),
         "(out, lse, keep) of attention over packed sequences: q, k, v [tokens, heads, head_dim], cu_seqlens int32 "
         "[batch + 1]. lse: float32 [heads, tokens]; keep: bool [batch, heads, max_seqlen, max_seqlen] when "
         "return_dropout_mask, else an empty bool tensor [0]. rope_cos, rope_sin: as for attention_forward, the "
         "position of a token its index in its sequence.");
   m.def("varlen_attention_backward", &fastbert::varlen_attention_backward, py::arg("do"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
-        py::arg("dropout_p"), py::arg("seed"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1,
-        "(dq, dk, dv) of varlen_attention_forward.");
+        py::arg("dropout_p"), py::arg("seed"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(),
+        "(dq, dk, dv, drel) of varlen_attention_forward.");
 }
 
 // int8 inference: quantization and the GEMM epilogues fused into their consumers.

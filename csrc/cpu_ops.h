@@ -48,17 +48,21 @@ at::Tensor philox_uint32_scalar(int64_t seed, int64_t start, int64_t count);  //
 // rope_cos, rope_sin: none, or the float32 [positions, head_dim / 2] rotary tables of q and k
 // (fastbert.reference.rotary; position: the row index padded, the index in the sequence packed).
 // window >= 0: local attention, a query sees the keys at most `window` rows away; < 0: every key.
+// rel_bias: none, or float32 [heads, 2n - 1] (n >= every sequence's length), entry j - i + n - 1 added
+// to the scaled score of query i and key j. The backward returns its gradient fourth (else empty).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                                   const at::Tensor& v,
                                                                   const c10::optional<at::Tensor>& key_mask,
                                                                   double scale, double dropout_p, int64_t seed,
                                                                   bool return_dropout_mask,
                                                                   const c10::optional<at::Tensor>& rope_cos,
-                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window,
+    const c10::optional<at::Tensor>& rel_bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const c10::optional<at::Tensor>& key_mask, double scale, double dropout_p, int64_t seed,
-    const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin, int64_t window);
+    const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin, int64_t window,
+    const c10::optional<at::Tensor>& rel_bias);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                                          const at::Tensor& v,
                                                                          const at::Tensor& cu_seqlens,
@@ -66,11 +70,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
                                                                          double dropout_p, int64_t seed,
                                                                          bool return_dropout_mask,
                                                                   const c10::optional<at::Tensor>& rope_cos,
-                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
+                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window,
+    const c10::optional<at::Tensor>& rel_bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale, double dropout_p,
-    int64_t seed, const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin, int64_t window);
+    int64_t seed, const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin, int64_t window,
+    const c10::optional<at::Tensor>& rel_bias);
 
 // int8.cpp: int8 inference. Quantized activations: (q int8 [rows + 1, n], its last row all ones;
 // scale, offset float32 [rows]), x ~ q * scale + offset per row. acc: the int32 (or float32)

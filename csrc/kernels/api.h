@@ -86,6 +86,12 @@ struct AttnArgs {
   const float* rope_sin = nullptr;
   // Local attention: a query sees the keys at most `window` rows away on either side; < 0: all keys
   int64_t window = -1;
+  // Relative position bias (nullptr: none): float32 [heads, 2 rel_n - 1], entry j - i + rel_n - 1 of head
+  // h added to the scaled score of (query i, key j); rel_n >= every sequence's length. rel_grad: the
+  // backward's float32 [batch, heads, 2 rel_n - 1], zeroed by the host, the gradient of each pair
+  const float* rel_bias = nullptr;
+  int64_t rel_n = 0;
+  float* rel_grad = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------

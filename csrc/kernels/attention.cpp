@@ -47,6 +47,9 @@ Problem problem_of(const kernels::AttnArgs& a) {
   pb.rope_cos = a.rope_cos;
   pb.rope_sin = a.rope_sin;
   pb.window = a.window;
+  pb.rel_bias = a.rel_bias;
+  pb.rel_n = a.rel_n;
+  pb.rel_grad = a.rel_grad;
   return pb;
 }
 

@@ -29,11 +29,13 @@ constexpr int64_t kOneBlockLen = 256;  // backward: sequences up to this long ta
 // kst[r, i] <- keep / (1 - p) (dropout only); when `accumulate`, psum[i] += P and dsum[i] += P dP.
 template <bool kDropout>
 void probabilities_block(const Problem& pb, const Seq& sq, uint64_t pair, int64_t j0, int64_t n, int64_t qa,
-                         int64_t nqp, int64_t ld, const float* nlse, float* pt, float* dpt, float* kst, float* psum,
-                         float* dsum, bool accumulate) {
+                         int64_t nqp, int64_t ld, const float* nlse, const float* rel, float* pt, float* dpt,
+                         float* kst, float* psum, float* dsum, bool accumulate) {
   const Vf scale = vec::set1(pb.scale);
+  const int64_t lp = vec::round_up(sq.len, W);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t j = j0 + r;
+    const float* rel_row = rel != nullptr ? rel + (lp - 1 - j) + qa : nullptr;
     float* prow = pt + r * ld;
     float* drow = dpt + r * ld;
     if (sq.real != nullptr && !sq.real[j]) {  // a hole key: no weight, no gradient
@@ -44,7 +46,9 @@ void probabilities_block(const Problem& pb, const Seq& sq, uint64_t pair, int64_
     }
     for (int64_t c = 0; c < nqp; c += W) {
       const int64_t i = qa + c;  // the query of column c
-      const Vf p = vec::vexp_or_zero(vec::fmadd(vec::load(prow + c), scale, vec::load(nlse + i)));
+      Vf t = vec::fmadd(vec::load(prow + c), scale, vec::load(nlse + i));
+      if (rel_row != nullptr) t = t + vec::load(rel_row + c);
+      const Vf p = vec::vexp_or_zero(t);
       Vf dp = vec::load(drow + c);
       if constexpr (kDropout) {
         // probability (query i + lane, key j): counter pair + (i + lane) * 2^16 + j
@@ -76,18 +80,29 @@ inline void finish_sums(float* psum, float* dsum, int64_t lp) {
 // One block of n key rows after probabilities_block, in place: P^T is normalised by its row sums
 // (psum holds their inverses), then dpt <- dS^T * scale = P^T * (dP^T - D) * scale and pt <- P^T with
 // dropout (times kst = keep / (1 - p)), the two left operands of the block's gradient GEMMs.
+// With a relative bias, racc (laid out as fill_relative's for key rows, rows j0 .. j0 + n, columns
+// from query qa) gains each score's gradient dS, the bias's gradient summed along its distance.
 template <bool kDropout>
 inline void gradient_block(float* pt, float* dpt, const float* kst, const float* psum, const float* dsum, int64_t n,
-                           int64_t nqp, int64_t ld, Vf scale) {
+                           int64_t nqp, int64_t ld, Vf scale, float* racc, int64_t lp, int64_t j0, int64_t qa) {
   for (int64_t r = 0; r < n; ++r) {
     float* prow = pt + r * ld;
     float* drow = dpt + r * ld;
+    float* grow = racc != nullptr ? racc + (lp - 1 - (j0 + r)) + qa : nullptr;
     for (int64_t i = 0; i < nqp; i += W) {
       const Vf p = vec::load(prow + i) * vec::load(psum + i);
-      vec::store(drow + i, p * (vec::load(drow + i) - vec::load(dsum + i)) * scale);
+      const Vf ds = p * (vec::load(drow + i) - vec::load(dsum + i));
+      vec::store(drow + i, ds * scale);
       vec::store(prow + i, kDropout ? p * vec::load(kst + r * ld + i) : p);
+      if (grow != nullptr) vec::store(grow + i, vec::load(grow + i) + ds);
     }
   }
+}
+
+// The relative bias gradient of pair (b, h) from racc (gradient_block's) into pb.rel_grad.
+inline void put_relative_grad(const Problem& pb, int64_t b, int64_t h, int64_t len, int64_t lp, const float* racc) {
+  float* g = pb.rel_grad + (b * pb.heads + h) * (2 * pb.rel_n - 1) + pb.rel_n - 1;
+  for (int64_t dist = -(len - 1); dist < len; ++dist) g[dist] = racc[lp - 1 - dist];
 }
 
 // Rows first .. first + n of dk and dv of (b, h) from the fp32 blocks dkb, dvb [n, d].
@@ -173,7 +188,8 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
   const int64_t rows = std::is_same_v<T, float> ? 0 : len * d;
   const int64_t qkrows = pb.rope() ? len * d : rows;  // q and k: rotated, or converted, fp32 rows
   float* buf = vec::thread_buffer<float, kSlotAttention>(arena_size({len * d, lp + W, lp + W, lp + W, nb * ls,
-      nb * ls, kDropout ? nb * ls : 0, nb * d, nb * d, qkrows, qkrows, rows, rows}));
+      nb * ls, kDropout ? nb * ls : 0, nb * d, nb * d, qkrows, qkrows, rows, rows,
+      pb.relative() ? relative_size(lp) : 0, pb.relative() ? relative_size(lp) : 0}));
   Arena arena{buf};
   float* dqa = arena.take(len * d);  // dQ accumulated over key blocks [len, d]
   float* nlse = arena.take(lp + W);  // -lse, -inf at padded queries and past the sequence
@@ -192,6 +208,13 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
     dsum[i] = 0.0f;
   }
   if (pb.local()) std::fill(dqa, dqa + len * d, 0.0f);  // a key block adds to the rows of its span only
+  float *rel = nullptr, *racc = nullptr;  // the relative bias by distance for key rows, its gradient
+  if (pb.relative()) {
+    rel = arena.take(relative_size(lp));
+    racc = arena.take(relative_size(lp));
+    fill_relative(pb, h, len, lp, -1, rel);
+    std::fill(racc, racc + relative_size(lp), 0.0f);
+  }
   const uint64_t pair = pb.counter(b, h);
   // S^T and dP^T of the key rows j0 .. j0 + n against the queries of their span (-inf out of windows)
   auto scores = [&](int64_t j0, int64_t n, const Span& qs) {
@@ -214,7 +237,7 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
       const int64_t n = std::min(nb, len - j0);
       const Span qs = span_of(pb, j0, n, len);
       const int64_t nqp = scores(j0, n, qs);
-      probabilities_block<kDropout>(pb, sq, pair, j0, n, qs.lo, nqp, ls, nlse, pt, dpt, kst, psum, dsum, true);
+      probabilities_block<kDropout>(pb, sq, pair, j0, n, qs.lo, nqp, ls, nlse, rel, pt, dpt, kst, psum, dsum, true);
     }
     finish_sums(psum, dsum, lp);
   }
@@ -223,9 +246,10 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
     const int64_t n = std::min(nb, len - j0);
     const Span qs = span_of(pb, j0, n, len);
     const int64_t nq = qs.hi - qs.lo, nqp = scores(j0, n, qs);
-    probabilities_block<kDropout>(pb, sq, pair, j0, n, qs.lo, nqp, ls, nlse, pt, dpt, kst, psum, dsum, one_block);
+    probabilities_block<kDropout>(pb, sq, pair, j0, n, qs.lo, nqp, ls, nlse, rel, pt, dpt, kst, psum, dsum,
+                                  one_block);
     if (one_block) finish_sums(psum, dsum, lp);
-    gradient_block<kDropout>(pt, dpt, kst, psum + qs.lo, dsum + qs.lo, n, nqp, ls, scale);
+    gradient_block<kDropout>(pt, dpt, kst, psum + qs.lo, dsum + qs.lo, n, nqp, ls, scale, racc, lp, j0, qs.lo);
     gemm(false, false, n, d, nq, pt, ls, pr.dout + qs.lo * pr.lddo, pr.lddo, dvb, d, false);  // dV = P^T dO
     gemm(false, false, n, d, nq, dpt, ls, pr.q + qs.lo * pr.ldq, pr.ldq, dkb, d, false);      // dK = dS^T Q
     gemm(true, false, nq, d, n, dpt, ls, pr.k + j0 * pr.ldk, pr.ldk, dqa + qs.lo * d, d,
@@ -235,6 +259,7 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
   }
   if (pb.rope()) rotate_rows(static_cast<const float*>(dqa), d, len, d, pb, pb.first_position(sq), -1.0f, dqa);
   put_query_rows(pb, dq, b, h, sq.first, dqa, len);
+  if (pb.relative()) put_relative_grad(pb, b, h, len, lp, racc);
 }
 
 }  // namespace

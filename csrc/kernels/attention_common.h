@@ -99,8 +99,13 @@ struct Problem {
 
   int64_t window = -1;  // local attention: keys at most this many rows away; < 0: every key
 
+  const float* rel_bias = nullptr;  // relative position bias [heads, 2 rel_n - 1], or nullptr
+  int64_t rel_n = 0;
+  float* rel_grad = nullptr;  // its gradient per pair [batch, heads, 2 rel_n - 1] (the backward's)
+
   bool rope() const { return rope_cos != nullptr; }
   bool local() const { return window >= 0; }
+  bool relative() const { return rel_bias != nullptr; }
   // the rotary position of row 0 of a pair's rows: its row index (padded), 0 (packed)
   int64_t first_position(const Seq& s) const { return pad_rows > 0 ? s.first : 0; }
 
@@ -234,6 +239,19 @@ void rotate_rows(const T* src, int64_t ld, int64_t len, int64_t d, const Problem
       store_n(y + c, x1 * cv - x2 * sv, n);
       store_n(y + h + c, x2 * cv + x1 * sv, n);
     }
+  }
+}
+
+// The relative bias of head h laid out for a pair's score rows (len rows, lp = len rounded up to
+// whole vectors): dst[x], x in [0, relative_size(lp)), is the bias of the distance key - query =
+// sign * (x - (lp - 1)), 0 past the sequence. The forward (sign +1, query rows) reads query i's
+// row from dst + lp - 1 - i + key; the backward (sign -1, key rows) key j's from dst + lp - 1 - j + query.
+inline int64_t relative_size(int64_t lp) { return 2 * lp + W; }
+inline void fill_relative(const Problem& pb, int64_t h, int64_t len, int64_t lp, int64_t sign, float* dst) {
+  const float* rel = pb.rel_bias + h * (2 * pb.rel_n - 1) + pb.rel_n - 1;
+  for (int64_t x = 0; x < relative_size(lp); ++x) {
+    const int64_t dist = sign * (x - (lp - 1));
+    dst[x] = dist > -len && dist < len ? rel[dist] : 0.0f;
   }
 }
 

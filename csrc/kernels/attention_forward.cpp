@@ -22,11 +22,12 @@ namespace attn {
 namespace {
 
 // The softmax of one block's score rows s [m, ld] (queries i0 .. i0 + m, keys ka .. ka + nk of the
-// pair) in place: scale, key bias, the window, exp, dropout; rinv[r] = 1 / row sum, lse saved.
+// pair) in place: scale, key bias, relative bias (rel: fill_relative's, or nullptr), the window, exp,
+// dropout; rinv[r] = 1 / row sum, lse saved.
 template <bool kDropout>
 void softmax_rows(const Problem& pb, const Seq& sq, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t ka,
-                  int64_t nk, const float* bias, float* s, int64_t ld, float* rinv) {
-  const int64_t nkp = vec::round_up(nk, W);
+                  int64_t nk, const float* bias, const float* rel, float* s, int64_t ld, float* rinv) {
+  const int64_t nkp = vec::round_up(nk, W), lp = vec::round_up(sq.len, W);
   const Vf scale = vec::set1(pb.scale);
   const uint64_t pair = pb.counter(b, h);
   for (int64_t r = 0; r < m; ++r) {
@@ -46,8 +47,10 @@ void softmax_rows(const Problem& pb, const Seq& sq, int64_t b, int64_t h, int64_
       mask_outside(row, 0, nk, nkp);
     }
     Vf mx = vec::set1(-kInf);
+    const float* rel_row = rel != nullptr ? rel + (lp - 1 - i) + ka : nullptr;
     for (int64_t j = 0; j < nkp; j += W) {
       Vf t = vec::fmadd(vec::load(row + j), scale, vec::load(bias + ka + j));
+      if (rel_row != nullptr) t = t + vec::load(rel_row + j);
       vec::store(row + j, t);
       mx = vec::vmax(mx, t);
     }
@@ -81,7 +84,7 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
   const int64_t rotated = pb.rope() ? len * d : 0;  // q and k rotated (fp32)
   const int64_t qrows = std::max(rows, rotated);
   float* buf = vec::thread_buffer<float, kSlotAttention>(
-      arena_size({d * lp, lp + W, mb * ls, mb * d, mb, qrows, rows, rotated}));
+      arena_size({d * lp, lp + W, mb * ls, mb * d, mb, qrows, rows, rotated, pb.relative() ? relative_size(lp) : 0}));
   Arena arena{buf};
   float* kt = arena.take(d * lp);     // K^T [d, lp]
   float* bias = arena.take(lp + W);   // key bias: 0 real, -inf hole / past the sequence
@@ -104,13 +107,18 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
     pack_transposed(k.at(b, h, sq.first), k.sr, len, d, kt, lp);
   }
   for (int64_t j = 0; j < lp + W; ++j) bias[j] = j < len && (sq.real == nullptr || sq.real[j]) ? 0.0f : -kInf;
+  float* rel = nullptr;  // the relative bias by distance, for query rows
+  if (pb.relative()) {
+    rel = arena.take(relative_size(lp));
+    fill_relative(pb, h, len, lp, 1, rel);
+  }
 
   for (int64_t i0 = 0; i0 < len; i0 += mb) {
     const int64_t m = std::min(mb, len - i0);
     const Span keys = span_of(pb, i0, m, len);  // local attention: the keys of the block's windows only
     const int64_t nk = keys.hi - keys.lo;
     gemm(false, false, m, nk, d, qr + i0 * ldq, ldq, kt + keys.lo, lp, s, ls, false);  // S = Q K^T
-    softmax_rows<kDropout>(pb, sq, b, h, i0, m, keys.lo, nk, bias, s, ls, rinv);
+    softmax_rows<kDropout>(pb, sq, b, h, i0, m, keys.lo, nk, bias, rel, s, ls, rinv);
     gemm(false, false, m, d, nk, s, ls, vr + keys.lo * ldv, ldv, o, d, false);  // O = E V
     for (int64_t r = 0; r < m; ++r) {
       T* dst = out.at(b, h, sq.first + i0 + r);

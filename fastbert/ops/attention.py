@@ -17,186 +17,28 @@ backward). Backends: "triton" (flash-style kernels, kernels/attention.py), "cpp"
 only, csrc/attention.cpp), "torch" (torch.nn.functional.scaled_dot_product_attention; the
 reference layer when dropout is on, so the mask follows the same rule, and for local attention).
 
-Layers: custom ops (opaque to torch.compile) -> autograd Functions -> functional API.
+Layers: custom ops (opaque to torch.compile) -> autograd Functions (both in attention_fused) ->
+functional API (here: the checks, the torch backend, the entry points).
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import fused_op, needs_grad, seed_int, seed_tensor
+from fastbert.ops._common import seed_tensor
+from fastbert.ops.attention_fused import run_fused, torch_keep_mask
 from fastbert.ops.checks import check_device, check_float, check_mask, check_tensor
 
 TRITON_HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # what the Triton kernels compile for
 MAX_HEAD_DIM = 256  # the cpp backend
 
 
-Tensor = torch.Tensor
-Tensors3 = Tuple[Tensor, Tensor, Tensor]
-
-
-def _no_mask(device) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.bool, device=device)
-
-
-# --------------------------------------------------------------------------------------------
-# custom ops: the fused launchers behind one schema
-
-
-def _lse_like(q: torch.Tensor, varlen: bool) -> torch.Tensor:
-    # padded: fp32 [batch, heads, seq]; varlen: fp32 [heads, total_tokens]
-    shape = (q.shape[1], q.shape[0]) if varlen else q.shape[:3]
-    return q.new_empty(shape, dtype=torch.float32)
-
-
-def _keep_like(q: torch.Tensor, return_mask: bool, batch: int, seq: int) -> torch.Tensor:
-    heads = q.shape[-2] if q.dim() == 3 else q.shape[1]
-    return q.new_empty((batch, heads, seq, seq) if return_mask else (0,), dtype=torch.bool)
-
-
-def _dense_like(t: torch.Tensor) -> torch.Tensor:
-    # the launchers' outputs are contiguous, whatever the inputs' strides (empty_like would copy them)
-    return t.new_empty(t.shape)
-
-
-def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, rope_cos, rope_sin, window, backend):
-    return _dense_like(q), _lse_like(q, False), _keep_like(q, return_mask, q.shape[0], q.shape[2])
-
-
-@fused_op("attention_fwd", _fake_fwd)
-def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], scale: float, dropout_p: float,
-                   seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor], rope_sin: Optional[Tensor],
-                   window: int, backend: str) -> Tensors3:
-    out, lse, keep = _backend.impl(backend, "attention").attention_forward(
-        q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask, rope_cos=rope_cos, rope_sin=rope_sin,
-        **_local(window)
-    )
-    return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
-
-
-def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, rope_cos, rope_sin, window, backend):
-    return _dense_like(q), _dense_like(k), _dense_like(v)
-
-
-@fused_op("attention_bwd", _fake_bwd)
-def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key_mask: Optional[Tensor],
-                   scale: float, dropout_p: float, seed: Optional[Tensor], rope_cos: Optional[Tensor],
-                   rope_sin: Optional[Tensor], window: int, backend: str) -> Tensors3:
-    launch = _backend.impl(backend, "attention").attention_backward
-    return tuple(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed_int(seed), rope_cos=rope_cos,
-                        rope_sin=rope_sin, **_local(window)))
-
-
-def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope_cos, rope_sin, window,
-                     backend):
-    batch = cu_seqlens.shape[0] - 1
-    return _dense_like(q), _lse_like(q, True), _keep_like(q, return_mask, batch, max_seqlen)
-
-
-@fused_op("varlen_attention_fwd", _fake_varlen_fwd)
-def _varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float,
-                          dropout_p: float, seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor],
-                          rope_sin: Optional[Tensor], window: int, backend: str) -> Tensors3:
-    out, lse, keep = _backend.impl(backend, "attention").varlen_attention_forward(
-        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), return_mask, rope_cos=rope_cos,
-        rope_sin=rope_sin, **_local(window)
-    )
-    return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
-
-
-def _fake_varlen_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed, rope_cos, rope_sin,
-                     window, backend):
-    return _dense_like(q), _dense_like(k), _dense_like(v)
-
-
-@fused_op("varlen_attention_bwd", _fake_varlen_bwd)
-def _varlen_attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor,
-                          max_seqlen: int, scale: float, dropout_p: float, seed: Optional[Tensor],
-                          rope_cos: Optional[Tensor], rope_sin: Optional[Tensor], window: int,
-                          backend: str) -> Tensors3:
-    return tuple(
-        _backend.impl(backend, "attention").varlen_attention_backward(
-            do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), rope_cos=rope_cos,
-            rope_sin=rope_sin, **_local(window)
-        )
-    )
-
-
-def _fake_keep(seed, batch, heads, seq, p, starts):
-    return torch.empty((batch, heads, seq, seq), dtype=torch.bool, device=starts.device if starts is not None else "cpu")
-
-
-@fused_op("attention_keep_mask", _fake_keep)
-def _attention_keep_mask(
-    seed: torch.Tensor, batch: int, heads: int, seq: int, p: float, starts: Optional[torch.Tensor]
-) -> torch.Tensor:
-    # the torch backend's dropout mask, opaque to torch.compile like fastbert::dropout_keep_mask
-    device = starts.device if starts is not None else seed.device
-    return reference.attention_keep_mask(seed, batch, heads, seq, seq, p, starts, device)
-
-
-# --------------------------------------------------------------------------------------------
-# autograd
-
-
-class AttentionFunction(torch.autograd.Function):
-    """Both layouts through one Function: padded (key_mask, cu_seqlens None) or packed (cu_seqlens,
-    max_seqlen)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window,
-                backend):
-        out, lse, keep = _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask,
-                                    rope, window, backend)
-        ctx.save_for_backward(q, k, v, out, lse, key_mask, cu_seqlens, seed, *rope)
-        ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.window, ctx.backend = max_seqlen, scale, dropout_p, window, backend
-        ctx.mark_non_differentiable(keep)
-        return out, keep
-
-    @staticmethod
-    def backward(ctx, dout, _dkeep):
-        q, k, v, out, lse, key_mask, cu_seqlens, seed, rope_cos, rope_sin = ctx.saved_tensors
-        rest = (ctx.scale, ctx.dropout_p, seed, rope_cos, rope_sin, ctx.window, ctx.backend)
-        if cu_seqlens is None:
-            dq, dk, dv = _attention_bwd(dout.contiguous(), q, k, v, out, lse, key_mask, *rest)
-        else:
-            dq, dk, dv = _varlen_attention_bwd(dout.contiguous(), q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, *rest)
-        return (dq, dk, dv) + (None,) * 10
-
-
-def _local(window: int) -> dict:
-    # the launchers' window argument, passed only for local attention
-    return {} if window < 0 else {"window": window}
-
-
-def _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window, backend):
-    if cu_seqlens is None:
-        return _attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, *rope, window, backend)
-    return _varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, *rope, window,
-                                 backend)
-
-
-def _run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window, backend,
-               mask_shape):
-    """(out, keep-mask or None) of a fused backend, through autograd when an input needs a gradient;
-    the keep-mask is all True (of mask_shape) when no dropout ran. rope: the (cos, sin) rotary
-    tables, or (None, None); window: local attention's reach, -1 for none."""
-    q, k, v = (_rows_contiguous(t) for t in (q, k, v))
-    args = (q, k, v, key_mask, cu_seqlens, max_seqlen, scale, float(dropout_p), seed, bool(return_mask), rope, window,
-            backend)
-    if needs_grad(q, k, v):
-        out, keep = AttentionFunction.apply(*args)
-    else:
-        out, _, keep = _fused_fwd(*args)
-    if return_mask and keep.numel() == 0:
-        keep = torch.ones(mask_shape, dtype=torch.bool, device=q.device)
-    return out, keep
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,6 +98,17 @@ def _rope(op: str, base: Optional[float], backend: str, head_dim: int, positions
     return _rotary_tables(float(base), head_dim, max(64, 1 << max(positions - 1, 0).bit_length()), str(device))
 
 
+def _check_relative(op: str, rel: Optional[torch.Tensor], q: torch.Tensor, positions: int) -> None:
+    if rel is None:
+        return
+    check_float(op, "relative_bias", rel)
+    check_device(op, "relative_bias", rel, q, like="q")
+    heads = q.shape[-2] if q.dim() == 3 else q.shape[1]
+    if rel.dim() != 2 or rel.shape[0] != heads or rel.shape[1] % 2 == 0 or (rel.shape[1] + 1) // 2 < positions:
+        raise ValueError(f"fastbert.ops.{op}: relative_bias must be [heads, 2n - 1] with heads = {heads} and "
+                         f"n >= {positions}, got shape {tuple(rel.shape)}")
+
+
 def _check_window(op: str, window: Optional[int]) -> int:
     """window as the kernels take it: >= 0, or -1 for every key."""
     if window is None:
@@ -283,23 +136,21 @@ def _as_bool_mask(op: str, attention_mask: torch.Tensor, q: torch.Tensor) -> tor
     return check_mask(op, "attention_mask", attention_mask).contiguous()
 
 
-def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 # --------------------------------------------------------------------------------------------
 # the "torch" backend
 
 
-def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask, rope=(None, None), window=-1):
+def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask, rope=(None, None), window=-1, rel_bias=None):
     if rope[0] is not None:
         q, k = (reference.rotate(t, *rope) for t in (q, k))
     keep = None
-    if dropout_p > 0 or window >= 0:  # the reference layer: fastbert's dropout rule, the window exactly
+    if dropout_p > 0 or window >= 0 or rel_bias is not None:  # the reference layer: fastbert's dropout rule
         if dropout_p > 0:
             starts = reference.mask_starts(mask) if mask is not None else None
-            keep = _attention_keep_mask(seed, q.shape[0], q.shape[1], q.shape[2], dropout_p, starts).to(q.device)
-        out = reference.attention(q, k, v, mask, dropout_p, scale, keep_mask=keep, window=window if window >= 0 else None)
+            keep = torch_keep_mask(seed, q.shape[0], q.shape[1], q.shape[2], dropout_p, starts).to(q.device)
+        bias = None if rel_bias is None else reference.relative_bias_matrix(rel_bias, q.shape[2])
+        out = reference.attention(q, k, v, mask, dropout_p, scale, keep_mask=keep, window=window if window >= 0 else None,
+                                  bias=bias)
     elif mask is None:
         out = F.scaled_dot_product_attention(q, k, v, scale=scale)
     else:
@@ -322,7 +173,8 @@ def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask, rope=(N
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *,
               dropout_p: float = 0.0, scale: Optional[float] = None, backend: Optional[str] = None,
               seed: Optional[int] = None, generator: Optional[torch.Generator] = None, return_dropout_mask: bool = False,
-              rotary_base: Optional[float] = None, window: Optional[int] = None):
+              rotary_base: Optional[float] = None, window: Optional[int] = None,
+              relative_bias: Optional[torch.Tensor] = None):
     """softmax(q k^T * scale, padded keys masked) v, one fused pass (see the module docstring).
 
     q, k, v: [batch, heads, seq, head_dim], one dtype (float32/float16/bfloat16), any strides.
@@ -336,6 +188,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     window: local attention, each query sees the keys at most `window` rows away on either side
     (ModernBERT's local layers: 64); the blocks past the window are never computed, so the cost
     grows with the window, not the sequence. None: every key.
+    relative_bias: [heads, 2n - 1] (n >= seq), differentiable: entry j - i + n - 1 of head h is added
+    to the scaled score of query i and key j (MPNet's relative position bias,
+    fastbert.reference.relative_bias of its bucket table), read by distance inside the kernel,
+    never spread to [heads, seq, seq].
     Returns [batch, heads, seq, head_dim] in q's dtype (zeros at padded query positions).
     """
     op = "attention"
@@ -346,10 +202,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
     rope = _rope(op, rotary_base, backend, q.shape[-1], q.shape[2], q.device)
     reach = _check_window(op, window)
+    _check_relative(op, relative_bias, q, q.shape[2])
     if backend == "torch" or q.numel() == 0:
-        return _torch_attention(q, k, v, mask, scale, float(dropout_p), seed_t, return_dropout_mask, rope, reach)
-    out, keep = _run_fused(q, k, v, mask, None, None, scale, dropout_p, seed_t, return_dropout_mask, rope, reach,
-                           backend, q.shape[:3] + (q.shape[2],))
+        return _torch_attention(q, k, v, mask, scale, float(dropout_p), seed_t, return_dropout_mask, rope, reach,
+                                relative_bias)
+    out, keep = run_fused(q, k, v, mask, None, None, scale, dropout_p, seed_t, return_dropout_mask, rope, reach,
+                           relative_bias, backend, q.shape[:3] + (q.shape[2],))
     return (out, keep) if return_dropout_mask else out
 
 
@@ -382,13 +240,14 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      dropout_p: float = 0.0, scale: Optional[float] = None, backend: Optional[str] = None,
                      seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                      return_dropout_mask: bool = False, rotary_base: Optional[float] = None,
-                     window: Optional[int] = None):
+                     window: Optional[int] = None, relative_bias: Optional[torch.Tensor] = None):
     """attention over packed sequences (see the module docstring for the shapes).
 
     Each sequence attends within itself only. The same options as `attention`; the dropout mask
     of sequence b is the one `attention` draws for row b of a right-padded batch, so the two entry
     points agree. return_dropout_mask: also return bool [batch, heads, max_seqlen, max_seqlen].
-    rotary_base, window: as for `attention`, a token's position its index in its sequence.
+    rotary_base, window, relative_bias: as for `attention`, a token's position its index in its sequence
+    (relative_bias: n >= max_seqlen).
     """
     op = "varlen_attention"
     _check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]")
@@ -399,15 +258,17 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     batch = cu_seqlens.shape[0] - 1
     rope = _rope(op, rotary_base, backend, q.shape[-1], max_seqlen, q.device)
     reach = _check_window(op, window)
+    _check_relative(op, relative_bias, q, max_seqlen)
     if backend == "torch" or q.numel() == 0:
         return _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, float(dropout_p), seed_t, return_dropout_mask,
-                             rope, reach)
-    out, keep = _run_fused(q, k, v, None, cu_seqlens.contiguous(), max_seqlen, scale, dropout_p, seed_t,
-                           return_dropout_mask, rope, reach, backend, (batch, q.shape[1], max_seqlen, max_seqlen))
+                             rope, reach, relative_bias)
+    out, keep = run_fused(q, k, v, None, cu_seqlens.contiguous(), max_seqlen, scale, dropout_p, seed_t,
+                           return_dropout_mask, rope, reach, relative_bias, backend,
+                           (batch, q.shape[1], max_seqlen, max_seqlen))
     return (out, keep) if return_dropout_mask else out
 
 
-def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window):
+def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window, rel_bias):
     """The packed batch padded to max_seqlen, through the padded torch path, and packed again."""
     from fastbert.ops.padding import pad
 
@@ -417,7 +278,7 @@ def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, retur
     mask = positions[None, :] < lengths[:, None]  # [batch, max_seqlen]
     indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
     padded = [pad(t, indices, batch, max_seqlen).transpose(1, 2) for t in (q, k, v)]  # [batch, heads, seq, d]
-    res = _torch_attention(*padded, mask, scale, dropout_p, seed, return_mask, rope, window)
+    res = _torch_attention(*padded, mask, scale, dropout_p, seed, return_mask, rope, window, rel_bias)
     out, keep = res if return_mask else (res, None)
     packed = out.transpose(1, 2).reshape(batch * max_seqlen, q.shape[1], q.shape[2]).index_select(0, indices)
     return (packed, keep) if return_mask else packed

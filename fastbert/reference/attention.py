@@ -54,7 +54,8 @@ def window_band(seq: int, window: int, device=None) -> torch.Tensor:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
               dropout_p: float = 0.0, scale: Optional[float] = None,
-              keep_mask: Optional[torch.Tensor] = None, window: Optional[int] = None) -> torch.Tensor:
+              keep_mask: Optional[torch.Tensor] = None, window: Optional[int] = None,
+              bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v, spelled out; q, k, v: [batch, heads, seq, head_dim].
 
     attention_mask: [batch, seq], 1/True = real token. Padded keys get no weight; padded queries
@@ -62,9 +63,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     ([batch, heads, seq, seq] bool) applies dropout to the probabilities when dropout_p > 0 (drawn
     with torch's RNG when not given; attention_keep_mask gives fastbert's counter-based mask).
     window: local attention, a query sees the keys at most `window` positions away (row indices).
+    bias: added to the scaled scores, broadcast to [batch, heads, seq, seq] (MPNet's relative
+    position bias: relative_bias_matrix).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     if window is not None:
         scores = scores.masked_fill(~window_band(q.shape[-2], window, q.device), float("-inf"))
     if attention_mask is not None:
@@ -92,10 +97,12 @@ def varlen_attention(
     scale: Optional[float] = None,
     keep_mask: Optional[torch.Tensor] = None,
     window: Optional[int] = None,
+    relative: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """attention over packed sequences, one at a time; q, k, v: [total_tokens, heads, head_dim],
     cu_seqlens: [batch + 1], sequence b is tokens cu_seqlens[b]:cu_seqlens[b + 1].
-    keep_mask: bool [batch, heads, >= max_seqlen, >= max_seqlen] (sequence b uses its top-left corner)."""
+    keep_mask: bool [batch, heads, >= max_seqlen, >= max_seqlen] (sequence b uses its top-left corner).
+    relative: [heads, 2n - 1] relative position bias (relative_bias), positions counted in each sequence."""
     out = torch.zeros_like(q)
     bounds = cu_seqlens.tolist()
     for b in range(len(bounds) - 1):
@@ -104,7 +111,8 @@ def varlen_attention(
             continue
         qs, ks, vs = (t[lo:hi].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         keep = None if keep_mask is None else keep_mask[b : b + 1, :, : hi - lo, : hi - lo]
-        o = attention(qs, ks, vs, None, dropout_p, scale, keep, window)
+        bias = None if relative is None else relative_bias_matrix(relative, hi - lo)
+        o = attention(qs, ks, vs, None, dropout_p, scale, keep, window, bias)
         out[lo:hi] = o.squeeze(0).transpose(0, 1)
     return out
 
@@ -118,3 +126,34 @@ class Attention(nn.Module):
     def forward(self, q, k, v, attention_mask=None):
         p = self.dropout_p if self.training else 0.0
         return attention(q, k, v, attention_mask, p, self.scale)
+
+
+def relative_position_buckets(n: int, num_buckets: int = 32, max_distance: int = 128, device=None) -> torch.Tensor:
+    """int64 [2n - 1]: MPNet's (and T5's bidirectional) bucket of each relative position j - i, for
+    j - i = -(n - 1) .. n - 1 (entry j - i + n - 1), as transformers' MPNet computes it: half the
+    buckets per direction, the first half of those exact distances, the rest log-spaced up to
+    max_distance."""
+    n_ = -torch.arange(-(n - 1), n, dtype=torch.long, device=device)  # -(j - i)
+    half = num_buckets // 2
+    ret = (n_ < 0).to(torch.long) * half
+    n_ = n_.abs()
+    max_exact = half // 2
+    large = max_exact + (torch.log(n_.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (half - max_exact)).to(torch.long)
+    large = torch.clamp(large, max=half - 1)
+    return ret + torch.where(n_ < max_exact, n_, large)
+
+
+def relative_bias(table: torch.Tensor, n: int, num_buckets: Optional[int] = None, max_distance: int = 128) -> torch.Tensor:
+    """[heads, 2n - 1]: the bias of each head at each relative position j - i (entry j - i + n - 1),
+    from MPNet's bucket table [num_buckets, heads] (its relative_attention_bias.weight); differentiable
+    in the table. This is what attention(..., relative_bias=...) takes."""
+    buckets = relative_position_buckets(n, num_buckets or table.shape[0], max_distance, table.device)
+    return table.index_select(0, buckets).t().contiguous()
+
+
+def relative_bias_matrix(rel: torch.Tensor, seq: int) -> torch.Tensor:
+    """[heads, seq, seq]: rel [heads, 2n - 1] (n >= seq) spread over (query i, key j) as rel[:, j - i + n - 1]."""
+    n = (rel.shape[-1] + 1) // 2
+    pos = torch.arange(seq, device=rel.device)
+    return rel[:, pos[None, :] - pos[:, None] + n - 1]

@@ -1,0 +1,105 @@
+"""A relative position bias inside attention (MPNet's): fastbert.ops.attention / varlen_attention
+(relative_bias=rel), rel [heads, 2n - 1] read by the distance j - i inside the kernel, on every
+backend against the reference (the bias spread to [heads, seq, seq] and added to the scaled
+scores). Outputs, dq, dk, dv and the bias's own gradient, with the bound of STYLE.md lesson 4."""
+import pytest
+import torch
+from conftest import assert_within_bound, device_for
+from test_attention import dtypes_for, mixed_mask, pack, qkv, run
+
+import fastbert
+from fastbert import reference
+
+
+def check_all(tag, op, ref, inputs, dout, dtype, real=None):
+    names = ("out", "dq", "dk", "dv", "drel")
+    got, same, r64 = run(op, inputs, dout), run(ref, inputs, dout), run(ref, [t.double() for t in inputs], dout.double())
+    for i, name in enumerate(names[: 1 + len(inputs)]):
+        a, b, c = ((r[0] if i == 0 else r[1][i - 1]) for r in (got, same, r64))
+        if real is not None and i < 4:
+            a, b, c = a[real], b[real], c[real]
+        assert_within_bound(f"{tag} {name}", a, b, c, dtype)
+
+
+def check_relative(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0, window=None, left=False, extra=3):
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = qkv((batch, heads, seq, head_dim), dtype, dev, g)
+    dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(dev, dtype)
+    table = torch.randn(32, heads, generator=g)
+    rel = reference.relative_bias(table, seq + extra).to(dev, dtype)  # n may exceed the sequence
+    mask = mixed_mask(batch, seq, g, left).to(dev)
+    keep = reference.attention_keep_mask(7, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
+
+    def op(q_, k_, v_, r_):
+        return fastbert.ops.attention(q_, k_, v_, mask, dropout_p=dropout_p, seed=7, backend=backend, window=window,
+                                      relative_bias=r_)
+
+    def ref(q_, k_, v_, r_):
+        return reference.attention(q_, k_, v_, mask, dropout_p, keep_mask=keep, window=window,
+                                   bias=reference.relative_bias_matrix(r_, seq))
+
+    tag = f"{backend} relative b{batch} s{seq} d{head_dim} {dtype} p{dropout_p} w{window}"
+    check_all(tag, op, ref, [q, k, v, rel], dout, dtype, mask.bool()[:, None, :, None].expand(q.shape))
+
+
+def test_relative_bias_matches_reference(backend):
+    seqs = [7, 33, 64] + ([130, 300] if backend == "cpp" else [])
+    for i, seq in enumerate(seqs):
+        for dtype in dtypes_for(backend):
+            check_relative(backend, 3, 2, seq, (32, 64)[i % 2], dtype, seed=i)
+
+
+def test_relative_bias_with_dropout_window_and_left_padding(backend):
+    check_relative(backend, 4, 2, 40, 64, torch.float32, seed=2, dropout_p=0.1, left=True)
+    check_relative(backend, 3, 2, 70 if backend != "cpp" else 300, 32, torch.float32, seed=3, window=16)
+
+
+def test_relative_bias_varlen_matches_reference_and_padded(backend):
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(5)
+    lengths = [5, 1, 0, 33, 17] if backend == "triton" else [5, 1, 0, 130, 64]
+    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    total, max_seqlen = sum(lengths), max(lengths) + 3
+    for dtype in dtypes_for(backend):
+        q, k, v = qkv((total, 3, 64), dtype, dev, g)
+        rel = reference.relative_bias(torch.randn(32, 3, generator=g), max_seqlen).to(dev, dtype)
+        dout = torch.randn(total, 3, 64, generator=g).to(dev, dtype)
+
+        def op(*t):
+            return fastbert.ops.varlen_attention(*t[:3], cu_seqlens, max_seqlen, backend=backend, relative_bias=t[3])
+
+        def ref(*t):
+            return reference.varlen_attention(*t[:3], cu_seqlens, relative=t[3])
+
+        check_all(f"{backend} relative varlen {dtype}", op, ref, [q, k, v, rel], dout, dtype)
+
+    batch, seq = 4, 40
+    q, k, v = qkv((batch, 2, seq, 64), torch.float32, dev, g)
+    rel = reference.relative_bias(torch.randn(32, 2, generator=g), seq).to(dev)
+    mask = mixed_mask(batch, seq, g).to(dev)
+    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
+    padded = fastbert.ops.attention(q, k, v, mask, backend=backend, relative_bias=rel)
+    packed = fastbert.ops.varlen_attention(*(pack(t, mask) for t in (q, k, v)), cu, n, backend=backend, relative_bias=rel)
+    torch.testing.assert_close(packed, pack(padded, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_relative_bias_is_mpnet_s():
+    from transformers.models.mpnet import modeling_mpnet as mp
+
+    seq, heads = 300, 4
+    table = torch.nn.Embedding(32, heads)
+    rel = torch.arange(seq)[None, :] - torch.arange(seq)[:, None]
+    want = table(mp.MPNetEncoder.relative_position_bucket(rel)).permute(2, 0, 1)
+    got = reference.relative_bias_matrix(reference.relative_bias(table.weight, seq), seq)
+    assert torch.equal(got, want)
+
+
+def test_relative_bias_errors():
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match=r"relative_bias must be \[heads, 2n - 1\] with heads = 2 and n >= 8"):
+        fastbert.ops.attention(q, q, q, relative_bias=torch.zeros(2, 13), backend="torch")
+    with pytest.raises(ValueError, match="relative_bias must be"):
+        fastbert.ops.attention(q, q, q, relative_bias=torch.zeros(3, 15), backend="torch")
+    with pytest.raises(TypeError, match="relative_bias"):
+        fastbert.ops.attention(q, q, q, relative_bias=torch.zeros(2, 15, dtype=torch.int64), backend="torch")
