@@ -98,6 +98,13 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
         for shape in attn:
             for dtype in dtypes:
                 yield op, shape, dtype
+    # what the newer encoders add to attention: rotary and a local window (ModernBERT), a relative
+    # position bias (MPNet); head_dim 32 at least (the triton backend's rotary takes no less)
+    modern = [(3, 2, 17, 32)] if interpreted else [(4, 4, 97, 64)]
+    for op in ("rotary+window", "relative_bias"):
+        for shape in modern:
+            for dtype in dtypes:
+                yield op, shape, dtype
     for dtype in dtypes:
         yield "attention_weights", attn[0], dtype
     yield "unpad/pad", (5, 33, 24), torch.float32
@@ -148,13 +155,23 @@ def _elementwise(op, shape, dtype, backend, device, g) -> List[Row]:
     return rows + [(f"{name} (no bias)", *rest) for name, *rest in no_bias]
 
 
-def _attention(op, shape, dtype, backend, device, g) -> List[Row]:
+ATTENTION_DROPOUT, ATTENTION_SEED = 0.1, 4321
+
+
+def _attention_inputs(shape, dtype, device, g):
+    """(mask, [q, k, v], dout, the reference's keep-mask, the real query rows) of an attention check."""
     batch, heads, seq, d = shape
     mask = _mixed_mask(batch, seq, g).to(device)
     q, k, v, dout = (torch.randn(batch, heads, seq, d, generator=g).to(device, dtype) for _ in range(4))
-    p, seed = 0.1, 4321
-    keep = reference.attention_keep_mask(seed, batch, heads, seq, seq, p, reference.mask_starts(mask), device)
-    real = mask.bool()[:, None, :, None]
+    keep = reference.attention_keep_mask(ATTENTION_SEED, batch, heads, seq, seq, ATTENTION_DROPOUT,
+                                         reference.mask_starts(mask), device)
+    return mask, [q, k, v], dout, keep, mask.bool()[:, None, :, None]
+
+
+def _attention(op, shape, dtype, backend, device, g) -> List[Row]:
+    batch, heads, seq, d = shape
+    mask, (q, k, v), dout, keep, real = _attention_inputs(shape, dtype, device, g)
+    p, seed = ATTENTION_DROPOUT, ATTENTION_SEED
     ref = lambda q_, k_, v_: reference.attention(q_, k_, v_, mask, p, keep_mask=keep)  # noqa: E731
     if op == "attention":
         fused = lambda q_, k_, v_: fastbert.ops.attention(  # noqa: E731
@@ -169,6 +186,35 @@ def _attention(op, shape, dtype, backend, device, g) -> List[Row]:
             return fastbert.ops.pad(out, indices, batch, seq).transpose(1, 2)
     return compare(["out", "dq", "dk", "dv"], lambda *a: fused(*a) * real, lambda *a: ref(*a) * real,
                    [q, k, v], dout, dtype)
+
+
+def _attention_extras(op, shape, dtype, backend, device, g) -> List[Row]:
+    """Attention with rotary embeddings and a window of 8 (ModernBERT's local layers), or with a
+    relative position bias (MPNet's, its gradient checked too), dropout on, against the reference."""
+    batch, heads, seq, d = shape
+    mask, (q, k, v), dout, keep, real = _attention_inputs(shape, dtype, device, g)
+    p = ATTENTION_DROPOUT
+    kw = dict(dropout_p=p, seed=ATTENTION_SEED, backend=backend)
+    if op == "rotary+window":
+        cos, sin = reference.rotary_tables(10000.0, d, seq, device)
+
+        def ref(q_, k_, v_):
+            q_, k_ = reference.rotate(q_, cos, sin), reference.rotate(k_, cos, sin)
+            return reference.attention(q_, k_, v_, mask, p, keep_mask=keep, window=8) * real
+
+        def fused(q_, k_, v_):
+            return fastbert.ops.attention(q_, k_, v_, mask, rotary_base=10000.0, window=8, **kw) * real
+
+        return compare(["out", "dq", "dk", "dv"], fused, ref, [q, k, v], dout, dtype)
+    rel = reference.relative_bias(torch.randn(32, heads, generator=g), seq).to(device, dtype)
+
+    def ref_rel(q_, k_, v_, r_):
+        return reference.attention(q_, k_, v_, mask, p, keep_mask=keep, bias=reference.relative_bias_matrix(r_, seq)) * real
+
+    def fused_rel(q_, k_, v_, r_):
+        return fastbert.ops.attention(q_, k_, v_, mask, relative_bias=r_, **kw) * real
+
+    return compare(["out", "dq", "dk", "dv", "drelative"], fused_rel, ref_rel, [q, k, v, rel], dout, dtype)
 
 
 def _attention_weights(shape, dtype, device, g) -> List[Row]:
@@ -322,6 +368,8 @@ def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
         return _elementwise(op, shape, dtype, backend, device, g)
     if op in ("attention", "varlen_attention"):
         return _attention(op, shape, dtype, backend, device, g)
+    if op in ("rotary+window", "relative_bias"):
+        return _attention_extras(op, shape, dtype, backend, device, g)
     if op == "attention_weights":
         return _attention_weights(shape, dtype, device, g)
     if op == "unpad/pad":

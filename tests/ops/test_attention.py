@@ -139,9 +139,35 @@ def test_attention_never_nan(backend, mask_kind):
             assert out.abs().max() == 0 and all(t.abs().max() == 0 for t in grads)
 
 
+def padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0, left=False, dropout_seed=5):
+    """(q, k, v, dout, mask, keep-mask, generator) of a padded attention check on fresh inputs; keep is
+    the reference's dropout mask for dropout_seed (what the kernels draw for it)."""
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = qkv((batch, heads, seq, head_dim), dtype, dev, g)
+    dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(dev, dtype)
+    mask = mixed_mask(batch, seq, g, left).to(dev)
+    keep = reference.attention_keep_mask(dropout_seed, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
+    return q, k, v, dout, mask, keep, g
+
+
 def pack(t, mask):
     """[batch, heads, seq, d] -> [total_tokens, heads, d] over the real tokens of mask."""
     return fastbert.ops.unpad(t.transpose(1, 2), mask)[0]
+
+
+def assert_packed_agrees_with_padded(backend, g, seq=40, make_options=lambda heads, seq, dev: {}):
+    """varlen_attention on the packed real tokens gives the padded attention's rows (right padding:
+    a token's position is its index in its sequence either way); options from make_options."""
+    dev = device_for(backend)
+    batch, heads = 4, 2
+    q, k, v = qkv((batch, heads, seq, 64), torch.float32, dev, g)
+    mask = mixed_mask(batch, seq, g).to(dev)
+    options = make_options(heads, seq, dev)
+    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
+    padded = fastbert.ops.attention(q, k, v, mask, backend=backend, **options)
+    packed = fastbert.ops.varlen_attention(*(pack(t, mask) for t in (q, k, v)), cu, n, backend=backend, **options)
+    torch.testing.assert_close(packed, pack(padded, mask), atol=1e-5, rtol=1e-5)
 
 
 def test_varlen_agrees_with_padded(backend):

@@ -5,7 +5,7 @@ embeddings (ModernBERT's local layers) and left padding; packed and padded agree
 import pytest
 import torch
 from conftest import device_for
-from test_attention import dtypes_for, mixed_mask, pack, qkv
+from test_attention import assert_packed_agrees_with_padded, dtypes_for, mixed_mask, padded_case, qkv
 from test_attention_rotary import compare
 
 import fastbert
@@ -14,13 +14,8 @@ from fastbert import reference
 
 def check_local(backend, batch, heads, seq, head_dim, dtype, window, seed, dropout_p=0.0, rotary_base=None,
                 left=False):
-    dev = device_for(backend)
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = qkv((batch, heads, seq, head_dim), dtype, dev, g)
-    dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(dev, dtype)
-    mask = mixed_mask(batch, seq, g, left).to(dev)
-    keep = reference.attention_keep_mask(5, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
-    tables = reference.rotary_tables(rotary_base, head_dim, seq, dev) if rotary_base else None
+    q, k, v, dout, mask, keep, _ = padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p, left)
+    tables = reference.rotary_tables(rotary_base, head_dim, seq, q.device) if rotary_base else None
 
     def op(*t):
         return fastbert.ops.attention(*t, mask, dropout_p=dropout_p, seed=5, backend=backend, window=window,
@@ -76,14 +71,7 @@ def test_local_varlen_matches_reference_and_padded(backend):
             return reference.varlen_attention(*t, cu_seqlens, window=window)
 
         compare(f"{backend} local varlen {dtype}", op, ref, [q, k, v], dout, dtype)
-
-    batch, seq = 4, 70
-    q, k, v = qkv((batch, 2, seq, 64), torch.float32, dev, g)
-    mask = mixed_mask(batch, seq, g).to(dev)
-    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
-    padded = fastbert.ops.attention(q, k, v, mask, backend=backend, window=window)
-    packed = fastbert.ops.varlen_attention(*(pack(t, mask) for t in (q, k, v)), cu, n, backend=backend, window=window)
-    torch.testing.assert_close(packed, pack(padded, mask), atol=1e-5, rtol=1e-5)
+    assert_packed_agrees_with_padded(backend, g, seq=70, make_options=lambda *_: dict(window=window))
 
 
 def test_window_errors():

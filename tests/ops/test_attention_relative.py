@@ -5,7 +5,7 @@ scores). Outputs, dq, dk, dv and the bias's own gradient, with the bound of STYL
 import pytest
 import torch
 from conftest import assert_within_bound, device_for
-from test_attention import dtypes_for, mixed_mask, pack, qkv, run
+from test_attention import assert_packed_agrees_with_padded, dtypes_for, padded_case, qkv, run
 
 import fastbert
 from fastbert import reference
@@ -22,17 +22,11 @@ def check_all(tag, op, ref, inputs, dout, dtype, real=None):
 
 
 def check_relative(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0, window=None, left=False, extra=3):
-    dev = device_for(backend)
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = qkv((batch, heads, seq, head_dim), dtype, dev, g)
-    dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(dev, dtype)
-    table = torch.randn(32, heads, generator=g)
-    rel = reference.relative_bias(table, seq + extra).to(dev, dtype)  # n may exceed the sequence
-    mask = mixed_mask(batch, seq, g, left).to(dev)
-    keep = reference.attention_keep_mask(7, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
+    q, k, v, dout, mask, keep, g = padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p, left)
+    rel = reference.relative_bias(torch.randn(32, heads, generator=g), seq + extra).to(q.device, dtype)  # n > seq
 
     def op(q_, k_, v_, r_):
-        return fastbert.ops.attention(q_, k_, v_, mask, dropout_p=dropout_p, seed=7, backend=backend, window=window,
+        return fastbert.ops.attention(q_, k_, v_, mask, dropout_p=dropout_p, seed=5, backend=backend, window=window,
                                       relative_bias=r_)
 
     def ref(q_, k_, v_, r_):
@@ -73,15 +67,8 @@ def test_relative_bias_varlen_matches_reference_and_padded(backend):
             return reference.varlen_attention(*t[:3], cu_seqlens, relative=t[3])
 
         check_all(f"{backend} relative varlen {dtype}", op, ref, [q, k, v, rel], dout, dtype)
-
-    batch, seq = 4, 40
-    q, k, v = qkv((batch, 2, seq, 64), torch.float32, dev, g)
-    rel = reference.relative_bias(torch.randn(32, 2, generator=g), seq).to(dev)
-    mask = mixed_mask(batch, seq, g).to(dev)
-    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
-    padded = fastbert.ops.attention(q, k, v, mask, backend=backend, relative_bias=rel)
-    packed = fastbert.ops.varlen_attention(*(pack(t, mask) for t in (q, k, v)), cu, n, backend=backend, relative_bias=rel)
-    torch.testing.assert_close(packed, pack(padded, mask), atol=1e-5, rtol=1e-5)
+    assert_packed_agrees_with_padded(backend, g, make_options=lambda heads, seq, dev: dict(
+        relative_bias=reference.relative_bias(torch.randn(32, heads, generator=g), seq).to(dev)))
 
 
 def test_relative_bias_is_mpnet_s():

@@ -5,7 +5,7 @@ at real-token positions with the bound of STYLE.md lesson 4."""
 import pytest
 import torch
 from conftest import assert_within_bound, device_for
-from test_attention import dtypes_for, mixed_mask, pack, qkv, run
+from test_attention import assert_packed_agrees_with_padded, dtypes_for, padded_case, qkv, run
 
 import fastbert
 from fastbert import reference
@@ -24,16 +24,11 @@ def rotated_reference(base, seq, head_dim, dev):
 
 
 def check_rotary(backend, batch, heads, seq, head_dim, dtype, dropout_p, seed, base, left=False):
-    dev = device_for(backend)
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = qkv((batch, heads, seq, head_dim), dtype, dev, g)
-    dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(dev, dtype)
-    mask = mixed_mask(batch, seq, g, left).to(dev)
-    keep = reference.attention_keep_mask(99, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
-    rotated = rotated_reference(base, seq, head_dim, dev)
+    q, k, v, dout, mask, keep, _ = padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p, left)
+    rotated = rotated_reference(base, seq, head_dim, q.device)
 
     def op(*t):
-        return fastbert.ops.attention(*t, mask, dropout_p=dropout_p, seed=99, backend=backend, rotary_base=base)
+        return fastbert.ops.attention(*t, mask, dropout_p=dropout_p, seed=5, backend=backend, rotary_base=base)
 
     def ref(*t):
         return rotated(*t, mask, dropout_p, keep)
@@ -97,15 +92,7 @@ def test_rotary_varlen_matches_reference_and_padded(backend):
             return reference.varlen_attention(q_, k_, v_, cu_seqlens)
 
         compare(f"{backend} rotary varlen {dtype}", op, ref, [q, k, v], dout, dtype)
-
-    # packed and right-padded agree: a token's position is its index in its sequence either way
-    batch, seq = 4, 40
-    q, k, v = qkv((batch, 2, seq, 64), torch.float32, dev, g)
-    mask = mixed_mask(batch, seq, g).to(dev)
-    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
-    padded = fastbert.ops.attention(q, k, v, mask, backend=backend, rotary_base=base)
-    packed = fastbert.ops.varlen_attention(*(pack(t, mask) for t in (q, k, v)), cu, n, backend=backend, rotary_base=base)
-    torch.testing.assert_close(packed, pack(padded, mask), atol=1e-5, rtol=1e-5)
+    assert_packed_agrees_with_padded(backend, g, make_options=lambda *_: dict(rotary_base=base))
 
 
 def test_rotary_matches_transformers_modernbert():
