@@ -2,7 +2,9 @@
 data flow): config.py, outputs.py, layers.py, pretrained.py (loading and saving), checkpoint.py
 (transformers' checkpoint files), checks.py (input errors), bert.py (BertModel), heads.py (the task
 models), int8.py (int8 inference: quantize_ and the int8 encoder); the other families as adapters of the same
-encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py, distilbert.py; auto.py (the class for a model_type)."""
+encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py, distilbert.py; ModernBERT (pre-LN, rotary and
+local attention, GeGLU: a layer of its own on the same ops): modernbert.py and modernbert_heads.py; auto.py (the class
+for a model_type)."""
 from fastbert.model.auto import (
     AutoConfig,
     AutoModel,
@@ -18,6 +20,7 @@ from fastbert.model.config import (
     CamembertConfig,
     DistilBertConfig,
     ElectraConfig,
+    ModernBertConfig,
     RobertaConfig,
     XLMRobertaConfig,
 )
@@ -42,6 +45,13 @@ from fastbert.model.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+)
+from fastbert.model.modernbert import ModernBertModel
+from fastbert.model.modernbert_heads import (
+    ModernBertForMaskedLM,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
 )
 from fastbert.model.outputs import (
     BaseModelOutputWithPooling,
@@ -89,4 +99,6 @@ __all__ += [
     "ElectraForMaskedLM", "ElectraForSequenceClassification", "ElectraForTokenClassification",
     "ElectraForQuestionAnswering", "DistilBertConfig", "DistilBertModel", "DistilBertForMaskedLM",
     "DistilBertForSequenceClassification", "DistilBertForTokenClassification", "DistilBertForQuestionAnswering",
+    "ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification", "ModernBertForQuestionAnswering",
 ]

@@ -219,3 +219,78 @@ def _alias(name: str) -> property:
 
 for _bert_name, _own in DistilBertConfig.ALIASES.items():
     setattr(DistilBertConfig, _bert_name, _alias(_own))
+
+
+class ModernBertConfig(BertConfig):
+    """transformers' ModernBertConfig: its fields and defaults (ModernBERT-base's). layer_types (one
+    "full_attention" or "sliding_attention" a layer) defaults to a global layer every
+    global_attn_every_n_layers (3) layers, the first one global; rope_parameters holds each layer
+    type's rope_theta, read from global_rope_theta / local_rope_theta (160000 / 10000) in configs
+    written before transformers 5, as transformers reads them. Sliding layers see the keys at most
+    local_attention // 2 positions away. No token types, no position table (rotary positions)."""
+
+    model_type = "modernbert"
+    LAYER_TYPES = ("full_attention", "sliding_attention")
+    _defaults = dict(vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22,
+                     num_attention_heads=12, hidden_activation="gelu", max_position_embeddings=8192,
+                     initializer_range=0.02, initializer_cutoff_factor=2.0, norm_eps=1e-5, norm_bias=False,
+                     pad_token_id=50283, eos_token_id=50282, bos_token_id=50281, cls_token_id=50281,
+                     sep_token_id=50282, attention_bias=False, attention_dropout=0.0, layer_types=None,
+                     rope_parameters=None, local_attention=128, embedding_dropout=0.0, mlp_bias=False,
+                     mlp_dropout=0.0, decoder_bias=True, classifier_pooling="cls", classifier_dropout=0.0,
+                     classifier_bias=False, classifier_activation="gelu", deterministic_flash_attn=False,
+                     sparse_prediction=False, sparse_pred_ignore_index=-100, tie_word_embeddings=True,
+                     problem_type=None, output_hidden_states=False, output_attentions=False, return_dict=True)
+    type_vocab_size = 1  # no token types
+
+    def __init__(self, **kwargs):
+        every = kwargs.get("global_attn_every_n_layers", 3)  # kept, as transformers keeps it
+        thetas = {"full_attention": kwargs.pop("global_rope_theta", 160000.0),
+                  "sliding_attention": kwargs.pop("local_rope_theta", 10000.0)}
+        scaling = kwargs.pop("rope_scaling", None)
+        kwargs.pop("reference_compile", None)  # transformers drops it too
+        super().__init__(**kwargs)
+        if self.layer_types is None:
+            self.layer_types = ["sliding_attention" if i % every else "full_attention"
+                                for i in range(self.num_hidden_layers)]
+        rope = {t: dict(p) for t, p in (self.rope_parameters or {}).items() if p is not None}
+        for layer_type, theta in thetas.items():
+            rope.setdefault(layer_type, {"rope_type": "default"})
+            rope[layer_type].update(scaling or {})
+            rope[layer_type].setdefault("rope_theta", theta)
+        self.rope_parameters = rope
+        self._built = True
+        self.validate()
+
+    def validate(self) -> None:
+        if not getattr(self, "_built", False):  # BertConfig.__init__ asks before layer_types and rope are filled in
+            return
+        where = f"fastbert.{type(self).__name__}"
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"{where}: hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                             f"{self.num_attention_heads}")
+        supported = sorted(GELU_FORMS) + sorted(OTHER_ACTIVATIONS)
+        for field in ("hidden_activation", "classifier_activation"):
+            if getattr(self, field) not in supported:
+                raise ValueError(f"{where}: {field} {getattr(self, field)!r} is not supported; supported: {supported}")
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= set(self.LAYER_TYPES):
+            raise ValueError(f"{where}: layer_types must name one of {list(self.LAYER_TYPES)} for each of the "
+                             f"{self.num_hidden_layers} layers, got {self.layer_types}")
+        for layer_type, params in self.rope_parameters.items():
+            if params.get("rope_type", "default") != "default":
+                raise ValueError(f"{where}: rope_type {params['rope_type']!r} ({layer_type}) is not supported; "
+                                 "fastbert runs the default rotary embedding")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"{where}: classifier_pooling must be 'cls' or 'mean', got {self.classifier_pooling!r}")
+
+    @property
+    def sliding_window(self) -> int:
+        """How far a sliding layer's queries see on either side: local_attention // 2 positions."""
+        return self.local_attention // 2
+
+    @sliding_window.setter
+    def sliding_window(self, value: int) -> None:
+        self.local_attention = 2 * int(value)
+
+    def rope_theta(self, layer_type: str) -> float:
+        return float(self.rope_parameters[layer_type]["rope_theta"])

@@ -37,11 +37,14 @@ class ModelUtilsMixin:
         tokens = 0 if ids is None else int(ids.shape[0] * ids.shape[1])
         return 6 * tokens * self.num_parameters(exclude_embeddings=exclude_embeddings)
 
+    # the word embeddings' name in the base model's `embeddings` (ModernBERT's: tok_embeddings)
+    word_embeddings_name = "word_embeddings"
+
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.base_model.embeddings.word_embeddings
+        return getattr(self.base_model.embeddings, self.word_embeddings_name)
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.base_model.embeddings.word_embeddings = value
+        setattr(self.base_model.embeddings, self.word_embeddings_name, value)
         self.tie_weights()
 
     # the dotted name of an MLM head's decoder (the family's), None for a model without one
@@ -85,13 +88,15 @@ class ModelUtilsMixin:
             else:
                 new.weight.normal_(0.0, self.config.initializer_range)
             new.weight[:keep] = old.weight[:keep]
-        self.base_model.embeddings.word_embeddings = new
+        setattr(self.base_model.embeddings, self.word_embeddings_name, new)
         decoder = self.get_output_embeddings()
         if decoder is not None:
-            bias = torch.zeros(n, device=decoder.bias.device, dtype=decoder.bias.dtype)
-            bias[:keep] = decoder.bias.detach()[:keep]
-            new_decoder = nn.Linear(old.embedding_dim, n, bias=True, device=bias.device, dtype=old.weight.dtype)
-            new_decoder.bias = nn.Parameter(bias)
+            has_bias = decoder.bias is not None  # (ModernBERT's decoder_bias=False: none)
+            new_decoder = nn.Linear(old.embedding_dim, n, bias=has_bias, device=old.weight.device, dtype=old.weight.dtype)
+            if has_bias:
+                bias = torch.zeros(n, device=decoder.bias.device, dtype=decoder.bias.dtype)
+                bias[:keep] = decoder.bias.detach()[:keep]
+                new_decoder.bias = nn.Parameter(bias)
             self.set_output_embeddings(new_decoder)
         self.config.vocab_size = n
         self.tie_weights()

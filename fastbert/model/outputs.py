@@ -37,6 +37,9 @@ def _output_class(name: str, doc: str, *names: str):
     return dataclass(eq=False)(type(name, (_Output,), namespace))
 
 
+BaseModelOutput = _output_class(
+    "BaseModelOutput", "last_hidden_state [batch, seq, hidden]; hidden_states and attentions when asked (ModernBERT's "
+    "base model: no pooler).", "last_hidden_state")
 BaseModelOutputWithPooling = _output_class(
     "BaseModelOutputWithPooling",
     "last_hidden_state [batch, seq, hidden], pooler_output [batch, hidden]; hidden_states (the embeddings' "

@@ -1,0 +1,311 @@
+"""ModernBERT on fastbert's ops, a drop-in for transformers' ModernBERT classes: the encoder
+(modernbert_heads.py has the task models).
+
+Same config fields, module and parameter names as transformers' modeling_modernbert (so state
+dicts move both ways unchanged), same forward arguments and outputs. A pre-LN encoder:
+
+    embeddings = dropout(LayerNorm(tok_embeddings(ids)))   (no positions: rotary, inside attention)
+    -> unpad once -> N x [h = h + Wo(attention(Wqkv(attn_norm(h))))       (attn_norm: Identity in layer 0)
+                         h = h + Wo(dropout(gelu(a) * b)), a, b = Wi(mlp_norm(h))]
+    -> final_norm -> pad once
+
+Through fastbert.ops: every projection is ops.linear; attention is ops.attention (padded) or
+ops.varlen_attention (packed), which rotate q and k by the layer's rotary embedding
+(rope_parameters[layer_type]["rope_theta"]) inside the kernel and, in the sliding layers, give each
+query the keys at most local_attention // 2 positions away (window); the GeGLU is ops.geglu; every
+LayerNorm that follows a residual add is ops.add_layer_norm (no bias when norm_bias is False).
+
+What is not fused yet: pre-LN keeps the residual stream as well as its norm, and add_layer_norm
+returns the norm only, so the stream's sum is a separate torch add (ModernBertEncoderLayer.forward
+and ModernBertModel._final_norm: the place for a fused op that returns both). The LayerNorms with
+no residual add before them (the embeddings', the prediction head's) are F.layer_norm.
+
+A batch with padding runs packed (real tokens only, rotary positions counted within each
+sequence); a batch without padding runs padded. The two agree at real tokens (rotary scores depend
+only on the distance between tokens); hidden states at padded positions are zero on the packed
+path and not defined in general. Not supported yet, each a NotImplementedError naming it: int8
+(quantize_), output_attentions, head_mask, torch.compile, position_ids that do not count 0, 1, 2, ...
+along each row (up to a constant), and a 3-D / 4-D attention mask that is not a padding mask.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import nn
+
+from fastbert import ops
+from fastbert.model.checks import check_id_tensor, check_input_shape
+from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
+from fastbert.model.int8 import check_quantize
+from fastbert.model.layers import _Backend, _plain_embedding
+from fastbert.model.masks import attention_masks
+from fastbert.model.outputs import BaseModelOutput
+from fastbert.model.pretrained import BertPreTrainedModel
+from fastbert.ops.bias_gelu import GELU_FORMS
+from fastbert.ops.checks import check_ids
+
+
+def not_supported(what: str) -> NotImplementedError:
+    return NotImplementedError(f"fastbert: {what} is not supported for ModernBERT yet")
+
+
+def activation(x: torch.Tensor, bias: Optional[torch.Tensor], name: str, backend) -> torch.Tensor:
+    """act(x + bias) for one of the config's activations (bias may be None); GELU with a bias fused."""
+    if name in GELU_FORMS:
+        if bias is not None:
+            return ops.bias_gelu(x, bias, GELU_FORMS[name], backend=backend)
+        return F.gelu(x, approximate=GELU_FORMS[name])
+    return OTHER_ACTIVATIONS[name](x if bias is None else x + bias)
+
+
+def add_norm(norm: nn.Module, x: torch.Tensor, residual: Optional[torch.Tensor], backend) -> torch.Tensor:
+    """norm(x + residual) (norm(x) without a residual); a LayerNorm after a residual add runs fused."""
+    if isinstance(norm, nn.Identity):
+        return x if residual is None else x + residual
+    if residual is None:
+        return F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, norm.eps)
+    return ops.add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, backend=backend)
+
+
+class ModernBertEmbeddings(nn.Module, _Backend):
+    """tok_embeddings, LayerNorm (norm), dropout (drop)."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.drop = nn.Dropout(config.embedding_dropout)
+        self.max_tokens = config.max_position_embeddings  # the length ModernBERT was trained to (not a limit)
+
+    def forward(self, input_ids: Optional[torch.Tensor], inputs_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if inputs_embeds is None:
+            emb = self.tok_embeddings
+            words = ops.embedding(input_ids, emb.weight, emb.padding_idx) if _plain_embedding(emb) else emb(input_ids)
+        else:
+            words = inputs_embeds
+        return self.drop(add_norm(self.norm, words, None, self.backend))
+
+
+class ModernBertAttention(nn.Module, _Backend):
+    """Wqkv (one [3 hidden, hidden] projection), attention with the layer's rotary embedding (and
+    window, in a sliding layer), Wo, dropout (out_drop)."""
+
+    def __init__(self, config: ModernBertConfig, layer_idx: int):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
+        self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
+        self.attention_dropout = config.attention_dropout
+        self.out_drop = nn.Dropout(config.attention_dropout) if config.attention_dropout > 0 else nn.Identity()
+        layer_type = config.layer_types[layer_idx]
+        self.rope_theta = config.rope_theta(layer_type)
+        # keys at most `window` positions away on either side; None: every key
+        self.window = config.sliding_window if layer_type == "sliding_attention" else None
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]]):
+        """x: [tokens, hidden] packed (packed = (cu_seqlens, max_seqlen)) or [batch, seq, hidden]
+        padded (mask [batch, seq] or None) -> the same shape."""
+        heads, d = self.num_heads, self.head_dim
+        qkv = ops.linear(x, self.Wqkv.weight, self.Wqkv.bias)
+        opts = dict(dropout_p=self.attention_dropout if self.training else 0.0, rotary_base=self.rope_theta,
+                    window=self.window, backend=self.backend)
+        if packed is not None:
+            q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
+            ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], **opts).reshape(x.shape)
+        else:
+            bsz, seq = x.shape[:2]
+            q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
+            ctx = ops.attention(q, k, v, mask, **opts).transpose(1, 2).reshape(x.shape)
+        return self.out_drop(ops.linear(ctx, self.Wo.weight, self.Wo.bias))
+
+
+class ModernBertMLP(nn.Module, _Backend):
+    """Wi to [input, gate], act(input) * gate (one fused GeGLU for the GELU forms), dropout (drop), Wo."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.act = config.hidden_activation
+        self.drop = nn.Dropout(config.mlp_dropout)
+        self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = ops.linear(x, self.Wi.weight, self.Wi.bias)
+        if self.act in GELU_FORMS:
+            h = ops.geglu(h, GELU_FORMS[self.act], backend=self.backend)
+        else:
+            inp, gate = h.chunk(2, dim=-1)
+            h = OTHER_ACTIVATIONS[self.act](inp) * gate
+        return ops.linear(self.drop(h), self.Wo.weight, self.Wo.bias)
+
+
+class ModernBertEncoderLayer(nn.Module, _Backend):
+    """attn_norm (Identity in layer 0), attn, mlp_norm, mlp: h + attn(attn_norm(h)), then + mlp(mlp_norm(.))."""
+
+    def __init__(self, config: ModernBertConfig, layer_idx: int):
+        super().__init__()
+        if layer_idx == 0:
+            self.attn_norm = nn.Identity()  # the embeddings end in a LayerNorm
+        else:
+            self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.attn = ModernBertAttention(config, layer_idx)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.mlp = ModernBertMLP(config)
+        self.attention_type = config.layer_types[layer_idx]
+
+    def forward(self, h: torch.Tensor, delta: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+                packed: Optional[Tuple[torch.Tensor, int]]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream enters as h + delta (delta: the previous layer's MLP output, None
+        before the first layer) and leaves as the returned (h', delta'), so that each LayerNorm
+        reads the sum in its fused add (rows as in ModernBertAttention.forward)."""
+        if delta is None:  # the first layer: the stream is the embeddings' output
+            stream, normed = h, add_norm(self.attn_norm, h, None, self.backend)
+        else:
+            stream, normed = h + delta, add_norm(self.attn_norm, delta, h, self.backend)
+        out = self.attn(normed, mask, packed)
+        normed = add_norm(self.mlp_norm, out, stream, self.backend)
+        stream = stream + out
+        return stream, self.mlp(normed)
+
+
+class ModernBertPreTrainedModel(BertPreTrainedModel):
+    """Weights init as transformers' (truncated normal), from_pretrained / save_pretrained in
+    transformers' format, the backend setting."""
+
+    config_class = ModernBertConfig
+    base_model_prefix = "model"
+    word_embeddings_name = "tok_embeddings"
+
+    def _init_weights(self, module: nn.Module) -> None:
+        cfg = self.config
+        cutoff = cfg.initializer_cutoff_factor or 3.0
+        std_in = cfg.initializer_range
+        std_out = cfg.initializer_range / math.sqrt(2.0 * max(cfg.num_hidden_layers, 1))
+
+        def init(m: nn.Module, std: float) -> None:
+            nn.init.trunc_normal_(m.weight, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+        if isinstance(module, ModernBertEmbeddings):
+            init(module.tok_embeddings, std_in)
+        elif isinstance(module, ModernBertMLP):
+            init(module.Wi, std_in)
+            init(module.Wo, std_out)
+        elif isinstance(module, ModernBertAttention):
+            init(module.Wqkv, std_in)
+            init(module.Wo, std_out)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        else:
+            self._init_head(module, init, std_out, cfg.hidden_size ** -0.5)
+
+    def _init_head(self, module: nn.Module, init, std_out: float, std_final: float) -> None:
+        """The task heads' weights (modernbert_heads.py)."""
+
+    def quantize_(self, mode: str = "int8", *, weight_range: Optional[int] = None):
+        check_quantize(mode, f"fastbert.{type(self).__name__}.quantize_")
+        raise not_supported(f"{mode} quantization (quantize_, from_pretrained(quantize=...))")
+
+
+class ModernBertModel(ModernBertPreTrainedModel):
+    """embeddings -> layers -> final_norm; forward as transformers' ModernBertModel."""
+
+    # a batch with padding runs packed; False keeps every batch padded (the two agree at real tokens)
+    unpad_inputs: bool = True
+    gradient_checkpointing: bool = False  # set by gradient_checkpointing_enable()
+
+    def __init__(self, config: ModernBertConfig, add_pooling_layer: bool = False):
+        super().__init__(config)  # (add_pooling_layer: ModernBERT has no pooler)
+        self.embeddings = ModernBertEmbeddings(config)
+        self.layers = nn.ModuleList([ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.pooler = None  # (none: what code that reads a base model's pooler finds)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, *, head_mask=None):
+        """transformers' ModernBertModel.forward: input_ids [batch, seq] (or inputs_embeds [batch,
+        seq, hidden]), attention_mask [batch, seq] (1 = real token), position_ids (0, 1, 2, ... a
+        row, the default) -> .last_hidden_state [batch, seq, hidden], .hidden_states (the
+        embeddings' output, then every layer's; the last one after final_norm, as transformers gives them)."""
+        cfg = self.config
+        output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return_dict = cfg.use_return_dict if return_dict is None else return_dict
+        if output_attentions or (output_attentions is None and cfg.output_attentions):
+            raise not_supported("output_attentions")
+        if head_mask is not None:
+            raise not_supported("head_mask")
+        if torch.compiler.is_compiling():
+            raise not_supported("torch.compile")
+        bsz, seq = check_input_shape(input_ids, inputs_embeds, cfg.hidden_size, sys.maxsize)
+        check_id_tensor("input_ids", input_ids, None, cfg.vocab_size, "the vocabulary")
+        _check_positions(position_ids, bsz, seq)
+        key_mask, bias = attention_masks(attention_mask, bsz, seq, cfg.num_attention_heads)
+        if bias is not None:
+            raise not_supported("an attention_mask other than a padding mask")
+        hidden = self.embeddings(input_ids, inputs_embeds)
+        if key_mask is not None and bool(key_mask.all()):
+            key_mask = None
+        if key_mask is not None and self.unpad_inputs:
+            out, states = self._encode_packed(hidden, key_mask, output_hidden_states)
+        else:
+            out, states = self._encode(hidden, key_mask, None, lambda h: h, output_hidden_states)
+        result = BaseModelOutput(last_hidden_state=out, hidden_states=states)
+        return result if return_dict else result.to_tuple()
+
+    def _encode_packed(self, hidden: torch.Tensor, key_mask: torch.Tensor, want_states: bool):
+        """Unpad once, every layer on the real tokens (varlen attention), pad once."""
+        bsz, seq = key_mask.shape
+        h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
+        out, states = self._encode(h, None, (cu_seqlens, max_seqlen), lambda t: ops.pad(t, indices, bsz, seq),
+                                   want_states)
+        return (states[-1] if states else ops.pad(out, indices, bsz, seq)), states
+
+    def _encode(self, h: torch.Tensor, mask, packed, to_output, want_states: bool):
+        """(final_norm of the layers' output, the hidden states (to_output of each) or None); rows
+        as in ModernBertAttention.forward."""
+        states = [to_output(h)] if want_states else None
+        delta = None
+        for layer in self.layers:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                h, delta = torch.utils.checkpoint.checkpoint(layer, h, delta, mask, packed,
+                                                             **getattr(self, "checkpoint_kwargs", {}))
+            else:
+                h, delta = layer(h, delta, mask, packed)
+            if states is not None:
+                states.append(to_output(h + delta))
+        out = self._final_norm(h, delta)
+        if states is not None:
+            states[-1] = to_output(out)  # transformers gives the last layer's output after final_norm
+        return out, None if states is None else tuple(states)
+
+    def _final_norm(self, h: torch.Tensor, delta: Optional[torch.Tensor]) -> torch.Tensor:
+        norm = self.final_norm
+        if delta is None:  # no layers
+            return F.layer_norm(h, h.shape[-1:], norm.weight, norm.bias, norm.eps)
+        # (the model's backend as set_backend gave it to its modules)
+        return ops.add_layer_norm(delta, h, norm.weight, norm.bias, norm.eps, backend=self.embeddings.backend)
+
+
+def _check_positions(position_ids: Optional[torch.Tensor], bsz: int, seq: int) -> None:
+    """position_ids [batch or 1, seq] must count 0, 1, 2, ... along each row, up to a constant (the
+    kernels rotate by the row index; a constant shift leaves every score as it is)."""
+    if position_ids is None:
+        return
+    check_ids("fastbert", "position_ids", position_ids)
+    if position_ids.dim() not in (1, 2) or position_ids.shape[-1] != seq or (
+            position_ids.dim() == 2 and position_ids.shape[0] not in (1, bsz)):
+        raise ValueError(f"fastbert: position_ids has shape {tuple(position_ids.shape)}; it must be [batch, seq] = "
+                         f"({bsz}, {seq}) or [1, seq]")
+    rows = position_ids.reshape(-1, seq)
+    if not torch.equal(rows - rows[:, :1], torch.arange(seq, device=rows.device).expand_as(rows)):
+        raise not_supported("position_ids other than 0, 1, 2, ... along each row")

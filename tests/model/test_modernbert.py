@@ -1,0 +1,403 @@
+"""ModernBERT on fastbert against transformers' own ModernBERT classes, fp32: every output at real
+tokens, the losses and every parameter's gradient, with seeded random weights (every tensor drawn
+afresh, the LayerNorm weights and the biases too, so that none of them can be skipped unnoticed) on
+a small config whose global and sliding layers alternate and whose window (local_attention 8:
+keys at most 4 positions away) matters at 30 tokens; batches with and without padding; the packed
+and the padded paths; checkpoints both ways; the Auto classes; ModernBERT-base's shape; and the
+features not supported yet, each a clear error."""
+import json
+
+import pytest
+import torch
+from conftest import require
+
+import fastbert
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(vocab_size=100, hidden_size=64, num_attention_heads=4, intermediate_size=96, num_hidden_layers=4,
+             local_attention=8, pad_token_id=0, cls_token_id=1, sep_token_id=2, bos_token_id=1, eos_token_id=2)
+# every bias and the other options on: biased LayerNorms, attention and MLP, the tanh GELU, an untied
+# decoder without a bias, a SiLU prediction head, a global layer every 2
+BIASED = dict(SMALL, norm_bias=True, attention_bias=True, mlp_bias=True, classifier_bias=True, decoder_bias=False,
+              tie_word_embeddings=False, hidden_activation="gelu_pytorch_tanh", classifier_activation="silu",
+              global_attn_every_n_layers=2, local_rope_theta=500.0, global_rope_theta=20000.0)
+REL = 1e-4  # max abs error allowed, relative to the largest value compared (fp32)
+FLOOR = 1e-2  # the smallest magnitude an error is measured against
+LENGTHS = (30, 17, 26, 5)  # right padding, mixed lengths (the first row full)
+MAIN = {"ModernBertModel": "last_hidden_state", "ModernBertForMaskedLM": "logits",
+        "ModernBertForSequenceClassification": "logits", "ModernBertForTokenClassification": "logits"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The models are tiny: one thread runs them as fast as two, and far faster when the cores are
+    shared with other work."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def randomize(model, seed, scale=0.1):
+    """Every parameter drawn afresh: LayerNorm weights 1 + N(0, scale), the rest N(0, scale)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = scale * torch.randn(p.shape, generator=g)
+            p.copy_(1 + noise if "norm" in name and name.endswith("weight") else noise)
+
+
+def hf_config(base=None, **kw):
+    return transformers.ModernBertConfig(**dict(SMALL if base is None else base, **kw), attn_implementation="eager")
+
+
+def pair(name, base=None, seed=0, **kw):
+    """(transformers' model, fastbert's) with the same random weights, loaded strictly (every key)."""
+    torch.manual_seed(seed)
+    hc = hf_config(base, num_labels=2 if name.endswith("QuestionAnswering") else 3, **kw)
+    hm = getattr(transformers, name)(hc).eval()
+    randomize(hm, seed)
+    cls = getattr(fastbert, name)
+    fm = cls(cls.config_class(**hc.to_dict())).eval()
+    fm.load_state_dict(hm.state_dict(), strict=True)
+    return hm, fm
+
+
+def batch(bsz, seq, g, lengths=None, left=False):
+    """(input_ids starting with [CLS] and ending each sequence with [SEP], attention_mask)."""
+    lengths = lengths or (seq,) * bsz
+    ids = torch.randint(3, SMALL["vocab_size"], (bsz, seq), generator=g)
+    mask = torch.zeros(bsz, seq, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        span = slice(seq - n, seq) if left else slice(0, n)
+        mask[b, span] = 1
+        ids[b, span.start] = SMALL["cls_token_id"]
+        ids[b, span.stop - 1] = SMALL["sep_token_id"]
+    return ids.masked_fill(mask == 0, SMALL["pad_token_id"]), mask
+
+
+def labels_for(name, ids, mask, g):
+    bsz, seq = ids.shape
+    if name == "ModernBertForMaskedLM":
+        return dict(labels=torch.where((torch.rand(bsz, seq, generator=g) < 0.3) & (mask == 1), ids, -100))
+    if name == "ModernBertForSequenceClassification":
+        return dict(labels=torch.randint(0, 3, (bsz,), generator=g))
+    if name == "ModernBertForTokenClassification":
+        return dict(labels=torch.randint(0, 3, (bsz, seq), generator=g).masked_fill(mask == 0, -100))
+    if name == "ModernBertForQuestionAnswering":
+        return dict(start_positions=torch.randint(0, seq + 3, (bsz,), generator=g),
+                    end_positions=torch.randint(0, seq + 3, (bsz,), generator=g))
+    return {}
+
+
+def check_close(errors, tag, got, want):
+    """Records and checks the max abs error of got against want (relative to want's magnitude)."""
+    assert got.shape == want.shape, f"{tag}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{tag}: non-finite values"
+    err = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
+    scale = max(want.abs().max().item() if want.numel() else 0.0, FLOOR)
+    errors[tag] = err
+    assert err <= REL * scale, f"{tag}: max abs error {err:.3e} > {REL:g} x {scale:.3e}"
+
+
+def parity(hm, fm, ids, mask, extra=None, grads=True, **kwargs):
+    """Every output of fastbert's model against transformers' (per-token ones at the real tokens),
+    then every parameter's gradient of (loss + random-weighted outputs). -> {what: max abs error}."""
+    extra = extra or {}
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    hout = hm(input_ids=ids, attention_mask=mask, **extra, **kwargs)
+    fout = fm(input_ids=ids, attention_mask=mask, **extra, **kwargs)
+    assert list(fout.keys()) == list(hout.keys())
+    errors, totals = {}, [0.0, 0.0]
+    g = torch.Generator().manual_seed(5)
+    for key in fout.keys():
+        pairs = zip(fout[key], hout[key]) if key == "hidden_states" else [(fout[key], hout[key])]
+        for i, (a, b) in enumerate(pairs):
+            if a.dim() >= 2 and tuple(a.shape[:2]) == tuple(ids.shape):
+                a, b = a[real], b[real]
+            check_close(errors, key if key != "hidden_states" else f"hidden_states[{i}]", a, b)
+            w = torch.randn(a.shape, generator=g)
+            totals = [totals[0] + (a * w).sum(), totals[1] + (b * w).sum()]
+    if not grads:
+        return errors
+    totals[0].backward()
+    totals[1].backward()
+    theirs = dict(hm.named_parameters(remove_duplicate=False))  # a tied weight under either name
+    ours = dict(fm.named_parameters())
+    assert set(ours) <= set(theirs) and len(ours) == len(dict(hm.named_parameters()))
+    for pname, p in ours.items():
+        assert p.grad is not None and theirs[pname].grad is not None, f"no gradient for {pname}"
+        check_close(errors, f"grad {pname}", p.grad, theirs[pname].grad)
+    return errors
+
+
+CASES = [("ModernBertModel", {}), ("ModernBertForMaskedLM", {}),
+         ("ModernBertForSequenceClassification", dict(classifier_pooling="cls")),
+         ("ModernBertForSequenceClassification", dict(classifier_pooling="mean")),
+         ("ModernBertForTokenClassification", {})]
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("name,kw", CASES, ids=[f"{n[10:] or 'Model'}-{kw.get('classifier_pooling', '')}"
+                                                 for n, kw in CASES])
+@pytest.mark.parametrize("backend_name", ["torch", "cpp"])
+def test_matches_transformers(backend_name, name, kw, padded):
+    require(backend_name)
+    hm, fm = pair(name, **kw)
+    fm.set_backend(backend_name)
+    g = torch.Generator().manual_seed(1)
+    ids, mask = batch(4, 30, g, LENGTHS if padded else None)
+    errors = parity(hm, fm, ids, mask, labels_for(name, ids, mask, g))
+    assert any("layers.3.mlp.Wo" in k for k in errors) and (name == "ModernBertModel" or "loss" in errors)
+
+
+@pytest.mark.parametrize("name", ["ModernBertForMaskedLM", "ModernBertForSequenceClassification"])
+def test_every_option_matches_transformers(name):
+    """Biases everywhere, another GELU, an untied decoder, other rope thetas and layer pattern, mean pooling."""
+    require("cpp")
+    hm, fm = pair(name, BIASED, classifier_pooling="mean")
+    assert fm.config.layer_types == hm.config.layer_types == ["full_attention", "sliding_attention"] * 2
+    assert fm.config.rope_parameters["sliding_attention"]["rope_theta"] == 500.0
+    if name == "ModernBertForMaskedLM":
+        assert fm.decoder.bias is None and fm.decoder.weight is not fm.model.embeddings.tok_embeddings.weight
+    fm.set_backend("cpp")
+    g = torch.Generator().manual_seed(2)
+    ids, mask = batch(4, 30, g, LENGTHS)
+    parity(hm, fm, ids, mask, labels_for(name, ids, mask, g))
+
+
+def test_question_answering_matches_transformers():
+    """Its loss softmaxes over padded positions too: checked on a batch without padding."""
+    require("cpp")
+    name = "ModernBertForQuestionAnswering"
+    hm, fm = pair(name)
+    fm.set_backend("cpp")
+    g = torch.Generator().manual_seed(3)
+    ids, _ = batch(3, 30, g)
+    mask = torch.ones_like(ids)
+    parity(hm, fm, ids, mask, labels_for(name, ids, mask, g))
+
+
+def test_hidden_states_inputs_embeds_and_sparse_prediction_match_transformers():
+    require("cpp")
+    hm, fm = pair("ModernBertForMaskedLM", sparse_prediction=True)
+    fm.set_backend("cpp")
+    g = torch.Generator().manual_seed(4)
+    ids, mask = batch(4, 30, g, LENGTHS)
+    extra = labels_for("ModernBertForMaskedLM", ids, mask, g)
+    errors = parity(hm, fm, ids, mask, extra, output_hidden_states=True)
+    assert len([k for k in errors if k.startswith("hidden_states")]) == SMALL["num_hidden_layers"] + 1
+    picked = int((extra["labels"] != -100).sum())
+    assert fm(input_ids=ids, attention_mask=mask, **extra).logits.shape == (picked, SMALL["vocab_size"])
+    # inputs_embeds in place of input_ids (normed as the word embeddings are)
+    embeds = torch.randn(4, 30, SMALL["hidden_size"], generator=g)
+    with torch.no_grad():
+        got, want = (m.model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state[mask.bool()] for m in (fm, hm))
+    check_close(errors, "inputs_embeds", got, want)
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "cpp"])
+def test_packed_and_padded_paths_agree(backend_name):
+    """The packed path (a batch with padding, by default) and the padded one (unpad_inputs=False:
+    attention over the padded layout with the mask, window and rotary inside) both match
+    transformers, and each other, left padding too (rotary positions: within each sequence packed,
+    the row index padded, as transformers counts them; the scores depend only on the distance)."""
+    require(backend_name)
+    hm, fm = pair("ModernBertForTokenClassification")
+    fm.set_backend(backend_name)
+    for left in (False, True):
+        g = torch.Generator().manual_seed(6)
+        ids, mask = batch(4, 30, g, LENGTHS, left=left)
+        extra = labels_for("ModernBertForTokenClassification", ids, mask, g)
+        results = []
+        for unpad in (True, False):
+            fm.model.unpad_inputs = unpad
+            hm.zero_grad()
+            fm.zero_grad()
+            parity(hm, fm, ids, mask, extra)
+            out = fm(input_ids=ids, attention_mask=mask, **extra)
+            results.append((out.logits[mask.bool()], {n: p.grad.clone() for n, p in fm.named_parameters()}))
+        (a, ga), (b, gb) = results
+        errors = {}
+        check_close(errors, "logits", a, b)
+        for n in ga:
+            check_close(errors, n, ga[n], gb[n])
+
+
+def test_the_window_and_the_rotary_bases_matter():
+    """The parity above can fail: at this size, attention without the window, or with the rotary
+    bases swapped, is far from transformers' values."""
+    hm, fm = pair("ModernBertModel")
+    g = torch.Generator().manual_seed(7)
+    ids, mask = batch(4, 30, g, LENGTHS)
+    with torch.no_grad():
+        want = hm(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
+    sliding = [layer.attn for layer in fm.layers if layer.attention_type == "sliding_attention"]
+    assert sliding and all(a.window == 4 for a in sliding)
+    for change in ("window", "rope_theta"):
+        for a in sliding:
+            setattr(a, change, None if change == "window" else 160000.0)
+        with torch.no_grad():
+            got = fm(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
+        assert (got - want).abs().max() > 100 * REL * want.abs().max(), change  # 100 x what parity allows
+        for a in sliding:
+            setattr(a, change, 4 if change == "window" else 10000.0)
+    with torch.no_grad():
+        torch.testing.assert_close(fm(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()], want,
+                                   rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
+                                  "ModernBertForTokenClassification", "ModernBertForQuestionAnswering"])
+def test_checkpoints_both_ways(tmp_path, name):
+    """transformers' save -> fastbert's from_pretrained and the Auto class -> save_pretrained ->
+    transformers' from_pretrained: the same weights (nothing missing or left over), the same outputs."""
+    hm, _ = pair(name)
+    hm.save_pretrained(tmp_path / "hf")
+    fm = getattr(fastbert, name).from_pretrained(str(tmp_path / "hf"))
+    task = {"ModernBertModel": fastbert.AutoModel, "ModernBertForMaskedLM": fastbert.AutoModelForMaskedLM,
+            "ModernBertForSequenceClassification": fastbert.AutoModelForSequenceClassification,
+            "ModernBertForTokenClassification": fastbert.AutoModelForTokenClassification,
+            "ModernBertForQuestionAnswering": fastbert.AutoModelForQuestionAnswering}[name]
+    assert type(task.from_pretrained(str(tmp_path / "hf"))) is type(fm)
+    fm.save_pretrained(str(tmp_path / "fb"))
+    saved = json.loads((tmp_path / "fb" / "config.json").read_text())
+    assert saved["model_type"] == "modernbert" and saved["architectures"] == [name]
+    assert saved["layer_types"] == hm.config.layer_types and saved["local_attention"] == 8
+    back, info = getattr(transformers, name).from_pretrained(str(tmp_path / "fb"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    theirs = hm.state_dict()
+    assert back.state_dict().keys() == theirs.keys() == fm.state_dict().keys()
+    for k, v in back.state_dict().items():
+        assert torch.equal(v, theirs[k]), k
+        assert torch.equal(fm.state_dict()[k], theirs[k]), k
+    g = torch.Generator().manual_seed(8)
+    ids, mask = batch(4, 30, g, LENGTHS)
+    with torch.no_grad():
+        for m in (fm, back.eval()):
+            got, want = (getattr(x(input_ids=ids, attention_mask=mask), MAIN.get(name, "start_logits"))
+                         for x in (m, hm))
+            if got.shape[:2] == ids.shape:
+                got, want = got[mask.bool()], want[mask.bool()]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_config_reads_what_transformers_reads(tmp_path):
+    """transformers 5's config.json (layer_types, rope_parameters) and the earlier one of the hub's
+    checkpoints (global_attn_every_n_layers, global_rope_theta, local_rope_theta) give the layer
+    types, rotary bases and window transformers gives them."""
+    hub = dict(SMALL, num_hidden_layers=5, global_attn_every_n_layers=2, global_rope_theta=1000.0,
+               local_rope_theta=50.0, reference_compile=True, model_type="modernbert")
+    for d in (transformers.ModernBertConfig(**SMALL).to_dict(), hub):
+        (tmp_path / "config.json").write_text(json.dumps(d))
+        theirs = transformers.AutoConfig.from_pretrained(str(tmp_path))
+        ours = fastbert.AutoConfig.from_pretrained(str(tmp_path))
+        assert isinstance(ours, fastbert.ModernBertConfig)
+        assert ours.layer_types == theirs.layer_types
+        assert ours.sliding_window == theirs.sliding_window == 4
+        for t in ("full_attention", "sliding_attention"):
+            assert ours.rope_theta(t) == theirs.rope_parameters[t]["rope_theta"]
+    assert ours.layer_types == ["full_attention", "sliding_attention"] * 2 + ["full_attention"]
+    with pytest.raises(ValueError, match="rope_type 'linear' .* is not supported"):
+        fastbert.ModernBertConfig(rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(ValueError, match="layer_types must name one of"):
+        fastbert.ModernBertConfig(num_hidden_layers=2, layer_types=["full_attention"])
+    with pytest.raises(ValueError, match="classifier_pooling must be 'cls' or 'mean'"):
+        fastbert.ModernBertConfig(classifier_pooling="max")
+
+
+def test_auto_classes_name_modernbert_among_the_supported(tmp_path):
+    transformers.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=48).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"model_type 'deberta-v2' is not supported; supported: .*\bmodernbert\b"):
+        fastbert.AutoModel.from_pretrained(str(tmp_path))
+    config = fastbert.ModernBertConfig(**SMALL)
+    assert type(fastbert.AutoModelForMaskedLM.from_config(config)) is fastbert.ModernBertForMaskedLM
+    with pytest.raises(TypeError, match="ModernBertModel takes a fastbert.ModernBertConfig"):
+        fastbert.ModernBertModel(fastbert.BertConfig())
+
+
+def test_what_is_not_supported_yet_is_a_clear_error(tmp_path):
+    hm, fm = pair("ModernBertForMaskedLM")
+    g = torch.Generator().manual_seed(9)
+    ids, mask = batch(2, 12, g)
+    for kwargs, what in ((dict(output_attentions=True), "output_attentions"),
+                         (dict(head_mask=torch.ones(4)), "head_mask"),
+                         (dict(position_ids=torch.randperm(12)[None]), "position_ids"),
+                         (dict(attention_mask=torch.ones(2, 1, 12, 12, dtype=torch.bool).tril()),
+                          "attention_mask other than a padding")):
+        with pytest.raises(NotImplementedError, match=f"{what}.* not supported for ModernBERT yet"):
+            fm(input_ids=ids, **kwargs)
+    with pytest.raises(NotImplementedError, match="int8 quantization .* not supported for ModernBERT yet"):
+        fm.quantize_("int8")
+    hm.model.save_pretrained(tmp_path)
+    with pytest.raises(NotImplementedError, match="int8 quantization"):
+        fastbert.ModernBertModel.from_pretrained(str(tmp_path), quantize="int8")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="torch.compile is not supported for ModernBERT yet"):
+        torch.compile(fm, backend="eager", fullgraph=True)(input_ids=ids)
+    # position ids that count along each row (from any start) are what the kernels do
+    with torch.no_grad():
+        shifted = fm(input_ids=ids, position_ids=torch.arange(3, 15)[None]).logits
+        want = hm(input_ids=ids, position_ids=torch.arange(3, 15)[None]).logits
+    torch.testing.assert_close(shifted, want, rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(monkeypatch):
+    calls = []
+    original = torch.utils.checkpoint.checkpoint
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda *a, **k: calls.append(1) or original(*a, **k))
+    _, fm = pair("ModernBertForMaskedLM")
+    g = torch.Generator().manual_seed(10)
+    ids, mask = batch(4, 30, g, LENGTHS)
+    labels = labels_for("ModernBertForMaskedLM", ids, mask, g)
+    grads = []
+    for on in (False, True):
+        if on:
+            fm.gradient_checkpointing_enable()
+        fm.train().zero_grad()
+        fm(input_ids=ids, attention_mask=mask, **labels).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in fm.named_parameters()})
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)
+    assert len(calls) == SMALL["num_hidden_layers"]  # each layer's activations recomputed, once
+
+
+def test_modernbert_base_shape_matches_transformers():
+    """ModernBERT-base's configuration (transformers' defaults: hidden 768, 12 heads, 22 layers,
+    vocab 50368, local_attention 128, rotary bases 160000 / 10000) with random weights, on a batch
+    longer than the window (160 tokens): last_hidden_state at real tokens."""
+    require("cpp")
+    from transformers.initialization import no_init_weights
+
+    hc = transformers.ModernBertConfig(attn_implementation="sdpa")
+    assert (hc.hidden_size, hc.num_hidden_layers, hc.local_attention, hc.vocab_size) == (768, 22, 128, 50368)
+    with no_init_weights():  # every weight is drawn below
+        hm = transformers.ModernBertModel(hc).eval()
+    randomize(hm, 11, scale=0.02)
+    with torch.device("meta"):
+        fm = fastbert.ModernBertModel(fastbert.ModernBertConfig(**hc.to_dict()))
+    fm.load_state_dict(hm.state_dict(), strict=True, assign=True)
+    fm.eval().set_backend("cpp")
+    g = torch.Generator().manual_seed(12)
+    ids = torch.randint(3, hc.vocab_size, (2, 160), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 100:] = 0
+    with torch.no_grad():
+        errors = parity(hm, fm, ids, mask, grads=False)
+    assert set(errors) == {"last_hidden_state"}
+
+
+def test_patch_runs_a_transformers_modernbert_on_fastbert():
+    """fastbert.patch: transformers' model runs on fastbert, on its own Parameter objects."""
+    hm, _ = pair("ModernBertForSequenceClassification", classifier_pooling="mean")
+    g = torch.Generator().manual_seed(13)
+    ids, mask = batch(4, 30, g, LENGTHS)
+    with torch.no_grad():
+        want = hm(input_ids=ids, attention_mask=mask).logits
+        fastbert.patch(hm)
+        got = hm(input_ids=ids, attention_mask=mask).logits
+    assert isinstance(hm._fastbert_model, fastbert.ModernBertForSequenceClassification)
+    assert hm._fastbert_model.classifier.weight is hm.classifier.weight
+    check_close({}, "patched logits", got, want)
