@@ -3,8 +3,8 @@ data flow): config.py, outputs.py, layers.py, pretrained.py (loading and saving)
 (transformers' checkpoint files), checks.py (input errors), bert.py (BertModel), heads.py (the task
 models), int8.py (int8 inference: quantize_ and the int8 encoder); the other families as adapters of the same
 encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py, distilbert.py; ModernBERT (pre-LN, rotary and
-local attention, GeGLU: a layer of its own on the same ops): modernbert.py and modernbert_heads.py; auto.py (the class
-for a model_type)."""
+local attention, GeGLU: a layer of its own on the same ops): modernbert.py and modernbert_heads.py; MPNet (a relative
+position bias in every layer's attention): mpnet.py; auto.py (the class for a model_type)."""
 from fastbert.model.auto import (
     AutoConfig,
     AutoModel,
@@ -21,6 +21,7 @@ from fastbert.model.config import (
     DistilBertConfig,
     ElectraConfig,
     ModernBertConfig,
+    MPNetConfig,
     RobertaConfig,
     XLMRobertaConfig,
 )
@@ -52,6 +53,13 @@ from fastbert.model.modernbert_heads import (
     ModernBertForQuestionAnswering,
     ModernBertForSequenceClassification,
     ModernBertForTokenClassification,
+)
+from fastbert.model.mpnet import (
+    MPNetForMaskedLM,
+    MPNetForQuestionAnswering,
+    MPNetForSequenceClassification,
+    MPNetForTokenClassification,
+    MPNetModel,
 )
 from fastbert.model.outputs import (
     BaseModelOutputWithPooling,
@@ -101,4 +109,6 @@ __all__ += [
     "DistilBertForSequenceClassification", "DistilBertForTokenClassification", "DistilBertForQuestionAnswering",
     "ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
     "ModernBertForTokenClassification", "ModernBertForQuestionAnswering",
+    "MPNetConfig", "MPNetModel", "MPNetForMaskedLM", "MPNetForSequenceClassification", "MPNetForTokenClassification",
+    "MPNetForQuestionAnswering",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from fastbert.model import distilbert, electra, modernbert_heads, roberta
+from fastbert.model import distilbert, electra, modernbert_heads, mpnet, roberta
 from fastbert.model.bert import BertModel
 from fastbert.model.config import read_config
 from fastbert.model.heads import (
@@ -38,6 +38,7 @@ FAMILIES: Dict[str, Dict[str, type]] = {
     "electra": _family(electra.ElectraModel, electra.ElectraForMaskedLM, electra.ElectraForSequenceClassification,
                        electra.ElectraForTokenClassification, electra.ElectraForQuestionAnswering),
     "modernbert": _family(*modernbert_heads.MODERNBERT_CLASSES),
+    "mpnet": _family(*mpnet.MPNET_CLASSES),
 }
 # as transformers' AutoModelForPreTraining: the families without a pretraining head of their own train MLM
 PRETRAINING = {**{family: classes["masked-lm"] for family, classes in FAMILIES.items()},

@@ -80,18 +80,19 @@ class BertModel(BertPreTrainedModel):
             position_ids = emb.default_position_ids(input_ids, bsz, seq, device)
         hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
         scales = head_scales(head_mask, cfg.num_hidden_layers, cfg.num_attention_heads)
+        rel = self.relative_position_bias(seq)
         explicit = bias is not None or bool(output_attentions)
         first_only = (_pooled_only and not self.quantized and cfg.num_hidden_layers > 0
                       and not explicit and not output_hidden_states and not compiling
                       and (key_mask is None or bool(key_mask[:, 0].all())))
         if self.quantized:
             hidden, states, probs = encode_int8(self, hidden, key_mask, bias, scales, output_hidden_states,
-                                                output_attentions)
+                                                output_attentions, rel)
         elif self.unpad_inputs and key_mask is not None and not compiling and not explicit and not bool(key_mask.all()):
-            hidden, states, probs = self._encode_packed(hidden, key_mask, scales, output_hidden_states, first_only)
+            hidden, states, probs = self._encode_packed(hidden, key_mask, scales, output_hidden_states, first_only, rel)
         else:
             hidden, states, probs = self._encode_padded(hidden, key_mask, bias, scales, output_hidden_states,
-                                                        output_attentions, first_only)
+                                                        output_attentions, first_only, rel)
         pooled = self.pooler(hidden) if self.pooler is not None else None
         out = BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=states,
                                          attentions=probs)
@@ -106,33 +107,40 @@ class BertModel(BertPreTrainedModel):
         """The encoder's input [batch, seq, hidden]."""
         return self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
 
-    def _encode_packed(self, hidden, key_mask, scales, output_hidden_states, first_only=False):
+    def relative_position_bias(self, seq: int):
+        """The relative position bias [heads, 2 seq - 1] every layer's attention adds to its scores
+        (MPNet's, made once a forward from its bucket table), or None: the families without one."""
+        return None
+
+    def _encode_packed(self, hidden, key_mask, scales, output_hidden_states, first_only=False, rel=None):
         """Unpad once, every layer on the real tokens (varlen attention), pad once; with first_only,
-        the last layer at each sequence's first token only (-> [batch, 1, hidden])."""
+        the last layer at each sequence's first token only (-> [batch, 1, hidden]); rel: the
+        relative position bias or None."""
         bsz, seq = key_mask.shape
         h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
         layers, last = self._layer_plan(scales, first_only)
 
         def step(layer, h, scale):
-            return self._run_layer(layer, h, None, (cu_seqlens, max_seqlen), None, scale, False)
+            return self._run_layer(layer, h, None, (cu_seqlens, max_seqlen), None, scale, False, rel)
 
         h, states, _ = run_layers(layers, h, step, lambda h: ops.pad(h, indices, bsz, seq), output_hidden_states, False)
         if last is not None:
-            return self._run_layer(last[0].first_tokens, h, key_mask, (indices, cu_seqlens), last[1])[:, None], None, None
+            return (self._run_layer(last[0].first_tokens, h, key_mask, (indices, cu_seqlens), last[1], rel)[:, None],
+                    None, None)
         out = states[-1] if states else ops.pad(h, indices, bsz, seq)
         return out, None if states is None else (hidden, *states), None
 
     def _encode_padded(self, hidden, key_mask, bias, scales, output_hidden_states, output_attentions,
-                       first_only=False):
+                       first_only=False, rel=None):
         layers, last = self._layer_plan(scales, first_only)
         want_probs = bool(output_attentions)
 
         def step(layer, h, scale):
-            return self._run_layer(layer, h, key_mask, None, bias, scale, want_probs)
+            return self._run_layer(layer, h, key_mask, None, bias, scale, want_probs, rel)
 
         out, states, probs = run_layers(layers, hidden, step, lambda h: h, output_hidden_states, want_probs)
         if last is not None:
-            return self._run_layer(last[0].first_tokens, out, key_mask, None, last[1])[:, None], None, None
+            return self._run_layer(last[0].first_tokens, out, key_mask, None, last[1], rel)[:, None], None, None
         return out, None if states is None else (hidden, *states), None if probs is None else tuple(probs)
 
     def _layer_plan(self, scales, first_only: bool):

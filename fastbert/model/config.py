@@ -221,6 +221,22 @@ for _bert_name, _own in DistilBertConfig.ALIASES.items():
     setattr(DistilBertConfig, _bert_name, _alias(_own))
 
 
+class MPNetConfig(BertConfig):
+    """transformers' MPNetConfig: its fields and defaults (mpnet-base's), relative_attention_num_buckets
+    among them. No token types; the position ids count from padding id 1 + 1, as RoBERTa's."""
+
+    model_type = "mpnet"
+    _defaults = dict(vocab_size=30527, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                     intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.1,
+                     attention_probs_dropout_prob=0.1, max_position_embeddings=512, initializer_range=0.02,
+                     layer_norm_eps=1e-12, relative_attention_num_buckets=32, pad_token_id=1, bos_token_id=0,
+                     eos_token_id=2, tie_word_embeddings=True, problem_type=None, output_hidden_states=False,
+                     output_attentions=False, return_dict=True)
+    type_vocab_size = 1  # no token types
+    position_embedding_type = "absolute"
+    classifier_dropout = None  # the heads drop out at hidden_dropout_prob
+
+
 class ModernBertConfig(BertConfig):
     """transformers' ModernBertConfig: its fields and defaults (ModernBERT-base's). layer_types (one
     "full_attention" or "sliding_attention" a layer) defaults to a global layer every

@@ -187,10 +187,11 @@ class _InferenceOnly(torch.autograd.Function):
 
 
 def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                scales, output_hidden_states: bool, output_attentions: bool):
+                scales, output_hidden_states: bool, output_attentions: bool,
+                relative_bias: Optional[torch.Tensor] = None):
     """BertModel's encoder on int8: (last hidden [batch, seq, h], hidden states or None, attentions or None).
     Packed on the real tokens (varlen attention), unless an additive mask, attention probabilities
-    or a head mask ask for the padded explicit path."""
+    or a head mask ask for the padded explicit path; relative_bias (MPNet's) is added in every layer."""
     from fastbert.model.layers import run_layers
 
     if model.training:
@@ -219,7 +220,8 @@ def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], b
 
         def step(layer, h, scale):
             def attend(qkv):
-                ctx, p = layer.attend(qkv, shape, key_mask, packed, bias, scale, bool(output_attentions))
+                ctx, p = layer.attend(qkv, shape, key_mask, packed, bias, scale, bool(output_attentions),
+                                      relative_bias)
                 return ctx.reshape(-1, width), p
 
             h, carry[0], p = int8_layer(layer, h, carry[0], attend, quantize_out=layer is not layers[-1][0])

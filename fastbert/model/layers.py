@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastbert import ops
+from fastbert import ops, reference
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
 from fastbert.ops.bias_gelu import GELU_FORMS
 
@@ -225,14 +225,17 @@ class BertLayer(nn.Module, _Backend):
 
     def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
                 bias: Optional[torch.Tensor] = None, head_scale: Optional[torch.Tensor] = None,
-                want_probs: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                want_probs: bool = False, relative_bias: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """hidden: [batch, seq, hidden] (padded path, mask [batch, seq] or None) or [tokens, hidden]
         (packed path, packed = (cu_seqlens, max_seqlen)). bias (an additive mask) or want_probs take
         the explicit attention path, which also returns the probabilities; head_scale [heads]
-        multiplies each head's output. -> (hidden, probabilities [batch, heads, seq, seq] or None)."""
+        multiplies each head's output; relative_bias [heads, 2n - 1] (n >= seq; MPNet's relative
+        position bias) is added to the scaled scores by distance, as ops.attention takes it.
+        -> (hidden, probabilities [batch, heads, seq, seq] or None)."""
         w, b = self.self_attention.qkv_weight()
         qkv = ops.linear(hidden, w, b)
-        ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs)
+        ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs, relative_bias)
         return self.feed_forward(ctx, hidden), probs
 
     def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -250,7 +253,8 @@ class BertLayer(nn.Module, _Backend):
 
     def first_tokens(self, hidden: torch.Tensor, mask: Optional[torch.Tensor],
                      unpadded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-                     head_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     head_scale: Optional[torch.Tensor] = None,
+                     relative_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """This layer's output at each sequence's first token only -> [batch, hidden]: what the
         pooler reads when it is all a model returns. Keys and values are projected at every token;
         the query, and everything after the attention, at the first token alone.
@@ -273,6 +277,10 @@ class BertLayer(nn.Module, _Backend):
         q = ops.linear(first, w[:width], b[:width]).view(bsz, heads, 1, d)
         k, v = kv.view(bsz, seq, 2, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
         keys = None if mask is None else mask.to(torch.bool)[:, None, None, :]
+        if relative_bias is not None:  # the first query's row: distances 0 .. seq - 1
+            n = (relative_bias.shape[-1] + 1) // 2
+            row = relative_bias[:, n - 1:n - 1 + seq].to(q.dtype)[None, :, None, :]
+            keys = row if keys is None else row.masked_fill(~keys, float("-inf"))
         ctx = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=keys,
                                              dropout_p=_dropout_p(self, sa.dropout_p))
         if head_scale is not None:
@@ -281,7 +289,8 @@ class BertLayer(nn.Module, _Backend):
 
     def attend(self, qkv: torch.Tensor, shape, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
                bias: Optional[torch.Tensor] = None, head_scale: Optional[torch.Tensor] = None,
-               want_probs: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+               want_probs: bool = False, relative_bias: Optional[torch.Tensor] = None
+               ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The attention of this layer on the QKV projection qkv [..., 3 * hidden] of a hidden state
         of shape `shape` ([tokens, hidden] packed, [batch, seq, hidden] padded; qkv may hold the rows
         of either flattened) -> (context [..., hidden] shaped `shape`, probabilities or None); the
@@ -292,7 +301,8 @@ class BertLayer(nn.Module, _Backend):
         probs = None
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
-            ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], dropout_p=p_attn, backend=self.backend)
+            ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], dropout_p=p_attn, backend=self.backend,
+                                       relative_bias=relative_bias)
             if head_scale is not None:
                 ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1)
             return ctx.reshape(shape), None
@@ -302,9 +312,12 @@ class BertLayer(nn.Module, _Backend):
             if bias is None and mask is not None:
                 bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
                 bias = bias[:, None, None, :]
+            if relative_bias is not None:  # spread to [heads, seq, seq] for the explicit path
+                spread = reference.relative_bias_matrix(relative_bias, seq).float()
+                bias = spread if bias is None else bias + spread
             ctx, probs = ops.attention_weights(q, k, v, bias, dropout_p=p_attn)
         else:
-            ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend)
+            ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend, relative_bias=relative_bias)
         if head_scale is not None:
             ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1, 1)
         return ctx.transpose(1, 2).reshape(bsz, seq, heads * d), probs

@@ -80,6 +80,36 @@ def e5_directory(directory, pooling: str = "mean", dense: bool = False):
     return out
 
 
+def family_st_directory(directory, family: str):
+    """A sentence-transformers directory of `family` at a small width, random weights: "mpnet" in
+    all-mpnet-base-v2's layout (MPNet with its pooler, 514 positions), "modernbert" in
+    modernbert-embed's (global and sliding layers, a window the sentences outgrow); either with the
+    Unigram tokenizer (<s> 0, <pad> 1, </s> 2: MPNet's ids, given to ModernBERT's config too), mean
+    pooling, Normalize."""
+    import transformers
+    from sentence_transformers import SentenceTransformer
+
+    Transformer, Pooling, _, Normalize = st_modules()
+    tok = unigram_tokenizer()
+    tok.model_input_names = ["input_ids", "attention_mask"]  # no token types, as these families' tokenizers
+    small = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                 intermediate_size=128, initializer_range=0.2, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    torch.manual_seed(0)
+    if family == "mpnet":
+        model = transformers.MPNetModel(transformers.MPNetConfig(max_position_embeddings=514, **small))
+    else:
+        model = transformers.ModernBertModel(transformers.ModernBertConfig(
+            cls_token_id=0, sep_token_id=2, local_attention=8, global_attn_every_n_layers=2, **small))
+    hf = os.path.join(str(directory), "hf")
+    model.save_pretrained(hf)
+    tok.save_pretrained(hf)
+    first = Transformer(hf)
+    model = SentenceTransformer(modules=[first, Pooling(64, pooling_mode="mean"), Normalize()], device="cpu")
+    out = os.path.join(str(directory), "st")
+    model.save(out)
+    return out
+
+
 def reranker_directory(directory, family: str = "xlm-roberta"):
     """A bge-reranker-shaped CrossEncoder directory saved by sentence-transformers: a one-label
     sequence classifier (XLM-R with the Unigram tokenizer, or BERT with all-MiniLM-L6-v2's WordPiece

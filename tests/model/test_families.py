@@ -180,7 +180,7 @@ def test_auto_classes_refuse_what_they_do_not_run(tmp_path):
                                        intermediate_size=48)
     cfg.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"model_type 'deberta-v2' is not supported; supported: bert, camembert, "
-                                         r"distilbert, electra, modernbert, roberta, xlm-roberta"):
+                                         r"distilbert, electra, modernbert, mpnet, roberta, xlm-roberta"):
         fastbert.AutoModel.from_pretrained(str(tmp_path))
     hf_config("roberta").save_pretrained(tmp_path / "r")
     with pytest.raises(ValueError, match="describes a 'roberta' model, not 'bert'"):

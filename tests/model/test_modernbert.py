@@ -210,19 +210,25 @@ def test_packed_and_padded_paths_agree(backend_name):
         g = torch.Generator().manual_seed(6)
         ids, mask = batch(4, 30, g, LENGTHS, left=left)
         extra = labels_for("ModernBertForTokenClassification", ids, mask, g)
-        results = []
-        for unpad in (True, False):
-            fm.model.unpad_inputs = unpad
-            hm.zero_grad()
-            fm.zero_grad()
-            parity(hm, fm, ids, mask, extra)
-            out = fm(input_ids=ids, attention_mask=mask, **extra)
-            results.append((out.logits[mask.bool()], {n: p.grad.clone() for n, p in fm.named_parameters()}))
-        (a, ga), (b, gb) = results
-        errors = {}
-        check_close(errors, "logits", a, b)
-        for n in ga:
-            check_close(errors, n, ga[n], gb[n])
+        assert_paths_agree(hm, fm, fm.model, ids, mask, extra, parity)
+
+
+def assert_paths_agree(hm, fm, base, ids, mask, extra, parity_check):
+    """The packed and the padded path (base.unpad_inputs) each pass parity_check against transformers,
+    and agree with each other: token logits at real tokens and every parameter's gradient."""
+    results = []
+    for unpad in (True, False):
+        base.unpad_inputs = unpad
+        hm.zero_grad()
+        fm.zero_grad()
+        parity_check(hm, fm, ids, mask, extra)
+        out = fm(input_ids=ids, attention_mask=mask, **extra)
+        results.append((out.logits[mask.bool()], {n: p.grad.clone() for n, p in fm.named_parameters()}))
+    (a, ga), (b, gb) = results
+    errors = {}
+    check_close(errors, "logits", a, b)
+    for n in ga:
+        check_close(errors, n, ga[n], gb[n])
 
 
 def test_the_window_and_the_rotary_bases_matter():
@@ -248,39 +254,46 @@ def test_the_window_and_the_rotary_bases_matter():
                                    rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
-                                  "ModernBertForTokenClassification", "ModernBertForQuestionAnswering"])
-def test_checkpoints_both_ways(tmp_path, name):
+def assert_checkpoints_both_ways(tmp_path, hm, name, inputs, output_name):
     """transformers' save -> fastbert's from_pretrained and the Auto class -> save_pretrained ->
-    transformers' from_pretrained: the same weights (nothing missing or left over), the same outputs."""
-    hm, _ = pair(name)
+    transformers' from_pretrained: the same weights (nothing missing or left over), the same outputs
+    (output_name, at real tokens) on inputs (ids, mask). Returns the config.json fastbert saved."""
     hm.save_pretrained(tmp_path / "hf")
     fm = getattr(fastbert, name).from_pretrained(str(tmp_path / "hf"))
-    task = {"ModernBertModel": fastbert.AutoModel, "ModernBertForMaskedLM": fastbert.AutoModelForMaskedLM,
-            "ModernBertForSequenceClassification": fastbert.AutoModelForSequenceClassification,
-            "ModernBertForTokenClassification": fastbert.AutoModelForTokenClassification,
-            "ModernBertForQuestionAnswering": fastbert.AutoModelForQuestionAnswering}[name]
-    assert type(task.from_pretrained(str(tmp_path / "hf"))) is type(fm)
+    task = {"Model": fastbert.AutoModel, "ForMaskedLM": fastbert.AutoModelForMaskedLM,
+            "ForSequenceClassification": fastbert.AutoModelForSequenceClassification,
+            "ForTokenClassification": fastbert.AutoModelForTokenClassification,
+            "ForQuestionAnswering": fastbert.AutoModelForQuestionAnswering}
+    auto = next(cls for suffix, cls in task.items() if name.endswith(suffix))
+    assert type(auto.from_pretrained(str(tmp_path / "hf"))) is type(fm)
     fm.save_pretrained(str(tmp_path / "fb"))
     saved = json.loads((tmp_path / "fb" / "config.json").read_text())
-    assert saved["model_type"] == "modernbert" and saved["architectures"] == [name]
-    assert saved["layer_types"] == hm.config.layer_types and saved["local_attention"] == 8
+    assert saved["architectures"] == [name]
     back, info = getattr(transformers, name).from_pretrained(str(tmp_path / "fb"), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     theirs = hm.state_dict()
-    assert back.state_dict().keys() == theirs.keys() == fm.state_dict().keys()
+    assert list(back.state_dict()) == list(theirs) == list(fm.state_dict())
     for k, v in back.state_dict().items():
         assert torch.equal(v, theirs[k]), k
         assert torch.equal(fm.state_dict()[k], theirs[k]), k
-    g = torch.Generator().manual_seed(8)
-    ids, mask = batch(4, 30, g, LENGTHS)
+    ids, mask = inputs
     with torch.no_grad():
         for m in (fm, back.eval()):
-            got, want = (getattr(x(input_ids=ids, attention_mask=mask), MAIN.get(name, "start_logits"))
-                         for x in (m, hm))
+            got, want = (getattr(x(input_ids=ids, attention_mask=mask), output_name) for x in (m, hm))
             if got.shape[:2] == ids.shape:
                 got, want = got[mask.bool()], want[mask.bool()]
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    return saved
+
+
+@pytest.mark.parametrize("name", ["ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
+                                  "ModernBertForTokenClassification", "ModernBertForQuestionAnswering"])
+def test_checkpoints_both_ways(tmp_path, name):
+    hm, _ = pair(name)
+    inputs = batch(4, 30, torch.Generator().manual_seed(8), LENGTHS)
+    saved = assert_checkpoints_both_ways(tmp_path, hm, name, inputs, MAIN.get(name, "start_logits"))
+    assert saved["model_type"] == "modernbert"
+    assert saved["layer_types"] == hm.config.layer_types and saved["local_attention"] == 8
 
 
 def test_config_reads_what_transformers_reads(tmp_path):

@@ -1,13 +1,13 @@
 """SentenceEncoder against sentence-transformers' encode on directories sentence-transformers
-wrote: all-MiniLM-L6-v2 (real weights) saved by the installed version, and e5-shaped XLM-R
+wrote: all-MiniLM-L6-v2 (real weights) saved by the installed version, e5-shaped XLM-R
 directories (random weights, a Unigram tokenizer, Korean text) with every pooling mode, prompts,
-include_prompt, Dense and Normalize."""
+include_prompt, Dense and Normalize, and all-mpnet-base-v2- and modernbert-embed-shaped ones."""
 import json
 import os
 
 import numpy as np
 import pytest
-from st_dirs import KOREAN, e5_directory, st_modules
+from st_dirs import KOREAN, e5_directory, family_st_directory, st_modules
 
 import fastbert
 
@@ -107,3 +107,18 @@ def test_bad_pooling_is_one_clear_error(e5, tmp_path):
         json.dump({"embedding_dimension": 64, "pooling_mode": "median"}, f)
     with pytest.raises(ValueError, match=r"pooling mode \['median'\] is not supported"):
         fastbert.SentenceEncoder(path)
+
+
+@pytest.mark.parametrize("family,cls", [("mpnet", "MPNetModel"), ("modernbert", "ModernBertModel")])
+def test_mpnet_and_modernbert_directories(tmp_path, family, cls):
+    """all-mpnet-base-v2's layout (MPNet, mean pooling, Normalize) and modernbert-embed's
+    (ModernBERT, mean pooling, Normalize), random weights, on the cpp backend."""
+    from conftest import require
+
+    require("cpp")
+    path = family_st_directory(tmp_path, family)
+    want = st.SentenceTransformer(path, device="cpu").encode(SENTENCES, batch_size=4)
+    enc = fastbert.SentenceEncoder(path, backend="cpp")
+    assert isinstance(enc.model, getattr(fastbert, cls))
+    assert enc.max_seq_length == st.SentenceTransformer(path, device="cpu").max_seq_length
+    assert_same(enc.encode(SENTENCES, batch_size=4), want)
