@@ -52,8 +52,8 @@ def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], 
                    seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor], rope_sin: Optional[Tensor],
                    window: int, rel_bias: Optional[Tensor], backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").attention_forward(
-        q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask, rope_cos=rope_cos, rope_sin=rope_sin,
-        **_extras(window, rel_bias)
+        q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask,
+        **_extras(rope_cos, rope_sin, window, rel_bias)
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
 
@@ -67,8 +67,8 @@ def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
                    scale: float, dropout_p: float, seed: Optional[Tensor], rope_cos: Optional[Tensor],
                    rope_sin: Optional[Tensor], window: int, rel_bias: Optional[Tensor], backend: str) -> Tensors4:
     launch = _backend.impl(backend, "attention").attention_backward
-    return _grads(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed_int(seed), rope_cos=rope_cos,
-                         rope_sin=rope_sin, **_extras(window, rel_bias)), q)
+    return _grads(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed_int(seed),
+                         **_extras(rope_cos, rope_sin, window, rel_bias)), q)
 
 
 def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope_cos, rope_sin, window,
@@ -83,8 +83,8 @@ def _varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, m
                           rope_sin: Optional[Tensor], window: int, rel_bias: Optional[Tensor],
                           backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").varlen_attention_forward(
-        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), return_mask, rope_cos=rope_cos,
-        rope_sin=rope_sin, **_extras(window, rel_bias)
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), return_mask,
+        **_extras(rope_cos, rope_sin, window, rel_bias)
     )
     return out, lse, keep if keep is not None and keep.numel() else _no_mask(q.device)
 
@@ -101,8 +101,8 @@ def _varlen_attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                           rel_bias: Optional[Tensor], backend: str) -> Tensors4:
     return _grads(
         _backend.impl(backend, "attention").varlen_attention_backward(
-            do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), rope_cos=rope_cos,
-            rope_sin=rope_sin, **_extras(window, rel_bias)
+            do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed),
+            **_extras(rope_cos, rope_sin, window, rel_bias)
         ), q
     )
 
@@ -151,9 +151,11 @@ class AttentionFunction(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * 9 + (drel, None)
 
 
-def _extras(window: int, rel_bias: Optional[Tensor]) -> dict:
-    # the launchers' local-attention and relative-bias arguments, passed only when used
-    out = {} if window < 0 else {"window": window}
+def _extras(rope_cos: Optional[Tensor], rope_sin: Optional[Tensor], window: int, rel_bias: Optional[Tensor]) -> dict:
+    """The launchers' optional arguments (rotary tables, local window, relative bias), passed only when used."""
+    out = {} if rope_cos is None else {"rope_cos": rope_cos, "rope_sin": rope_sin}
+    if window >= 0:
+        out["window"] = window
     return out if rel_bias is None else dict(out, rel_bias=rel_bias)
 
 
