@@ -79,7 +79,9 @@ def op_backends(op: str, device: str) -> List[str]:
     if op in SINGLE:
         return ["auto"]
     names = available_backends(device)
-    return [b for b in names if b != "triton"] if op == "mask_tokens" or op in INT8_OPS else names
+    # masking and int8 have no Triton kernels; the Triton attention takes no window or relative bias yet
+    no_triton = op == "mask_tokens" or op in INT8_OPS or op in ("rotary+window", "relative_bias")
+    return [b for b in names if b != "triton"] if no_triton else names
 
 
 def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dtype]]:
@@ -101,7 +103,7 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
     # what the newer encoders add to attention: rotary and a local window (ModernBERT), a relative
     # position bias (MPNet); head_dim 32 at least (the triton backend's rotary takes no less)
     modern = [(3, 2, 17, 32)] if interpreted else [(4, 4, 97, 64)]
-    for op in ("rotary+window", "relative_bias"):
+    for op in ("rotary", "rotary+window", "relative_bias"):
         for shape in modern:
             for dtype in dtypes:
                 yield op, shape, dtype
@@ -189,21 +191,23 @@ def _attention(op, shape, dtype, backend, device, g) -> List[Row]:
 
 
 def _attention_extras(op, shape, dtype, backend, device, g) -> List[Row]:
-    """Attention with rotary embeddings and a window of 8 (ModernBERT's local layers), or with a
-    relative position bias (MPNet's, its gradient checked too), dropout on, against the reference."""
+    """Attention with rotary embeddings (ModernBERT's global layers), with a window of 8 too (its
+    local layers), or with a relative position bias (MPNet's, its gradient checked too), dropout on,
+    against the reference."""
     batch, heads, seq, d = shape
     mask, (q, k, v), dout, keep, real = _attention_inputs(shape, dtype, device, g)
     p = ATTENTION_DROPOUT
     kw = dict(dropout_p=p, seed=ATTENTION_SEED, backend=backend)
-    if op == "rotary+window":
+    if op in ("rotary", "rotary+window"):
         cos, sin = reference.rotary_tables(10000.0, d, seq, device)
+        window = 8 if op == "rotary+window" else None
 
         def ref(q_, k_, v_):
             q_, k_ = reference.rotate(q_, cos, sin), reference.rotate(k_, cos, sin)
-            return reference.attention(q_, k_, v_, mask, p, keep_mask=keep, window=8) * real
+            return reference.attention(q_, k_, v_, mask, p, keep_mask=keep, window=window) * real
 
         def fused(q_, k_, v_):
-            return fastbert.ops.attention(q_, k_, v_, mask, rotary_base=10000.0, window=8, **kw) * real
+            return fastbert.ops.attention(q_, k_, v_, mask, rotary_base=10000.0, window=window, **kw) * real
 
         return compare(["out", "dq", "dk", "dv"], fused, ref, [q, k, v], dout, dtype)
     rel = reference.relative_bias(torch.randn(32, heads, generator=g), seq).to(device, dtype)
@@ -368,7 +372,7 @@ def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
         return _elementwise(op, shape, dtype, backend, device, g)
     if op in ("attention", "varlen_attention"):
         return _attention(op, shape, dtype, backend, device, g)
-    if op in ("rotary+window", "relative_bias"):
+    if op in ("rotary", "rotary+window", "relative_bias"):
         return _attention_extras(op, shape, dtype, backend, device, g)
     if op == "attention_weights":
         return _attention_weights(shape, dtype, device, g)

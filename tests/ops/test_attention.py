@@ -151,6 +151,22 @@ def padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0
     return q, k, v, dout, mask, keep, g
 
 
+def triton_refuses(backend, make_options):
+    """True (after checking it) where the backend is triton, whose kernels take no window and no
+    relative bias yet: both entry points refuse them with a one-line NotImplementedError instead of
+    computing anything. make_options(heads, seq) -> the attention options."""
+    if backend != "triton":
+        return False
+    q = torch.randn(2, 2, 8, 32)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="not implemented on the 'triton' backend yet"):
+        fastbert.ops.attention(q, q, q, backend="triton", **make_options(2, 8))
+    with pytest.raises(NotImplementedError, match="not implemented on the 'triton' backend yet"):
+        packed = q.transpose(1, 2).reshape(16, 2, 32)
+        fastbert.ops.varlen_attention(packed, packed, packed, cu, 8, backend="triton", **make_options(2, 8))
+    return True
+
+
 def pack(t, mask):
     """[batch, heads, seq, d] -> [total_tokens, heads, d] over the real tokens of mask."""
     return fastbert.ops.unpad(t.transpose(1, 2), mask)[0]
