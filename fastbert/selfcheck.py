@@ -101,7 +101,7 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
             for dtype in dtypes:
                 yield op, shape, dtype
     # what the newer encoders add to attention: rotary and a local window (ModernBERT), a relative
-    # position bias (MPNet); head_dim 32 at least (the triton backend's rotary takes no less)
+    # position bias (MPNet)
     modern = [(3, 2, 17, 32)] if interpreted else [(4, 4, 97, 64)]
     for op in ("rotary", "rotary+window", "relative_bias"):
         for shape in modern:

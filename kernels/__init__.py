@@ -5,8 +5,8 @@ plain-Python launchers (the functions `fastbert.ops` calls) -> `report_configs()
 every compiled variant the launchers can pick, for the build report (`python -m
 fastbert.kernels.report`). An op too large for one module keeps its launchers and
 `report_configs` in the op's module and the rest in modules named after the op
-(layer_norm_settings; attention_common, attention_fwd, attention_bwd, attention_settings,
-attention_report).
+(layer_norm_settings; attention_common, attention_fwd, attention_bwd, attention_rope,
+attention_settings, attention_report).
 
     bias_gelu    bias_gelu_forward, bias_gelu_backward
     geglu        geglu_forward, geglu_backward

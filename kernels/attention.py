@@ -1,14 +1,15 @@
 """Flash attention with a padding mask, padded and packed (varlen), forward and backward.
 
-    out = softmax(q k^T * scale, padded keys masked) v, with dropout on the probabilities.
+    out = softmax(q k^T * scale, padded keys masked) v, with dropout on the probabilities,
+    and optionally q, k first rotated by rotary position embeddings (RoPE).
 
 This module holds the launchers `attention_forward` / `attention_backward` /
 `varlen_attention_forward` / `varlen_attention_backward` (plain Python; inputs arrive validated:
 q, k, v of one shape, dtype and device, last dim contiguous) and exposes the launch settings and
 `report_configs`. The rest lives beside it: `attention_common` (jit helpers shared by the
-kernels, and the kernel that finds a key mask's real range), `attention_fwd` (the forward
-kernel), `attention_bwd` (the backward kernels), `attention_settings` (the launch settings
-table) and `attention_report` (`report_configs`).
+kernels, and the kernel that finds a key mask's real range), `attention_rope` (the jit functions
+of rotary embeddings), `attention_fwd` (the forward kernel), `attention_bwd` (the backward kernels),
+`attention_settings` (the launch settings table) and `attention_report` (`report_configs`).
 
 Forward: one program per (query tile of BLOCK_M rows, head, sequence) walks the sequence's keys
 in tiles of BLOCK_N with an online softmax in fp32; the [seq x seq] score matrix never leaves
@@ -41,7 +42,21 @@ bounds checks at all), HAS_MASK (padded with a key mask; a batch with no mask wh
 multiple of the tiles runs it too, with every token real, so S is a runtime int in every variant
 and a new length never compiles anything), and VARLEN. head_dim is a runtime int (a multiple of
 16) under a power-of-2 block BLOCK_D >= 32 (columns past head_dim masked), so 80, 96 and 128
-share a variant. HAS_DROPOUT and RETURN_MASK (forward, not EVEN) are constexpr flags too.
+share a variant. HAS_DROPOUT, RETURN_MASK (forward, not EVEN) and ROPE are constexpr flags too.
+
+Rotary embeddings (ROPE, given rope_cos / rope_sin, fastbert.reference.rotary): q and k are
+rotated in registers as their tiles are loaded (no rotated copy is written), at positions = the
+tile's row indices from the sequence's offset (padded: the row, padding included; varlen: the
+index within the sequence), by the fp32 tables [P, D / 2] read with the tile's own mask. RoPE
+pairs column i with i + D/2 and register tiles cannot be permuted along their columns, so a
+rotated tile is held as its two halves, [rows, BLOCK_D / 2] each (columns past D/2 masked; the
+halves are at least 16 wide, as tl.dot needs, since BLOCK_D >= 32): rotated in fp32, cast to the
+input dtype, and q k^T = q_a k_a^T + q_b k_b^T (one chained product, the same FLOPs). dq and dk
+accumulate as the two halves of the gradient of the rotated tile and are rotated back (the
+transpose) as they are stored; v, dv and everything else are unchanged. Every head dim above
+takes ROPE, 16 included (halves of 8 in 16-wide blocks). Its jit functions live in
+`attention_rope`; with ROPE off they are the plain loads, products and stores, and compile to the
+same code as without them.
 
 Dropout follows fastbert.reference bit for bit: probability (b, h, i, j) has the Philox counter
 offset = (b * heads + h) * 2**32 + ((i - lo) & 0xFFFF) * 2**16 + ((j - lo) & 0xFFFF), i.e.
@@ -144,6 +159,28 @@ def _optional(t: Optional[torch.Tensor], dtype: torch.dtype, device) -> torch.Te
     return t if t is not None else torch.empty(0, dtype=dtype, device=device)
 
 
+def _rope(rope_cos: Optional[torch.Tensor], rope_sin: Optional[torch.Tensor], head_dim: int, positions: int,
+          device) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """None without rotary embeddings; else (cos, sin), fp32 [P >= positions, head_dim / 2] on
+    q's device, each contiguous and 16-byte aligned as the kernels read it (copied if not)."""
+    if rope_cos is None and rope_sin is None:
+        return None
+    if rope_cos is None or rope_sin is None:
+        raise ValueError("fastbert: rotary attention needs both rope_cos and rope_sin")
+    for t in (rope_cos, rope_sin):
+        if (t.dim() != 2 or t.shape[0] < positions or t.shape[1] != head_dim // 2 or t.dtype != torch.float32
+                or t.device != device):
+            raise ValueError(f"fastbert: rotary tables must be float32 [>= {positions}, {head_dim // 2}] on {device}, "
+                             f"got {t.dtype} {list(t.shape)} on {t.device}")
+    return tuple(t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+                 for t in (rope_cos, rope_sin))
+
+
+def _rope_args(rope, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    # the kernels' ROPE_COS, ROPE_SIN (empty, never read, without rotary)
+    return rope if rope is not None else (_optional(None, torch.float32, device),) * 2
+
+
 def _key_mask(key_mask: Optional[torch.Tensor], batch: int, seq: int, device, even: bool):
     """(mask, ranges) for the padded layout: the bool [B, S] key mask and int32 [B, 2] first and
     one past the last real position of each row (computed on the device). Without a key mask, a
@@ -175,13 +212,13 @@ def _is_even(seq: int, *tiles: Settings) -> bool:
     return all(seq % s.block_m == 0 and seq % s.block_n == 0 for s in tiles)
 
 
-def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, batch, seq, strides, scale, drop):
+def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, batch, seq, strides, scale, drop, rope):
     """Launch the forward kernel. strides: (batch, head, row) strides of q, k, v, out (varlen:
-    (token, head, token)); seq: S, or max_seqlen with cu_seqlens."""
+    (token, head, token)); seq: S, or max_seqlen with cu_seqlens; rope: None or (cos, sin) (_rope)."""
     heads = q.shape[-2] if cu_seqlens is not None else q.shape[1]
     head_dim = q.shape[-1]
     _check_grid(batch, heads)
-    s = settings(head_dim, q.dtype, "fwd")
+    s = settings(head_dim, q.dtype, "fwd", rope is not None)
     device = q.device
     q_st, k_st, v_st, o_st = strides
     _attention_fwd_kernel[(triton.cdiv(seq, s.block_m), heads, batch)](
@@ -192,19 +229,20 @@ def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, bat
         _optional(mask, torch.bool, device), mask.stride(0) if mask is not None else 0,
         _optional(ranges, torch.int32, device),
         _optional(cu_seqlens, torch.int32, device),
+        *_rope_args(rope, device),
         heads, seq, head_dim,
         scale * _LOG2E,
         drop.seed, drop.threshold, drop.scale,
         BLOCK_M=s.block_m, BLOCK_N=s.block_n, BLOCK_D=block_d(head_dim),
         HAS_MASK=mask is not None, VARLEN=cu_seqlens is not None, HAS_DROPOUT=drop.on,
-        RETURN_MASK=keep is not None, DOT_PRECISION=_dot_precision(q.dtype),
+        RETURN_MASK=keep is not None, ROPE=rope is not None, DOT_PRECISION=_dot_precision(q.dtype),
         **_launch_options(s),
     )
 
 
-def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batch, seq, strides_of, scale, drop):
+def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batch, seq, strides_of, scale, drop, rope):
     """Launch the three backward kernels; (dq, dk, dv), fresh and contiguous. strides_of: a
-    tensor's (batch, head, row) strides (_padded_strides or _varlen_strides)."""
+    tensor's (batch, head, row) strides (_padded_strides or _varlen_strides); rope: as _forward's."""
     varlen = cu_seqlens is not None
     heads = q.shape[-2] if varlen else q.shape[1]
     head_dim = q.shape[-1]
@@ -231,18 +269,19 @@ def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batc
         _optional(mask, torch.bool, device), mask.stride(0) if mask is not None else 0,
         _optional(ranges, torch.int32, device),
         _optional(cu_seqlens, torch.int32, device),
+        *_rope_args(rope, device),
         heads, seq, head_dim,
         scale * _LOG2E, scale,
         drop.seed, drop.threshold, drop.scale,
     )
     flags = dict(BLOCK_D=block_d(head_dim), HAS_MASK=mask is not None, VARLEN=varlen, HAS_DROPOUT=drop.on,
-                 DOT_PRECISION=_dot_precision(q.dtype))
+                 ROPE=rope is not None, DOT_PRECISION=_dot_precision(q.dtype))
     # dq first: it also replaces delta by the exact rowsum(p * dp) that dk / dv then use
-    s = settings(head_dim, q.dtype, "bwd_dq")
+    s = settings(head_dim, q.dtype, "bwd_dq", rope is not None)
     _attention_bwd_dq_kernel[(triton.cdiv(seq, s.block_m), heads, batch)](
         dq, *g_st, *common, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **_launch_options(s),
     )
-    s = settings(head_dim, q.dtype, "bwd_dkdv")
+    s = settings(head_dim, q.dtype, "bwd_dkdv", rope is not None)
     _attention_bwd_dkdv_kernel[(triton.cdiv(seq, s.block_n), heads, batch)](
         dk, *g_st, dv, *g_st, *common, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **_launch_options(s),
     )
@@ -258,6 +297,8 @@ def attention_forward(
     dropout_p: float,
     seed: Optional[int],
     return_dropout_mask: bool,
+    rope_cos: Optional[torch.Tensor] = None,
+    rope_sin: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(out, lse, keep) of attention over a padded batch.
 
@@ -265,10 +306,13 @@ def attention_forward(
     [B, S] (nonzero = real token; any pattern, holes included); seed: a Python int in [0, 2**63)
     when dropout_p > 0. out: [B, H, S, D] contiguous, q.dtype, zeros at padded query positions;
     lse: fp32 [B, H, S] (for attention_backward); keep: bool [B, H, S, S], the dropout keep-mask
-    the kernel drew, when return_dropout_mask and dropout_p > 0, else None.
+    the kernel drew, when return_dropout_mask and dropout_p > 0, else None. rope_cos, rope_sin:
+    None, or the rotary tables (fp32 [P >= S, D / 2], fastbert.reference.rotary_tables) by which
+    q and k are rotated at positions 0 .. S - 1 (padding included) before the scores.
     """
     batch, heads, seq, head_dim = q.shape
     drop = _dropout(dropout_p, seed)
+    rope = _rope(rope_cos, rope_sin, head_dim, seq, q.device)
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
     keep = None
@@ -278,10 +322,10 @@ def attention_forward(
         return out, lse, keep
     q, k, v = (_aligned(t) for t in (q, k, v))
     # the debug mask output is built into the masked and varlen variants only
-    even = keep is None and _is_even(seq, settings(head_dim, q.dtype, "fwd"))
+    even = keep is None and _is_even(seq, settings(head_dim, q.dtype, "fwd", rope is not None))
     mask, ranges = _key_mask(key_mask, batch, seq, q.device, even)
     strides = tuple(_padded_strides(t) for t in (q, k, v, out))
-    _forward(q, k, v, out, lse, lse.stride()[:2], keep, mask, ranges, None, batch, seq, strides, scale, drop)
+    _forward(q, k, v, out, lse, lse.stride()[:2], keep, mask, ranges, None, batch, seq, strides, scale, drop, rope)
     return out, lse, keep
 
 
@@ -296,19 +340,23 @@ def attention_backward(
     scale: float,
     dropout_p: float,
     seed: Optional[int],
+    rope_cos: Optional[torch.Tensor] = None,
+    rope_sin: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention_forward, [B, H, S, D] contiguous in q.dtype (zeros at padded
     positions). do: the gradient of out; out, lse: from attention_forward; the same key_mask,
-    scale, dropout_p and seed (the dropout mask is regenerated, not stored)."""
+    scale, dropout_p, seed (the dropout mask is regenerated, not stored) and rotary tables (dq, dk:
+    the gradients of the unrotated q, k)."""
     batch, heads, seq, head_dim = q.shape
     drop = _dropout(dropout_p, seed)
+    rope = _rope(rope_cos, rope_sin, head_dim, seq, q.device)
     if q.numel() == 0:
         return tuple(torch.zeros(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
     q, k, v, out, do = (_aligned(t) for t in (q, k, v, out, do))
-    even = _is_even(seq, settings(head_dim, q.dtype, "bwd_dkdv"), settings(head_dim, q.dtype, "bwd_dq"))
+    even = _is_even(seq, *(settings(head_dim, q.dtype, kernel, rope is not None) for kernel in ("bwd_dkdv", "bwd_dq")))
     mask, ranges = _key_mask(key_mask, batch, seq, q.device, even)
     return _backward(do, q, k, v, out, lse, lse.stride()[:2], mask, ranges, None, batch, seq, _padded_strides,
-                     scale, drop)
+                     scale, drop, rope)
 
 
 def varlen_attention_forward(
@@ -321,6 +369,8 @@ def varlen_attention_forward(
     dropout_p: float,
     seed: Optional[int],
     return_dropout_mask: bool,
+    rope_cos: Optional[torch.Tensor] = None,
+    rope_sin: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(out, lse, keep) of attention over packed sequences.
 
@@ -328,10 +378,13 @@ def varlen_attention_forward(
     q's device, cu_seqlens[B] = T); max_seqlen >= every length. out: [T, H, D] contiguous; lse:
     fp32 [H, T]; keep: bool [B, H, max_seqlen, max_seqlen] (sequence b in its top-left corner;
     the whole block follows the dropout rule) when return_dropout_mask and dropout_p > 0, else None.
+    rope_cos, rope_sin: None, or rotary tables (fp32 [P >= max_seqlen, D / 2]) by which q and k are
+    rotated at each token's position within its sequence.
     """
     total, heads, head_dim = q.shape
     batch = cu_seqlens.shape[0] - 1
     drop = _dropout(dropout_p, seed)
+    rope = _rope(rope_cos, rope_sin, head_dim, max_seqlen, q.device)
     out = torch.empty((total, heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     keep = None
@@ -342,7 +395,7 @@ def varlen_attention_forward(
     q, k, v = (_aligned(t) for t in (q, k, v))
     strides = tuple(_varlen_strides(t) for t in (q, k, v, out))
     _forward(q, k, v, out, lse, (1, lse.stride(0)), keep, None, None, cu_seqlens, batch, max_seqlen, strides,
-             scale, drop)
+             scale, drop, rope)
     return out, lse, keep
 
 
@@ -358,13 +411,16 @@ def varlen_attention_backward(
     scale: float,
     dropout_p: float,
     seed: Optional[int],
+    rope_cos: Optional[torch.Tensor] = None,
+    rope_sin: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of varlen_attention_forward: [T, H, D] contiguous in q.dtype; the same
-    cu_seqlens, max_seqlen, scale, dropout_p and seed as the forward."""
+    cu_seqlens, max_seqlen, scale, dropout_p, seed and rotary tables as the forward."""
     batch = cu_seqlens.shape[0] - 1
     drop = _dropout(dropout_p, seed)
+    rope = _rope(rope_cos, rope_sin, q.shape[-1], max_seqlen, q.device)
     if batch <= 0 or max_seqlen <= 0 or q.numel() == 0:
         return tuple(torch.zeros(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
     q, k, v, out, do = (_aligned(t) for t in (q, k, v, out, do))
     return _backward(do, q, k, v, out, lse, (1, lse.stride(0)), None, None, cu_seqlens, batch, max_seqlen,
-                     _varlen_strides, scale, drop)
+                     _varlen_strides, scale, drop, rope)

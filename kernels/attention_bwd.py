@@ -3,7 +3,9 @@ kernel that computes delta = rowsum(dO * O), the dk / dv kernel (one program per
 looping over the query tiles) with its loop step and its final scaling and masking of the
 gradients, and the dq kernel (one program per query tile, looping over the key tiles) with its
 row statistics, its loop step and the exact-delta correction it also stores for the dk / dv
-kernel. The design is described in `fastbert.kernels.attention`, whose launchers run them.
+kernel. With ROPE, dk and dq (and p k) accumulate as the two halves of the gradient of the
+rotated tile (`attention_rope`). The design is described in `fastbert.kernels.attention`, whose
+launchers run them.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from .attention_common import (
     _store_tile,
     _store_vec,
 )
+from .attention_rope import _dot_acc, _dot_qk, _load_qk, _store_grad
 
 
 @triton.jit(do_not_specialize=["stride_lb", "stride_lh", "rows_total"])
@@ -54,19 +57,19 @@ def _attention_bwd_preprocess_kernel(
 
 @triton.jit
 def _dkdv_query_tile(
-    dk, dv,  # the key tile's running gradients
-    k, v, Q, DO, stride_qs, stride_dos, LSE, DELTA,
-    start_m, cols, offs_m, offs_d, lo, hi, head_dim, qk_scale, drop_scale, seed, bh, threshold,
-    HAS_DROPOUT: tl.constexpr, CHECK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    dk_a, dk_b, dv,  # the key tile's running gradients (dk: as its halves with ROPE)
+    k_a, k_b, v, Q, DO, stride_qs, stride_dos, LSE, DELTA, COS, SIN,
+    start_m, cols, offs_m, offs_d, offs_h, lo, hi, head_dim, half, qk_scale, drop_scale, seed, bh, threshold,
+    HAS_DROPOUT: tl.constexpr, CHECK: tl.constexpr, ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # One step of the query loop: the queries start_m + offs_m added into (dk, dv)
     rows = start_m + offs_m
     q_row = tl.cast(start_m, tl.int64)
-    q = _load_tile(Q + q_row * stride_qs + (offs_m[:, None] * stride_qs + offs_d[None, :]), rows, hi, offs_d,
-                   head_dim, CHECK)
+    q_a, q_b = _load_qk(Q + q_row * stride_qs, offs_m[:, None] * stride_qs, rows, hi, offs_d, head_dim, offs_h, half,
+                        COS, SIN, ROPE, CHECK)
     # rows past hi read lse = +inf: their probabilities are 0
     lse = _load_vec(LSE + rows, rows, hi, float("inf"), CHECK)
-    sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+    sT = _dot_qk(k_a, k_b, q_a, q_b, ROPE, DOT_PRECISION)
     pT = tl.math.exp2(sT * qk_scale - lse[None, :])
     do = _load_tile(DO + q_row * stride_dos + (offs_m[:, None] * stride_dos + offs_d[None, :]), rows, hi,
                     offs_d, head_dim, CHECK)
@@ -79,23 +82,27 @@ def _dkdv_query_tile(
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
     delta = _load_vec(DELTA + rows, rows, hi, 0., CHECK)
     dsT = pT * (dpT - delta[None, :])
-    dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
-    return dk, dv
+    dk_a, dk_b = _dot_acc(dsT, q_a, q_b, dk_a, dk_b, ROPE, DOT_PRECISION)
+    return dk_a, dk_b, dv
 
 
 @triton.jit
-def _dkdv_finish(dk, dv, MASK, b, stride_mb, cols, seq, sm_scale, drop_scale,
-                 HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+def _dkdv_finish(dk_a, dk_b, dv, MASK, b, stride_mb, cols, seq, sm_scale, drop_scale,
+                 HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, ROPE: tl.constexpr):
     # (dk, dv) of the key tile once every query is added in: scaled, and zero on masked keys
     if HAS_DROPOUT:
         dv = dv * drop_scale
-    dk = dk * sm_scale
+    dk_a = dk_a * sm_scale
+    if ROPE:
+        dk_b = dk_b * sm_scale
     if HAS_MASK:
         # padded and masked keys have no gradient, whatever their (never normalised) columns of pT held
         real = tl.load(MASK + b.to(tl.int64) * stride_mb + cols, mask=cols < seq, other=0) != 0
-        dk = tl.where(real[:, None], dk, 0.)
+        dk_a = tl.where(real[:, None], dk_a, 0.)
+        if ROPE:
+            dk_b = tl.where(real[:, None], dk_b, 0.)
         dv = tl.where(real[:, None], dv, 0.)
-    return dk, dv
+    return dk_a, dk_b, dv
 
 
 @triton.heuristics({"EVEN": _even})
@@ -111,6 +118,7 @@ def _attention_bwd_dkdv_kernel(
     MASK, stride_mb,  # [B, S] bool key mask (HAS_MASK only)
     RANGES,  # [B, 2] int32 [lo, hi) of each row of MASK (HAS_MASK only)
     CU_SEQLENS,  # [B + 1] int32 (VARLEN only)
+    ROPE_COS, ROPE_SIN,  # [P, D / 2] fp32, contiguous: the rotary angles' cos, sin at positions 0.. (ROPE only)
     heads,  # H
     seq,  # S (varlen: max_seqlen)
     head_dim,  # D, a multiple of 16
@@ -125,6 +133,7 @@ def _attention_bwd_dkdv_kernel(
     HAS_MASK: tl.constexpr,
     VARLEN: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    ROPE: tl.constexpr,  # rotary: q and k rotated as they are loaded, dq and dk rotated back
     EVEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -148,24 +157,31 @@ def _attention_bwd_dkdv_kernel(
     cols = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_h = tl.arange(0, BLOCK_D // 2)  # ROPE: the columns of one half of the head dim
+    half = head_dim // 2
     CHECK: tl.constexpr = not EVEN
     # a key tile wholly outside [lo, hi) loads nothing and runs no query loop: dk = dv = 0
     active = (start_n < hi) & (start_n + BLOCK_N > lo)
     m_end = tl.where(active, hi, lo)
     k_limit = tl.where(active, hi, 0)
-    k = _load_tile(K + cols[:, None] * stride_ks + offs_d[None, :], cols, k_limit, offs_d, head_dim, CHECK)
+    k_a, k_b = _load_qk(K + cols[:, None] * stride_ks, 0, cols, k_limit, offs_d, head_dim, offs_h, half,
+                        ROPE_COS, ROPE_SIN, ROPE, CHECK)
     v = _load_tile(V + cols[:, None] * stride_vs + offs_d[None, :], cols, k_limit, offs_d, head_dim, CHECK)
 
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dk_a = tl.zeros([BLOCK_N, BLOCK_D // 2 if ROPE else BLOCK_D], tl.float32)  # dk; with ROPE its first half
+    dk_b = dk_a  # with ROPE its second half (else never touched)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start_m in range(lo, m_end, BLOCK_M):
-        dk, dv = _dkdv_query_tile(dk, dv, k, v, Q, DO, stride_qs, stride_dos, LSE, DELTA,
-                                  start_m, cols, offs_m, offs_d, lo, hi, head_dim, qk_scale, drop_scale, seed, bh,
-                                  threshold, HAS_DROPOUT, CHECK, DOT_PRECISION)
+        dk_a, dk_b, dv = _dkdv_query_tile(dk_a, dk_b, dv, k_a, k_b, v, Q, DO, stride_qs, stride_dos, LSE, DELTA,
+                                          ROPE_COS, ROPE_SIN, start_m, cols, offs_m, offs_d, offs_h, lo, hi, head_dim,
+                                          half, qk_scale, drop_scale, seed, bh, threshold, HAS_DROPOUT, CHECK, ROPE,
+                                          DOT_PRECISION)
 
-    dk, dv = _dkdv_finish(dk, dv, MASK, b, stride_mb, cols, seq, sm_scale, drop_scale, HAS_MASK, HAS_DROPOUT)
+    dk_a, dk_b, dv = _dkdv_finish(dk_a, dk_b, dv, MASK, b, stride_mb, cols, seq, sm_scale, drop_scale, HAS_MASK,
+                                  HAS_DROPOUT, ROPE)
     row_limit = hi if VARLEN else seq
-    _store_tile(DK + cols[:, None] * stride_dks + offs_d[None, :], dk, cols, row_limit, offs_d, head_dim, CHECK)
+    _store_grad(DK + cols[:, None] * stride_dks, 0, dk_a, dk_b, cols, row_limit, offs_d, head_dim, offs_h, half,
+                ROPE_COS, ROPE_SIN, ROPE, CHECK)
     _store_tile(DV + cols[:, None] * stride_dvs + offs_d[None, :], dv, cols, row_limit, offs_d, head_dim, CHECK)
 
 
@@ -190,17 +206,18 @@ def _dq_row_stats(LSE, DELTA, rows, lo, q_limit, CHECK: tl.constexpr):
 
 @triton.jit
 def _dq_key_tile(
-    dq, pk, p_dp, p_sum,  # the query tile's running sums
-    q, do, lse, delta, K, V, stride_ks, stride_vs, MASK,
-    start_n, rows, offs_n, offs_d, lo, hi, head_dim, qk_scale, drop_scale, seed, bh, threshold,
-    HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, CHECK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    dq_a, dq_b, pk_a, pk_b, p_dp, p_sum,  # the query tile's running sums (dq, pk: as their halves with ROPE)
+    q_a, q_b, do, lse, delta, K, V, stride_ks, stride_vs, MASK, COS, SIN,
+    start_n, rows, offs_n, offs_d, offs_h, lo, hi, head_dim, half, qk_scale, drop_scale, seed, bh, threshold,
+    HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, CHECK: tl.constexpr, ROPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # One step of the key loop: the keys start_n + offs_n added into (dq, pk, p_dp, p_sum)
     cols = start_n + offs_n
     kv_row = tl.cast(start_n, tl.int64)
-    k = _load_tile(K + kv_row * stride_ks + (offs_n[:, None] * stride_ks + offs_d[None, :]), cols, hi, offs_d,
-                   head_dim, CHECK)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    k_a, k_b = _load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
+                        COS, SIN, ROPE, CHECK)
+    s = _dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
     s = _mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
     p = tl.math.exp2(s * qk_scale - lse[:, None])
     v = _load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
@@ -212,22 +229,24 @@ def _dq_key_tile(
     ds = p * (dp - delta[:, None])
     p_dp += tl.sum(p * dp, 1)
     p_sum += tl.sum(p, 1)
-    dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
-    pk = tl.dot(p.to(k.dtype), k, pk, input_precision=DOT_PRECISION)
-    return dq, pk, p_dp, p_sum
+    dq_a, dq_b = _dot_acc(ds, k_a, k_b, dq_a, dq_b, ROPE, DOT_PRECISION)
+    pk_a, pk_b = _dot_acc(p, k_a, k_b, pk_a, pk_b, ROPE, DOT_PRECISION)
+    return dq_a, dq_b, pk_a, pk_b, p_dp, p_sum
 
 
 @triton.jit
-def _dq_exact(dq, pk, p_dp, p_sum, delta, sm_scale):
-    # (dq, delta_exact) of the query tile once every key is added in.
+def _dq_exact(dq_a, dq_b, pk_a, pk_b, p_dp, p_sum, delta, sm_scale, ROPE: tl.constexpr):
+    # (dq, delta_exact) of the query tile once every key is added in (dq: as its halves with ROPE).
     # delta from the rounded output is off by dO . (O - round(O)), which would leave a gradient of
     # that size where the true one is 0 (a query with one real key). The exact delta is the
     # p-weighted mean of dp (normalised by the recomputed row sum, so that sum_j p (dp - delta) = 0
     # holds for these very p, whatever rounding put in them), and
     # dq = scale * sum_j p (dp - delta_exact) k = dq_above + scale * (delta - delta_exact) * p k
     delta_exact = tl.where(p_sum > 0., p_dp / tl.where(p_sum > 0., p_sum, 1.), 0.)
-    dq = (dq + (delta - delta_exact)[:, None] * pk) * sm_scale
-    return dq, delta_exact
+    dq_a = (dq_a + (delta - delta_exact)[:, None] * pk_a) * sm_scale
+    if ROPE:
+        dq_b = (dq_b + (delta - delta_exact)[:, None] * pk_b) * sm_scale
+    return dq_a, dq_b, delta_exact
 
 
 @triton.heuristics({"EVEN": _even})
@@ -242,6 +261,7 @@ def _attention_bwd_dq_kernel(
     MASK, stride_mb,  # [B, S] bool key mask (HAS_MASK only)
     RANGES,  # [B, 2] int32 [lo, hi) of each row of MASK (HAS_MASK only)
     CU_SEQLENS,  # [B + 1] int32 (VARLEN only)
+    ROPE_COS, ROPE_SIN,  # [P, D / 2] fp32, contiguous: the rotary angles' cos, sin at positions 0.. (ROPE only)
     heads,  # H
     seq,  # S (varlen: max_seqlen)
     head_dim,  # D, a multiple of 16
@@ -256,6 +276,7 @@ def _attention_bwd_dq_kernel(
     HAS_MASK: tl.constexpr,
     VARLEN: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    ROPE: tl.constexpr,  # rotary: q and k rotated as they are loaded, dq and dk rotated back
     EVEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -279,25 +300,31 @@ def _attention_bwd_dq_kernel(
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_h = tl.arange(0, BLOCK_D // 2)  # ROPE: the columns of one half of the head dim
+    half = head_dim // 2
     CHECK: tl.constexpr = not EVEN
     active = (start_m < hi) & (start_m + BLOCK_M > lo)
     n_end = tl.where(active, hi, lo)
     q_limit = tl.where(active, hi, 0)
-    q = _load_tile(Q + rows[:, None] * stride_qs + offs_d[None, :], rows, q_limit, offs_d, head_dim, CHECK)
+    q_a, q_b = _load_qk(Q + rows[:, None] * stride_qs, 0, rows, q_limit, offs_d, head_dim, offs_h, half,
+                        ROPE_COS, ROPE_SIN, ROPE, CHECK)
     do = _load_tile(DO + rows[:, None] * stride_dos + offs_d[None, :], rows, q_limit, offs_d, head_dim, CHECK)
     lse, delta = _dq_row_stats(LSE, DELTA, rows, lo, q_limit, CHECK)
 
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    pk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # p k: the correction's direction
+    dq_a = tl.zeros([BLOCK_M, BLOCK_D // 2 if ROPE else BLOCK_D], tl.float32)  # dq; with ROPE its first half
+    pk_a = dq_a  # p k, the correction's direction; likewise
+    dq_b, pk_b = dq_a, dq_a  # with ROPE their second halves (else never touched)
     p_dp = tl.zeros([BLOCK_M], tl.float32)  # rowsum(p * dp)
     p_sum = tl.zeros([BLOCK_M], tl.float32)  # rowsum(p): 1 but for rounding
     for start_n in range(lo, n_end, BLOCK_N):
-        dq, pk, p_dp, p_sum = _dq_key_tile(dq, pk, p_dp, p_sum, q, do, lse, delta, K, V, stride_ks, stride_vs, MASK,
-                                           start_n, rows, offs_n, offs_d, lo, hi, head_dim, qk_scale, drop_scale,
-                                           seed, bh, threshold, HAS_MASK, HAS_DROPOUT, CHECK, DOT_PRECISION)
+        dq_a, dq_b, pk_a, pk_b, p_dp, p_sum = _dq_key_tile(
+            dq_a, dq_b, pk_a, pk_b, p_dp, p_sum, q_a, q_b, do, lse, delta, K, V, stride_ks, stride_vs, MASK,
+            ROPE_COS, ROPE_SIN, start_n, rows, offs_n, offs_d, offs_h, lo, hi, head_dim, half, qk_scale, drop_scale,
+            seed, bh, threshold, HAS_MASK, HAS_DROPOUT, CHECK, ROPE, DOT_PRECISION)
 
-    dq, delta_exact = _dq_exact(dq, pk, p_dp, p_sum, delta, sm_scale)
+    dq_a, dq_b, delta_exact = _dq_exact(dq_a, dq_b, pk_a, pk_b, p_dp, p_sum, delta, sm_scale, ROPE)
     row_limit = hi if VARLEN else seq
-    _store_tile(DQ + rows[:, None] * stride_dqs + offs_d[None, :], dq, rows, row_limit, offs_d, head_dim, CHECK)
+    _store_grad(DQ + rows[:, None] * stride_dqs, 0, dq_a, dq_b, rows, row_limit, offs_d, head_dim, offs_h, half,
+                ROPE_COS, ROPE_SIN, ROPE, CHECK)
     # the exact delta, for the dk / dv kernel that runs next (0 on rows outside [lo, hi), as before)
     _store_vec(DELTA + rows, delta_exact, rows, row_limit, CHECK)

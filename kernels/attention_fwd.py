@@ -19,6 +19,7 @@ from .attention_common import (
     _store_tile,
     _store_vec,
 )
+from .attention_rope import _dot_qk, _load_qk
 
 
 @triton.jit
@@ -41,17 +42,17 @@ def _write_keep_mask(KEEP, rows, offs_n, lo, seq, seed, bh, threshold, BLOCK_N: 
 @triton.jit
 def _fwd_key_tile(
     acc, m_i, l_i,  # the running state of the query tile's rows
-    q, K, V, stride_ks, stride_vs, MASK, KEEP_rows,
-    start_n, rows, offs_n, offs_d, lo, hi, seq, head_dim, qk_scale, seed, bh, threshold,
+    q_a, q_b, K, V, stride_ks, stride_vs, MASK, KEEP_rows, COS, SIN,
+    start_n, rows, offs_n, offs_d, offs_h, lo, hi, seq, head_dim, half, qk_scale, seed, bh, threshold,
     HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, RETURN_MASK: tl.constexpr, CHECK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # One step of the online softmax: the keys start_n + offs_n folded into (acc, m_i, l_i)
     cols = start_n + offs_n
     kv_row = tl.cast(start_n, tl.int64)
-    k = _load_tile(K + kv_row * stride_ks + (offs_n[:, None] * stride_ks + offs_d[None, :]), cols, hi, offs_d,
-                   head_dim, CHECK)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    k_a, k_b = _load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
+                        COS, SIN, ROPE, CHECK)
+    s = _dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
     s = _mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
     # the first tile starts at lo, a real key of every row: m_new is finite from then on
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
@@ -104,6 +105,7 @@ def _attention_fwd_kernel(
     MASK, stride_mb,  # [B, S] bool: key mask, 1 = real token (HAS_MASK only)
     RANGES,  # [B, 2] int32: [lo, hi) real positions of each row of MASK (HAS_MASK only)
     CU_SEQLENS,  # [B + 1] int32: sequence b is tokens CU_SEQLENS[b]:CU_SEQLENS[b + 1] (VARLEN only)
+    ROPE_COS, ROPE_SIN,  # [P, D / 2] fp32, contiguous: the rotary angles' cos, sin at positions 0.. (ROPE only)
     heads,  # H
     seq,  # S (varlen: max_seqlen)
     head_dim,  # D, a multiple of 16
@@ -118,6 +120,7 @@ def _attention_fwd_kernel(
     VARLEN: tl.constexpr,  # packed layout
     HAS_DROPOUT: tl.constexpr,
     RETURN_MASK: tl.constexpr,  # write the dropout keep-mask to KEEP
+    ROPE: tl.constexpr,  # rotate q and k by the angles of ROPE_COS, ROPE_SIN as they are loaded
     EVEN: tl.constexpr,  # no mask, not varlen, S a multiple of BLOCK_M and BLOCK_N
     DOT_PRECISION: tl.constexpr,  # input_precision of the fp32 matrix products
 ):
@@ -140,22 +143,25 @@ def _attention_fwd_kernel(
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_h = tl.arange(0, BLOCK_D // 2)  # ROPE: the columns of one half of the head dim
+    half = head_dim // 2
     KEEP_rows = _write_keep_mask(KEEP, rows, offs_n, lo, seq, seed, bh, threshold, BLOCK_N, RETURN_MASK)
 
     CHECK: tl.constexpr = not EVEN
     # a query tile wholly outside [lo, hi) loads nothing and runs no key loop: its rows output zeros
     active = (start_m < hi) & (start_m + BLOCK_M > lo)
     n_end = tl.where(active, hi, lo)
-    q = _load_tile(Q + rows[:, None] * stride_qs + offs_d[None, :], rows, tl.where(active, hi, 0), offs_d,
-                   head_dim, CHECK)
+    q_a, q_b = _load_qk(Q + rows[:, None] * stride_qs, 0, rows, tl.where(active, hi, 0), offs_d, head_dim, offs_h, half,
+                        ROPE_COS, ROPE_SIN, ROPE, CHECK)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scaled scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running row sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(lo, n_end, BLOCK_N):
-        acc, m_i, l_i = _fwd_key_tile(acc, m_i, l_i, q, K, V, stride_ks, stride_vs, MASK, KEEP_rows,
-                                      start_n, rows, offs_n, offs_d, lo, hi, seq, head_dim, qk_scale, seed, bh,
-                                      threshold, HAS_MASK, HAS_DROPOUT, RETURN_MASK, CHECK, DOT_PRECISION)
+        acc, m_i, l_i = _fwd_key_tile(acc, m_i, l_i, q_a, q_b, K, V, stride_ks, stride_vs, MASK, KEEP_rows,
+                                      ROPE_COS, ROPE_SIN, start_n, rows, offs_n, offs_d, offs_h, lo, hi, seq,
+                                      head_dim, half, qk_scale, seed, bh, threshold, HAS_MASK, HAS_DROPOUT,
+                                      RETURN_MASK, CHECK, ROPE, DOT_PRECISION)
 
     out, lse = _fwd_rows_out(acc, m_i, l_i, MASK, rows, lo, hi, drop_scale, HAS_MASK, HAS_DROPOUT, EVEN)
     # varlen: rows past the sequence belong to the next one; padded: every row of the tile is ours

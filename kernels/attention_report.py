@@ -1,6 +1,7 @@
 """The build report's list of attention variants, `report_configs`: every (kernel, settings,
-dtype, head dim block, flags) the launchers of `fastbert.kernels.attention` can compile, as
-KernelBuild records with the argument types and the divisibility the JIT gives them at launch.
+dtype, head dim block, flags, rotary or not) the launchers of `fastbert.kernels.attention` can
+compile, as KernelBuild records with the argument types and the divisibility the JIT gives them
+at launch.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ _MODES = ((False, False, True), (True, False, False), (False, True, False))
 
 
 def _arg_type(name: str, dt: str) -> str:
-    if name in ("LSE", "DELTA"):
+    if name in ("LSE", "DELTA", "ROPE_COS", "ROPE_SIN"):
         return "*fp32"
     if name in ("KEEP", "MASK"):
         return "*u1"
@@ -66,18 +67,24 @@ def report_configs() -> Iterator[KernelBuild]:
                          {"dtype": dt, "head_dims": dims, "BLOCK_M": s.block_m, "BLOCK_D": bd})
             for kernel, fn in (("fwd", _attention_fwd_kernel), ("bwd_dkdv", _attention_bwd_dkdv_kernel),
                                ("bwd_dq", _attention_bwd_dq_kernel)):
-                s = settings(head_dim, dtype, kernel)
-                for has_mask, varlen, even in _MODES:
-                    for has_dropout, return_mask in ((False, False), (True, False), (True, True)):
-                        if return_mask and (kernel != "fwd" or even):
-                            continue  # the debug mask: forward only, never the EVEN variant
-                        constexprs = {"BLOCK_M": s.block_m, "BLOCK_N": s.block_n, "BLOCK_D": bd,
-                                      "HAS_MASK": has_mask, "VARLEN": varlen, "HAS_DROPOUT": has_dropout,
-                                      "EVEN": even, "DOT_PRECISION": precision}
-                        config = {"dtype": dt, "head_dims": dims, "BLOCK_M": s.block_m, "BLOCK_N": s.block_n,
-                                  "BLOCK_D": bd, "mask": has_mask, "varlen": varlen, "even": even,
-                                  "dropout": has_dropout}
-                        if kernel == "fwd":
-                            constexprs["RETURN_MASK"] = return_mask
-                            config["return_mask"] = return_mask
-                        yield _build(f"attention_{kernel}", fn, s, dt, constexprs, config)
+                for rope in (False, True):
+                    yield from _variants(kernel, fn, dt, precision, bd, dims, rope,
+                                         settings(head_dim, dtype, kernel, rope))
+
+
+def _variants(kernel: str, fn, dt: str, precision: str, bd: int, dims: str, rope: bool, s: Settings):
+    # the layouts and flags of one kernel at one dtype, head dim block and ROPE
+    for has_mask, varlen, even in _MODES:
+        for has_dropout, return_mask in ((False, False), (True, False), (True, True)):
+            if return_mask and (kernel != "fwd" or even):
+                continue  # the debug mask: forward only, never the EVEN variant
+            constexprs = {"BLOCK_M": s.block_m, "BLOCK_N": s.block_n, "BLOCK_D": bd,
+                          "HAS_MASK": has_mask, "VARLEN": varlen, "HAS_DROPOUT": has_dropout,
+                          "ROPE": rope, "EVEN": even, "DOT_PRECISION": precision}
+            config = {"dtype": dt, "head_dims": dims, "BLOCK_M": s.block_m, "BLOCK_N": s.block_n,
+                      "BLOCK_D": bd, "mask": has_mask, "varlen": varlen, "even": even,
+                      "dropout": has_dropout, "rope": rope}
+            if kernel == "fwd":
+                constexprs["RETURN_MASK"] = return_mask
+                config["return_mask"] = return_mask
+            yield _build(f"attention_{kernel}", fn, s, dt, constexprs, config)

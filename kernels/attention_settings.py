@@ -1,13 +1,14 @@
 """Launch settings of the attention kernels: the head dims they take and the head dim blocks
 those round up to, one table of tile shapes and launch options per (kernel, 16-bit inputs?, head
-dim block), read alike by the launchers of `fastbert.kernels.attention` and by the build report
-(`attention_report`), and the launch arguments the launchers derive from it (the options of a
-table row, the input precision of the fp32 matrix products).
+dim block) and the rotary (ROPE) variants' departures from it, read alike by the launchers of
+`fastbert.kernels.attention` and by the build report (`attention_report`), and the launch
+arguments the launchers derive from it (the options of a table row, the input precision of the
+fp32 matrix products).
 """
 from __future__ import annotations
 
 import os
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import triton
@@ -60,6 +61,23 @@ _TABLE = {
     ("bwd_dq", False, 128): Settings(16, 16, 4, 2, None),
 }
 
+# The ROPE variants' settings where they differ from _TABLE's (same key): the rotation of each
+# loaded tile (its fp32 cos and sin, and the rotated copy the products read) needs registers, so
+# these take smaller tiles or more warps. Chosen to compile with no spills on sm_80 and sm_90 (the
+# build report), not timed.
+_ROPE_TABLE: Dict[Tuple[str, bool, int], Settings] = {
+    ("fwd", False, 64): Settings(32, 32, 8, 2, None),
+    ("bwd_dkdv", True, 32): Settings(32, 64, 4, 2, None),
+    ("bwd_dkdv", True, 64): Settings(32, 64, 8, 2, None),
+    ("bwd_dkdv", True, 128): Settings(32, 32, 8, 2, None),
+    ("bwd_dkdv", False, 64): Settings(32, 16, 8, 2, None),
+    ("bwd_dkdv", False, 128): Settings(16, 16, 8, 2, None),
+    ("bwd_dq", True, 32): Settings(64, 32, 4, 2, None),
+    ("bwd_dq", True, 128): Settings(32, 32, 8, 2, None),
+    ("bwd_dq", False, 32): Settings(16, 16, 4, 2, None),
+    ("bwd_dq", False, 128): Settings(16, 16, 8, 2, None),
+}
+
 
 def block_d(head_dim: int) -> int:
     """The head dim block of `head_dim`: a power of 2, at least 32 (columns past D are masked)."""
@@ -68,11 +86,13 @@ def block_d(head_dim: int) -> int:
     return max(32, triton.next_power_of_2(head_dim))
 
 
-def settings(head_dim: int, dtype: torch.dtype, kernel: str) -> Settings:
-    """Tile shape and launch options of `kernel` (one of KERNELS) for q.dtype `dtype` and `head_dim`."""
+def settings(head_dim: int, dtype: torch.dtype, kernel: str, rope: bool = False) -> Settings:
+    """Tile shape and launch options of `kernel` (one of KERNELS) for q.dtype `dtype` and `head_dim`,
+    with rotary embeddings applied (the ROPE variants) when `rope`."""
     if kernel not in KERNELS:
         raise ValueError(f"fastbert: unknown attention kernel {kernel!r}; one of {KERNELS}")
-    return _TABLE[(kernel, dtype != torch.float32, block_d(head_dim))]
+    key = (kernel, dtype != torch.float32, block_d(head_dim))
+    return _ROPE_TABLE.get(key, _TABLE[key]) if rope else _TABLE[key]
 
 
 def _dot_precision(dtype: torch.dtype) -> str:

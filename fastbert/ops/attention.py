@@ -91,9 +91,6 @@ def _rope(op: str, base: Optional[float], backend: str, head_dim: int, positions
         raise ValueError(f"fastbert.ops.{op}: rotary_base must be a finite number > 1, got {base!r}")
     if head_dim % 2:
         raise ValueError(f"fastbert.ops.{op}: rotary embeddings need an even head_dim, got {head_dim}")
-    if backend == "triton" and head_dim < 32:
-        raise ValueError(f"fastbert.ops.{op}: rotary attention on the 'triton' backend needs head_dim >= 32, "
-                         f"got {head_dim}")
     # tables in whole powers of two of rows, so that a few entries serve every length
     return _rotary_tables(float(base), head_dim, max(64, 1 << max(positions - 1, 0).bit_length()), str(device))
 
