@@ -15,7 +15,6 @@ Both give the same values at real tokens; hidden states at padded positions are 
 from __future__ import annotations
 
 import torch
-import torch.utils.checkpoint
 
 from fastbert import ops
 from fastbert.model.checks import check_input_shape, check_inputs
@@ -35,7 +34,6 @@ class BertModel(BertPreTrainedModel):
     # a batch with padding runs packed (unpad once, varlen attention, pad once); False keeps every
     # batch padded (the two paths agree at real tokens; the switch is there to check that)
     unpad_inputs: bool = True
-    gradient_checkpointing: bool = False  # set by gradient_checkpointing_enable()
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
@@ -66,7 +64,7 @@ class BertModel(BertPreTrainedModel):
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
-        return_dict = cfg.use_return_dict if return_dict is None else return_dict
+        return_dict = self._return_dict(return_dict)
         emb = self.embeddings
         bsz, seq = check_input_shape(input_ids, inputs_embeds, emb.word_embeddings.embedding_dim, emb.max_tokens)
         device = (input_ids if input_ids is not None else inputs_embeds).device
@@ -148,10 +146,3 @@ class BertModel(BertPreTrainedModel):
         at the first tokens alone, else None)."""
         pairs = list(zip(self.layers, scales))
         return (pairs[:-1], pairs[-1]) if first_only else (pairs, None)
-
-    def _run_layer(self, layer, *args):
-        """layer(*args) (a BertLayer or one of its methods), or checkpointed: its activations
-        recomputed in the backward (training only)."""
-        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(layer, *args, **getattr(self, "checkpoint_kwargs", {}))
-        return layer(*args)

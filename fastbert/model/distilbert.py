@@ -25,7 +25,7 @@ from fastbert.model.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from fastbert.model.layers import BertEmbeddings, BertLayer, BertSelfAttention, _activation
+from fastbert.model.layers import BertEmbeddings, BertLayer, RenamedSelfAttention, _activation
 from fastbert.model.pretrained import BertPreTrainedModel
 
 
@@ -59,21 +59,13 @@ class _DistilBertInit:
                 weight.copy_(sinusoidal_positions(*weight.shape))
 
 
-class DistilBertSelfAttention(BertSelfAttention):
+class DistilBertSelfAttention(RenamedSelfAttention):
     """q_lin, k_lin, v_lin, out_lin; BertSelfAttention's joined QKV over the first three."""
 
-    def __init__(self, config: DistilBertConfig):
-        nn.Module.__init__(self)
-        self.num_attention_heads = config.n_heads
-        self.attention_head_size = config.dim // config.n_heads
-        self.all_head_size = config.dim
-        self.q_lin, self.k_lin, self.v_lin, self.out_lin = (nn.Linear(config.dim, config.dim) for _ in range(4))
-        self.dropout_p = config.attention_dropout
-        self._fused = (None, None)
+    names = ("q_lin", "k_lin", "v_lin", "out_lin")
 
-    query = property(lambda self: self.q_lin)
-    key = property(lambda self: self.k_lin)
-    value = property(lambda self: self.v_lin)
+    def __init__(self, config: DistilBertConfig):
+        super().__init__(config.n_heads, config.dim, config.attention_dropout)
 
 
 class FFN(nn.Module):

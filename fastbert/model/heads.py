@@ -76,9 +76,6 @@ class _Head(BertPreTrainedModel):
                                output_hidden_states=output_hidden_states, return_dict=True,
                                _pooled_only=self.pooled_only)
 
-    def _return_dict(self, return_dict) -> bool:
-        return self.config.use_return_dict if return_dict is None else return_dict
-
 
 def classifier_dropout(config) -> float:
     """The classifier's dropout: classifier_dropout, else hidden_dropout_prob (transformers' rule)."""

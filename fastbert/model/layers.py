@@ -60,10 +60,15 @@ class BertEmbeddings(nn.Module, _Backend):
         return self.dropout(h)
 
     def _words(self, input_ids: torch.Tensor) -> torch.Tensor:
-        emb = self.word_embeddings
-        if _plain_embedding(emb):
-            return ops.embedding(input_ids, emb.weight, emb.padding_idx)
-        return emb(input_ids)  # a module put in its place (set_input_embeddings) runs as it is
+        return embed_words(self.word_embeddings, input_ids)
+
+
+def embed_words(emb: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """The word embeddings of input_ids: ops.embedding for a plain nn.Embedding; a module put in its
+    place (set_input_embeddings) runs as it is."""
+    if _plain_embedding(emb):
+        return ops.embedding(input_ids, emb.weight, emb.padding_idx)
+    return emb(input_ids)
 
 
 def _share_storage(params) -> torch.Tensor:
@@ -121,6 +126,28 @@ class BertSelfAttention(nn.Module):
             with torch.no_grad():
                 self._fused = (_share_storage(weights), _share_storage(biases))
         return self._fused
+
+
+class RenamedSelfAttention(BertSelfAttention):
+    """BertSelfAttention (its joined QKV included) for a family whose query, key, value and output
+    projections are four nn.Linear under names of its own: `names`, in that order (DistilBERT's
+    q_lin ... out_lin, MPNet's q ... o)."""
+
+    names: Tuple[str, str, str, str] = ("query", "key", "value", "output")
+
+    def __init__(self, heads: int, hidden: int, dropout_p: float):
+        nn.Module.__init__(self)
+        self.num_attention_heads = heads
+        self.attention_head_size = hidden // heads
+        self.all_head_size = hidden
+        for name in self.names:
+            setattr(self, name, nn.Linear(hidden, hidden))
+        self.dropout_p = dropout_p
+        self._fused = (None, None)
+
+    query = property(lambda self: getattr(self, self.names[0]))
+    key = property(lambda self: getattr(self, self.names[1]))
+    value = property(lambda self: getattr(self, self.names[2]))
 
 
 class _DenseLayerNorm(nn.Module):

@@ -35,14 +35,13 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import nn
 
 from fastbert import ops
 from fastbert.model.checks import check_id_tensor, check_input_shape
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
 from fastbert.model.int8 import check_quantize
-from fastbert.model.layers import _Backend, _plain_embedding
+from fastbert.model.layers import _Backend, embed_words
 from fastbert.model.masks import attention_masks
 from fastbert.model.outputs import BaseModelOutput
 from fastbert.model.pretrained import BertPreTrainedModel
@@ -83,11 +82,7 @@ class ModernBertEmbeddings(nn.Module, _Backend):
         self.max_tokens = config.max_position_embeddings  # the length ModernBERT was trained to (not a limit)
 
     def forward(self, input_ids: Optional[torch.Tensor], inputs_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if inputs_embeds is None:
-            emb = self.tok_embeddings
-            words = ops.embedding(input_ids, emb.weight, emb.padding_idx) if _plain_embedding(emb) else emb(input_ids)
-        else:
-            words = inputs_embeds
+        words = embed_words(self.tok_embeddings, input_ids) if inputs_embeds is None else inputs_embeds
         return self.drop(add_norm(self.norm, words, None, self.backend))
 
 
@@ -221,7 +216,6 @@ class ModernBertModel(ModernBertPreTrainedModel):
 
     # a batch with padding runs packed; False keeps every batch padded (the two agree at real tokens)
     unpad_inputs: bool = True
-    gradient_checkpointing: bool = False  # set by gradient_checkpointing_enable()
 
     def __init__(self, config: ModernBertConfig, add_pooling_layer: bool = False):
         super().__init__(config)  # (add_pooling_layer: ModernBERT has no pooler)
@@ -239,7 +233,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
         embeddings' output, then every layer's; the last one after final_norm, as transformers gives them)."""
         cfg = self.config
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
-        return_dict = cfg.use_return_dict if return_dict is None else return_dict
+        return_dict = self._return_dict(return_dict)
         if output_attentions or (output_attentions is None and cfg.output_attentions):
             raise not_supported("output_attentions")
         if head_mask is not None:
@@ -276,11 +270,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
         states = [to_output(h)] if want_states else None
         delta = None
         for layer in self.layers:
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                h, delta = torch.utils.checkpoint.checkpoint(layer, h, delta, mask, packed,
-                                                             **getattr(self, "checkpoint_kwargs", {}))
-            else:
-                h, delta = layer(h, delta, mask, packed)
+            h, delta = self._run_layer(layer, h, delta, mask, packed)
             if states is not None:
                 states.append(to_output(h + delta))
         out = self._final_norm(h, delta)
@@ -289,11 +279,9 @@ class ModernBertModel(ModernBertPreTrainedModel):
         return out, None if states is None else tuple(states)
 
     def _final_norm(self, h: torch.Tensor, delta: Optional[torch.Tensor]) -> torch.Tensor:
-        norm = self.final_norm
-        if delta is None:  # no layers
-            return F.layer_norm(h, h.shape[-1:], norm.weight, norm.bias, norm.eps)
-        # (the model's backend as set_backend gave it to its modules)
-        return ops.add_layer_norm(delta, h, norm.weight, norm.bias, norm.eps, backend=self.embeddings.backend)
+        # (the model's backend as set_backend gave it to its modules); no layers: no delta
+        backend = self.embeddings.backend
+        return add_norm(self.final_norm, h, None, backend) if delta is None else add_norm(self.final_norm, delta, h, backend)
 
 
 def _check_positions(position_ids: Optional[torch.Tensor], bsz: int, seq: int) -> None:

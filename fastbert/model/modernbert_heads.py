@@ -56,9 +56,6 @@ class _ModernBertHead(ModernBertPreTrainedModel):
                           inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                           output_hidden_states=output_hidden_states, return_dict=True, head_mask=head_mask)
 
-    def _return_dict(self, return_dict) -> bool:
-        return self.config.use_return_dict if return_dict is None else return_dict
-
     def _init_head(self, module: nn.Module, init, std_out: float, std_final: float) -> None:
         if isinstance(module, ModernBertPredictionHead):
             init(module.dense, std_out)
@@ -108,10 +105,12 @@ class ModernBertForMaskedLM(_ModernBertHead):
 
 
 class _Classifier(_ModernBertHead):
-    def __init__(self, config: ModernBertConfig, outputs: int):
+    """head, dropout (drop), classifier to config.num_labels outputs (QA: 2, start and end)."""
+
+    def __init__(self, config: ModernBertConfig):
         super().__init__(config)
         self.drop = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, outputs)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -119,9 +118,6 @@ class _Classifier(_ModernBertHead):
 
 
 class ModernBertForSequenceClassification(_Classifier):
-    def __init__(self, config: ModernBertConfig):
-        super().__init__(config, config.num_labels)
-
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, *, head_mask=None):
         """-> .loss (per config.problem_type, as transformers chooses it), .logits [batch, num_labels]."""
@@ -145,9 +141,6 @@ class ModernBertForSequenceClassification(_Classifier):
 
 
 class ModernBertForTokenClassification(_Classifier):
-    def __init__(self, config: ModernBertConfig):
-        super().__init__(config, config.num_labels)
-
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, *, head_mask=None):
         """-> .loss (mean cross-entropy over the labelled tokens), .logits [batch, seq, num_labels]."""
@@ -159,9 +152,6 @@ class ModernBertForTokenClassification(_Classifier):
 
 
 class ModernBertForQuestionAnswering(_Classifier):
-    def __init__(self, config: ModernBertConfig):
-        super().__init__(config, config.num_labels)
-
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, start_positions=None, end_positions=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, *, inputs_embeds=None,
                 head_mask=None):

@@ -31,7 +31,7 @@ from fastbert.model.layers import (
     BertLayer,
     BertOutput,
     BertPooler,
-    BertSelfAttention,
+    RenamedSelfAttention,
 )
 from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.model.roberta import RobertaEmbeddings, RobertaForMaskedLM, RobertaForSequenceClassification
@@ -49,21 +49,13 @@ class MPNetEmbeddings(RobertaEmbeddings):
         self.padding_idx = PADDING_IDX
 
 
-class MPNetSelfAttention(BertSelfAttention):
+class MPNetSelfAttention(RenamedSelfAttention):
     """q, k, v, o; BertSelfAttention's joined QKV over the first three."""
 
-    def __init__(self, config: MPNetConfig):
-        nn.Module.__init__(self)
-        self.num_attention_heads = config.num_attention_heads
-        self.attention_head_size = config.head_dim
-        self.all_head_size = config.hidden_size
-        self.q, self.k, self.v, self.o = (nn.Linear(config.hidden_size, config.hidden_size) for _ in range(4))
-        self.dropout_p = config.attention_probs_dropout_prob
-        self._fused = (None, None)
+    names = ("q", "k", "v", "o")
 
-    query = property(lambda self: self.q)
-    key = property(lambda self: self.k)
-    value = property(lambda self: self.v)
+    def __init__(self, config: MPNetConfig):
+        super().__init__(config.num_attention_heads, config.hidden_size, config.attention_probs_dropout_prob)
 
 
 class MPNetAttention(nn.Module):

@@ -9,6 +9,7 @@ import warnings
 from typing import Dict, Optional
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from fastbert.model.checkpoint import (
@@ -50,6 +51,17 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         _patch_trainer()
 
     quantized: Optional[str] = None  # "int8" after quantize_("int8")
+    gradient_checkpointing: bool = False  # set by gradient_checkpointing_enable() on the base model
+
+    def _return_dict(self, return_dict) -> bool:
+        return self.config.use_return_dict if return_dict is None else return_dict
+
+    def _run_layer(self, layer, *args):
+        """layer(*args) (an encoder layer or one of its methods), or checkpointed: its activations
+        recomputed in the backward (training only)."""
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(layer, *args, **getattr(self, "checkpoint_kwargs", {}))
+        return layer(*args)
 
     def quantize_(self, mode: str = "int8", *, weight_range: Optional[int] = None) -> "BertPreTrainedModel":
         """Quantize the encoder's linear layers in place for inference: "int8" (per-channel int8
