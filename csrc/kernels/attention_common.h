@@ -41,6 +41,7 @@ using vec::Vf;
 constexpr int64_t W = vec::kWidth;
 constexpr int kSlotAttention = 8;        // vec::thread_buffer slot of the per-pair scratch
 constexpr int64_t kBlockElems = 32768;   // a block of scores: 128 KiB of fp32, L2-resident
+constexpr int64_t kMinBlockRows = 128;   // ... but at least this many rows (block_rows)
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // C[m, n] (= or +=) op(A) op(B), op(X) = X or X^T; fp32, row-major, leading dimensions in elements
@@ -114,8 +115,13 @@ struct Problem {
   }
 };
 
-// Block rows for scores of `lp` columns: a multiple of 16 in [16, 256], about kBlockElems in all.
-inline int64_t block_rows(int64_t lp) { return std::clamp<int64_t>(kBlockElems / lp / 16 * 16, 16, 256); }
+// Block rows for scores of `lp` columns: a multiple of 16 in [kMinBlockRows, 256], about kBlockElems
+// in all. Each block's two GEMMs have the BLAS pack all of K^T (V) again, so a long sequence takes
+// more rows than kBlockElems gives: at 2048 keys, blocks of 16 rows spent as long packing as
+// multiplying.
+inline int64_t block_rows(int64_t lp) {
+  return std::clamp<int64_t>(kBlockElems / lp / 16 * 16, kMinBlockRows, 256);
+}
 
 // The rows [lo, hi) of the other side a block of rows [first, first + n) of a pair of `len` rows
 // meets: every row, or (local attention, a symmetric window) those within the window of one of the
