@@ -10,7 +10,12 @@ lengths uniform in 128..512 (padded to the longest). Forward, and forward + back
 of q, k and v). The providers are called in turn, round after round, on the same inputs; every
 ratio is of medians measured in this run. "local / global" is the fused kernel's local-layer time
 over its global-layer time on the same batch: at 2048 tokens the local layer should cost at most a
-third of the global one (its keys per query: 129 of 2048).
+third of the global one (its keys per query: 129 of 2048). "GFLOP/s" is the fused kernel's rate on
+the products it must compute (4 * head_dim FLOPs per query-key pair and head in the forward: q.k
+and the weight times v; 2.5 times that again in the backward: the scores recomputed, dP, dV, dK
+and dQ), beside the machine's best fp32 GEMM rate measured at the start of the run
+(fastbert.bench.timing.fp32_gemm_rate): attention's products are small and interleaved with the
+softmax, so this share says how far the kernel is from the machine's arithmetic floor.
 
     python benchmarks/bench_modern_attention.py [--dtype float32] [--json PATH]
 """
@@ -22,7 +27,7 @@ import torch.nn.functional as F
 import fastbert
 from fastbert import reference
 from fastbert.bench import report
-from fastbert.bench.timing import median_s
+from fastbert.bench.timing import fp32_gemm_rate, median_s
 from fastbert.dtypes import parse_dtype
 
 HEADS, HEAD_DIM, WINDOW = 12, 64, 64
@@ -32,6 +37,18 @@ LAYERS = {"global": (160000.0, None), "local": (10000.0, WINDOW)}  # rotary base
 def batches(g):
     """(name, lengths) of the measured batches."""
     return [("1 x 2048", torch.tensor([2048])), ("8 x 128..512", torch.randint(128, 513, (8,), generator=g))]
+
+
+def pair_flops(lengths, window, backward: bool) -> float:
+    """FLOPs of the products over the query-key pairs the layer must compute (see the docstring)."""
+    pairs = 0
+    for n in lengths.tolist():
+        if window is None:
+            pairs += n * n
+        else:
+            i = torch.arange(n)
+            pairs += int(((i + window).clamp(max=n - 1) - (i - window).clamp(min=0) + 1).sum())
+    return 4 * HEAD_DIM * HEADS * pairs * (3.5 if backward else 1.0)
 
 
 def providers(lengths, dtype, g):
@@ -88,8 +105,10 @@ def main(argv=None):
                                              if argv is not None else None))
     g = torch.Generator().manual_seed(0)
     rows = []
+    gemm = fp32_gemm_rate()
+    print(f"best fp32 GEMM rate of this machine: {gemm['gflops']:.0f} GFLOP/s ({gemm['by']}, {gemm['shape']})")
     print(f"{'batch':<14}{'direction':<10}{'layer':<8}{'fastbert ms':>12}{'sdpa ms':>10}{'speedup':>9}"
-          f"{'local / global':>16}")
+          f"{'local / global':>16}{'GFLOP/s':>9}{'of GEMM':>9}")
     for name, lengths in batches(g):
         provs = providers(lengths, dtype, g)
         for direction, backward in (("fwd", False), ("fwd+bwd", True)):
@@ -97,10 +116,13 @@ def main(argv=None):
             for layer in LAYERS:
                 ours, theirs = t[layer, "fastbert cpp"] * 1e3, t[layer, "transformers sdpa"] * 1e3
                 share = ours / (t["global", "fastbert cpp"] * 1e3)
+                rate = pair_flops(lengths, LAYERS[layer][1], backward) / ours / 1e6
                 rows.append(dict(batch=name, direction=direction, layer=layer, dtype=args.dtype, fastbert_ms=ours,
-                                 sdpa_ms=theirs, speedup=theirs / ours, local_over_global=share))
+                                 sdpa_ms=theirs, speedup=theirs / ours, local_over_global=share, gflops=rate,
+                                 gemm_gflops=gemm["gflops"]))
                 print(f"{name:<14}{direction:<10}{layer:<8}{ours:>12.2f}{theirs:>10.2f}{theirs / ours:>8.2f}x"
-                      f"{share if layer == 'local' else float('nan'):>16.2f}", flush=True)
+                      f"{share if layer == 'local' else float('nan'):>16.2f}{rate:>9.0f}{rate / gemm['gflops']:>9.0%}",
+                      flush=True)
     if args.json:
         report.write_json(args.json, report.command_line(argv), info, rows)
 

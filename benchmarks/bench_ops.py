@@ -4,7 +4,9 @@ On CUDA: triton.testing.do_bench GB/s of the "triton" backend against PyTorch ea
 torch.compile of the same math, with the roofline floor from the bytes each op must move at
 3.0 TB/s (H100 HBM3). On the CPU: the "cpp" backend against the "torch" backend (plain eager), at
 BERT-base and BERT-large shapes; the providers are called in turn, round after round, and the
-ratio is of their medians, measured in the same run on the same inputs.
+ratio is of their medians, measured in the same run on the same inputs. The CPU's floor is the
+bytes each op must move at the memory bandwidth measured at the start of the run (the best copy of
+256 MiB, fastbert.bench.timing.memory_bandwidth), printed with it.
 
     python benchmarks/bench_ops.py [--dtypes float32,bfloat16] [--json PATH] [--png PATH]
 
@@ -22,7 +24,7 @@ import fastbert
 from fastbert import reference
 from fastbert.bench import report
 from fastbert.bench.tables import print_timings
-from fastbert.bench.timing import median_s
+from fastbert.bench.timing import median_s, memory_bandwidth
 from fastbert.dtypes import parse_dtype
 from fastbert.plotting import pyplot
 
@@ -84,6 +86,10 @@ def run(dtypes, device, shapes=SHAPES, budget_s=3.0, progress=True):
         providers = {"fused": "triton", "baseline": "torch eager", "compiled": "torch.compile"}
     else:
         providers = {"fused": "cpp", "baseline": "torch"}
+    floor_bytes_per_s = HBM_BYTES_PER_S if device == "cuda" else memory_bandwidth() * 1e9
+    if device != "cuda":
+        print(f"memory bandwidth of this machine: {floor_bytes_per_s / 1e9:.1f} GB/s (the best copy of 256 MiB, "
+              "read + write); floor ms = the bytes an op must move at that rate")
     cases = [(op, m, n, dt) for dt in dtypes for op in OPS for (m, n) in shapes]
     rows = []
     for op, m, n, dtype in report.progress_bar(cases, desc="bench_ops", disable=not progress):
@@ -106,8 +112,7 @@ def run(dtypes, device, shapes=SHAPES, budget_s=3.0, progress=True):
                 "GB/s": {k: nbytes / v[d] / 1e9 for k, v in times.items()},
                 "speedup": times[providers["baseline"]][d] / times[providers["fused"]][d],
             }
-            if device == "cuda":
-                row["roofline_ms"] = nbytes / HBM_BYTES_PER_S * 1e3
+            row["roofline_ms"] = nbytes / floor_bytes_per_s * 1e3
             rows.append(row)
     return providers, rows
 

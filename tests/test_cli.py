@@ -71,6 +71,7 @@ def test_bench_ops_runs_and_writes_json(tmp_path):
     assert {r["op"] for r in rows} == {"bias_gelu", "geglu", "add_layer_norm"}
     for r in rows:
         assert r["speedup"] > 0 and all(v > 0 for v in r["ms"].values())
+        assert 0 < r["roofline_ms"] < float("inf")  # the bytes it moves at this machine's measured bandwidth
     out = tmp_path / "ops.json"
     bench.main(["--dtypes", "float32", "--budget", "0.05", "--json", str(out), "--shapes", "64x96"])
     data = json.loads(out.read_text())

@@ -74,6 +74,21 @@ def fp32_gemm_rate(shapes=FLOOR_SHAPES, repeats: int = 5) -> Dict[str, float]:
     return best
 
 
+def memory_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """The memory bandwidth this machine reaches, in GB/s: the best of `repeats` copies of an fp32
+    tensor of `nbytes` (far past the caches) into another, each copy counted as its read and its
+    write. An op that must move B bytes cannot take less than B / this on this CPU, whatever runs it."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # the pages of both faulted in before the timing
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best / 1e9
+
+
 def encoder_flops_per_token(config, mean_tokens: float) -> float:
     """FLOPs of one token through a BERT-shaped encoder's layers (config: hidden_size,
     intermediate_size, num_hidden_layers): its four attention projections and two feed-forward

@@ -1,0 +1,32 @@
+"""The machine's rates the kernel benchmarks print their figures beside, and the FLOPs they count."""
+import importlib.util
+import os
+
+import torch
+
+from fastbert.bench.timing import memory_bandwidth
+
+
+def _bench(name):
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_memory_bandwidth_is_a_rate():
+    gbs = memory_bandwidth(nbytes=8 << 20, repeats=2)
+    assert 0.1 < gbs < 10_000
+
+
+def test_attention_pair_flops_count_the_window():
+    bench = _bench("bench_modern_attention")
+    per_pair = 4 * bench.HEAD_DIM * bench.HEADS
+    lengths = torch.tensor([5, 3])
+    assert bench.pair_flops(lengths, None, False) == per_pair * (25 + 9)
+    # window 1: a query sees itself and one key either side, fewer at the ends
+    assert bench.pair_flops(lengths, 1, False) == per_pair * ((2 + 3 + 3 + 3 + 2) + (2 + 3 + 2))
+    # a window past the sequence sees every key
+    assert bench.pair_flops(lengths, 10, False) == bench.pair_flops(lengths, None, False)
+    assert bench.pair_flops(lengths, None, True) == 3.5 * bench.pair_flops(lengths, None, False)
