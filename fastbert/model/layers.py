@@ -261,9 +261,28 @@ class BertLayer(nn.Module, _Backend):
         position bias) is added to the scaled scores by distance, as ops.attention takes it.
         -> (hidden, probabilities [batch, heads, seq, seq] or None)."""
         w, b = self.self_attention.qkv_weight()
+        if bias is None and head_scale is None and not want_probs and self._one_call():
+            return self._layer_op(hidden, w, b, mask, packed, relative_bias), None
         qkv = ops.linear(hidden, w, b)
         ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs, relative_bias)
         return self.feed_forward(ctx, hidden), probs
+
+    def _one_call(self) -> bool:
+        """Whether the layer runs as one ops.encoder_layer call (the same kernels, without each op's
+        Python): inference (grad mode off, eval, not while torch.compile traces), float linear
+        layers, a GELU feed-forward."""
+        return (not torch.is_grad_enabled() and not self.training and self.ffn_act in GELU_FORMS
+                and type(self.ffn_output) is nn.Linear and not torch.compiler.is_compiling())
+
+    def _layer_op(self, hidden, w, b, mask, packed, relative_bias) -> torch.Tensor:
+        out, norm1, ffn_in, ffn_out, norm2 = (self.attention_output, self.attention_norm, self.ffn_input,
+                                              self.ffn_output, self.ffn_norm)
+        weights = (w, b, out.weight, out.bias, norm1.weight, norm1.bias, ffn_in.weight, ffn_in.bias, ffn_out.weight,
+                   ffn_out.bias, norm2.weight, norm2.bias)
+        rows = dict(attention_mask=mask) if packed is None else dict(cu_seqlens=packed[0], max_seqlen=packed[1])
+        return ops.encoder_layer(hidden, weights, heads=self.self_attention.num_attention_heads,
+                                 eps=(norm1.eps, norm2.eps), approximate=GELU_FORMS[self.ffn_act],
+                                 relative_bias=relative_bias, backend=self.backend, **rows)
 
     def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The layer after its attention: output projection of the context ctx, add & LayerNorm

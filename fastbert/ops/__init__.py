@@ -5,6 +5,7 @@ from fastbert.ops.attention import attention, varlen_attention
 from fastbert.ops.attention_weights import attention_weights
 from fastbert.ops.bias_gelu import bias_gelu
 from fastbert.ops.embedding import embedding
+from fastbert.ops.encoder_layer import LayerWeights, encoder_layer
 from fastbert.ops.geglu import geglu
 from fastbert.ops.int8 import (
     int8_add_layer_norm,
@@ -21,5 +22,5 @@ from fastbert.ops.padding import pad, unpad
 __all__ = [
     "attention", "varlen_attention", "attention_weights", "unpad", "pad", "bias_gelu", "geglu", "add_layer_norm", "linear",
     "embedding", "MAX_HIDDEN", "quantize_rows", "quantize_weight", "int8_matmul", "int8_dequantize", "int8_bias_gelu",
-    "int8_add_layer_norm",
+    "int8_add_layer_norm", "encoder_layer", "LayerWeights",
 ]

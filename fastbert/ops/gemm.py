@@ -251,12 +251,13 @@ def _bucket(tokens: int) -> int:
 
 def _key(role: str, a: Tensor, b: Tensor) -> tuple:
     """(role, token bucket, in_features, out_features, dtype, threads, kernel level) of a product."""
-    tokens, n_in, n_out = {
-        "fwd": (a.shape[0], a.shape[1], b.shape[0]),
-        "dx": (a.shape[0], b.shape[0], a.shape[1]),
-        "dw": (a.shape[1], b.shape[0], a.shape[0]),
-    }[role]
-    return (role, _bucket(tokens), n_in, n_out, a.dtype, *_here())
+    if role == "fwd":
+        tokens, n_in, n_out = a.shape[0], a.shape[1], b.shape[0]
+    elif role == "dx":
+        tokens, n_in, n_out = a.shape[0], b.shape[0], a.shape[1]
+    else:
+        tokens, n_in, n_out = a.shape[1], b.shape[0], a.shape[0]
+    return (role, _bucket(tokens), n_in, n_out, a.dtype, torch.get_num_threads(), _backend.cpu_capability())
 
 
 def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, float]:

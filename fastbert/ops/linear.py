@@ -110,3 +110,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
                                     or (bias is not None and bias.requires_grad)):
         return _Linear.apply(x2, weight, bias).view(shape)
     return gemm.product("fwd", x2, weight, bias, _allocator(x2.shape[0], weight.shape[0], x.dtype)).view(shape)
+
+
+def rows_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x2 [rows, in] @ weight^T + bias with nothing recorded for autograd and no checks: linear's
+    product for callers that checked their operands and need no gradient (ops.encoder_layer)."""
+    if _plain(x2, weight, bias):
+        return F.linear(x2, weight, bias)
+    return gemm.product("fwd", x2, weight, bias, _allocator(x2.shape[0], weight.shape[0], x2.dtype))
