@@ -61,6 +61,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", q, persistent=False)        # state_dict: see _save_to_state_dict
         self.register_buffer("weight_scale", s, persistent=False)
         self.bias = linear.bias
+        self.float_dtype = linear.weight.dtype  # the float weight's dtype (to() follows it): state_dict's, without a bias
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -73,8 +74,9 @@ class Int8Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
-        """weight * weight_scale [out, in], in the bias's dtype (float32 without a bias)."""
-        dtype = self.bias.dtype if self.bias is not None else torch.float32
+        """weight * weight_scale [out, in], in the bias's dtype (without a bias: the float weight's,
+        as to() / half() / float() last cast the layer)."""
+        dtype = self.bias.dtype if self.bias is not None else self.float_dtype
         return (self.weight.float() * self.weight_scale[:, None]).to(dtype)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -106,14 +108,14 @@ class Int8Linear(nn.Module):
         super()._apply(fn, recurse)
         if self.weight_scale.dtype != scale.dtype:
             self.weight_scale = scale.to(self.weight_scale.device)
+        self.float_dtype = fn(torch.empty(0, dtype=self.float_dtype)).dtype  # what fn does to a float weight
         return self
 
 
 def quantize_model(model: nn.Module, mode: str = "int8", weight_range: Optional[int] = None) -> nn.Module:
-    """Turn every encoder linear layer of `model` (a fastbert BERT class) into an Int8Linear, in place,
-    its weights in [-weight_range, weight_range] (None: what this CPU multiplies fastest)."""
-    from fastbert.model.layers import BertLayer
-
+    """Turn every encoder linear layer of `model` (a fastbert class of the family: the linear_slots()
+    of each of its encoder layers, BertLayer's or ModernBertEncoderLayer's) into an Int8Linear, in
+    place, its weights in [-weight_range, weight_range] (None: what this CPU multiplies fastest)."""
     check_quantize(mode, f"{type(model).__name__}.quantize_")
     if weight_range is not None and weight_range not in WEIGHT_RANGES:
         raise ValueError(f"{type(model).__name__}.quantize_: weight_range must be one of {WEIGHT_RANGES} or None, "
@@ -121,7 +123,7 @@ def quantize_model(model: nn.Module, mode: str = "int8", weight_range: Optional[
     if not hasattr(torch, "_int_mm"):
         raise RuntimeError("fastbert: int8 inference needs torch._int_mm (torch >= 2.4)")
     for layer in model.modules():
-        if not isinstance(layer, BertLayer):
+        if not callable(getattr(layer, "linear_slots", None)):
             continue
         for owner, name in layer.linear_slots():
             linear = getattr(owner, name)

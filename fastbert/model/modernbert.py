@@ -21,14 +21,23 @@ and ModernBertModel._final_norm: the place for a fused op that returns both). Th
 no residual add before them (the embeddings', the prediction head's) are F.layer_norm.
 
 A batch with padding runs packed (real tokens only, rotary positions counted within each
-sequence); a batch without padding runs padded. The two agree at real tokens (rotary scores depend
-only on the distance between tokens); hidden states at padded positions are zero on the packed
-path and not defined in general. Not supported yet, each a NotImplementedError naming it: int8
-(quantize_), output_attentions, head_mask, torch.compile, position_ids that do not count 0, 1, 2, ...
-along each row (up to a constant), and a 3-D / 4-D attention mask that is not a padding mask.
+sequence); a batch without padding, or any batch while torch.compile traces (fullgraph, no graph
+breaks: the packed shapes depend on the mask's values; the value checks of input_ids and
+position_ids are skipped then, as BERT's are), runs padded. The two agree at real tokens
+(rotary scores depend only on the distance between tokens); hidden states at padded positions are
+zero on the packed path and not defined in general.
+
+Also as for BERT: int8 inference (quantize_("int8"), from_pretrained(quantize="int8"):
+modernbert_int8.py); output_attentions (each layer's probabilities as transformers' eager attention
+gives them, padded rows and the window included: the layers then run padded and spell the attention
+out, ModernBertAttention._spelled_out); bfloat16 models and autocast. Not supported, each a
+NotImplementedError naming it: head_mask (transformers' ModernBERT has none either), position_ids
+that do not count 0, 1, 2, ... along each row (up to a constant), and a 3-D / 4-D attention mask
+that is not a padding mask.
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from typing import Optional, Tuple
@@ -37,12 +46,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastbert import ops
+from fastbert import ops, reference
 from fastbert.model.checks import check_id_tensor, check_input_shape
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
-from fastbert.model.int8 import check_quantize
 from fastbert.model.layers import _Backend, embed_words
 from fastbert.model.masks import attention_masks
+from fastbert.model.modernbert_int8 import encode_int8
 from fastbert.model.outputs import BaseModelOutput
 from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.ops.bias_gelu import GELU_FORMS
@@ -51,6 +60,10 @@ from fastbert.ops.checks import check_ids
 
 def not_supported(what: str) -> NotImplementedError:
     return NotImplementedError(f"fastbert: {what} is not supported for ModernBERT yet")
+
+
+HEAD_MASK_ERROR = ("fastbert: ModernBERT takes no head_mask: transformers' ModernBertModel has none either (its "
+                   "forward ignores one); leave head_mask out")
 
 
 def activation(x: torch.Tensor, bias: Optional[torch.Tensor], name: str, backend) -> torch.Tensor:
@@ -103,21 +116,47 @@ class ModernBertAttention(nn.Module, _Backend):
         # keys at most `window` positions away on either side; None: every key
         self.window = config.sliding_window if layer_type == "sliding_attention" else None
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]]):
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
+                want_probs: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """x: [tokens, hidden] packed (packed = (cu_seqlens, max_seqlen)) or [batch, seq, hidden]
-        padded (mask [batch, seq] or None) -> the same shape."""
-        heads, d = self.num_heads, self.head_dim
+        padded (mask [batch, seq] or None) -> (the same shape, probabilities or None: see attend)."""
         qkv = ops.linear(x, self.Wqkv.weight, self.Wqkv.bias)
-        opts = dict(dropout_p=self.attention_dropout if self.training else 0.0, rotary_base=self.rope_theta,
-                    window=self.window, backend=self.backend)
+        ctx, probs = self.attend(qkv, x.shape, mask, packed, want_probs)
+        return self.out_drop(ops.linear(ctx, self.Wo.weight, self.Wo.bias)), probs
+
+    def attend(self, qkv: torch.Tensor, shape, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
+               want_probs: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The attention on the Wqkv projection qkv [..., 3 hidden] of a hidden state of shape `shape`
+        (its rows, flattened or not) -> (context shaped `shape`, probabilities [batch, heads, seq,
+        seq] when want_probs on the padded layout, else None)."""
+        heads, d = self.num_heads, self.head_dim
+        dropout_p = self.attention_dropout if self.training else 0.0
+        opts = dict(dropout_p=dropout_p, rotary_base=self.rope_theta, window=self.window, backend=self.backend)
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
-            ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], **opts).reshape(x.shape)
+            return ops.varlen_attention(q, k, v, packed[0], packed[1], **opts).reshape(shape), None
+        bsz, seq = shape[:2]
+        q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
+        probs = None
+        if want_probs:
+            ctx, probs = self._spelled_out(q, k, v, mask, dropout_p)
         else:
-            bsz, seq = x.shape[:2]
-            q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
-            ctx = ops.attention(q, k, v, mask, **opts).transpose(1, 2).reshape(x.shape)
-        return self.out_drop(ops.linear(ctx, self.Wo.weight, self.Wo.bias))
+            ctx = ops.attention(q, k, v, mask, **opts)
+        return ctx.transpose(1, 2).reshape(shape), probs
+
+    def _spelled_out(self, q, k, v, mask: Optional[torch.Tensor], dropout_p: float):
+        """(context, probabilities) as transformers' eager attention forms them: q and k rotated, the
+        keys outside the window or padded masked with float32's minimum, not -inf (so that a query
+        with no real key in its window, a padded one, spreads evenly over every key, as there)."""
+        seq = q.shape[2]
+        cos, sin = reference.rotary_tables(self.rope_theta, self.head_dim, seq, q.device)
+        q, k = reference.rotate(q, cos, sin), reference.rotate(k, cos, sin)
+        allowed = torch.ones(seq, seq, dtype=torch.bool, device=q.device)
+        if self.window is not None:
+            allowed = reference.window_band(seq, self.window, q.device)
+        allowed = allowed[None, None] if mask is None else allowed[None, None] & mask.to(torch.bool)[:, None, None, :]
+        bias = torch.zeros(allowed.shape, device=q.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        return ops.attention_weights(q, k, v, bias, dropout_p=dropout_p)
 
 
 class ModernBertMLP(nn.Module, _Backend):
@@ -154,19 +193,24 @@ class ModernBertEncoderLayer(nn.Module, _Backend):
         self.mlp = ModernBertMLP(config)
         self.attention_type = config.layer_types[layer_idx]
 
+    def linear_slots(self):
+        """(owner module, attribute name) of the four linear layers: Wqkv, the attention's Wo, Wi, the
+        MLP's Wo (int8 swaps them)."""
+        return [(self.attn, "Wqkv"), (self.attn, "Wo"), (self.mlp, "Wi"), (self.mlp, "Wo")]
+
     def forward(self, h: torch.Tensor, delta: Optional[torch.Tensor], mask: Optional[torch.Tensor],
-                packed: Optional[Tuple[torch.Tensor, int]]) -> Tuple[torch.Tensor, torch.Tensor]:
+                packed: Optional[Tuple[torch.Tensor, int]], want_probs: bool = False):
         """The residual stream enters as h + delta (delta: the previous layer's MLP output, None
-        before the first layer) and leaves as the returned (h', delta'), so that each LayerNorm
-        reads the sum in its fused add (rows as in ModernBertAttention.forward)."""
+        before the first layer) and leaves as the returned (h', delta', probabilities or None), so
+        that each LayerNorm reads the sum in its fused add (rows as in ModernBertAttention.forward)."""
         if delta is None:  # the first layer: the stream is the embeddings' output
             stream, normed = h, add_norm(self.attn_norm, h, None, self.backend)
         else:
             stream, normed = h + delta, add_norm(self.attn_norm, delta, h, self.backend)
-        out = self.attn(normed, mask, packed)
+        out, probs = self.attn(normed, mask, packed, want_probs)
         normed = add_norm(self.mlp_norm, out, stream, self.backend)
         stream = stream + out
-        return stream, self.mlp(normed)
+        return stream, self.mlp(normed), probs
 
 
 class ModernBertPreTrainedModel(BertPreTrainedModel):
@@ -206,10 +250,6 @@ class ModernBertPreTrainedModel(BertPreTrainedModel):
     def _init_head(self, module: nn.Module, init, std_out: float, std_final: float) -> None:
         """The task heads' weights (modernbert_heads.py)."""
 
-    def quantize_(self, mode: str = "int8", *, weight_range: Optional[int] = None):
-        check_quantize(mode, f"fastbert.{type(self).__name__}.quantize_")
-        raise not_supported(f"{mode} quantization (quantize_, from_pretrained(quantize=...))")
-
 
 class ModernBertModel(ModernBertPreTrainedModel):
     """embeddings -> layers -> final_norm; forward as transformers' ModernBertModel."""
@@ -230,53 +270,55 @@ class ModernBertModel(ModernBertPreTrainedModel):
         """transformers' ModernBertModel.forward: input_ids [batch, seq] (or inputs_embeds [batch,
         seq, hidden]), attention_mask [batch, seq] (1 = real token), position_ids (0, 1, 2, ... a
         row, the default) -> .last_hidden_state [batch, seq, hidden], .hidden_states (the
-        embeddings' output, then every layer's; the last one after final_norm, as transformers gives them)."""
+        embeddings' output, then every layer's; the last one after final_norm, as transformers gives
+        them), .attentions (each layer's probabilities [batch, heads, seq, seq], as transformers'
+        eager attention gives them). head_mask: an error (transformers' ModernBERT has none)."""
         cfg = self.config
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
+        want_probs = bool(cfg.output_attentions if output_attentions is None else output_attentions)
         return_dict = self._return_dict(return_dict)
-        if output_attentions or (output_attentions is None and cfg.output_attentions):
-            raise not_supported("output_attentions")
         if head_mask is not None:
-            raise not_supported("head_mask")
-        if torch.compiler.is_compiling():
-            raise not_supported("torch.compile")
+            raise NotImplementedError(HEAD_MASK_ERROR)
         bsz, seq = check_input_shape(input_ids, inputs_embeds, cfg.hidden_size, sys.maxsize)
-        check_id_tensor("input_ids", input_ids, None, cfg.vocab_size, "the vocabulary")
-        _check_positions(position_ids, bsz, seq)
+        compiling = torch.compiler.is_compiling()
+        if not compiling:  # value checks read the tensors: skipped while torch.compile traces
+            check_id_tensor("input_ids", input_ids, None, cfg.vocab_size, "the vocabulary")
+            _check_positions(position_ids, bsz, seq)
         key_mask, bias = attention_masks(attention_mask, bsz, seq, cfg.num_attention_heads)
         if bias is not None:
             raise not_supported("an attention_mask other than a padding mask")
         hidden = self.embeddings(input_ids, inputs_embeds)
-        if key_mask is not None and bool(key_mask.all()):
+        if key_mask is not None and not compiling and bool(key_mask.all()):
             key_mask = None
-        if key_mask is not None and self.unpad_inputs:
-            out, states = self._encode_packed(hidden, key_mask, output_hidden_states)
+        encode = functools.partial(encode_int8, self) if self.quantized else self._encode
+        # packed (unpad once, pad once) unless there is no padding, the probabilities are asked for
+        # (they are [batch, heads, seq, seq]) or torch.compile traces (the packed shapes depend on values)
+        if key_mask is not None and self.unpad_inputs and not want_probs and not compiling:
+            h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
+            out, states, probs = encode(h, None, (cu_seqlens, max_seqlen), lambda t: ops.pad(t, indices, bsz, seq),
+                                        output_hidden_states, False)
         else:
-            out, states = self._encode(hidden, key_mask, None, lambda h: h, output_hidden_states)
-        result = BaseModelOutput(last_hidden_state=out, hidden_states=states)
+            out, states, probs = encode(hidden, key_mask, None, lambda t: t, output_hidden_states, want_probs)
+        result = BaseModelOutput(last_hidden_state=out, hidden_states=states, attentions=probs)
         return result if return_dict else result.to_tuple()
 
-    def _encode_packed(self, hidden: torch.Tensor, key_mask: torch.Tensor, want_states: bool):
-        """Unpad once, every layer on the real tokens (varlen attention), pad once."""
-        bsz, seq = key_mask.shape
-        h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
-        out, states = self._encode(h, None, (cu_seqlens, max_seqlen), lambda t: ops.pad(t, indices, bsz, seq),
-                                   want_states)
-        return (states[-1] if states else ops.pad(out, indices, bsz, seq)), states
-
-    def _encode(self, h: torch.Tensor, mask, packed, to_output, want_states: bool):
-        """(final_norm of the layers' output, the hidden states (to_output of each) or None); rows
-        as in ModernBertAttention.forward."""
+    def _encode(self, h: torch.Tensor, mask, packed, to_output, want_states: bool, want_probs: bool):
+        """(last_hidden_state: to_output of the layers' output after final_norm, the hidden states
+        (to_output of each) or None, the probabilities or None); h: the embeddings' output, rows as
+        in ModernBertAttention.forward."""
         states = [to_output(h)] if want_states else None
+        probs = [] if want_probs else None
         delta = None
         for layer in self.layers:
-            h, delta = self._run_layer(layer, h, delta, mask, packed)
+            h, delta, p = self._run_layer(layer, h, delta, mask, packed, want_probs)
             if states is not None:
                 states.append(to_output(h + delta))
-        out = self._final_norm(h, delta)
+            if probs is not None:
+                probs.append(p)
+        out = to_output(self._final_norm(h, delta))
         if states is not None:
-            states[-1] = to_output(out)  # transformers gives the last layer's output after final_norm
-        return out, None if states is None else tuple(states)
+            states[-1] = out  # transformers gives the last layer's output after final_norm
+        return out, None if states is None else tuple(states), None if probs is None else tuple(probs)
 
     def _final_norm(self, h: torch.Tensor, delta: Optional[torch.Tensor]) -> torch.Tensor:
         # (the model's backend as set_backend gave it to its modules); no layers: no delta

@@ -3,13 +3,16 @@ tokens, the losses and every parameter's gradient, with seeded random weights (e
 afresh, the LayerNorm weights and the biases too, so that none of them can be skipped unnoticed) on
 a small config whose global and sliding layers alternate and whose window (local_attention 8:
 keys at most 4 positions away) matters at 30 tokens; batches with and without padding; the packed
-and the padded paths; checkpoints both ways; the Auto classes; ModernBERT-base's shape; and the
-features not supported yet, each a clear error."""
+and the padded paths; output_attentions; checkpoints both ways; the Auto classes; ModernBERT-base's
+shape; bf16 (a bf16 model, autocast); torch.compile; what is not supported, each a clear error (int8:
+test_modernbert_int8.py)."""
+import contextlib
+import copy
 import json
 
 import pytest
 import torch
-from conftest import require
+from conftest import assert_within_bound, require
 
 import fastbert
 
@@ -31,8 +34,7 @@ MAIN = {"ModernBertModel": "last_hidden_state", "ModernBertForMaskedLM": "logits
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """The models are tiny: one thread runs them as fast as two, and far faster when the cores are
-    shared with other work."""
+    """Tiny models: one thread runs them as fast as two, far faster when the cores are shared."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -52,8 +54,8 @@ def hf_config(base=None, **kw):
     return transformers.ModernBertConfig(**dict(SMALL if base is None else base, **kw), attn_implementation="eager")
 
 
-def pair(name, base=None, seed=0, **kw):
-    """(transformers' model, fastbert's) with the same random weights, loaded strictly (every key)."""
+def pair(name, base=None, seed=0, backend=None, **kw):
+    """(transformers' model, fastbert's on `backend`) with the same random weights, loaded strictly (every key)."""
     torch.manual_seed(seed)
     hc = hf_config(base, num_labels=2 if name.endswith("QuestionAnswering") else 3, **kw)
     hm = getattr(transformers, name)(hc).eval()
@@ -61,7 +63,7 @@ def pair(name, base=None, seed=0, **kw):
     cls = getattr(fastbert, name)
     fm = cls(cls.config_class(**hc.to_dict())).eval()
     fm.load_state_dict(hm.state_dict(), strict=True)
-    return hm, fm
+    return hm, fm.set_backend(backend)
 
 
 def batch(bsz, seq, g, lengths=None, left=False):
@@ -75,6 +77,13 @@ def batch(bsz, seq, g, lengths=None, left=False):
         ids[b, span.start] = SMALL["cls_token_id"]
         ids[b, span.stop - 1] = SMALL["sep_token_id"]
     return ids.masked_fill(mask == 0, SMALL["pad_token_id"]), mask
+
+
+def inputs(name, seed, lengths=LENGTHS, left=False):
+    """(input_ids, attention_mask, the labels of name's head) of a batch of 4 x 30 (lengths None: no padding)."""
+    g = torch.Generator().manual_seed(seed)
+    ids, mask = batch(4, 30, g, lengths, left)
+    return ids, mask, labels_for(name, ids, mask, g)
 
 
 def labels_for(name, ids, mask, g):
@@ -104,25 +113,25 @@ def check_close(errors, tag, got, want):
 def parity(hm, fm, ids, mask, extra=None, grads=True, **kwargs):
     """Every output of fastbert's model against transformers' (per-token ones at the real tokens),
     then every parameter's gradient of (loss + random-weighted outputs). -> {what: max abs error}."""
-    extra = extra or {}
     real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-    hout = hm(input_ids=ids, attention_mask=mask, **extra, **kwargs)
-    fout = fm(input_ids=ids, attention_mask=mask, **extra, **kwargs)
+    hout, fout = (m(input_ids=ids, attention_mask=mask, **(extra or {}), **kwargs) for m in (hm, fm))
     assert list(fout.keys()) == list(hout.keys())
     errors, totals = {}, [0.0, 0.0]
     g = torch.Generator().manual_seed(5)
     for key in fout.keys():
-        pairs = zip(fout[key], hout[key]) if key == "hidden_states" else [(fout[key], hout[key])]
+        many = key in ("hidden_states", "attentions")  # one per layer; attentions: every row, padded ones too
+        assert not many or len(fout[key]) == len(hout[key]), key
+        pairs = zip(fout[key], hout[key]) if many else [(fout[key], hout[key])]
         for i, (a, b) in enumerate(pairs):
             if a.dim() >= 2 and tuple(a.shape[:2]) == tuple(ids.shape):
                 a, b = a[real], b[real]
-            check_close(errors, key if key != "hidden_states" else f"hidden_states[{i}]", a, b)
+            check_close(errors, f"{key}[{i}]" if many else key, a, b)
             w = torch.randn(a.shape, generator=g)
             totals = [totals[0] + (a * w).sum(), totals[1] + (b * w).sum()]
     if not grads:
         return errors
-    totals[0].backward()
-    totals[1].backward()
+    for total in totals:
+        total.backward()
     theirs = dict(hm.named_parameters(remove_duplicate=False))  # a tied weight under either name
     ours = dict(fm.named_parameters())
     assert set(ours) <= set(theirs) and len(ours) == len(dict(hm.named_parameters()))
@@ -144,11 +153,9 @@ CASES = [("ModernBertModel", {}), ("ModernBertForMaskedLM", {}),
 @pytest.mark.parametrize("backend_name", ["torch", "cpp"])
 def test_matches_transformers(backend_name, name, kw, padded):
     require(backend_name)
-    hm, fm = pair(name, **kw)
-    fm.set_backend(backend_name)
-    g = torch.Generator().manual_seed(1)
-    ids, mask = batch(4, 30, g, LENGTHS if padded else None)
-    errors = parity(hm, fm, ids, mask, labels_for(name, ids, mask, g))
+    hm, fm = pair(name, backend=backend_name, **kw)
+    ids, mask, labels = inputs(name, 1, LENGTHS if padded else None)
+    errors = parity(hm, fm, ids, mask, labels)
     assert any("layers.3.mlp.Wo" in k for k in errors) and (name == "ModernBertModel" or "loss" in errors)
 
 
@@ -156,42 +163,31 @@ def test_matches_transformers(backend_name, name, kw, padded):
 def test_every_option_matches_transformers(name):
     """Biases everywhere, another GELU, an untied decoder, other rope thetas and layer pattern, mean pooling."""
     require("cpp")
-    hm, fm = pair(name, BIASED, classifier_pooling="mean")
+    hm, fm = pair(name, BIASED, backend="cpp", classifier_pooling="mean")
     assert fm.config.layer_types == hm.config.layer_types == ["full_attention", "sliding_attention"] * 2
     assert fm.config.rope_parameters["sliding_attention"]["rope_theta"] == 500.0
     if name == "ModernBertForMaskedLM":
         assert fm.decoder.bias is None and fm.decoder.weight is not fm.model.embeddings.tok_embeddings.weight
-    fm.set_backend("cpp")
-    g = torch.Generator().manual_seed(2)
-    ids, mask = batch(4, 30, g, LENGTHS)
-    parity(hm, fm, ids, mask, labels_for(name, ids, mask, g))
+    parity(hm, fm, *inputs(name, 2))
 
 
 def test_question_answering_matches_transformers():
     """Its loss softmaxes over padded positions too: checked on a batch without padding."""
     require("cpp")
     name = "ModernBertForQuestionAnswering"
-    hm, fm = pair(name)
-    fm.set_backend("cpp")
-    g = torch.Generator().manual_seed(3)
-    ids, _ = batch(3, 30, g)
-    mask = torch.ones_like(ids)
-    parity(hm, fm, ids, mask, labels_for(name, ids, mask, g))
+    parity(*pair(name, backend="cpp"), *inputs(name, 3, None))
 
 
 def test_hidden_states_inputs_embeds_and_sparse_prediction_match_transformers():
     require("cpp")
-    hm, fm = pair("ModernBertForMaskedLM", sparse_prediction=True)
-    fm.set_backend("cpp")
-    g = torch.Generator().manual_seed(4)
-    ids, mask = batch(4, 30, g, LENGTHS)
-    extra = labels_for("ModernBertForMaskedLM", ids, mask, g)
+    hm, fm = pair("ModernBertForMaskedLM", backend="cpp", sparse_prediction=True)
+    ids, mask, extra = inputs("ModernBertForMaskedLM", 4)
     errors = parity(hm, fm, ids, mask, extra, output_hidden_states=True)
     assert len([k for k in errors if k.startswith("hidden_states")]) == SMALL["num_hidden_layers"] + 1
     picked = int((extra["labels"] != -100).sum())
     assert fm(input_ids=ids, attention_mask=mask, **extra).logits.shape == (picked, SMALL["vocab_size"])
     # inputs_embeds in place of input_ids (normed as the word embeddings are)
-    embeds = torch.randn(4, 30, SMALL["hidden_size"], generator=g)
+    embeds = torch.randn(4, 30, SMALL["hidden_size"], generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         got, want = (m.model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state[mask.bool()] for m in (fm, hm))
     check_close(errors, "inputs_embeds", got, want)
@@ -204,13 +200,9 @@ def test_packed_and_padded_paths_agree(backend_name):
     transformers, and each other, left padding too (rotary positions: within each sequence packed,
     the row index padded, as transformers counts them; the scores depend only on the distance)."""
     require(backend_name)
-    hm, fm = pair("ModernBertForTokenClassification")
-    fm.set_backend(backend_name)
+    hm, fm = pair("ModernBertForTokenClassification", backend=backend_name)
     for left in (False, True):
-        g = torch.Generator().manual_seed(6)
-        ids, mask = batch(4, 30, g, LENGTHS, left=left)
-        extra = labels_for("ModernBertForTokenClassification", ids, mask, g)
-        assert_paths_agree(hm, fm, fm.model, ids, mask, extra, parity)
+        assert_paths_agree(hm, fm, fm.model, *inputs("ModernBertForTokenClassification", 6, left=left), parity)
 
 
 def assert_paths_agree(hm, fm, base, ids, mask, extra, parity_check):
@@ -235,8 +227,7 @@ def test_the_window_and_the_rotary_bases_matter():
     """The parity above can fail: at this size, attention without the window, or with the rotary
     bases swapped, is far from transformers' values."""
     hm, fm = pair("ModernBertModel")
-    g = torch.Generator().manual_seed(7)
-    ids, mask = batch(4, 30, g, LENGTHS)
+    ids, mask, _ = inputs("ModernBertModel", 7)
     with torch.no_grad():
         want = hm(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
     sliding = [layer.attn for layer in fm.layers if layer.attention_type == "sliding_attention"]
@@ -331,30 +322,79 @@ def test_auto_classes_name_modernbert_among_the_supported(tmp_path):
         fastbert.ModernBertModel(fastbert.BertConfig())
 
 
-def test_what_is_not_supported_yet_is_a_clear_error(tmp_path):
+def test_what_is_not_supported_is_a_clear_error():
     hm, fm = pair("ModernBertForMaskedLM")
-    g = torch.Generator().manual_seed(9)
-    ids, mask = batch(2, 12, g)
-    for kwargs, what in ((dict(output_attentions=True), "output_attentions"),
-                         (dict(head_mask=torch.ones(4)), "head_mask"),
-                         (dict(position_ids=torch.randperm(12)[None]), "position_ids"),
-                         (dict(attention_mask=torch.ones(2, 1, 12, 12, dtype=torch.bool).tril()),
-                          "attention_mask other than a padding")):
-        with pytest.raises(NotImplementedError, match=f"{what}.* not supported for ModernBERT yet"):
-            fm(input_ids=ids, **kwargs)
-    with pytest.raises(NotImplementedError, match="int8 quantization .* not supported for ModernBERT yet"):
-        fm.quantize_("int8")
-    hm.model.save_pretrained(tmp_path)
-    with pytest.raises(NotImplementedError, match="int8 quantization"):
-        fastbert.ModernBertModel.from_pretrained(str(tmp_path), quantize="int8")
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="torch.compile is not supported for ModernBERT yet"):
-        torch.compile(fm, backend="eager", fullgraph=True)(input_ids=ids)
-    # position ids that count along each row (from any start) are what the kernels do
-    with torch.no_grad():
-        shifted = fm(input_ids=ids, position_ids=torch.arange(3, 15)[None]).logits
-        want = hm(input_ids=ids, position_ids=torch.arange(3, 15)[None]).logits
+    ids, _ = batch(2, 12, torch.Generator().manual_seed(9))
+    for kwargs, what in ((dict(position_ids=torch.randperm(12)[None]), "position_ids.* not supported"),
+                         (dict(attention_mask=torch.ones(2, 1, 12, 12, dtype=torch.bool).tril()), "other than a padding"),
+                         (dict(head_mask=torch.ones(4)), "no head_mask: transformers' ModernBertModel has none")):
+        for model in (fm, fm.model):
+            with pytest.raises(NotImplementedError, match=what):
+                model(input_ids=ids, **kwargs)
+    with torch.no_grad():  # position ids that count along each row (from any start) are what the kernels do
+        shifted, want = (m(input_ids=ids, position_ids=torch.arange(3, 15)[None]).logits for m in (fm, hm))
     torch.testing.assert_close(shifted, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,padded", [("ModernBertModel", True), ("ModernBertForTokenClassification", False)])
+def test_output_attentions_match_transformers_eager(name, padded):
+    """Every layer's probabilities [batch, heads, seq, seq] against transformers' eager attention, every row
+    (a padded query with no real key in its window spreads over every key, as there), the hidden states,
+    every gradient (through the probabilities too); zeros outside the window."""
+    require("cpp")
+    hm, fm = pair(name, None if padded else BIASED, backend="cpp")
+    ids, mask, labels = inputs(name, 15, LENGTHS if padded else None)
+    errors = parity(hm, fm, ids, mask, labels, output_attentions=True, output_hidden_states=True)
+    assert len([k for k in errors if k.startswith("attentions")]) == SMALL["num_hidden_layers"]
+    probs = fm(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    far = (torch.arange(30)[:, None] - torch.arange(30)[None]).abs() > fm.config.sliding_window
+    real = (mask[:, None, :, None] * mask[:, None, None, :]).bool().expand_as(probs[0])[..., far]
+    for p, kind in zip(probs, fm.config.layer_types):  # a real query and key further apart than the window
+        outside = p[..., far][real]
+        assert (not outside.any()) if kind == "sliding_attention" else bool(outside.all()), kind
+
+
+def outputs_and_grads(model, ids, mask, labels, mode=None, fn=None):
+    """{logits and the last hidden state at real tokens, loss, "grad <name>" of every parameter} in fp32,
+    of fn (model by default) in `mode`: "bf16 model" (a bf16 copy), "autocast" (bf16), None: as it is."""
+    model = copy.deepcopy(model).to(torch.bfloat16) if mode == "bf16 model" else model
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext():
+        out = (model if fn is None else fn)(input_ids=ids, attention_mask=mask, output_hidden_states=True, **labels)
+    out.loss.backward()
+    got = dict(logits=out.logits[mask.bool()], last_hidden_state=out.hidden_states[-1][mask.bool()], loss=out.loss,
+               **{f"grad {n}": p.grad for n, p in model.named_parameters()})
+    return {k: v.float() for k, v in got.items()}
+
+
+@pytest.mark.parametrize("mode", ["bf16 model", "autocast"])
+def test_bf16_within_transformers_bound(mode):
+    """A bf16 model, and the fp32 one under torch.autocast("cpu", bfloat16): outputs, loss, gradients;
+    the error against transformers in float64 at most twice transformers' own in the same mode plus
+    the bf16 floor (conftest.assert_within_bound)."""
+    require("cpp")
+    name = "ModernBertForTokenClassification"
+    hm, fm = pair(name, backend="cpp")
+    ids, mask, labels = inputs(name, 14)
+    exact = copy.deepcopy(hm).double()  # sdpa: eager softmaxes in fp32, where fp64's mask minimum is -inf (NaN rows)
+    exact.set_attn_implementation("sdpa")
+    ours, theirs, ref = (outputs_and_grads(m, ids, mask, labels, md) for m, md in ((fm, mode), (hm, mode), (exact, None)))
+    for key in ref:  # (a key ours lacks: a KeyError)
+        assert_within_bound(f"{mode} {key}", ours[key], theirs[key], ref[key].double(), torch.bfloat16)
+
+
+def test_torch_compile_fullgraph_like_eager():
+    """torch.compile(fullgraph=True: a graph break is an error) of a token classifier (a global and a
+    sliding layer) on a padded batch: the outputs, loss and every gradient as eager gives them."""
+    require("cpp")
+    name = "ModernBertForTokenClassification"
+    _, model = pair(name, backend="cpp", num_hidden_layers=2)
+    ids, mask, labels = inputs(name, 16)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    eager, got = (outputs_and_grads(model, ids, mask, labels, fn=fn) for fn in (model, compiled))
+    for key in eager:
+        torch.testing.assert_close(got[key], eager[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(monkeypatch):
@@ -362,18 +402,12 @@ def test_gradient_checkpointing_gives_the_same_gradients(monkeypatch):
     original = torch.utils.checkpoint.checkpoint
     monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda *a, **k: calls.append(1) or original(*a, **k))
     _, fm = pair("ModernBertForMaskedLM")
-    g = torch.Generator().manual_seed(10)
-    ids, mask = batch(4, 30, g, LENGTHS)
-    labels = labels_for("ModernBertForMaskedLM", ids, mask, g)
-    grads = []
-    for on in (False, True):
-        if on:
-            fm.gradient_checkpointing_enable()
-        fm.train().zero_grad()
-        fm(input_ids=ids, attention_mask=mask, **labels).loss.backward()
-        grads.append({n: p.grad.clone() for n, p in fm.named_parameters()})
-    for n in grads[0]:
-        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)
+    ids, mask, labels = inputs("ModernBertForMaskedLM", 10)
+    plain = outputs_and_grads(fm.train(), ids, mask, labels)
+    fm.gradient_checkpointing_enable()
+    again = outputs_and_grads(fm, ids, mask, labels)
+    for n in plain:
+        torch.testing.assert_close(again[n], plain[n], rtol=1e-5, atol=1e-7, msg=n)
     assert len(calls) == SMALL["num_hidden_layers"]  # each layer's activations recomputed, once
 
 
@@ -405,8 +439,7 @@ def test_modernbert_base_shape_matches_transformers():
 def test_patch_runs_a_transformers_modernbert_on_fastbert():
     """fastbert.patch: transformers' model runs on fastbert, on its own Parameter objects."""
     hm, _ = pair("ModernBertForSequenceClassification", classifier_pooling="mean")
-    g = torch.Generator().manual_seed(13)
-    ids, mask = batch(4, 30, g, LENGTHS)
+    ids, mask, _ = inputs("ModernBertForSequenceClassification", 13)
     with torch.no_grad():
         want = hm(input_ids=ids, attention_mask=mask).logits
         fastbert.patch(hm)
