@@ -30,10 +30,10 @@ import fastbert.hf
 from fastbert import ops
 from fastbert.bench.report import header
 from fastbert.bench.workloads import WORKLOADS, make_batch, random_transformers_encoder
-from fastbert.model import bert
+from fastbert.model import bert, layers
 from fastbert.ops import gemm
 
-OPS = ("embedding", "linear", "add_layer_norm", "bias_gelu", "attention", "varlen_attention", "unpad", "pad",
+OPS = ("embedding", "encoder_layer", "linear", "add_layer_norm", "bias_gelu", "attention", "varlen_attention", "unpad", "pad",
        "quantize_rows", "int8_matmul", "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm")
 
 
@@ -111,9 +111,12 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                     help="wall clock, or the process's CPU time (meaningful with --threads 1)")
     ap.add_argument("--torch-profiler", action="store_true", help="also print torch.profiler's table")
+    ap.add_argument("--separate-ops", action="store_true", help="run each layer as separate op calls")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.separate_ops:
+        layers.BertLayer._one_call = lambda self: False
     header(" ".join(["python", "benchmarks/profile_encoder.py", *(sys.argv[1:] if argv is None else argv)]))
     model = fastbert.hf.from_transformers(random_transformers_encoder(args.layers)).eval()
     if args.quantize:
