@@ -15,6 +15,12 @@ Each is converted from the same random-weight transformers model inside the run 
 -e .[peers]` installs them); a missing package or a failed conversion skips that peer with a
 printed reason. Every provider returns the last hidden state [batch, seq, hidden] as a tensor, so
 its error against the fp32 reference can be measured on the real tokens.
+
+The ONNX export is one function, export_onnx: torch.onnx.export of the model's last hidden state
+with its eager attention, the TorchScript exporter at opset 17, the batch and sequence axes of
+input_ids and attention_mask dynamic. The encoder benchmark's ONNX Runtime peer optimizes that
+file for BERT; onnx_peers runs it as exported on ONNX Runtime and on OpenVINO (the same file read
+by both), as an engine of any (ids, mask), for models the BERT optimizer does not know (ModernBERT).
 """
 from __future__ import annotations
 
@@ -29,12 +35,12 @@ import torch
 from fastbert.dtypes import dtype_name
 
 PEERS = ("onnxruntime", "openvino", "ctranslate2", "torch.compile")
+ONNX_PEERS = ("onnxruntime", "openvino")  # the peers that run an exported ONNX file as it is (onnx_peers)
 Providers = Dict[str, Callable[[], torch.Tensor]]
+Engine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, attention_mask) -> last hidden state
 
 
 def _onnxruntime(hf, ids, mask, dtype, workdir):
-    import onnxruntime as ort
-
     if dtype not in (torch.float32, torch.int8):
         raise _Skip("ONNX Runtime has no bf16 CPU kernels for BERT")
     path = _onnx_fused(hf, ids, mask, workdir)
@@ -49,14 +55,25 @@ def _onnxruntime(hf, ids, mask, dtype, workdir):
             # cannot type: DefaultTensorType tells the quantizer they are float (ONNX Runtime's advice)
             quantize_dynamic(fused, path, weight_type=QuantType.QInt8,
                              extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    engine = _onnxruntime_engine(path)
+    return lambda: engine(ids, mask)
+
+
+def _onnxruntime_engine(path: str) -> Engine:
+    """An ONNX Runtime CPU session of the ONNX file (every graph optimization, torch's thread count)."""
+    import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.intra_op_num_threads = torch.get_num_threads()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
-    names = {i.name for i in sess.get_inputs()}
-    feed = {k: v for k, v in feed.items() if k in names}
-    return lambda: torch.from_numpy(sess.run(["last_hidden_state"], feed)[0])
+    names = [i.name for i in sess.get_inputs()]  # an optimized graph may have dropped an unused input
+
+    def run(ids, mask):
+        feed = {k: v.numpy() for k, v in (("input_ids", ids), ("attention_mask", mask)) if k in names}
+        return torch.from_numpy(sess.run(["last_hidden_state"], feed)[0])
+
+    return run
 
 
 def _onnx_fused(hf, ids, mask, workdir) -> str:
@@ -65,15 +82,7 @@ def _onnx_fused(hf, ids, mask, workdir) -> str:
 
     raw, fused = os.path.join(workdir, "bert.onnx"), os.path.join(workdir, "bert-fused.onnx")
     if not os.path.exists(fused):
-        # exported from the eager attention: the graph whose attention the optimizer fuses (the sdpa
-        # one it leaves unfused, about half as fast)
-        import copy
-
-        eager = copy.deepcopy(hf)
-        eager.set_attn_implementation("eager")
-        torch.onnx.export(_LastHidden(eager), (ids, mask), raw, input_names=["input_ids", "attention_mask"],
-                          output_names=["last_hidden_state"], dynamo=False, opset_version=17,
-                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask")})
+        export_onnx(hf, ids, mask, raw)
         cfg = hf.config
         opt = optimizer.optimize_model(raw, model_type="bert", num_heads=cfg.num_attention_heads,
                                        hidden_size=cfg.hidden_size, opt_level=1)
@@ -81,6 +90,28 @@ def _onnx_fused(hf, ids, mask, workdir) -> str:
             print("onnxruntime: the BERT optimizer fused no attention in this export", file=sys.stderr)
         opt.save_model_to_file(fused)
     return fused
+
+
+def export_onnx(hf, ids, mask, path: str) -> str:
+    """`hf`'s last hidden state exported to the ONNX file `path` (returned): torch.onnx.export's
+    TorchScript exporter (dynamo=False; the dynamo exporter needs onnxscript, which the peers extra
+    does not install), opset 17, inputs input_ids and attention_mask with dynamic batch and sequence
+    axes, output last_hidden_state. Traced on (ids, mask), which should hold padding, so that the
+    mask's path is the one recorded. The attention is the eager one, on a copy: the graph whose
+    attention ONNX Runtime's BERT optimizer fuses (the sdpa one it leaves unfused, about half as
+    fast); for ModernBERT the eager and the sdpa exports compute the same."""
+    import copy
+    import warnings
+
+    eager = copy.deepcopy(hf)
+    eager.set_attn_implementation("eager")
+    with torch.no_grad(), warnings.catch_warnings():
+        # the exporter warns of every shape it reads while tracing; the graph is checked where it is run
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_LastHidden(eager), (ids, mask), path, input_names=["input_ids", "attention_mask"],
+                          output_names=["last_hidden_state"], dynamo=False, opset_version=17,
+                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask")})
+    return path
 
 
 class _LastHidden(torch.nn.Module):
@@ -99,17 +130,26 @@ def _openvino(hf, ids, mask, dtype, workdir):
 
     if dtype == torch.int8:
         raise _Skip("OpenVINO's int8 needs NNCF post-training quantization with calibration data (not set up here)")
-    core = ov.Core()
     precision = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
-    model = ov.convert_model(hf, example_input={"input_ids": ids, "attention_mask": mask})
+    engine = _openvino_engine(ov.convert_model(hf, example_input={"input_ids": ids, "attention_mask": mask}), precision)
+    return lambda: engine(ids, mask)
+
+
+def _openvino_engine(model, precision: str = "f32") -> Engine:
+    """`model` (an openvino.Model, or the path of an ONNX file) compiled for the CPU: `precision` as
+    the inference precision hint, torch's thread count, the latency hint."""
+    import openvino as ov
+
+    core = ov.Core()
+    if isinstance(model, str):
+        model = core.read_model(model)
     compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision,
                                                  "INFERENCE_NUM_THREADS": torch.get_num_threads(),
                                                  "PERFORMANCE_HINT": "LATENCY"})
     request = compiled.create_infer_request()
-    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
 
-    def run():
-        out = request.infer(feed)
+    def run(ids, mask):
+        out = request.infer({"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
         return torch.from_numpy(next(iter(out.values())).copy())
 
     return run
@@ -175,14 +215,26 @@ _BUILD = {"onnxruntime": _onnxruntime, "openvino": _openvino, "ctranslate2": _ct
 _PACKAGE = {"onnxruntime": "onnxruntime", "openvino": "openvino", "ctranslate2": "ctranslate2", "torch.compile": None}
 
 
-def _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped) -> None:
-    """provs[name] = the peer's run in `dtype`, or skipped[name] = why not."""
+def _missing(peer: str) -> str:
+    """Why `peer` cannot run here ("" when its package is installed)."""
     import importlib.util
 
     package = _PACKAGE[peer]
-    name = f"{peer} {dtype_name(dtype)}"
     if package is not None and importlib.util.find_spec(package) is None:
-        skipped[name] = f"{package} is not installed (pip install -e .[peers])"
+        return f"{package} is not installed (pip install -e .[peers])"
+    return ""
+
+
+def _first_line(e: Exception) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first[:200]}"
+
+
+def _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped) -> None:
+    """provs[name] = the peer's run in `dtype`, or skipped[name] = why not."""
+    name = f"{peer} {dtype_name(dtype)}"
+    if _missing(peer):
+        skipped[name] = _missing(peer)
         return
     try:
         with torch.no_grad():
@@ -190,8 +242,7 @@ def _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped) -> None:
     except _Skip as e:
         skipped[name] = str(e)
     except Exception as e:  # a converter that fails on this machine: say so, time the rest
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        skipped[name] = f"conversion failed: {type(e).__name__}: {first[:200]}"
+        skipped[name] = f"conversion failed: {_first_line(e)}"
     finally:
         if hf is not None:
             hf.eval()  # an exporter may leave it in training mode
@@ -212,6 +263,40 @@ def peer_providers(hf, ids, mask, dtypes, peers=PEERS) -> Tuple[Providers, Dict[
                 _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    _print_skipped(skipped)
+    return provs, skipped
+
+
+def _print_skipped(skipped: Dict[str, str]) -> None:
     for name, why in skipped.items():
         print(f"peer skipped: {name}: {why}", file=sys.stderr)
-    return provs, skipped
+
+
+def onnx_peers(hf, ids, mask, peers=ONNX_PEERS) -> Tuple[Dict[str, Engine], Dict[str, str]]:
+    """({peer: engine}, {peer: why skipped}) for the ONNX_PEERS asked for: `hf` (transformers' model,
+    fp32, eval) exported once (export_onnx, traced on ids and mask), and each peer's fp32 engine
+    built from that same file, as it is (no model-specific optimizer); an engine takes any (input_ids,
+    attention_mask), padded batches with their mask, and returns the last hidden state. The file's
+    temporary directory is removed before this returns (each engine has read the model by then)."""
+    engines: Dict[str, Engine] = {}
+    skipped = {p: _missing(p) for p in peers if _missing(p)}
+    wanted = [p for p in peers if p not in skipped]
+    build = {"onnxruntime": _onnxruntime_engine, "openvino": _openvino_engine}
+    if wanted:
+        workdir = tempfile.mkdtemp(prefix="fastbert-peers-")
+        try:
+            try:
+                path = export_onnx(hf, ids, mask, os.path.join(workdir, "model.onnx"))
+            except Exception as e:
+                skipped.update({p: f"ONNX export failed: {_first_line(e)}" for p in wanted})
+                wanted = []
+            for peer in wanted:
+                try:
+                    engines[peer] = build[peer](path)
+                except Exception as e:  # an engine that cannot load this graph: say so, run the rest
+                    skipped[peer] = f"loading the ONNX file failed: {_first_line(e)}"
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+            hf.eval()
+    _print_skipped(skipped)
+    return engines, skipped

@@ -1,10 +1,12 @@
 """The newer encoders' benchmarks run end to end at a tiny size and check their own answers: the
-fused model's outputs against transformers' (bench_modernbert) and the rows they report."""
+fused model's outputs against transformers' and, with the peers, against ONNX Runtime's and
+OpenVINO's on the model exported once to ONNX (bench_modernbert), and the rows they report."""
 import importlib.util
 import json
 import os
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -16,17 +18,75 @@ def _script(name):
     return module
 
 
+def _rows(module, tmp_path, *args):
+    """(rows, the JSON written) of module.main(--rounds 1 --workloads small, *args)."""
+    out = tmp_path / "rows.json"
+    module.main(["--rounds", "1", "--workloads", "small", *args, "--json", str(out)])
+    data = json.loads(out.read_text())
+    return data["rows"], data
+
+
 @pytest.mark.parametrize("model", ["modernbert", "mpnet"])
 def test_bench_modernbert_runs_and_agrees_with_transformers(tmp_path, model, capsys):
     out = tmp_path / "rows.json"
     _script("bench_modernbert").main(["--model", model, "--layers", "1", "--rounds", "1", "--workloads", "var128",
-                                      "--json", str(out)])
+                                      "--peers", "", "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
     assert [r["workload"] for r in rows] == ["var128"]
     assert rows[0]["max_abs_err"] < 1e-4 and rows[0]["speedup"] > 0
+    assert set(rows[0]["ms"]) == {"fastbert", "transformers"}
     assert "var128" in capsys.readouterr().out
 
 
-def test_bench_modernbert_refuses_an_unknown_workload():
-    with pytest.raises(SystemExit):
-        _script("bench_modernbert").main(["--workloads", "var9999"])
+@pytest.mark.parametrize("model,layers", [("modernbert", 2), ("mpnet", 1)])
+def test_bench_modernbert_peers_run_the_exported_model_and_agree(tmp_path, monkeypatch, model, layers, capsys):
+    """ONNX Runtime and OpenVINO run the model exported once (its temporary directory gone when the
+    engines are built), on padded batches with their mask; every engine's output agrees with
+    fastbert's and every engine is timed. ModernBERT at 2 layers: the second one is a sliding layer,
+    and the small workload's sequences (40..160 tokens) are longer than its 64-token window."""
+    for package in ("onnxruntime", "openvino"):
+        pytest.importorskip(package, reason=f"{package} is not installed (the peers extra: pip install -e .[peers])")
+    from fastbert.bench import peers
+
+    made, real = [], peers.tempfile.mkdtemp
+    monkeypatch.setattr(peers.tempfile, "mkdtemp", lambda **kw: made.append(real(**kw)) or made[-1])
+    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--model", model, "--layers", str(layers))
+    assert len(made) == 1 and not os.path.exists(made[0])
+    assert data["peers_skipped"] == {}
+    (row,) = rows
+    assert set(row["errors"]) == {"transformers", "onnxruntime", "openvino"}
+    assert all(e < 1e-4 for e in row["errors"].values()), row["errors"]
+    assert row["disagree"] == [] and set(row["ms"]) == {"fastbert", *row["errors"]}
+    assert all(v > 0 for v in row["speedup_vs"].values())
+    header = capsys.readouterr().out
+    assert "onnxruntime ms" in header and "vs openvino" in header
+
+
+def test_a_peer_that_disagrees_is_reported_and_not_timed(tmp_path, monkeypatch, capsys):
+    module = _script("bench_modernbert")
+
+    def wrong(theirs, ids, mask, wanted):
+        return {"onnxruntime": lambda i, m: torch.zeros(*i.shape, theirs.config.hidden_size)}, {}
+
+    monkeypatch.setattr(module, "onnx_peers", wrong)
+    rows, _ = _rows(module, tmp_path, "--layers", "1", "--peers", "onnxruntime")
+    (row,) = rows
+    assert row["disagree"] == ["onnxruntime"] and row["errors"]["onnxruntime"] > 0.1
+    assert set(row["ms"]) == {"fastbert", "transformers"} and "onnxruntime" not in row["speedup_vs"]
+    assert "onnxruntime disagrees with fastbert on small" in capsys.readouterr().out
+
+
+def test_a_missing_peer_is_skipped_with_its_reason(tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
+    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--layers", "1", "--peers", "openvino")
+    assert "pip install -e .[peers]" in data["peers_skipped"]["openvino"]
+    assert set(rows[0]["ms"]) == {"fastbert", "transformers"}
+    captured = capsys.readouterr()
+    assert "peer skipped: openvino" in captured.err and "openvino ms" not in captured.out
+
+
+def test_bench_modernbert_refuses_an_unknown_workload_or_peer():
+    for args in (["--workloads", "var9999"], ["--peers", "ctranslate2"]):
+        with pytest.raises(SystemExit):
+            _script("bench_modernbert").main(args)
