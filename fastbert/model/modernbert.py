@@ -51,6 +51,7 @@ from fastbert.model.checks import check_id_tensor, check_input_shape
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
 from fastbert.model.layers import _Backend, embed_words
 from fastbert.model.masks import attention_masks
+from fastbert.model.model_utils import trunc_normal_
 from fastbert.model.modernbert_int8 import encode_int8
 from fastbert.model.outputs import BaseModelOutput
 from fastbert.model.pretrained import BertPreTrainedModel
@@ -228,7 +229,7 @@ class ModernBertPreTrainedModel(BertPreTrainedModel):
         std_out = cfg.initializer_range / math.sqrt(2.0 * max(cfg.num_hidden_layers, 1))
 
         def init(m: nn.Module, std: float) -> None:
-            nn.init.trunc_normal_(m.weight, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
+            trunc_normal_(m.weight, std, cutoff)
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
 

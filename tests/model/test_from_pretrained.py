@@ -72,3 +72,39 @@ def test_hub_arguments_are_accepted_and_config_object(saved):
     assert model.config.attention_probs_dropout_prob == 0.0
     hf_cfg = transformers.BertConfig.from_pretrained(saved)
     assert fastbert.BertModel.from_pretrained(saved, config=hf_cfg).config.hidden_size == 32
+
+
+def test_random_init_only_when_the_checkpoint_leaves_weights_out(saved, monkeypatch):
+    """Loading runs no random init when the checkpoint holds every weight (it would all be
+    overwritten: for a 256k-token vocabulary that init took longer than the load); a head the
+    checkpoint lacks still gets the init it would have had (a LayerNorm-style zero bias)."""
+    calls = []
+    from fastbert.model.pretrained import BertPreTrainedModel
+
+    original = BertPreTrainedModel._init_weights
+    monkeypatch.setattr(BertPreTrainedModel, "_init_weights",
+                        lambda self, m: calls.append(type(m).__name__) or original(self, m))
+    full = fastbert.BertForSequenceClassification.from_pretrained(saved)
+    assert calls == []
+    want = transformers.BertForSequenceClassification.from_pretrained(saved).state_dict()
+    got = full.state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want if k in got)
+    with pytest.warns(UserWarning, match="missing"):
+        new_head = fastbert.BertForMaskedLM.from_pretrained(saved)
+    assert "Linear" in calls
+    dense = new_head.cls.predictions.transform.dense
+    assert torch.equal(dense.bias, torch.zeros(32))  # the init ran: torch's own bias is not zero
+    assert 0.01 < dense.weight.std().item() < 0.03  # initializer_range 0.02
+    built = fastbert.BertModel(fastbert.BertConfig(**TINY))  # outside from_pretrained the init runs as before
+    assert torch.equal(built.encoder.layer[0].output.dense.bias, torch.zeros(32))
+
+
+def test_trunc_normal_draws_the_truncated_normal():
+    from fastbert.model.model_utils import trunc_normal_
+
+    torch.manual_seed(0)
+    t = trunc_normal_(torch.empty(200_000), 0.02, 2.0)
+    assert t.abs().max().item() <= 0.04
+    ref = torch.nn.init.trunc_normal_(torch.empty(200_000), 0.0, 0.02, -0.04, 0.04)
+    assert abs(t.std().item() - ref.std().item()) < 3e-4 and abs(t.mean().item()) < 3e-4
+    assert (t.abs() > 0.035).float().mean().item() > 0.01  # the tails are there, not clipped away
