@@ -13,6 +13,8 @@ def trunc_normal_(t: torch.Tensor, std: float, cutoff: float) -> torch.Tensor:
     """t filled in place from a normal of mean 0 and deviation std truncated to [-cutoff * std,
     cutoff * std] (what nn.init.trunc_normal_ draws), by drawing normals and drawing again only the
     few that fall outside: for a 256k x 768 embedding a fifth of nn.init.trunc_normal_'s time."""
+    if t.is_meta:  # no values to draw
+        return t
     with torch.no_grad():
         t.normal_(0.0, std)
         flat, bound = t.view(-1), cutoff * std
