@@ -23,15 +23,27 @@ void register_fused_ops(py::module_& m) {
   m.def("geglu_backward", &fastbert::geglu_backward, py::arg("dy"), py::arg("x"), py::arg("approximate") = "none",
         "dx [rows, 2n] in x's dtype: dy * x[:, n:] * gelu'(x[:, :n]) in its first half, dy * gelu(x[:, :n]) in its "
         "second (fp32 math).");
-  m.def("add_layer_norm_forward", &fastbert::add_layer_norm_forward, py::arg("x"), py::arg("residual"),
-        py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("dropout_p") = 0.0, py::arg("seed") = 0,
-        "(y, mean, rstd): y = layer_norm(dropout(x) + residual) * weight + bias over the last dim, in x's dtype "
-        "(bias None: no bias); mean and rstd float32 [rows]. Dropout follows fastbert's Philox rule for `seed`.");
+  m.def(
+      "add_layer_norm_forward",
+      [](const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+         const c10::optional<at::Tensor>& bias, double eps, double dropout_p, int64_t seed,
+         bool return_sum) -> py::tuple {
+        auto [y, mean, rstd, sum] =
+            fastbert::add_layer_norm_forward(x, residual, weight, bias, eps, dropout_p, seed, return_sum);
+        if (return_sum) return py::make_tuple(y, mean, rstd, sum);
+        return py::make_tuple(y, mean, rstd);
+      },
+      py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("dropout_p") = 0.0,
+      py::arg("seed") = 0, py::arg("return_sum") = false,
+      "(y, mean, rstd): y = layer_norm(h) * weight + bias over the last dim, h = dropout(x) + residual, in x's dtype "
+      "(bias None: no bias); mean and rstd float32 [rows]. Dropout follows fastbert's Philox rule for `seed`. "
+      "return_sum: (y, mean, rstd, h), h in x's dtype, written in the same pass.");
   m.def("add_layer_norm_backward", &fastbert::add_layer_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("residual"), py::arg("weight"), py::arg("mean"), py::arg("rstd"), py::arg("dropout_p") = 0.0,
-        py::arg("seed") = 0,
+        py::arg("seed") = 0, py::arg("dsum") = py::none(),
         "(dx, dresidual, dweight, dbias) of add_layer_norm_forward; dweight / dbias summed in double over a "
-        "fixed chunking of rows (thread-count independent), returned in weight's dtype.");
+        "fixed chunking of rows (thread-count independent), returned in weight's dtype. dsum: the gradient of h "
+        "(return_sum's output), added to h's before it flows to residual and (through dropout) to x.");
   m.def("dropout_keep_mask", &fastbert::dropout_keep_mask, py::arg("rows"), py::arg("cols"), py::arg("p"),
         py::arg("seed"),
         "bool [rows, cols]: the elements fastbert's dropout keeps (fastbert.reference.dropout_keep_mask).");
@@ -86,11 +98,23 @@ void register_int8(py::module_& m) {
   m.def("int8_bias_gelu", &fastbert::int8_bias_gelu, py::arg("acc"), py::arg("row_scale"), py::arg("row_offset"),
         py::arg("col_scale"), py::arg("bias"), py::arg("approximate") = "none",
         "quantize_rows(gelu(the dequantized acc)), without the fp32 activation in memory.");
-  m.def("int8_add_layer_norm", &fastbert::int8_add_layer_norm, py::arg("acc"), py::arg("row_scale"),
-        py::arg("row_offset"), py::arg("col_scale"), py::arg("bias"), py::arg("residual"), py::arg("weight"),
-        py::arg("ln_bias"), py::arg("eps"), py::arg("quantize"),
-        "(y, q, scale, offset): y = layer_norm(the dequantized acc + residual) * weight + ln_bias in residual's "
-        "dtype, and quantize_rows(y) when `quantize` (else empty tensors).");
+  m.def(
+      "int8_add_layer_norm",
+      [](const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
+         const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
+         double eps, bool quantize, bool return_sum) -> py::tuple {
+        auto [y, q, scale, offset, sum] = fastbert::int8_add_layer_norm(acc, row_scale, row_offset, col_scale, bias,
+                                                                        residual, weight, ln_bias, eps, quantize,
+                                                                        return_sum);
+        if (return_sum) return py::make_tuple(y, q, scale, offset, sum);
+        return py::make_tuple(y, q, scale, offset);
+      },
+      py::arg("acc"), py::arg("row_scale"), py::arg("row_offset"), py::arg("col_scale"), py::arg("bias"),
+      py::arg("residual"), py::arg("weight"), py::arg("ln_bias"), py::arg("eps"), py::arg("quantize"),
+      py::arg("return_sum") = false,
+      "(y, q, scale, offset): y = layer_norm(h) * weight + ln_bias in residual's dtype, h = the dequantized acc + "
+      "residual, and quantize_rows(y) when `quantize` (else empty tensors). return_sum: (y, q, scale, offset, h), "
+      "h in residual's dtype, written in the same pass.");
   m.def("int8_gemm", &fastbert::int8_gemm, py::arg("a"), py::arg("b"), py::arg("out") = py::none(),
         "c [m, n] int32 = a [m, k] int8 @ b [n, k] int8 ^T, exact, on the kernel library's int8 GEMM (rows of a "
         "and b contiguous); written into `out` (contiguous int32 [m, n]) when given.");

@@ -28,14 +28,16 @@ at::Tensor geglu_forward(const at::Tensor& x, const std::string& approximate);
 at::Tensor geglu_backward(const at::Tensor& dy, const at::Tensor& x, const std::string& approximate);
 
 // layer_norm.cpp
-// bias: None for a LayerNorm without bias (ModernBERT's)
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x, const at::Tensor& residual,
-                                                                       const at::Tensor& weight,
-                                                                       const c10::optional<at::Tensor>& bias,
-                                                                       double eps, double dropout_p, int64_t seed);
+// bias: None for a LayerNorm without bias (ModernBERT's). The forward returns (y, mean, rstd, sum):
+// sum is h = dropout(x) + residual when return_sum (the residual stream of a pre-LN model), else
+// undefined; the backward adds dsum, h's gradient, when it is given.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(
+    const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    double eps, double dropout_p, int64_t seed, bool return_sum);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-    const at::Tensor& mean, const at::Tensor& rstd, double dropout_p, int64_t seed);
+    const at::Tensor& mean, const at::Tensor& rstd, double dropout_p, int64_t seed,
+    const c10::optional<at::Tensor>& dsum);
 
 // dropout.cpp
 at::Tensor dropout_keep_mask(int64_t rows, int64_t cols, double p, int64_t seed);
@@ -90,10 +92,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& 
                                                               const at::Tensor& row_offset,
                                                               const at::Tensor& col_scale, const at::Tensor& bias,
                                                               const std::string& approximate);
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
+// int8_add_layer_norm: (y, q, scale, offset, sum), sum (the dequantized acc + residual, residual's
+// dtype) when return_sum, else undefined
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
     const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
     const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
-    double eps, bool quantize);
+    double eps, bool quantize, bool return_sum);
 // c [m, n] int32 = a [m, k] int8 . b [n, k] int8 ^T, exact (kernels/int8_gemm.cpp); into `out` when given.
 at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& out);
 

@@ -92,10 +92,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& 
   return out.tuple();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
     const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
     const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight_in, const at::Tensor& ln_bias_in,
-    double eps, bool quantize) {
+    double eps, bool quantize, bool return_sum) {
   const char* op = "int8_add_layer_norm";
   at::Tensor bias_c;
   const Int8Acc a = check_acc(op, acc, row_scale, row_offset, col_scale, bias, bias_c);
@@ -106,17 +106,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
   detail::check_feature(op, "ln_bias", ln_bias_in, residual);
   const at::Tensor weight = weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
   at::Tensor y = detail::empty({a.rows, a.n}, residual.scalar_type());
+  // the dequantized acc + residual, when asked for (apart from y: the two are not freed together)
+  at::Tensor sum = return_sum ? detail::empty({a.rows, a.n}, residual.scalar_type()) : at::Tensor();
   Quantized out(quantize ? a.rows : 0, quantize ? a.n : 0);
   const Int8Rows q = out.rows();
   if (a.rows > 0 && a.n > 0) {
     detail::kernels_for(op).int8_add_layer_norm(a, detail::dtype_of(residual), residual.data_ptr(),
                                                 detail::param(weight), detail::param(ln_bias),
-                                                static_cast<float>(eps), y.data_ptr(), quantize ? &q : nullptr);
+                                                static_cast<float>(eps), y.data_ptr(), quantize ? &q : nullptr,
+                                                return_sum ? sum.data_ptr() : nullptr);
   }
   if (!quantize) {
-    return {y, detail::empty({0}, at::kChar), detail::empty({0}, at::kFloat), detail::empty({0}, at::kFloat)};
+    return {y, detail::empty({0}, at::kChar), detail::empty({0}, at::kFloat), detail::empty({0}, at::kFloat), sum};
   }
-  return {y, out.q, out.scale, out.offset};
+  return {y, out.q, out.scale, out.offset, sum};
 }
 
 at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& out) {

@@ -6,13 +6,14 @@ Layout of this file: jit kernels, the launchers `add_layer_norm_forward` /
 device), then `report_configs`; the launch settings table is in `layer_norm_settings`.
 
 The forward reads x and residual once and writes y once: h = dropout(x) + residual lives only in
-registers. The backward recomputes h from x, residual and the regenerated dropout mask:
+registers (HAS_SUM: h is written out too, a pre-LN model's residual stream). The backward
+recomputes h from x, residual and the regenerated dropout mask:
     xhat = (h - mean) * rstd, g = dy * weight,
-    dh = rstd * (g - mean(g) - xhat * mean(g * xhat)), dresidual = dh, dx = dh * keep / (1 - p),
-    dweight = sum_rows(dy * xhat), dbias = sum_rows(dy).
-Rows up to 4096 wide are done whole, one per loop step, in one kernel; wider rows take two
-column-chunked passes (row sums, then column tiles), so no thread ever holds a row's worth of
-state that would spill. Statistics (mean, rstd) and the partial dweight / dbias sums are fp32;
+    dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum, HAS_DSUM: the gradient of h itself),
+    dresidual = dh, dx = dh * keep / (1 - p), dweight = sum_rows(dy * xhat), dbias = sum_rows(dy).
+Rows up to 4096 wide (2048 with dsum) are done whole, one per loop step, in one kernel; wider
+rows take two column-chunked passes (row sums, then column tiles), so no thread ever holds a
+row's worth of state that would spill. Statistics (mean, rstd) and the partial dweight / dbias sums are fp32;
 dweight and dbias are reduced without atomics (per-program partials, then a fixed-order sum),
 so they are deterministic.
 
@@ -37,6 +38,8 @@ from .layer_norm_settings import (
     Settings,
     _dropout_args,
     _launch_options,
+    _optional_rows,
+    _optional_rows_args,
     settings,
 )
 
@@ -54,7 +57,8 @@ def _add_pair(a0, a1, b0, b1):
 
 @triton.jit(do_not_specialize=["seed", "threshold"])
 def _add_layer_norm_fwd_kernel(
-    Y, stride_ym,  # [M, N] out, x.dtype: layer_norm(dropout(x) + residual)
+    Y, stride_ym,  # [M, N] out, x.dtype: layer_norm(h), h = dropout(x) + residual
+    S, stride_sm,  # [M, N] out, x.dtype: h itself with HAS_SUM (a pre-LN model's residual stream), else None
     MEAN, RSTD,  # [M] out, fp32, contiguous: statistics of h, for the backward
     X, stride_xm,  # [M, N] x.dtype
     RES, stride_rm,  # [M, N] x.dtype: residual
@@ -66,6 +70,7 @@ def _add_layer_norm_fwd_kernel(
     scale,  # fp32: 1 / (1 - p), the scale of kept elements
     HAS_DROPOUT: tl.constexpr,  # apply dropout to x (no RNG code is compiled without it)
     HAS_BIAS: tl.constexpr,  # add B (a LayerNorm without bias has none)
+    HAS_SUM: tl.constexpr,  # write h to S
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # >= N, a power of 2: a whole row per program
 ):
@@ -85,6 +90,8 @@ def _add_layer_norm_fwd_kernel(
         offsets = row_start * N + (rows[:, None] * N + cols[None, :])  # int64: r * N + c
         x = tl.where(_keep_mask(offsets, seed, threshold), x * scale, 0.)
     h = x + res  # 0 on masked lanes
+    if HAS_SUM:
+        tl.store(S + (row_start + rows[:, None]) * stride_sm + cols[None, :], h.to(S.dtype.element_ty), mask=mask)
     mean = tl.sum(h, axis=1) / N
     diff = tl.where(mask, h - mean[:, None], 0.)  # masked lanes must not enter the variance
     var = tl.sum(diff * diff, axis=1) / N
@@ -134,6 +141,7 @@ def _add_layer_norm_bwd_kernel(
     DRES, stride_drm,  # [M, N] out, x.dtype: grad of residual (= grad of h)
     DW_PARTIAL, DB_PARTIAL, stride_pm,  # [P, N] out, fp32: row p = program p's sums of dy * xhat, dy
     DY, stride_dym,  # [M, N] x.dtype: grad of y
+    DSUM, stride_dsm,  # [M, N] x.dtype: grad of h itself (the forward's S) with HAS_DSUM, else None
     X, stride_xm,  # [M, N] x.dtype
     RES, stride_rm,  # [M, N] x.dtype: residual
     W,  # [N] contiguous, x.dtype or fp32: LayerNorm weight
@@ -144,6 +152,7 @@ def _add_layer_norm_bwd_kernel(
     threshold,  # i32: an element is dropped when (u >> 8) < threshold
     scale,  # fp32: 1 / (1 - p)
     HAS_DROPOUT: tl.constexpr,  # the forward applied dropout to x
+    HAS_DSUM: tl.constexpr,  # add DSUM to the gradient of h
     BLOCK_N: tl.constexpr,  # >= N, a power of 2: a whole row
 ):
     # One row at a time, whole rows in registers; dweight / dbias partials accumulate over the
@@ -168,6 +177,8 @@ def _add_layer_norm_bwd_kernel(
         sum_g, sum_gx = tl.reduce((g, g * xhat), 0, _add_pair)  # one pass for both row sums
         rstd = tl.load(RSTD + row)
         dh = rstd * (g - sum_g / N - xhat * (sum_gx / N))
+        if HAS_DSUM:
+            dh += tl.load(DSUM + row * stride_dsm + cols, mask=mask, other=0.).to(tl.float32)
         _bwd_store(DX + row * stride_dxm, DRES + row * stride_drm, dh, keep, cols, mask, scale, HAS_DROPOUT)
     tl.store(DW_PARTIAL + pid * stride_pm + cols, dw_acc, mask=mask)
     tl.store(DB_PARTIAL + pid * stride_pm + cols, db_acc, mask=mask)
@@ -213,6 +224,7 @@ def _add_layer_norm_bwd_tiled_kernel(
     DRES, stride_drm,  # [M, N] out, x.dtype: grad of residual (= grad of h)
     DW_PARTIAL, DB_PARTIAL, stride_pm,  # [P, N] out, fp32: row p = program p's sums of dy * xhat, dy
     DY, stride_dym,  # [M, N] x.dtype: grad of y
+    DSUM, stride_dsm,  # [M, N] x.dtype: grad of h itself (the forward's S) with HAS_DSUM, else None
     X, stride_xm,  # [M, N] x.dtype
     RES, stride_rm,  # [M, N] x.dtype: residual
     W,  # [N] contiguous, x.dtype or fp32: LayerNorm weight
@@ -224,6 +236,7 @@ def _add_layer_norm_bwd_tiled_kernel(
     threshold,  # i32: an element is dropped when (u >> 8) < threshold
     scale,  # fp32: 1 / (1 - p)
     HAS_DROPOUT: tl.constexpr,  # the forward applied dropout to x
+    HAS_DSUM: tl.constexpr,  # add DSUM to the gradient of h
     BLOCK_N: tl.constexpr,  # cols per program (grid axis 1 tiles N)
 ):
     # Wide rows, pass 2 of 2: the row kernel's elementwise part and dweight / dbias partials on
@@ -245,6 +258,8 @@ def _add_layer_norm_bwd_tiled_kernel(
         db_acc += dy
         g = dy * w
         dh = tl.load(RSTD + row) * (g - tl.load(MEAN_G + row) - xhat * tl.load(MEAN_GX + row))
+        if HAS_DSUM:
+            dh += tl.load(DSUM + row * stride_dsm + cols, mask=mask, other=0.).to(tl.float32)
         _bwd_store(DX + row * stride_dxm, DRES + row * stride_drm, dh, keep, cols, mask, scale, HAS_DROPOUT)
     tl.store(DW_PARTIAL + pid_m * stride_pm + cols, dw_acc, mask=mask)
     tl.store(DB_PARTIAL + pid_m * stride_pm + cols, db_acc, mask=mask)
@@ -254,41 +269,29 @@ def _add_layer_norm_bwd_tiled_kernel(
 # Launchers
 
 
-def add_layer_norm_forward(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    eps: float,
-    dropout_p: float,
-    seed: Optional[int],
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, mean, rstd): y = layer_norm(dropout(x) + residual) [M, N] in x.dtype; mean, rstd [M] fp32.
+def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                           eps: float, dropout_p: float, seed: Optional[int], return_sum: bool = False):
+    """(y, mean, rstd): y = layer_norm(h) [M, N] in x.dtype, h = dropout(x) + residual; mean, rstd [M] fp32.
+    return_sum: (y, mean, rstd, h), h [M, N] in x.dtype, written in the same pass.
 
     x, residual [M, N] fp32/fp16/bf16 (same dtype); weight, bias [N] in x.dtype or fp32 (bias None: none);
     seed: a Python int in [0, 2**63), used when dropout_p > 0.
     """
     M, N = x.shape
     y = torch.empty_like(x)
+    h = torch.empty_like(x) if return_sum else None
     mean = torch.empty(M, dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    if M == 0:
-        return y, mean, rstd
-    s = settings(N)
-    has_dropout, seed, threshold, scale = _dropout_args(dropout_p, seed)
-    _add_layer_norm_fwd_kernel[(triton.cdiv(M, s.block_m),)](
-        y, y.stride(0),
-        mean, rstd,
-        x, x.stride(0),
-        residual, residual.stride(0),
-        weight, weight if bias is None else bias,
-        M, N,
-        eps,
-        seed, threshold, scale,
-        HAS_DROPOUT=has_dropout, HAS_BIAS=bias is not None, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
-        **_launch_options(s),
-    )
-    return y, mean, rstd
+    if M > 0:
+        s = settings(N, with_sum=return_sum)
+        has_dropout, seed, threshold, scale = _dropout_args(dropout_p, seed)
+        _add_layer_norm_fwd_kernel[(triton.cdiv(M, s.block_m),)](
+            y, y.stride(0), *_optional_rows(h), mean, rstd, x, x.stride(0), residual, residual.stride(0),
+            weight, weight if bias is None else bias, M, N, eps, seed, threshold, scale,
+            HAS_DROPOUT=has_dropout, HAS_BIAS=bias is not None, HAS_SUM=return_sum, BLOCK_M=s.block_m,
+            BLOCK_N=s.block_n, **_launch_options(s),
+        )
+    return (y, mean, rstd, h) if return_sum else (y, mean, rstd)
 
 
 def _partial_sums(n_programs: int, N: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -297,70 +300,44 @@ def _partial_sums(n_programs: int, N: int, device) -> Tuple[torch.Tensor, torch.
             torch.empty((n_programs, N), dtype=torch.float32, device=device))
 
 
-def _backward_whole_rows(dx, dresidual, dy, x, residual, weight, mean, rstd, s: Settings, max_programs: int,
+def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, s: Settings, max_programs: int,
                          has_dropout: bool, dropout_args) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Launch the backward of rows up to _MAX_FUSED_BWD_N wide (whole rows, one kernel); the
+    """Launch the backward of rows that settings() takes whole (one kernel, whole rows); the
     per-program partial sums of dweight and dbias, fp32 [programs, N]."""
     M, N = x.shape
     rows_per_program, n_programs = split_rows(M, 1, max_programs)
     dw_partial, db_partial = _partial_sums(n_programs, N, x.device)
     _add_layer_norm_bwd_kernel[(n_programs,)](
-        dx, dx.stride(0),
-        dresidual, dresidual.stride(0),
-        dw_partial, db_partial, dw_partial.stride(0),
-        dy, dy.stride(0),
-        x, x.stride(0),
-        residual, residual.stride(0),
-        weight,
-        mean, rstd,
-        M, N,
-        rows_per_program,
-        *dropout_args,
-        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n,
-        **_launch_options(s),
+        dx, dx.stride(0), dresidual, dresidual.stride(0), dw_partial, db_partial, dw_partial.stride(0),
+        dy, dy.stride(0), *_optional_rows(dsum), x, x.stride(0), residual, residual.stride(0), weight, mean, rstd,
+        M, N, rows_per_program, *dropout_args,
+        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, BLOCK_N=s.block_n, **_launch_options(s),
     )
     return dw_partial, db_partial
 
 
-def _backward_two_pass(dx, dresidual, dy, x, residual, weight, mean, rstd, max_programs: int,
+def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, max_programs: int,
                        has_dropout: bool, dropout_args) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward of wider rows: row sums, then column tiles; the per-program partial
     sums of dweight and dbias, fp32 [programs, N]."""
     M, N = x.shape
     mean_g = torch.empty(M, dtype=torch.float32, device=x.device)
     mean_gx = torch.empty(M, dtype=torch.float32, device=x.device)
+    grad_y = (dy, dy.stride(0))
+    inputs = (x, x.stride(0), residual, residual.stride(0), weight, mean, rstd)
     s = ROW_SUMS_SETTINGS
     _add_layer_norm_bwd_row_sums_kernel[(M,)](
-        mean_g, mean_gx,
-        dy, dy.stride(0),
-        x, x.stride(0),
-        residual, residual.stride(0),
-        weight,
-        mean, rstd,
-        M, N,
-        *dropout_args,
-        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n,
-        **_launch_options(s),
+        mean_g, mean_gx, *grad_y, *inputs, M, N, *dropout_args,
+        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n, **_launch_options(s),
     )
     s = TILED_SETTINGS
     n_col_tiles = triton.cdiv(N, s.block_n)
     rows_per_program, n_programs = split_rows(M, 1, triton.cdiv(max_programs, n_col_tiles))
     dw_partial, db_partial = _partial_sums(n_programs, N, x.device)
     _add_layer_norm_bwd_tiled_kernel[(n_programs, n_col_tiles)](
-        dx, dx.stride(0),
-        dresidual, dresidual.stride(0),
-        dw_partial, db_partial, dw_partial.stride(0),
-        dy, dy.stride(0),
-        x, x.stride(0),
-        residual, residual.stride(0),
-        weight,
-        mean, rstd,
-        mean_g, mean_gx,
-        M, N,
-        rows_per_program,
-        *dropout_args,
-        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n,
-        **_launch_options(s),
+        dx, dx.stride(0), dresidual, dresidual.stride(0), dw_partial, db_partial, dw_partial.stride(0),
+        *grad_y, *_optional_rows(dsum), *inputs, mean_g, mean_gx, M, N, rows_per_program, *dropout_args,
+        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, BLOCK_N=s.block_n, **_launch_options(s),
     )
     return dw_partial, db_partial
 
@@ -374,11 +351,13 @@ def add_layer_norm_backward(
     rstd: torch.Tensor,
     dropout_p: float,
     seed: Optional[int],
+    dsum: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dresidual, dweight, dbias) of add_layer_norm_forward; dweight, dbias in weight.dtype.
 
     dy, x, residual [M, N]; weight [N]; mean, rstd [M] fp32 from the forward; the same
-    dropout_p and seed as the forward (the mask is regenerated, not stored).
+    dropout_p and seed as the forward (the mask is regenerated, not stored). dsum [M, N] (x.dtype,
+    contiguous rows): the gradient of return_sum's h, added to h's before it reaches dresidual and dx.
     """
     M, N = x.shape
     dx = torch.empty_like(x)
@@ -388,8 +367,8 @@ def add_layer_norm_backward(
     has_dropout, seed, threshold, scale = _dropout_args(dropout_p, seed)
     dropout_args = (seed, threshold, scale)
     max_programs = _PROGRAMS_PER_SM * num_sms(x.device)
-    s = settings(N, backward=True)
-    args = (dx, dresidual, dy, x, residual, weight, mean, rstd)
+    s = settings(N, backward=True, with_sum=dsum is not None)
+    args = (dx, dresidual, dy, dsum, x, residual, weight, mean, rstd)
     if s is not None:  # whole rows
         dw_partial, db_partial = _backward_whole_rows(*args, s, max_programs, has_dropout, dropout_args)
     else:  # wide rows: row sums, then column tiles
@@ -405,10 +384,12 @@ _X_DTYPES = ("fp32", "fp16", "bf16")
 
 def report_configs(max_cols: int = MAX_N) -> Iterator[KernelBuild]:
     """Every (kernel, settings, dtypes, flags) the launchers can pick for N in 1..max_cols."""
-    fwd = sorted({settings(n) for n in range(1, max_cols + 1)})
-    bwd = [settings(n, backward=True) for n in range(1, max_cols + 1)]
-    two_pass = any(s is None for s in bwd)
-    bwd = sorted({s for s in bwd if s is not None})
+    widths = range(1, max_cols + 1)
+    # per value of the optional tensor's flag (HAS_SUM in the forward, HAS_DSUM in the backward)
+    fwd = {opt: sorted({settings(n, with_sum=opt) for n in widths}) for opt in (False, True)}
+    bwd = {opt: [settings(n, backward=True, with_sum=opt) for n in widths] for opt in (False, True)}
+    two_pass = {opt: any(s is None for s in b) for opt, b in bwd.items()}
+    bwd = {opt: sorted({s for s in b if s is not None}) for opt, b in bwd.items()}
     for x_dt in _X_DTYPES:
         for w_dt in dict.fromkeys((x_dt, "fp32")):
             for has_dropout in (False, True):
@@ -419,32 +400,44 @@ def report_configs(max_cols: int = MAX_N) -> Iterator[KernelBuild]:
                         "MEAN": "*fp32", "RSTD": "*fp32"}
                 grads = {"DX": f"*{x_dt}", "stride_dxm": "i32", "DRES": f"*{x_dt}", "stride_drm": "i32",
                          "DW_PARTIAL": "*fp32", "DB_PARTIAL": "*fp32", "stride_pm": "i32"}
-                builds = [("add_layer_norm_fwd", _add_layer_norm_fwd_kernel, s,
-                           {"Y": f"*{x_dt}", "stride_ym": "i32", "MEAN": "*fp32", "RSTD": "*fp32",
-                            "X": f"*{x_dt}", "stride_xm": "i32", "RES": f"*{x_dt}", "stride_rm": "i32",
-                            "W": f"*{w_dt}", "B": f"*{w_dt}", "M": "i32", "N": "i32", "eps": "fp32", **drop})
-                          for s in fwd]
-                builds += [("add_layer_norm_bwd", _add_layer_norm_bwd_kernel, s,
-                            {**grads, **rows, "M": "i32", "N": "i32", "rows_per_program": "i32", **drop})
-                           for s in bwd]
-                if two_pass:
-                    builds.append(("add_layer_norm_bwd_row_sums", _add_layer_norm_bwd_row_sums_kernel,
-                                   ROW_SUMS_SETTINGS,
-                                   {"MEAN_G": "*fp32", "MEAN_GX": "*fp32", **rows, "M": "i32", "N": "i32", **drop}))
-                    builds.append(("add_layer_norm_bwd_tiled", _add_layer_norm_bwd_tiled_kernel, TILED_SETTINGS,
-                                   {**grads, **rows, "MEAN_G": "*fp32", "MEAN_GX": "*fp32", "M": "i32",
-                                    "N": "i32", "rows_per_program": "i32", **drop}))
-                for name, fn, s, sig in builds:
-                    for has_bias in (True, False) if "HAS_BIAS" in fn.arg_names else (None,):
-                        constexprs = {"HAS_DROPOUT": has_dropout, "BLOCK_N": s.block_n}
-                        if has_bias is not None:
-                            constexprs["HAS_BIAS"] = has_bias
-                        if "BLOCK_M" in fn.arg_names:
-                            constexprs["BLOCK_M"] = s.block_m
-                        for aligned in (True, False):
-                            config = {"x": x_dt, "weight": w_dt, "dropout": has_dropout,
-                                      **({} if has_bias is None else {"bias": has_bias}),
-                                      **{k: v for k, v in constexprs.items() if k.startswith("BLOCK")},
-                                      "aligned": aligned}
-                            yield KernelBuild(name, fn, sig, constexprs, s.num_warps, s.num_stages, config,
-                                              aligned_args(sig) if aligned else (), s.maxnreg)
+                if any(two_pass.values()):  # (no optional tensor)
+                    yield from _variants("add_layer_norm_bwd_row_sums", _add_layer_norm_bwd_row_sums_kernel,
+                                         ROW_SUMS_SETTINGS, {"MEAN_G": "*fp32", "MEAN_GX": "*fp32", **rows,
+                                                             "M": "i32", "N": "i32", **drop}, x_dt, w_dt, has_dropout)
+                for opt in (False, True):
+                    builds = [("add_layer_norm_fwd", _add_layer_norm_fwd_kernel, s,
+                               {"Y": f"*{x_dt}", "stride_ym": "i32", "MEAN": "*fp32", "RSTD": "*fp32",
+                                "X": f"*{x_dt}", "stride_xm": "i32", "RES": f"*{x_dt}", "stride_rm": "i32",
+                                "W": f"*{w_dt}", "B": f"*{w_dt}", "M": "i32", "N": "i32", "eps": "fp32", **drop})
+                              for s in fwd[opt]]
+                    builds += [("add_layer_norm_bwd", _add_layer_norm_bwd_kernel, s,
+                                {**grads, **rows, "M": "i32", "N": "i32", "rows_per_program": "i32", **drop})
+                               for s in bwd[opt]]
+                    if two_pass[opt]:
+                        builds.append(("add_layer_norm_bwd_tiled", _add_layer_norm_bwd_tiled_kernel, TILED_SETTINGS,
+                                       {**grads, **rows, "MEAN_G": "*fp32", "MEAN_GX": "*fp32", "M": "i32",
+                                        "N": "i32", "rows_per_program": "i32", **drop}))
+                    for name, fn, s, sig in builds:
+                        yield from _variants(name, fn, s, sig, x_dt, w_dt, has_dropout, opt)
+
+
+def _variants(name, fn, s: Settings, sig, x_dt: str, w_dt: str, has_dropout: bool,
+              optional: bool = False) -> Iterator[KernelBuild]:
+    """The builds of one kernel at one settings row: with and without bias (where it takes one), its
+    optional tensor present or not (`optional`), aligned or not."""
+    flags, extra = _optional_rows_args(fn.arg_names, x_dt, optional)
+    sig = {**sig, **extra}
+    for has_bias in (True, False) if "HAS_BIAS" in fn.arg_names else (None,):
+        constexprs = {"HAS_DROPOUT": has_dropout, "BLOCK_N": s.block_n, **flags}
+        if has_bias is not None:
+            constexprs["HAS_BIAS"] = has_bias
+        if "BLOCK_M" in fn.arg_names:
+            constexprs["BLOCK_M"] = s.block_m
+        for aligned in (True, False):
+            config = {"x": x_dt, "weight": w_dt, "dropout": has_dropout,
+                      **({} if has_bias is None else {"bias": has_bias}),
+                      **{k[4:].lower(): v for k, v in flags.items() if k.startswith("HAS_")},
+                      **{k: v for k, v in constexprs.items() if k.startswith("BLOCK")},
+                      "aligned": aligned}
+            yield KernelBuild(name, fn, sig, constexprs, s.num_warps, s.num_stages, config,
+                              aligned_args(sig) if aligned else (), s.maxnreg)

@@ -23,7 +23,7 @@
 namespace fastbert {
 namespace kernels {
 
-constexpr int kAbiVersion = 2;
+constexpr int kAbiVersion = 3;
 
 // The storage type of a tensor.
 enum class Dtype : int32_t { kFloat = 0, kHalf, kBFloat16, kInt32, kInt8, kUInt8, kInt16, kInt64, kBool };
@@ -139,13 +139,14 @@ namespace kernels {
   X(geglu_forward, void, Dtype dtype, const void* x, void* y, int64_t m, int64_t n, bool tanh)                        \
   /* dx [m, 2n] = (dy * x[:, n:] * gelu'(x[:, :n]), dy * gelu(x[:, :n])) */                                           \
   X(geglu_backward, void, Dtype dtype, const void* dy, const void* x, void* dx, int64_t m, int64_t n, bool tanh)      \
-  /* y = layer_norm(dropout(x) + residual) * weight + bias (none when bias.p is nullptr); mean, rstd float32 [m] */  \
+  /* y = layer_norm(h) * weight + bias (none when bias.p is nullptr), h = dropout(x) + residual; mean, rstd */        \
+  /* float32 [m]; h itself into sum (x's dtype) unless sum is nullptr */                                              \
   X(add_layer_norm_forward, void, Dtype dtype, const void* x, const void* residual, Param weight, Param bias,         \
-    void* y, float* mean, float* rstd, int64_t m, int64_t n, float eps, double dropout_p, uint64_t seed)             \
-  /* dx, dresidual (x's dtype), dweight, dbias (weight's dtype) */                                                    \
-  X(add_layer_norm_backward, void, Dtype dtype, const void* dy, const void* x, const void* residual, Param weight,    \
-    const float* mean, const float* rstd, void* dx, void* dresidual, void* dweight, void* dbias, int64_t m,          \
-    int64_t n, double dropout_p, uint64_t seed)                                                                       \
+    void* y, void* sum, float* mean, float* rstd, int64_t m, int64_t n, float eps, double dropout_p, uint64_t seed)   \
+  /* dx, dresidual (x's dtype), dweight, dbias (weight's dtype) from dy and, unless nullptr, dsum (h's gradient) */   \
+  X(add_layer_norm_backward, void, Dtype dtype, const void* dy, const void* dsum, const void* x,                     \
+    const void* residual, Param weight, const float* mean, const float* rstd, void* dx, void* dresidual,             \
+    void* dweight, void* dbias, int64_t m, int64_t n, double dropout_p, uint64_t seed)                                \
   /* out [rows, cols]: the elements the dropout rule keeps */                                                         \
   X(dropout_keep_mask, void, bool* out, int64_t rows, int64_t cols, double p, uint64_t seed)                          \
   /* out[i] = Philox word 0 of counter start + i, by the vector code / one counter at a time */                       \
@@ -162,9 +163,10 @@ namespace kernels {
   X(int8_dequantize, void, const Int8Acc& acc, Dtype dtype, void* y)                                                 \
   /* quantize_rows(gelu(the dequantized accumulator)) */                                                              \
   X(int8_bias_gelu, void, const Int8Acc& acc, bool tanh, Int8Rows out)                                               \
-  /* y = layer_norm(dequantized + residual) * weight + ln_bias (residual's dtype); quantized too when out */          \
+  /* y = layer_norm(h) * weight + ln_bias, h = dequantized + residual (residual's dtype); quantized too when out, */  \
+  /* h itself into sum (residual's dtype) unless sum is nullptr */                                                    \
   X(int8_add_layer_norm, void, const Int8Acc& acc, Dtype dtype, const void* residual, Param weight, Param ln_bias,   \
-    float eps, void* y, const Int8Rows* out)                                                                          \
+    float eps, void* y, const Int8Rows* out, void* sum)                                                               \
   /* c [m, n] int32 (row stride ldc) = a [m, k] int8 (lda) . b [n, k] int8 (ldb)^T, exact */                          \
   X(int8_gemm, void, const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc, int64_t m, \
     int64_t n, int64_t k)                                                                                             \

@@ -10,7 +10,8 @@
 // anywhere. The linear layer's output x w^T + b is then
 //   y[m, n] = (acc[m, n] * s[m] + o[m] * acc[rows, n]) * s_col[n] + b[n]
 // (the dequantization, or "epilogue"), which the consumer of the output applies as it reads a row:
-//   int8_add_layer_norm   y = LayerNorm(epilogue + residual); y and, for the next GEMM, y quantized
+//   int8_add_layer_norm   y = LayerNorm(epilogue + residual); y and, for the next GEMM, y quantized; and
+//                         the sum itself for a pre-LN model, whose residual stream it is
 //   int8_bias_gelu        gelu(epilogue), quantized (the FFN's second GEMM input); the fp32
 //                         activation exists only as one row in a thread's buffer
 //   int8_dequantize       the epilogue into a float tensor (the general case: the attention's QKV)
@@ -272,7 +273,7 @@ void int8_bias_gelu(const Int8Acc& acc, bool tanh, Int8Rows out) {
 }
 
 void int8_add_layer_norm(const Int8Acc& acc, Dtype dtype, const void* residual, Param weight, Param ln_bias, float eps,
-                         void* y, const Int8Rows* out) {
+                         void* y, const Int8Rows* out, void* sum) {
   const int64_t rows = acc.rows, n = acc.n, npad = vec::round_up(n, W);
   const float *rs = acc.row_scale, *ro = acc.row_offset;
   const bool quantize = out != nullptr;
@@ -288,23 +289,35 @@ void int8_add_layer_norm(const Int8Acc& acc, Dtype dtype, const void* residual, 
       using T = decltype(tag);
       const T* resp = static_cast<const T*>(residual);
       T* yp = static_cast<T*>(y);
-      parallel_for(0, rows, row_grain(n), [=](int64_t r0, int64_t r1) {
-        float* v = vec::thread_buffer<float, kSlotPartials>(npad);
-        const int64_t body = n / W * W;
-        for (int64_t r = r0; r < r1; ++r) {
-          const float mean = dequantize_add_row(ap + r * n, rs[r], ro[r], ep, resp + r * n, v, n) / n;
-          for (int64_t c = n; c < npad; ++c) v[c] = mean;  // padding lanes add 0 to the variance
-          const Vf mv = vec::set1(mean);
-          const Vf sv = vec::set1(row_rstd(v, npad, n, mean, eps));
-          T* yr = yp + r * n;
-          for (int64_t c = 0; c < npad; c += W) {
-            Vf o = vec::fmadd((vec::load(v + c) - mv) * sv, vec::load(w + c), vec::load(lb + c));
-            vec::store(v + c, o);
-            if (c < body) vec::store(yr + c, o);
+      T* sp = static_cast<T*>(sum);
+      dispatch_flags(sp != nullptr, false, [&](auto sum_flag, auto) {
+        constexpr bool kSum = decltype(sum_flag)::value;
+        parallel_for(0, rows, row_grain(n), [=](int64_t r0, int64_t r1) {
+          float* v = vec::thread_buffer<float, kSlotPartials>(npad);
+          const int64_t body = n / W * W;
+          for (int64_t r = r0; r < r1; ++r) {
+            const float mean = dequantize_add_row(ap + r * n, rs[r], ro[r], ep, resp + r * n, v, n) / n;
+            for (int64_t c = n; c < npad; ++c) v[c] = mean;  // padding lanes add 0 to the variance
+            const Vf mv = vec::set1(mean);
+            const Vf sv = vec::set1(row_rstd(v, npad, n, mean, eps));
+            T* yr = yp + r * n;
+            T* sr = kSum ? sp + r * n : nullptr;
+            if constexpr (kSum) {  // the sum itself (the residual stream), before v is overwritten
+              if (body < n) vec::store_partial(sr + body, vec::load(v + body), n - body);
+            }
+            for (int64_t c = 0; c < npad; c += W) {
+              const Vf h = vec::load(v + c);
+              Vf o = vec::fmadd((h - mv) * sv, vec::load(w + c), vec::load(lb + c));
+              vec::store(v + c, o);
+              if (c < body) {
+                vec::store(yr + c, o);
+                if constexpr (kSum) vec::store(sr + c, h);
+              }
+            }
+            if (body < n) vec::store_partial(yr + body, vec::load(v + body), n - body);
+            if (quantize) qo.row(v, r, n);
           }
-          if (body < n) vec::store_partial(yr + body, vec::load(v + body), n - body);
-          if (quantize) qo.row(v, r, n);
-        }
+        });
       });
     });
   });

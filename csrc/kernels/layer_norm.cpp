@@ -1,10 +1,12 @@
 // Fused dropout + residual add + LayerNorm on the CPU (BERT's post-LN tail):
 //   h = dropout(x) + residual,  y = (h - mean) * rstd * weight + bias,  per row of [rows, hidden].
 // Forward: x and residual are read once and y written once; h lives only in a per-thread fp32 row
-// (in L1/L2) for the mean, the variance (two passes over the cached row) and the output.
+// (in L1/L2) for the mean, the variance (two passes over the cached row) and the output. A pre-LN
+// model (ModernBERT) also keeps h, its residual stream: then h is written out too, as it is summed.
 // Backward: h is recomputed from x, residual and the regenerated dropout mask (neither h nor the
 // mask is ever stored); dweight / dbias are summed per fixed chunk of rows (fp32 over groups of 8
 // rows, then double), then over chunks in chunk order, so they do not depend on the thread count.
+// The gradient of a written-out h (dsum) adds to the LayerNorm's dh before it reaches dresidual and dx.
 // Outputs much larger than the caches are written with non-temporal stores.
 
 #include <algorithm>
@@ -31,10 +33,10 @@ struct Dropout {
   Vf at(uint64_t base) const { return philox::keep_scale(base, keys, thresh, scale); }
 };
 
-// h = x * keep + residual for one row into hrow (fp32, padded to whole vectors; lanes past n are 0).
-// Returns the row sum.
-template <class T, bool kDropout>
-inline float load_h(const T* xr, const T* rr, float* hrow, int64_t n, uint64_t row_offset, const Dropout* dp) {
+// h = x * keep + residual for one row into hrow (fp32, padded to whole vectors; lanes past n are 0),
+// and into sr (T, n elements) when kSum. Returns the row sum.
+template <class T, bool kDropout, bool kSum, bool kStream>
+inline float load_h(const T* xr, const T* rr, float* hrow, T* sr, int64_t n, uint64_t row_offset, const Dropout* dp) {
   const int64_t body = n / W * W;
   Vf s0 = vec::set1(0.0f), s1 = vec::set1(0.0f);
   int64_t c = 0;
@@ -46,6 +48,9 @@ inline float load_h(const T* xr, const T* rr, float* hrow, int64_t n, uint64_t r
       h = xv + rv;
     }
     vec::store(hrow + col, h);
+    if constexpr (kSum) {
+      if (col < body) vec::put<kStream>(sr + col, h);
+    }
     return h;
   };
   for (; c + 2 * W <= body; c += 2 * W) {
@@ -53,13 +58,17 @@ inline float load_h(const T* xr, const T* rr, float* hrow, int64_t n, uint64_t r
     s1 = s1 + step(vec::load(xr + c + W), vec::load(rr + c + W), c + W);
   }
   for (; c < body; c += W) s0 = s0 + step(vec::load(xr + c), vec::load(rr + c), c);
-  if (body < n) s1 = s1 + step(vec::load_partial(xr + body, n - body), vec::load_partial(rr + body, n - body), body);
+  if (body < n) {
+    s1 = s1 + step(vec::load_partial(xr + body, n - body), vec::load_partial(rr + body, n - body), body);
+    if constexpr (kSum) vec::store_partial(sr + body, vec::load(hrow + body), n - body);
+  }
   return vec::hsum(s0 + s1);
 }
 
-template <class T, bool kDropout, bool kStream>
-void forward_rows(const T* x, const T* res, const float* w, const float* b, T* y, float* mean_out, float* rstd_out,
-                  int64_t r0, int64_t r1, int64_t n, float eps, const Dropout* dp) {
+// Rows [r0, r1): y, mean, rstd, and h into sum when kSum.
+template <class T, bool kDropout, bool kStream, bool kSum>
+void forward_rows(const T* x, const T* res, const float* w, const float* b, T* y, T* sum, float* mean_out,
+                  float* rstd_out, int64_t r0, int64_t r1, int64_t n, float eps, const Dropout* dp) {
   const int64_t npad = vec::round_up(n, W);
   const int64_t body = n / W * W;
   float* h = vec::thread_buffer<float, kSlotRow>(npad);
@@ -67,7 +76,9 @@ void forward_rows(const T* x, const T* res, const float* w, const float* b, T* y
     const T* xr = x + r * n;
     const T* rr = res + r * n;
     T* yr = y + r * n;
-    const float mean = load_h<T, kDropout>(xr, rr, h, n, static_cast<uint64_t>(r) * static_cast<uint64_t>(n), dp) / n;
+    const uint64_t row_offset = static_cast<uint64_t>(r) * static_cast<uint64_t>(n);
+    T* sr = kSum ? sum + r * n : nullptr;
+    const float mean = load_h<T, kDropout, kSum, kStream>(xr, rr, h, sr, n, row_offset, dp) / n;
     for (int64_t c = n; c < npad; ++c) h[c] = mean;  // padding lanes add 0 to the variance
     const Vf mv = vec::set1(mean);
     const float rstd = row_rstd(h, npad, n, mean, eps);
@@ -87,11 +98,12 @@ void forward_rows(const T* x, const T* res, const float* w, const float* b, T* y
 
 // One reduction chunk of rows [r0, r1): dx, dresidual, and the chunk's dweight / dbias partial sums
 // (double) in pw / pb. Within the chunk, sums run in fp32 over groups of kFlushRows rows (aw / ab)
-// which are then added to the double partials, so the order of every addition is fixed.
-template <class T, bool kDropout, bool kStream>
-void backward_rows(const T* dy, const T* x, const T* res, const float* w, const float* mean, const float* rstd,
-                   T* dx, T* dres, double* pw, double* pb, float* aw, float* ab, float* h, float* k, int64_t r0,
-                   int64_t r1, int64_t n, const Dropout* dp) {
+// which are then added to the double partials, so the order of every addition is fixed. kDsum: the
+// gradient of h itself, ds (x's dtype), adds to dh.
+template <class T, bool kDropout, bool kStream, bool kDsum>
+void backward_rows(const T* dy, const T* ds, const T* x, const T* res, const float* w, const float* mean,
+                   const float* rstd, T* dx, T* dres, double* pw, double* pb, float* aw, float* ab, float* h, float* k,
+                   int64_t r0, int64_t r1, int64_t n, const Dropout* dp) {
   const int64_t body = n / W * W;
   const int64_t npad = vec::round_up(n, W);
   const Vf zero = vec::set1(0.0f);
@@ -134,18 +146,20 @@ void backward_rows(const T* dy, const T* x, const T* res, const float* w, const 
     }
     const Vf mg = vec::set1(vec::hsum(sg) / n);
     const Vf mgx = vec::set1(vec::hsum(sgx) / n);
-    // pass 2: dh = rstd * (g - mean(g) - xhat * mean(g * xhat)); dresidual = dh, dx = dh * keep
+    // pass 2: dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ ds); dresidual = dh, dx = dh * keep
     T* dxr = dx + r * n;
     T* drr = dres + r * n;
     auto grad = [&](Vf d, int64_t c) { return sv * vec::fnmadd(vec::load(h + c), mgx, vec::fmadd(d, vec::load(w + c), -mg)); };
     for (int64_t c = 0; c < body; c += W) {
       Vf dh = grad(vec::load(dyr + c), c);
+      if constexpr (kDsum) dh = dh + vec::load(ds + r * n + c);
       Vf dxv = kDropout ? dh * vec::load(k + c) : dh;
       vec::put<kStream>(drr + c, dh);
       vec::put<kStream>(dxr + c, dxv);
     }
     if (body < n) {
       Vf dh = grad(vec::load_partial(dyr + body, n - body), body);
+      if constexpr (kDsum) dh = dh + vec::load_partial(ds + r * n + body, n - body);
       vec::store_partial(drr + body, dh, n - body);
       vec::store_partial(dxr + body, kDropout ? dh * vec::load(k + body) : dh, n - body);
     }
@@ -159,7 +173,8 @@ void backward_rows(const T* dy, const T* x, const T* res, const float* w, const 
 }  // namespace
 
 void add_layer_norm_forward(Dtype dtype, const void* x, const void* residual, Param weight, Param bias, void* y,
-                            float* mean, float* rstd, int64_t m, int64_t n, float eps, double dropout_p, uint64_t seed) {
+                            void* sum, float* mean, float* rstd, int64_t m, int64_t n, float eps, double dropout_p,
+                            uint64_t seed) {
   const int64_t npad = vec::round_up(n, W);
   const float* wp = padded_float<kSlotParamA>(weight, n, npad);
   const float* bp = padded_float<kSlotParamB>(bias, n, npad);
@@ -169,19 +184,23 @@ void add_layer_norm_forward(Dtype dtype, const void* x, const void* residual, Pa
     const T* xp = static_cast<const T*>(x);
     const T* rp = static_cast<const T*>(residual);
     T* yp = static_cast<T*>(y);
-    dispatch_flags(dropout_p > 0.0, stream_output(yp, m, n), [&](auto dropout_flag, auto stream_flag) {
-      parallel_for(0, m, row_grain(n), [&](int64_t r0, int64_t r1) {
-        forward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value>(xp, rp, wp, bp, yp, mean, rstd, r0,
-                                                                                     r1, n, eps, &drop);
-        vec::stream_fence();
+    T* sp = static_cast<T*>(sum);
+    const bool stream = stream_output(yp, m, n) && (sp == nullptr || stream_output(sp, m, n));
+    dispatch_flags(dropout_p > 0.0, stream, [&](auto dropout_flag, auto stream_flag) {
+      dispatch_flags(sp != nullptr, false, [&](auto sum_flag, auto) {
+        parallel_for(0, m, row_grain(n), [&](int64_t r0, int64_t r1) {
+          forward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value, decltype(sum_flag)::value>(
+              xp, rp, wp, bp, yp, sp, mean, rstd, r0, r1, n, eps, &drop);
+          vec::stream_fence();
+        });
       });
     });
   });
 }
 
-void add_layer_norm_backward(Dtype dtype, const void* dy, const void* x, const void* residual, Param weight,
-                             const float* mean, const float* rstd, void* dx, void* dresidual, void* dweight,
-                             void* dbias, int64_t m, int64_t n, double dropout_p, uint64_t seed) {
+void add_layer_norm_backward(Dtype dtype, const void* dy, const void* dsum, const void* x, const void* residual,
+                             Param weight, const float* mean, const float* rstd, void* dx, void* dresidual,
+                             void* dweight, void* dbias, int64_t m, int64_t n, double dropout_p, uint64_t seed) {
   const int64_t npad = vec::round_up(n, W);
   const float* wp = padded_float<kSlotParamA>(weight, n, npad);
   const int64_t chunk = reduce_chunk_rows(m);
@@ -195,24 +214,27 @@ void add_layer_norm_backward(Dtype dtype, const void* dy, const void* x, const v
     const T* xp = static_cast<const T*>(x);
     const T* rp = static_cast<const T*>(residual);
     const T* dyp = static_cast<const T*>(dy);
+    const T* dsp = static_cast<const T*>(dsum);
     T* dxp = static_cast<T*>(dx);
     T* drp = static_cast<T*>(dresidual);
     const bool stream = stream_output(dxp, m, n) && stream_output(drp, m, n);
     dispatch_flags(dropout, stream, [&](auto dropout_flag, auto stream_flag) {
-      parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-        float* h = vec::thread_buffer<float, kSlotRow>(npad);
-        float* k = dropout ? vec::thread_buffer<float, kSlotKeep>(npad) : nullptr;
-        float* aw = vec::thread_buffer<float, kSlotSums>(2 * npad);
-        float* ab = aw + npad;
-        for (int64_t c = c0; c < c1; ++c) {
-          const int64_t r0 = c * chunk, r1 = std::min(m, r0 + chunk);
-          double* pw = pp + c * 2 * npad;
-          double* pb = pw + npad;
-          std::fill(pw, pw + 2 * npad, 0.0);
-          backward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value>(
-              dyp, xp, rp, wp, mean, rstd, dxp, drp, pw, pb, aw, ab, h, k, r0, r1, n, &drop);
-        }
-        vec::stream_fence();
+      dispatch_flags(dsp != nullptr, false, [&](auto dsum_flag, auto) {
+        parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+          float* h = vec::thread_buffer<float, kSlotRow>(npad);
+          float* k = dropout ? vec::thread_buffer<float, kSlotKeep>(npad) : nullptr;
+          float* aw = vec::thread_buffer<float, kSlotSums>(2 * npad);
+          float* ab = aw + npad;
+          for (int64_t c = c0; c < c1; ++c) {
+            const int64_t r0 = c * chunk, r1 = std::min(m, r0 + chunk);
+            double* pw = pp + c * 2 * npad;
+            double* pb = pw + npad;
+            std::fill(pw, pw + 2 * npad, 0.0);
+            backward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value, decltype(dsum_flag)::value>(
+                dyp, dsp, xp, rp, wp, mean, rstd, dxp, drp, pw, pb, aw, ab, h, k, r0, r1, n, &drop);
+          }
+          vec::stream_fence();
+        });
       });
     });
   });

@@ -13,12 +13,10 @@ Through fastbert.ops: every projection is ops.linear; attention is ops.attention
 ops.varlen_attention (packed), which rotate q and k by the layer's rotary embedding
 (rope_parameters[layer_type]["rope_theta"]) inside the kernel and, in the sliding layers, give each
 query the keys at most local_attention // 2 positions away (window); the GeGLU is ops.geglu; every
-LayerNorm that follows a residual add is ops.add_layer_norm (no bias when norm_bias is False).
-
-What is not fused yet: pre-LN keeps the residual stream as well as its norm, and add_layer_norm
-returns the norm only, so the stream's sum is a separate torch add (ModernBertEncoderLayer.forward
-and ModernBertModel._final_norm: the place for a fused op that returns both). The LayerNorms with
-no residual add before them (the embeddings', the prediction head's) are F.layer_norm.
+LayerNorm that follows a residual add is ops.add_layer_norm (no bias when norm_bias is False); as
+pre-LN keeps the residual stream as well as its norm, the layers take both from it in one pass
+(return_sum=True: the sum it normalises is the stream). The LayerNorms with no residual add before
+them (the embeddings', the prediction head's) are F.layer_norm.
 
 A batch with padding runs packed (real tokens only, rotary positions counted within each
 sequence); a batch without padding, or any batch while torch.compile traces (fullgraph, no graph
@@ -83,6 +81,14 @@ def add_norm(norm: nn.Module, x: torch.Tensor, residual: Optional[torch.Tensor],
     if residual is None:
         return F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, norm.eps)
     return ops.add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, backend=backend)
+
+
+def add_norm_sum(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, backend) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(norm(s), s), s = x + residual: a pre-LN layer's norm and its residual stream, in one fused pass."""
+    if isinstance(norm, nn.Identity):
+        s = x + residual
+        return s, s
+    return ops.add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, return_sum=True, backend=backend)
 
 
 class ModernBertEmbeddings(nn.Module, _Backend):
@@ -207,10 +213,9 @@ class ModernBertEncoderLayer(nn.Module, _Backend):
         if delta is None:  # the first layer: the stream is the embeddings' output
             stream, normed = h, add_norm(self.attn_norm, h, None, self.backend)
         else:
-            stream, normed = h + delta, add_norm(self.attn_norm, delta, h, self.backend)
+            normed, stream = add_norm_sum(self.attn_norm, delta, h, self.backend)
         out, probs = self.attn(normed, mask, packed, want_probs)
-        normed = add_norm(self.mlp_norm, out, stream, self.backend)
-        stream = stream + out
+        normed, stream = add_norm_sum(self.mlp_norm, out, stream, self.backend)
         return stream, self.mlp(normed), probs
 
 

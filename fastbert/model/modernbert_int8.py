@@ -9,18 +9,17 @@ and the int8 rows of attn_norm(h), made by the layer before:
 
     qkv   = int8_dequantize(int8_matmul(x_q, Wqkv_q), ...)            -> attention (rotary, window) -> ctx
     acc   = int8_matmul(quantize_rows(ctx), Wo_q)
-    m_q   = int8_add_layer_norm(acc, ..., residual=h, mlp_norm)         (mlp_norm(h + a), quantized)
-    h     = h + int8_dequantize(acc, ...)                               (the residual stream)
+    m_q, h = int8_add_layer_norm(acc, ..., residual=h, mlp_norm, return_sum=True)
+                                          (mlp_norm(h + a) quantized, and h + a: the residual stream)
     g     = geglu(int8_dequantize(int8_matmul(m_q, Wi_q), ...))
     acc   = int8_matmul(quantize_rows(g), Wo_q)
-    x_q   = int8_add_layer_norm(acc, ..., residual=h, next attn_norm)   (final_norm after the last layer,
-    h     = h + int8_dequantize(acc, ...)                                whose output it is, unquantized)
+    x_q, h = int8_add_layer_norm(acc, ..., residual=h, next attn_norm, return_sum=True)
+                                          (final_norm after the last layer, whose output it is, unquantized)
 
-What fused int8 ops would save (none exists yet, so these are composed): a pre-LN layer needs the
-residual sum as well as its norm, and int8_add_layer_norm returns the norm only, so the sum is a
-second pass over the accumulator (int8_dequantize) and a torch add, twice a layer; an int8 GeGLU
-(the accumulator dequantized, gelu(a) * b, quantized for the next GEMM, as int8_bias_gelu does for
-BERT) would spare the float [rows, 2 intermediate] and [rows, intermediate] tensors it writes and reads.
+Each int8_add_layer_norm gives the norm and the residual stream from one pass over the accumulator.
+What a fused int8 GeGLU would save (none exists yet, so it is composed): the accumulator dequantized,
+gelu(a) * b, quantized for the next GEMM, as int8_bias_gelu does for BERT, would spare the float
+[rows, 2 intermediate] and [rows, intermediate] tensors it writes and reads.
 
 Inference only: forward in training mode, or a backward through the encoder, is the error of
 fastbert.model.int8 naming the fix.
@@ -51,14 +50,15 @@ def _linear(lin, xq, dtype: torch.dtype) -> torch.Tensor:
 
 def _add_norm(lin, xq, stream: torch.Tensor, norm: nn.LayerNorm, quantize: bool, want_sum: bool):
     """a = lin(x) on the quantized rows xq; -> (norm(stream + a), its quantized rows (when
-    `quantize`), stream + a (when want_sum, else None): the residual stream, a second pass over the
-    accumulator, since int8_add_layer_norm returns the norm only)."""
+    `quantize`), stream + a (when want_sum, else None): the residual stream, from the same pass over
+    the accumulator)."""
     q, s, o = xq
     acc = ops.int8_matmul(q, lin.weight)
-    total = stream + ops.int8_dequantize(acc, s, o, lin.weight_scale, lin.bias, stream.dtype) if want_sum else None
     width = stream.shape[-1]
     y, *yq = ops.int8_add_layer_norm(acc, s, o, lin.weight_scale, _or_zeros(lin.bias, width, stream), stream,
-                                     norm.weight, _or_zeros(norm.bias, width, norm.weight), norm.eps, quantize=quantize)
+                                     norm.weight, _or_zeros(norm.bias, width, norm.weight), norm.eps, quantize=quantize,
+                                     return_sum=want_sum)
+    total = yq.pop() if want_sum else None
     return y, (tuple(yq) if quantize else None), total
 
 

@@ -176,12 +176,27 @@ def _int8_add_layer_norm(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col
                                                       ln_bias, eps, quantize))
 
 
+def _fake_add_layer_norm_sum(*args):
+    return (*_fake_add_layer_norm(*args), torch.empty_like(args[5]))
+
+
+@fused_op("int8_add_layer_norm_sum", _fake_add_layer_norm_sum)
+def _int8_add_layer_norm_sum(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Tensor,
+                             residual: Tensor, weight: Tensor, ln_bias: Tensor, eps: float,
+                             quantize: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    # _int8_add_layer_norm's outputs, then the sum (residual's dtype)
+    return tuple(_impl(None, acc).int8_add_layer_norm(acc, row_scale, row_offset, col_scale, bias, residual, weight,
+                                                      ln_bias, eps, quantize, return_sum=True))
+
+
 def int8_add_layer_norm(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Tensor,
                         residual: Tensor, weight: Tensor, ln_bias: Tensor, eps: float = 1e-12, *,
-                        quantize: bool = True, backend: Optional[str] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(y, q, scale, offset): y = layer_norm(int8_dequantize(acc, ...) + residual) * weight + ln_bias
-    in residual's dtype, statistics in fp32; (q, scale, offset) = y quantized per row for the next
-    GEMM when `quantize` (else empty tensors)."""
+                        quantize: bool = True, return_sum: bool = False,
+                        backend: Optional[str] = None) -> Tuple[Tensor, ...]:
+    """(y, q, scale, offset): y = layer_norm(h) * weight + ln_bias in residual's dtype, h =
+    int8_dequantize(acc, ...) + residual in fp32, statistics in fp32; (q, scale, offset) = y quantized
+    per row for the next GEMM when `quantize` (else empty tensors). return_sum: (y, q, scale, offset,
+    h), h in residual's dtype (a pre-LN encoder's residual stream), from the same pass over acc."""
     _check_acc("int8_add_layer_norm", acc, row_scale, row_offset, col_scale, bias)
     check_float("int8_add_layer_norm", "residual", residual)
     if tuple(residual.shape) != (acc.shape[0] - 1, acc.shape[1]):
@@ -190,5 +205,5 @@ def int8_add_layer_norm(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_
     args = (acc, row_scale, row_offset, col_scale, bias, residual.contiguous(), weight, ln_bias, float(eps),
             bool(quantize))
     if backend is not None:
-        return tuple(_impl(backend, acc).int8_add_layer_norm(*args))
-    return _int8_add_layer_norm(*args)
+        return tuple(_impl(backend, acc).int8_add_layer_norm(*args, return_sum=bool(return_sum)))
+    return _int8_add_layer_norm_sum(*args) if return_sum else _int8_add_layer_norm(*args)

@@ -2,12 +2,14 @@
 
 BERT's post-LN tail (BertSelfOutput, BertOutput). Statistics (mean, rstd) are kept in float32; the
 backward recomputes dropout(x) + residual from x, residual and the dropout seed, so neither the sum
-nor the mask is ever stored. Layers: custom ops -> autograd Function -> functional API; kernels in
+nor the mask is ever stored. A pre-LN encoder (ModernBERT) keeps the sum as its residual stream:
+return_sum=True writes it out in the same pass, and its gradient joins the norm's in the backward's
+one pass. Layers: custom ops -> autograd Functions -> functional API; kernels in
 kernels/layer_norm.py (Triton) and csrc/layer_norm.cpp (C++).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -37,19 +39,35 @@ def _add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optio
     )
 
 
-def _fake_bwd(dy, x, residual, weight, mean, rstd, dropout_p, seed, backend):
+def _fake_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
+    return (*_fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend), torch.empty_like(x))
+
+
+@fused_op("add_layer_norm_sum_fwd", _fake_sum_fwd)
+def _add_layer_norm_sum_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
+                            dropout_p: float, seed: Optional[Tensor],
+                            backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    # as _add_layer_norm_fwd -> (y, mean, rstd, s), s = dropout(x) + residual [rows, hidden] in x.dtype
+    return tuple(
+        _backend.impl(backend, "layer_norm").add_layer_norm_forward(
+            x, residual, weight, bias, eps, dropout_p, seed_int(seed), return_sum=True
+        )
+    )
+
+
+def _fake_bwd(dy, x, residual, weight, mean, rstd, dropout_p, seed, backend, dsum=None):
     return torch.empty_like(x), torch.empty_like(residual), torch.empty_like(weight), torch.empty_like(weight)
 
 
 @fused_op("add_layer_norm_bwd", _fake_bwd)
 def _add_layer_norm_bwd(dy: Tensor, x: Tensor, residual: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
-                        dropout_p: float, seed: Optional[Tensor], backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    # -> dx, dresidual [rows, hidden] in x.dtype; dweight, dbias [hidden] in weight.dtype (fp32 sums)
-    return tuple(
-        _backend.impl(backend, "layer_norm").add_layer_norm_backward(
-            dy, x, residual, weight, mean, rstd, dropout_p, seed_int(seed)
-        )
-    )
+                        dropout_p: float, seed: Optional[Tensor], backend: str,
+                        dsum: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    # -> dx, dresidual [rows, hidden] in x.dtype; dweight, dbias [hidden] in weight.dtype (fp32 sums);
+    # dsum: the gradient of the sum (return_sum), [rows, hidden] in x.dtype, or None
+    impl = _backend.impl(backend, "layer_norm")
+    args = (dy, x, residual, weight, mean, rstd, dropout_p, seed_int(seed))
+    return tuple(impl.add_layer_norm_backward(*args) if dsum is None else impl.add_layer_norm_backward(*args, dsum=dsum))
 
 
 def _fake_keep(seed, rows, cols, p, device):
@@ -80,6 +98,29 @@ class AddLayerNormFunction(torch.autograd.Function):
         return dx, dres, dw, db if ctx.has_bias else None, None, None, None, None
 
 
+class AddLayerNormSumFunction(torch.autograd.Function):
+    """add_layer_norm with return_sum: (y, s); the backward takes the gradients of both in one pass."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
+        y, mean, rstd, s = _add_layer_norm_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
+        ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
+        ctx.dropout_p, ctx.backend, ctx.has_bias = dropout_p, backend, bias is not None
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+        return y, s
+
+    @staticmethod
+    def backward(ctx, dy, ds):
+        x, residual, weight, mean, rstd, seed = ctx.saved_tensors
+        only_sum = dy is None  # the norm unused: no gradient for weight and bias, dy = 0 for the rest
+        dy = torch.zeros_like(x) if only_sum else dy.contiguous()
+        dx, dres, dw, db = _add_layer_norm_bwd(dy, x, residual, weight, mean, rstd, ctx.dropout_p, seed, ctx.backend,
+                                               None if ds is None else ds.contiguous())
+        if only_sum:
+            dw = db = None
+        return dx, dres, dw, db if ctx.has_bias else None, None, None, None, None
+
+
 def add_layer_norm(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -88,10 +129,11 @@ def add_layer_norm(
     eps: float = 1e-12,
     *,
     dropout_p: float = 0.0,
+    return_sum: bool = False,
     backend: Optional[str] = None,
     seed: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
-) -> torch.Tensor:
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """layer_norm(dropout(x) + residual) over the last dim, one fused pass forward and backward.
 
     x, residual: [..., hidden], the same shape and dtype (float32/float16/bfloat16; any layout,
@@ -102,13 +144,15 @@ def add_layer_norm(
     dropout_p: probability of zeroing an element of x (kept ones scaled by 1/(1-p)). The mask is a
     function of `seed` (an int in [0, 2**63); drawn from torch's RNG, or `generator`, when None), the
     same on every backend (fastbert.reference.dropout_keep_mask), regenerated in the backward.
+    return_sum: return (y, s), s = dropout(x) + residual in x's dtype, the sum the norm was taken of
+    (a pre-LN encoder's residual stream), written in the same pass; gradients flow from both.
     backend: "triton", "cpp", "torch" or None (automatic). The fused backends take hidden <= 8192.
     """
     x, residual = _check_inputs(x, residual, weight, bias, eps, dropout_p)
     backend = _backend.resolve(backend, x)
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
     if backend == "torch" or x.numel() == 0:
-        return _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed_t)
+        return _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed_t, return_sum)
     hidden = x.shape[-1]
     if hidden > MAX_HIDDEN:
         raise ValueError(
@@ -117,7 +161,14 @@ def add_layer_norm(
         )
     args = (as_rows(x), as_rows(residual), weight.contiguous(), None if bias is None else bias.contiguous(), float(eps),
             float(dropout_p), seed_t)
-    if needs_grad(x, residual, weight, *(() if bias is None else (bias,))):
+    grad = needs_grad(x, residual, weight, *(() if bias is None else (bias,)))
+    if return_sum:
+        if grad:
+            y, s = AddLayerNormSumFunction.apply(*args, backend)
+        else:
+            y, _, _, s = _add_layer_norm_sum_fwd(*args, backend)
+        return y.view(x.shape), s.view(x.shape)
+    if grad:
         return AddLayerNormFunction.apply(*args, backend).view(x.shape)
     return _add_layer_norm_fwd(*args, backend)[0].view(x.shape)
 
@@ -157,10 +208,10 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p) -> Tuple[Tensor, Te
     return x, residual
 
 
-def _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed):
+def _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed, return_sum):
     """The "torch" backend: the reference layer, with the dropout mask of the fused backends."""
     keep = None
     if dropout_p > 0 and x.numel() > 0:
         hidden = x.shape[-1]
         keep = _dropout_keep_mask(seed, x.numel() // hidden, hidden, dropout_p, x.device).view(x.shape)
-    return reference.add_layer_norm(x, residual, weight, bias, eps, dropout_p, keep_mask=keep)
+    return reference.add_layer_norm(x, residual, weight, bias, eps, dropout_p, keep_mask=keep, return_sum=return_sum)

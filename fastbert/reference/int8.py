@@ -87,9 +87,10 @@ def int8_bias_gelu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale
 
 def int8_add_layer_norm(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Tensor,
                         residual: Tensor, weight: Tensor, ln_bias: Tensor, eps: float,
-                        quantize: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(y, q, scale, offset): y = layer_norm(dequantize(acc, ...) + residual) in residual's dtype;
-    (q, scale, offset) = quantize_rows of y (in fp32, before the cast) when `quantize`, else empty."""
+                        quantize: bool, return_sum: bool = False) -> Tuple[Tensor, ...]:
+    """(y, q, scale, offset): y = layer_norm(h) in residual's dtype, h = dequantize(acc, ...) + residual
+    (fp32); (q, scale, offset) = quantize_rows of y (in fp32, before the cast) when `quantize`, else
+    empty; return_sum: h in residual's dtype too, fifth."""
     h = dequantize(acc, row_scale, row_offset, col_scale, bias) + residual.float()
     y = F.layer_norm(h, h.shape[-1:], weight.float(), ln_bias.float(), eps)
     if quantize:
@@ -97,4 +98,5 @@ def int8_add_layer_norm(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_
     else:
         q, s, o = acc.new_empty(0, dtype=torch.int8), acc.new_empty(0, dtype=torch.float32), acc.new_empty(
             0, dtype=torch.float32)
-    return y.to(residual.dtype), q, s, o
+    out = (y.to(residual.dtype), q, s, o)
+    return (*out, h.to(residual.dtype)) if return_sum else out

@@ -237,6 +237,34 @@ def test_int8_add_layer_norm_against_float64(backend, rows, k, n, dtype, quantiz
         assert q.numel() == 0 and s.numel() == 0 and o.numel() == 0
 
 
+@pytest.mark.parametrize("quantize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("acc_dtype", [torch.int32, torch.float32])
+@pytest.mark.parametrize("rows, k, n", [(1, 8, 4), (45, 64, 384), (17, 3072, 768)])
+def test_int8_add_layer_norm_returns_the_sum(backend, rows, k, n, acc_dtype, dtype, quantize):
+    """return_sum: the residual stream h = dequantized acc + residual as a fifth output in residual's
+    dtype (within fp32 rounding of the epilogue, then one rounding to the dtype), from the same pass;
+    the other four outputs bit for bit the default's. In fp32 h is exactly what the residual plus
+    int8_dequantize gives (the two passes it replaces)."""
+    g = torch.Generator().manual_seed(rows * 5 + n)
+    args = _layer_inputs(rows, k, n, g, acc_dtype)
+    residual = (3 * torch.randn(rows, n, generator=g)).to(dtype)
+    weight, ln_bias = 1 + 0.1 * torch.randn(n, generator=g), torch.randn(n, generator=g)
+    call = lambda **kw: fastbert.ops.int8_add_layer_norm(*args, residual, weight, ln_bias, 1e-12,  # noqa: E731
+                                                         quantize=quantize, backend=backend, **kw)
+    default, fused = call(), call(return_sum=True)
+    assert len(default) == 4 and len(fused) == 5
+    for name, a, b in zip(("y", "q", "scale", "offset"), default, fused[:4]):
+        assert torch.equal(a, b), f"{name} differs from the default form's"
+    h = fused[4]
+    assert h.dtype == dtype and h.shape == (rows, n)
+    want = _dequantized64(*args) + residual.double()
+    rounding = 0 if dtype == torch.float32 else want.abs() * 2.0 ** -(8 if dtype == torch.bfloat16 else 11)
+    assert ((h.double() - want).abs() <= _epilogue_bound(*args) + 2 * FP32_EPS * want.abs() + rounding).all()
+    if dtype == torch.float32:
+        assert torch.equal(h, residual + fastbert.ops.int8_dequantize(*args, dtype=dtype, backend=backend))
+
+
 def test_the_cpp_kernels_take_torchs_int8_gemm_outputs_end_to_end():
     """One linear layer, quantized: quantize_rows -> int8_matmul -> int8_dequantize, against F.linear."""
     require("cpp")
