@@ -28,7 +28,9 @@ Row = Tuple[str, bool, float, float]  # (tensor name, ok, error, bound)
 # ops with one implementation behind them (no backend argument) are checked once, as "auto"
 SINGLE = ("unpad/pad", "linear", "attention_weights", "embedding", "int8_matmul", "quantize_weight")
 INT8_OPS = ("quantize_rows", "quantize_weight", "int8_matmul", "int8_dequantize", "int8_bias_gelu",
-            "int8_add_layer_norm")  # no Triton kernels: the CPU backends
+            "int8_add_layer_norm", "int8_add_layer_norm+sum")  # no Triton kernels: the CPU backends
+# "+sum": the form with return_sum=True, which also returns the sum the norm is taken of
+ELEMENTWISE = ("bias_gelu", "geglu", "add_layer_norm", "add_layer_norm+sum")
 
 
 def bound_check(out: torch.Tensor, torch_out: torch.Tensor, ref64: torch.Tensor, dtype) -> Tuple[bool, float, float]:
@@ -49,19 +51,22 @@ def exact_check(name: str, got: torch.Tensor, want: torch.Tensor) -> Row:
     return name, wrong == 0, wrong, 0.0
 
 
-def with_grads(fn: Callable, inputs: Sequence[torch.Tensor], grad_out: torch.Tensor):
-    """fn(*inputs) on fresh leaf copies -> (output, [gradient of each input])."""
+def with_grads(fn: Callable, inputs: Sequence[torch.Tensor], grad_out):
+    """fn(*inputs) on fresh leaf copies -> (output, [gradient of each input]); for an fn with a tuple
+    of outputs and grad_out a tuple of their gradients: (each output, ..., [gradient of each input])."""
     leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
     out = fn(*leaves)
-    out.backward(grad_out.to(out.dtype))
-    return [out.detach()] + [t.grad for t in leaves]
+    outs, grads = (out, grad_out) if isinstance(out, tuple) else ((out,), (grad_out,))
+    torch.autograd.backward(outs, [g.to(o.dtype) for o, g in zip(outs, grads)])
+    return [o.detach() for o in outs] + [t.grad for t in leaves]
 
 
 def compare(names: Sequence[str], fused: Callable, ref: Callable, inputs, grad_out, dtype) -> List[Row]:
-    """fused vs ref (same dtype) vs ref in fp64, output and the gradient of every input."""
+    """fused vs ref (same dtype) vs ref in fp64, the output(s) and the gradient of every input."""
     got = with_grads(fused, inputs, grad_out)
     base = with_grads(ref, inputs, grad_out)
-    r64 = with_grads(ref, [t.double() for t in inputs], grad_out.double())
+    r64 = with_grads(ref, [t.double() for t in inputs],
+                     tuple(g.double() for g in grad_out) if isinstance(grad_out, tuple) else grad_out.double())
     return [(name, *bound_check(a, b, c, dtype)) for name, a, b, c in zip(names, got, base, r64)]
 
 
@@ -92,7 +97,7 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
     rows = [(3, 7), (4, 768)] if interpreted else [(512, 768), (512, 3072), (333, 1023)]
     dtypes = [torch.float32, torch.float16] if interpreted else [torch.float32, torch.bfloat16]
     attn = [(3, 2, 17, 16)] if interpreted else [(4, 4, 97, 64)]
-    for op in ("bias_gelu", "geglu", "add_layer_norm"):
+    for op in ELEMENTWISE:
         for shape in rows:
             for dtype in dtypes:
                 yield op, shape, dtype
@@ -118,6 +123,8 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
     for op in INT8_OPS:
         for shape in ((3, 7, 5), (200, 384, 1536)):  # [rows, in, out] of one int8 linear layer
             yield op, shape, torch.float32
+    for dtype in dtypes:  # one post-LN encoder layer in one call: [batch, seq, hidden, heads]
+        yield "encoder_layer", (3, 9, 32, 2) if interpreted else (4, 97, 256, 4), dtype
 
 
 def _mixed_mask(batch: int, seq: int, g: torch.Generator) -> torch.Tensor:
@@ -146,14 +153,17 @@ def _elementwise(op, shape, dtype, backend, device, g) -> List[Row]:
         return compare(["y", "dx", "dbias"], fused, reference.bias_gelu, inputs, dy, dtype)
     inputs = [x, torch.randn(m, n, generator=g).to(device, dtype),
               (1 + torch.randn(n, generator=g)).to(device, dtype), torch.randn(n, generator=g).to(device, dtype)]
-    p, seed = 0.1, 1234
+    p, seed, sum_form = 0.1, 1234, op == "add_layer_norm+sum"
     keep = reference.dropout_keep_mask(seed, shape, p, device)
-    fused = lambda *a: fastbert.ops.add_layer_norm(*a, dropout_p=p, seed=seed, backend=backend)  # noqa: E731
-    ref = lambda *a: reference.add_layer_norm(*a, dropout_p=p, keep_mask=keep)  # noqa: E731
-    rows = compare(["y", "dx", "dresidual", "dweight", "dbias"], fused, ref, inputs, dy, dtype)
+    fused = lambda *a: fastbert.ops.add_layer_norm(*a, dropout_p=p, seed=seed, return_sum=sum_form,  # noqa: E731
+                                                   backend=backend)
+    ref = lambda *a: reference.add_layer_norm(*a, dropout_p=p, keep_mask=keep, return_sum=sum_form)  # noqa: E731
+    outs = ["y", "s"] if sum_form else ["y"]  # the sum form: the gradients of both flow back
+    grad = (dy, torch.randn(m, n, generator=g).to(device, dtype)) if sum_form else dy
+    rows = compare([*outs, "dx", "dresidual", "dweight", "dbias"], fused, ref, inputs, grad, dtype)
     # a LayerNorm without bias (bias=None), as ModernBERT's
-    no_bias = compare(["y", "dx", "dresidual", "dweight"], lambda *a: fused(*a, None), lambda *a: ref(*a, None),
-                      inputs[:3], dy, dtype)
+    no_bias = compare([*outs, "dx", "dresidual", "dweight"], lambda *a: fused(*a, None), lambda *a: ref(*a, None),
+                      inputs[:3], grad, dtype)
     return rows + [(f"{name} (no bias)", *rest) for name, *rest in no_bias]
 
 
@@ -335,10 +345,12 @@ def _int8(op, shape, backend, device, g) -> List[Row]:
     residual = torch.randn(m, n, generator=g).to(device)
     lw, lb = (1 + 0.1 * torch.randn(n, generator=g)).to(device), torch.randn(n, generator=g).to(device)
     want = F.layer_norm(y64 + residual.double(), (n,), lw.double(), lb.double(), 1e-12)
-    y, *q = fastbert.ops.int8_add_layer_norm(acc, xs, xo, ws, b, residual, lw, lb, 1e-12, **kw)
-    ty, *tq = ref.int8_add_layer_norm(acc, xs, xo, ws, b, residual, lw, lb, 1e-12, True)
-    return [("y", *bound_check(y, ty, want, torch.float32)),
-            ("y (dequantized)", *bound_check(_dequantized(*q), _dequantized(*tq), want, torch.float32))]
+    sum_form = op == "int8_add_layer_norm+sum"  # also the sum the norm is taken of, fifth
+    y, *q = fastbert.ops.int8_add_layer_norm(acc, xs, xo, ws, b, residual, lw, lb, 1e-12, return_sum=sum_form, **kw)
+    ty, *tq = ref.int8_add_layer_norm(acc, xs, xo, ws, b, residual, lw, lb, 1e-12, True, sum_form)
+    rows = [("y", *bound_check(y, ty, want, torch.float32)),
+            ("y (dequantized)", *bound_check(_dequantized(*q[:3]), _dequantized(*tq[:3]), want, torch.float32))]
+    return rows + ([("s", *bound_check(q[3], tq[3], y64 + residual.double(), torch.float32))] if sum_form else [])
 
 
 def _int8_matmul(xq, wq, g) -> List[Row]:
@@ -368,7 +380,7 @@ def _int8_matmul(xq, wq, g) -> List[Row]:
 def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
     """The rows (tensor, ok, err, bound) of one op on one backend, on fresh seeded inputs."""
     g = torch.Generator().manual_seed(0)
-    if op in ("bias_gelu", "geglu", "add_layer_norm"):
+    if op in ELEMENTWISE:
         return _elementwise(op, shape, dtype, backend, device, g)
     if op in ("attention", "varlen_attention"):
         return _attention(op, shape, dtype, backend, device, g)
@@ -386,6 +398,10 @@ def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
         return _embedding(shape, dtype, device, g)
     if op in INT8_OPS:
         return _int8(op, shape, backend, device, g)
+    if op == "encoder_layer":
+        from fastbert.selfcheck_layer import encoder_layer_rows
+
+        return encoder_layer_rows(shape, dtype, backend, device, _mixed_mask(shape[0], shape[1], g), g, bound_check)
     raise ValueError(f"fastbert selfcheck: unknown op {op!r}")
 
 
@@ -416,9 +432,9 @@ def main(argv=None) -> int:
         tag = b if level is None else f"{b}@{level}"
         for name, ok, err, bound in rows:
             failures += not ok
-            lines.append(f"{tag:<19}{op:<18}{str(shape):<18}{str(dtype)[6:]:<10}{name:<17}{err:>11.2e}"
+            lines.append(f"{tag:<19}{op:<24}{str(shape):<18}{str(dtype)[6:]:<10}{name:<17}{err:>11.2e}"
                          f"{bound:>11.2e}  " + ("ok" if ok else "FAIL"))
-    print(f"{'backend':<19}{'op':<18}{'shape':<18}{'dtype':<10}{'tensor':<17}{'max err':>11}{'bound':>11}")
+    print(f"{'backend':<19}{'op':<24}{'shape':<18}{'dtype':<10}{'tensor':<17}{'max err':>11}{'bound':>11}")
     print("\n".join(lines))
     print(f"{len(lines) - failures} passed, {failures} failed")
     return 1 if failures else 0
