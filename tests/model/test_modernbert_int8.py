@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from test_modernbert import BIASED, SMALL, inputs, pair
+from test_modernbert import BIASED, SMALL, _one_thread, inputs, pair  # noqa: F401 (_one_thread: autouse)
 
 import fastbert
 from fastbert.model.int8 import Int8Linear
@@ -21,14 +21,6 @@ CLASSIFIER = "ModernBertForSequenceClassification"
 # vectors (measured: 0.012 to 0.015 and 0.9999 with weights in [-127, 127], 0.022 to 0.024 and 0.9997 in [-64, 64])
 MAX_ERR = 0.05
 MIN_COS = 0.999
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def cosine(a, b):

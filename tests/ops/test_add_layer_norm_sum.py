@@ -5,6 +5,8 @@ unchanged: y is bit for bit the default's, and so are the gradients when only y 
 import pytest
 import torch
 from conftest import assert_within_bound, device_for, require
+from test_add_layer_norm import dtypes_for
+from test_add_layer_norm import make_inputs as base_inputs
 
 import fastbert
 from fastbert import reference
@@ -19,20 +21,10 @@ def shapes_for(backend):
     return SHAPES_SMALL if backend == "triton" else SHAPES_SMALL + SHAPES_LARGE
 
 
-def dtypes_for(backend):
-    return [torch.float32, torch.float16] if backend == "triton" else [torch.float32, torch.float16, torch.bfloat16]
-
-
 def make_inputs(shape, dtype, dev, seed, param_dtype=None):
-    """x, residual, weight, bias, dy, ds: fresh seeded values (never zeros)."""
-    g = torch.Generator().manual_seed(seed)
-    n = shape[-1]
-    x = torch.randn(shape, generator=g).to(dev, dtype)
-    res = (torch.randn(shape, generator=g) * 3 + 1).to(dev, dtype)
-    w = (1 + 0.5 * torch.randn(n, generator=g)).to(dev, param_dtype or dtype)
-    b = (0.5 * torch.randn(n, generator=g)).to(dev, param_dtype or dtype)
-    dy, ds = (torch.randn(shape, generator=g).to(dev, dtype) for _ in range(2))
-    return x, res, w, b, dy, ds
+    """x, residual, weight, bias, dy (test_add_layer_norm's), and ds: fresh seeded values (never zeros)."""
+    g = torch.Generator().manual_seed(seed + 10_000)
+    return (*base_inputs(shape, dtype, dev, seed, param_dtype), torch.randn(shape, generator=g).to(dev, dtype))
 
 
 def outputs_and_grads(fn, inputs, dy, ds, through):
