@@ -7,20 +7,25 @@
 
 namespace {
 
+// The kernels run without the GIL: a server's event loop (or any other Python thread) keeps
+// running while a model thread computes. They touch no Python object; errors are raised once the
+// GIL is held again.
+using NoGil = py::call_guard<py::gil_scoped_release>;
+
 // The fused element-wise ops (bias + GELU, add + LayerNorm) and the dropout rule they share.
 void register_fused_ops(py::module_& m) {
   m.def("bias_gelu_forward", &fastbert::bias_gelu_forward, py::arg("x"), py::arg("bias"),
-        py::arg("approximate") = "none",
+        py::arg("approximate") = "none", NoGil(),
         "gelu(x + bias) for x [rows, hidden] (float32/float16/bfloat16) and bias [hidden] (x's dtype or float32); "
         "approximate 'none' (erf) or 'tanh'. Returns y in x's dtype.");
   m.def("bias_gelu_backward", &fastbert::bias_gelu_backward, py::arg("dy"), py::arg("x"), py::arg("bias"),
-        py::arg("approximate") = "none",
+        py::arg("approximate") = "none", NoGil(),
         "(dx, dbias): dx = dy * gelu'(x + bias) in x's dtype, dbias = column sums of dx (fp32 math, "
         "thread-count independent) in bias's dtype.");
-  m.def("geglu_forward", &fastbert::geglu_forward, py::arg("x"), py::arg("approximate") = "none",
+  m.def("geglu_forward", &fastbert::geglu_forward, py::arg("x"), py::arg("approximate") = "none", NoGil(),
         "gelu(x[:, :n]) * x[:, n:] for x [rows, 2n] (float32/float16/bfloat16); approximate 'none' (erf) or 'tanh'. "
         "Returns y [rows, n] in x's dtype.");
-  m.def("geglu_backward", &fastbert::geglu_backward, py::arg("dy"), py::arg("x"), py::arg("approximate") = "none",
+  m.def("geglu_backward", &fastbert::geglu_backward, py::arg("dy"), py::arg("x"), py::arg("approximate") = "none", NoGil(),
         "dx [rows, 2n] in x's dtype: dy * x[:, n:] * gelu'(x[:, :n]) in its first half, dy * gelu(x[:, :n]) in its "
         "second (fp32 math).");
   m.def(
@@ -28,8 +33,10 @@ void register_fused_ops(py::module_& m) {
       [](const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
          const c10::optional<at::Tensor>& bias, double eps, double dropout_p, int64_t seed,
          bool return_sum) -> py::tuple {
-        auto [y, mean, rstd, sum] =
-            fastbert::add_layer_norm_forward(x, residual, weight, bias, eps, dropout_p, seed, return_sum);
+        auto [y, mean, rstd, sum] = [&] {
+          py::gil_scoped_release nogil;  // the tuple below is built with the GIL
+          return fastbert::add_layer_norm_forward(x, residual, weight, bias, eps, dropout_p, seed, return_sum);
+        }();
         if (return_sum) return py::make_tuple(y, mean, rstd, sum);
         return py::make_tuple(y, mean, rstd);
       },
@@ -40,25 +47,25 @@ void register_fused_ops(py::module_& m) {
       "return_sum: (y, mean, rstd, h), h in x's dtype, written in the same pass.");
   m.def("add_layer_norm_backward", &fastbert::add_layer_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("residual"), py::arg("weight"), py::arg("mean"), py::arg("rstd"), py::arg("dropout_p") = 0.0,
-        py::arg("seed") = 0, py::arg("dsum") = py::none(),
+        py::arg("seed") = 0, py::arg("dsum") = py::none(), NoGil(),
         "(dx, dresidual, dweight, dbias) of add_layer_norm_forward; dweight / dbias summed in double over a "
         "fixed chunking of rows (thread-count independent), returned in weight's dtype. dsum: the gradient of h "
         "(return_sum's output), added to h's before it flows to residual and (through dropout) to x.");
   m.def("dropout_keep_mask", &fastbert::dropout_keep_mask, py::arg("rows"), py::arg("cols"), py::arg("p"),
-        py::arg("seed"),
+        py::arg("seed"), NoGil(),
         "bool [rows, cols]: the elements fastbert's dropout keeps (fastbert.reference.dropout_keep_mask).");
-  m.def("philox_uint32", &fastbert::philox_uint32, py::arg("seed"), py::arg("start"), py::arg("count"),
+  m.def("philox_uint32", &fastbert::philox_uint32, py::arg("seed"), py::arg("start"), py::arg("count"), NoGil(),
         "int64 [count]: Philox-4x32-10 word 0 for the counters start .. start + count - 1 (the kernels' "
         "vector code; fastbert.reference.philox_uint32).");
   m.def("philox_uint32_scalar", &fastbert::philox_uint32_scalar, py::arg("seed"), py::arg("start"),
-        py::arg("count"), "philox_uint32 computed one counter at a time in plain C++.");
+        py::arg("count"), NoGil(), "philox_uint32 computed one counter at a time in plain C++.");
 }
 
 // Attention over a padded batch (key mask) and over packed sequences (cu_seqlens).
 void register_attention(py::module_& m) {
   m.def("attention_forward", &fastbert::attention_forward, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("key_mask"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
-        py::arg("return_dropout_mask"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(),
+        py::arg("return_dropout_mask"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(), NoGil(),
         "(out, lse, keep) of softmax(q k^T * scale, padded keys masked) v for q, k, v [batch, heads, seq, head_dim] "
         "(one float dtype, last dim contiguous) and key_mask None or [batch, seq] (True / nonzero = real token). "
         "out: contiguous, q's dtype, zeros at padded queries; lse: float32 [batch, heads, seq]; keep: the bool "
@@ -69,43 +76,45 @@ void register_attention(py::module_& m) {
         "(n >= seq) or None, entry j - i + n - 1 added to the scaled score of query i and key j.");
   m.def("attention_backward", &fastbert::attention_backward, py::arg("do"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("out"), py::arg("lse"), py::arg("key_mask"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
-        py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(),
+        py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(), NoGil(),
         "(dq, dk, dv, drel) of attention_forward (contiguous, q's dtype; zeros at padded positions; thread-count "
         "independent; drel: rel_bias's gradient, or an empty tensor). The dropout mask is regenerated from seed.");
   m.def("varlen_attention_forward", &fastbert::varlen_attention_forward, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"),
-        py::arg("return_dropout_mask"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(),
+        py::arg("return_dropout_mask"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(), NoGil(),
         "(out, lse, keep) of attention over packed sequences: q, k, v [tokens, heads, head_dim], cu_seqlens int32 "
         "[batch + 1]. lse: float32 [heads, tokens]; keep: bool [batch, heads, max_seqlen, max_seqlen] when "
         "return_dropout_mask, else an empty bool tensor [0]. rope_cos, rope_sin: as for attention_forward, the "
         "position of a token its index in its sequence.");
   m.def("varlen_attention_backward", &fastbert::varlen_attention_backward, py::arg("do"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
-        py::arg("dropout_p"), py::arg("seed"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(),
+        py::arg("dropout_p"), py::arg("seed"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(), NoGil(),
         "(dq, dk, dv, drel) of varlen_attention_forward.");
 }
 
 // int8 inference: quantization and the GEMM epilogues fused into their consumers.
 void register_int8(py::module_& m) {
-  m.def("quantize_rows", &fastbert::quantize_rows, py::arg("x"),
+  m.def("quantize_rows", &fastbert::quantize_rows, py::arg("x"), NoGil(),
         "(q int8 [rows + 1, n], scale, offset float32 [rows]) of x [rows, n] (float32/float16/bfloat16): per row, "
         "offset = (max + min) / 2, scale = (max - min) / 254, q = round((x - offset) * 127 / ((max - min) / 2)), "
         "nearest even; q's last row is all ones (the GEMM's column sums).");
   m.def("int8_dequantize", &fastbert::int8_dequantize, py::arg("acc"), py::arg("row_scale"), py::arg("row_offset"),
-        py::arg("col_scale"), py::arg("bias"), py::arg("dtype"),
+        py::arg("col_scale"), py::arg("bias"), py::arg("dtype"), NoGil(),
         "(acc[:-1] * row_scale[:, None] + row_offset[:, None] * acc[-1]) * col_scale + bias as `dtype`, for acc "
         "int32 or float32 [rows + 1, n].");
   m.def("int8_bias_gelu", &fastbert::int8_bias_gelu, py::arg("acc"), py::arg("row_scale"), py::arg("row_offset"),
-        py::arg("col_scale"), py::arg("bias"), py::arg("approximate") = "none",
+        py::arg("col_scale"), py::arg("bias"), py::arg("approximate") = "none", NoGil(),
         "quantize_rows(gelu(the dequantized acc)), without the fp32 activation in memory.");
   m.def(
       "int8_add_layer_norm",
       [](const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
          const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
          double eps, bool quantize, bool return_sum) -> py::tuple {
-        auto [y, q, scale, offset, sum] = fastbert::int8_add_layer_norm(acc, row_scale, row_offset, col_scale, bias,
-                                                                        residual, weight, ln_bias, eps, quantize,
-                                                                        return_sum);
+        auto [y, q, scale, offset, sum] = [&] {
+          py::gil_scoped_release nogil;
+          return fastbert::int8_add_layer_norm(acc, row_scale, row_offset, col_scale, bias, residual, weight, ln_bias,
+                                               eps, quantize, return_sum);
+        }();
         if (return_sum) return py::make_tuple(y, q, scale, offset, sum);
         return py::make_tuple(y, q, scale, offset);
       },
@@ -115,19 +124,19 @@ void register_int8(py::module_& m) {
       "(y, q, scale, offset): y = layer_norm(h) * weight + ln_bias in residual's dtype, h = the dequantized acc + "
       "residual, and quantize_rows(y) when `quantize` (else empty tensors). return_sum: (y, q, scale, offset, h), "
       "h in residual's dtype, written in the same pass.");
-  m.def("int8_gemm", &fastbert::int8_gemm, py::arg("a"), py::arg("b"), py::arg("out") = py::none(),
+  m.def("int8_gemm", &fastbert::int8_gemm, py::arg("a"), py::arg("b"), py::arg("out") = py::none(), NoGil(),
         "c [m, n] int32 = a [m, k] int8 @ b [n, k] int8 ^T, exact, on the kernel library's int8 GEMM (rows of a "
         "and b contiguous); written into `out` (contiguous int32 [m, n]) when given.");
   // fp32, beside the int8 GEMM: the linear layers' product for few rows (fastbert.ops.gemm's "dot" path)
   m.def("f32_dot_gemm", &fastbert::f32_dot_gemm, py::arg("a"), py::arg("b"), py::arg("bias") = py::none(),
-        py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>(),
+        py::arg("out") = py::none(), NoGil(),
         "c [m, n] float32 = a [m, k] @ b [n, k] ^T (+ bias [n]), b read as it lies in memory, nothing packed: each "
         "output a dot product of a row of a and a row of b (for few rows of a); into `out` when given.");
 }
 
 // The data side: unpad index building, token masking, word starts and the collator's id padding.
 void register_data_ops(py::module_& m) {
-  m.def("unpad_indices", &fastbert::unpad_indices, py::arg("attention_mask"),
+  m.def("unpad_indices", &fastbert::unpad_indices, py::arg("attention_mask"), NoGil(),
         "(indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen int) of a [batch, seq] CPU mask "
         "(bool, integer or float; nonzero = real token): indices are the flat positions b * seq + s of the real "
         "tokens in row-major order.");
@@ -136,14 +145,14 @@ void register_data_ops(py::module_& m) {
         py::arg("attention_mask"), py::arg("word_start_mask"), py::arg("special_token_ids"),
         py::arg("mask_token_id"), py::arg("vocab_size"), py::arg("mlm_probability"), py::arg("mask_replace_prob"),
         py::arg("random_replace_prob"), py::arg("max_predictions"), py::arg("seed"), py::arg("bernoulli"),
-        py::call_guard<py::gil_scoped_release>(),
+        NoGil(),
         "(masked_input_ids, labels) int64 [batch, seq] by fastbert's MLM masking rule (fastbert.masking.mask_tokens; "
         "the rule in fastbert.reference.mask_tokens). Masks: None or [batch, seq] bool / integer; "
         "special_token_ids: None or int64 [n]; max_predictions < 0: no limit.");
-  m.def("word_start_table", &fastbert::word_start_table, py::arg("tokens"),
+  m.def("word_start_table", &fastbert::word_start_table, py::arg("tokens"), NoGil(),
         "bool [len(tokens)]: True where a WordPiece token starts a word (does not begin with '##').");
   m.def("word_starts", &fastbert::word_starts, py::arg("input_ids"), py::arg("table"),
-        py::call_guard<py::gil_scoped_release>(),
+        NoGil(),
         "bool tensor shaped like int64 input_ids: table[input_ids], ids checked against the table's size.");
   m.def(
       "pad_id_lists",
