@@ -84,8 +84,8 @@ def op_backends(op: str, device: str) -> List[str]:
     if op in SINGLE:
         return ["auto"]
     names = available_backends(device)
-    # masking and int8 have no Triton kernels; the Triton attention takes no window or relative bias yet
-    no_triton = op == "mask_tokens" or op in INT8_OPS or op in ("rotary+window", "relative_bias")
+    # masking and int8 have no Triton kernels
+    no_triton = op == "mask_tokens" or op in INT8_OPS
     return [b for b in names if b != "triton"] if no_triton else names
 
 

@@ -1,15 +1,19 @@
 """Flash attention with a padding mask, padded and packed (varlen), forward and backward.
 
-    out = softmax(q k^T * scale, padded keys masked) v, with dropout on the probabilities,
-    and optionally q, k first rotated by rotary position embeddings (RoPE).
+    out = softmax(q k^T * scale (+ rel[j - i]), padded keys masked) v, with dropout on the
+    probabilities, optionally q, k first rotated by rotary position embeddings (RoPE), each
+    query seeing only the keys within a window (local attention), and a relative position
+    bias added to the scores.
 
 This module holds the launchers `attention_forward` / `attention_backward` /
 `varlen_attention_forward` / `varlen_attention_backward` (plain Python; inputs arrive validated:
 q, k, v of one shape, dtype and device, last dim contiguous) and exposes the launch settings and
 `report_configs`. The rest lives beside it: `attention_common` (jit helpers shared by the
 kernels, and the kernel that finds a key mask's real range), `attention_rope` (the jit functions
-of rotary embeddings), `attention_fwd` (the forward kernel), `attention_bwd` (the backward kernels),
-`attention_settings` (the launch settings table) and `attention_report` (`report_configs`).
+of rotary embeddings), `attention_distance` (those of the window and the relative bias),
+`attention_fwd` (the forward kernel), `attention_bwd` (the backward kernels), `attention_args`
+(the launchers' optional arguments put in the kernels' form), `attention_settings` (the launch
+settings table) and `attention_report` (`report_configs`).
 
 Forward: one program per (query tile of BLOCK_M rows, head, sequence) walks the sequence's keys
 in tiles of BLOCK_N with an online softmax in fp32; the [seq x seq] score matrix never leaves
@@ -42,7 +46,24 @@ bounds checks at all), HAS_MASK (padded with a key mask; a batch with no mask wh
 multiple of the tiles runs it too, with every token real, so S is a runtime int in every variant
 and a new length never compiles anything), and VARLEN. head_dim is a runtime int (a multiple of
 16) under a power-of-2 block BLOCK_D >= 32 (columns past head_dim masked), so 80, 96 and 128
-share a variant. HAS_DROPOUT, RETURN_MASK (forward, not EVEN) and ROPE are constexpr flags too.
+share a variant. HAS_DROPOUT, RETURN_MASK (forward, not EVEN), ROPE, WINDOW and REL_BIAS are
+constexpr flags too.
+
+Local attention (WINDOW, window = w: query i sees the keys j with |i - j| <= w, positions as
+rotary's below) and the relative bias (REL_BIAS, rel [H, 2n - 1], n >= S or max_seqlen: the
+scaled score of (i, j) gets rel[h, j - i + n - 1]), `attention_distance`. A window of S - 1 or
+more (max_seqlen - 1 varlen) reaches every key: it runs the kernels without WINDOW. With one, a
+query tile visits only the key tiles (of lo's grid) that hold a key within w of one of its rows,
+and the dk / dv kernel's key tile only the query tiles within w of one of its keys: every other
+tile is skipped, so the cost grows with the window, not the sequence; the partial tiles set the
+scores out of the window to -inf, and a row that has met no key of its window yet keeps its
+running max at -inf without making NaN. The bias is read inside the kernels by distance (an fp32
+copy times log2(e), [H, 2n - 1]: nothing of [H, S, S] is ever formed), and its gradient drel,
+the sum of dS over each diagonal, comes from the dk / dv kernel (the exact delta is there): a
+16-bit kernel's tile of dS is skewed so that its diagonals are columns, summed, and added
+atomically into fp32 [H, 2n - 1] (one atomic per diagonal per tile pair), an fp32 kernel's small
+tile element by element (its sum order, and so its last bits, vary from run to run). Masked keys
+have their columns of dS zeroed first (the dk / dv kernel otherwise leaves them unmasked, above).
 
 Rotary embeddings (ROPE, given rope_cos / rope_sin, fastbert.reference.rotary): q and k are
 rotated in registers as their tiles are loaded (no rotated copy is written), at positions = the
@@ -77,12 +98,12 @@ anything else is copied first (`_aligned`). Offsets of whole sequences and heads
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
 
-from ..reference import dropout_threshold
+from .attention_args import _LOG2E, _Distance, _distance, _dropout, _optional, _rope, _rope_args
 from .attention_bwd import _attention_bwd_dkdv_kernel, _attention_bwd_dq_kernel, _attention_bwd_preprocess_kernel
 from .attention_common import _mask_range_kernel
 from .attention_fwd import _attention_fwd_kernel
@@ -104,29 +125,9 @@ __all__ = [
     "Settings", "HEAD_DIMS", "BLOCK_DS", "KERNELS", "block_d", "settings", "report_configs",
 ]
 
-_LOG2E = 1.4426950408889634
-
 
 # --------------------------------------------------------------------------------------------
 # Launchers
-
-
-class _Dropout(NamedTuple):
-    on: bool
-    seed: int
-    threshold: int
-    scale: float
-
-
-def _dropout(dropout_p: float, seed: Optional[int]) -> _Dropout:
-    if dropout_p <= 0.0:
-        return _Dropout(False, 0, 0, 1.0)
-    if seed is None:
-        raise ValueError("fastbert: attention with dropout_p > 0 needs a seed")
-    if not 0 <= int(seed) < 2**63:
-        raise ValueError(f"fastbert: dropout seed must be in [0, 2**63), got {seed}")
-    scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0
-    return _Dropout(True, int(seed), dropout_threshold(dropout_p), scale)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -152,33 +153,6 @@ def _varlen_strides(t: torch.Tensor) -> Tuple[int, int, int]:
     """(batch, head, row) strides of a [T, H, D] tensor: sequence offsets are token indices."""
     st_t, st_h = _strides(t)
     return st_t, st_h, st_t
-
-
-def _optional(t: Optional[torch.Tensor], dtype: torch.dtype, device) -> torch.Tensor:
-    # a variant that never reads a pointer argument still gets a tensor of its type
-    return t if t is not None else torch.empty(0, dtype=dtype, device=device)
-
-
-def _rope(rope_cos: Optional[torch.Tensor], rope_sin: Optional[torch.Tensor], head_dim: int, positions: int,
-          device) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """None without rotary embeddings; else (cos, sin), fp32 [P >= positions, head_dim / 2] on
-    q's device, each contiguous and 16-byte aligned as the kernels read it (copied if not)."""
-    if rope_cos is None and rope_sin is None:
-        return None
-    if rope_cos is None or rope_sin is None:
-        raise ValueError("fastbert: rotary attention needs both rope_cos and rope_sin")
-    for t in (rope_cos, rope_sin):
-        if (t.dim() != 2 or t.shape[0] < positions or t.shape[1] != head_dim // 2 or t.dtype != torch.float32
-                or t.device != device):
-            raise ValueError(f"fastbert: rotary tables must be float32 [>= {positions}, {head_dim // 2}] on {device}, "
-                             f"got {t.dtype} {list(t.shape)} on {t.device}")
-    return tuple(t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
-                 for t in (rope_cos, rope_sin))
-
-
-def _rope_args(rope, device) -> Tuple[torch.Tensor, torch.Tensor]:
-    # the kernels' ROPE_COS, ROPE_SIN (empty, never read, without rotary)
-    return rope if rope is not None else (_optional(None, torch.float32, device),) * 2
 
 
 def _key_mask(key_mask: Optional[torch.Tensor], batch: int, seq: int, device, even: bool):
@@ -212,13 +186,15 @@ def _is_even(seq: int, *tiles: Settings) -> bool:
     return all(seq % s.block_m == 0 and seq % s.block_n == 0 for s in tiles)
 
 
-def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, batch, seq, strides, scale, drop, rope):
+def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, batch, seq, strides, scale, drop, rope,
+             dist: _Distance):
     """Launch the forward kernel. strides: (batch, head, row) strides of q, k, v, out (varlen:
-    (token, head, token)); seq: S, or max_seqlen with cu_seqlens; rope: None or (cos, sin) (_rope)."""
+    (token, head, token)); seq: S, or max_seqlen with cu_seqlens; rope: None or (cos, sin) (_rope);
+    dist: the window and relative bias (_distance)."""
     heads = q.shape[-2] if cu_seqlens is not None else q.shape[1]
     head_dim = q.shape[-1]
     _check_grid(batch, heads)
-    s = settings(head_dim, q.dtype, "fwd", rope is not None)
+    s = settings(head_dim, q.dtype, "fwd", rope is not None, dist.local or dist.relative)
     device = q.device
     q_st, k_st, v_st, o_st = strides
     _attention_fwd_kernel[(triton.cdiv(seq, s.block_m), heads, batch)](
@@ -230,19 +206,23 @@ def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, bat
         _optional(ranges, torch.int32, device),
         _optional(cu_seqlens, torch.int32, device),
         *_rope_args(rope, device),
+        *dist.args(device),
         heads, seq, head_dim,
         scale * _LOG2E,
         drop.seed, drop.threshold, drop.scale,
         BLOCK_M=s.block_m, BLOCK_N=s.block_n, BLOCK_D=block_d(head_dim),
         HAS_MASK=mask is not None, VARLEN=cu_seqlens is not None, HAS_DROPOUT=drop.on,
-        RETURN_MASK=keep is not None, ROPE=rope is not None, DOT_PRECISION=_dot_precision(q.dtype),
+        RETURN_MASK=keep is not None, ROPE=rope is not None, WINDOW=dist.local, REL_BIAS=dist.relative,
+        DOT_PRECISION=_dot_precision(q.dtype),
         **_launch_options(s),
     )
 
 
-def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batch, seq, strides_of, scale, drop, rope):
-    """Launch the three backward kernels; (dq, dk, dv), fresh and contiguous. strides_of: a
-    tensor's (batch, head, row) strides (_padded_strides or _varlen_strides); rope: as _forward's."""
+def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batch, seq, strides_of, scale, drop, rope,
+              dist: _Distance):
+    """Launch the three backward kernels; (dq, dk, dv), fresh and contiguous, and drel (fp32
+    [H, 2n - 1], the relative bias's gradient; empty without one). strides_of: a tensor's (batch,
+    head, row) strides (_padded_strides or _varlen_strides); rope, dist: as _forward's."""
     varlen = cu_seqlens is not None
     heads = q.shape[-2] if varlen else q.shape[1]
     head_dim = q.shape[-1]
@@ -270,22 +250,36 @@ def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batc
         _optional(ranges, torch.int32, device),
         _optional(cu_seqlens, torch.int32, device),
         *_rope_args(rope, device),
+        *dist.args(device),
         heads, seq, head_dim,
         scale * _LOG2E, scale,
         drop.seed, drop.threshold, drop.scale,
     )
     flags = dict(BLOCK_D=block_d(head_dim), HAS_MASK=mask is not None, VARLEN=varlen, HAS_DROPOUT=drop.on,
-                 ROPE=rope is not None, DOT_PRECISION=_dot_precision(q.dtype))
+                 ROPE=rope is not None, WINDOW=dist.local, REL_BIAS=dist.relative, DOT_PRECISION=_dot_precision(q.dtype))
+    variant = (rope is not None, dist.local or dist.relative)
     # dq first: it also replaces delta by the exact rowsum(p * dp) that dk / dv then use
-    s = settings(head_dim, q.dtype, "bwd_dq", rope is not None)
+    s = settings(head_dim, q.dtype, "bwd_dq", *variant)
     _attention_bwd_dq_kernel[(triton.cdiv(seq, s.block_m), heads, batch)](
         dq, *g_st, *common, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **_launch_options(s),
     )
-    s = settings(head_dim, q.dtype, "bwd_dkdv", rope is not None)
+    s = settings(head_dim, q.dtype, "bwd_dkdv", *variant)
+    drel = dist.grad_buffer(device)
     _attention_bwd_dkdv_kernel[(triton.cdiv(seq, s.block_n), heads, batch)](
-        dk, *g_st, dv, *g_st, *common, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **_launch_options(s),
+        dk, *g_st, dv, *g_st, drel, *common, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **_launch_options(s),
     )
-    return dq, dk, dv
+    return dq, dk, dv, drel
+
+
+def _grads(dq, dk, dv, drel, rel_bias: Optional[torch.Tensor]):
+    # (dq, dk, dv), and the relative bias's gradient in its dtype when there is one
+    return (dq, dk, dv) if rel_bias is None else (dq, dk, dv, drel.to(rel_bias.dtype))
+
+
+def _no_grads(q: torch.Tensor, rel_bias: Optional[torch.Tensor]):
+    # the gradients of an empty problem: zeros
+    return _grads(*(torch.zeros(q.shape, dtype=q.dtype, device=q.device) for _ in range(3)),
+                  None if rel_bias is None else torch.zeros_like(rel_bias), rel_bias)
 
 
 def attention_forward(
@@ -299,6 +293,8 @@ def attention_forward(
     return_dropout_mask: bool,
     rope_cos: Optional[torch.Tensor] = None,
     rope_sin: Optional[torch.Tensor] = None,
+    window: int = -1,
+    rel_bias: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(out, lse, keep) of attention over a padded batch.
 
@@ -308,11 +304,15 @@ def attention_forward(
     lse: fp32 [B, H, S] (for attention_backward); keep: bool [B, H, S, S], the dropout keep-mask
     the kernel drew, when return_dropout_mask and dropout_p > 0, else None. rope_cos, rope_sin:
     None, or the rotary tables (fp32 [P >= S, D / 2], fastbert.reference.rotary_tables) by which
-    q and k are rotated at positions 0 .. S - 1 (padding included) before the scores.
+    q and k are rotated at positions 0 .. S - 1 (padding included) before the scores. window:
+    local attention, query i sees the keys j with |i - j| <= window (< 0: every key); rel_bias:
+    None, or float [H, 2n - 1] (n >= S) whose entry j - i + n - 1 is added to the scaled score of
+    query i and key j (positions: rows, padding included).
     """
     batch, heads, seq, head_dim = q.shape
     drop = _dropout(dropout_p, seed)
     rope = _rope(rope_cos, rope_sin, head_dim, seq, q.device)
+    dist = _distance(window, rel_bias, heads, seq, q.device)
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
     keep = None
@@ -322,10 +322,12 @@ def attention_forward(
         return out, lse, keep
     q, k, v = (_aligned(t) for t in (q, k, v))
     # the debug mask output is built into the masked and varlen variants only
-    even = keep is None and _is_even(seq, settings(head_dim, q.dtype, "fwd", rope is not None))
+    even = keep is None and _is_even(seq, settings(head_dim, q.dtype, "fwd", rope is not None,
+                                                   dist.local or dist.relative))
     mask, ranges = _key_mask(key_mask, batch, seq, q.device, even)
     strides = tuple(_padded_strides(t) for t in (q, k, v, out))
-    _forward(q, k, v, out, lse, lse.stride()[:2], keep, mask, ranges, None, batch, seq, strides, scale, drop, rope)
+    _forward(q, k, v, out, lse, lse.stride()[:2], keep, mask, ranges, None, batch, seq, strides, scale, drop, rope,
+             dist)
     return out, lse, keep
 
 
@@ -342,21 +344,26 @@ def attention_backward(
     seed: Optional[int],
     rope_cos: Optional[torch.Tensor] = None,
     rope_sin: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    window: int = -1,
+    rel_bias: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, ...]:
     """(dq, dk, dv) of attention_forward, [B, H, S, D] contiguous in q.dtype (zeros at padded
-    positions). do: the gradient of out; out, lse: from attention_forward; the same key_mask,
-    scale, dropout_p, seed (the dropout mask is regenerated, not stored) and rotary tables (dq, dk:
-    the gradients of the unrotated q, k)."""
+    positions), and with rel_bias its gradient drel (rel_bias's shape and dtype). do: the gradient
+    of out; out, lse: from attention_forward; the same key_mask, scale, dropout_p, seed (the dropout
+    mask is regenerated, not stored), rotary tables (dq, dk: the gradients of the unrotated q, k),
+    window and rel_bias."""
     batch, heads, seq, head_dim = q.shape
     drop = _dropout(dropout_p, seed)
     rope = _rope(rope_cos, rope_sin, head_dim, seq, q.device)
+    dist = _distance(window, rel_bias, heads, seq, q.device)
     if q.numel() == 0:
-        return tuple(torch.zeros(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+        return _no_grads(q, rel_bias)
     q, k, v, out, do = (_aligned(t) for t in (q, k, v, out, do))
-    even = _is_even(seq, *(settings(head_dim, q.dtype, kernel, rope is not None) for kernel in ("bwd_dkdv", "bwd_dq")))
+    variant = (rope is not None, dist.local or dist.relative)
+    even = _is_even(seq, *(settings(head_dim, q.dtype, kernel, *variant) for kernel in ("bwd_dkdv", "bwd_dq")))
     mask, ranges = _key_mask(key_mask, batch, seq, q.device, even)
-    return _backward(do, q, k, v, out, lse, lse.stride()[:2], mask, ranges, None, batch, seq, _padded_strides,
-                     scale, drop, rope)
+    return _grads(*_backward(do, q, k, v, out, lse, lse.stride()[:2], mask, ranges, None, batch, seq, _padded_strides,
+                             scale, drop, rope, dist), rel_bias)
 
 
 def varlen_attention_forward(
@@ -371,6 +378,8 @@ def varlen_attention_forward(
     return_dropout_mask: bool,
     rope_cos: Optional[torch.Tensor] = None,
     rope_sin: Optional[torch.Tensor] = None,
+    window: int = -1,
+    rel_bias: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(out, lse, keep) of attention over packed sequences.
 
@@ -379,12 +388,14 @@ def varlen_attention_forward(
     fp32 [H, T]; keep: bool [B, H, max_seqlen, max_seqlen] (sequence b in its top-left corner;
     the whole block follows the dropout rule) when return_dropout_mask and dropout_p > 0, else None.
     rope_cos, rope_sin: None, or rotary tables (fp32 [P >= max_seqlen, D / 2]) by which q and k are
-    rotated at each token's position within its sequence.
+    rotated at each token's position within its sequence. window, rel_bias: as attention_forward's
+    (n >= max_seqlen), positions counted within each sequence.
     """
     total, heads, head_dim = q.shape
     batch = cu_seqlens.shape[0] - 1
     drop = _dropout(dropout_p, seed)
     rope = _rope(rope_cos, rope_sin, head_dim, max_seqlen, q.device)
+    dist = _distance(window, rel_bias, heads, max_seqlen, q.device)
     out = torch.empty((total, heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     keep = None
@@ -395,7 +406,7 @@ def varlen_attention_forward(
     q, k, v = (_aligned(t) for t in (q, k, v))
     strides = tuple(_varlen_strides(t) for t in (q, k, v, out))
     _forward(q, k, v, out, lse, (1, lse.stride(0)), keep, None, None, cu_seqlens, batch, max_seqlen, strides,
-             scale, drop, rope)
+             scale, drop, rope, dist)
     return out, lse, keep
 
 
@@ -413,14 +424,18 @@ def varlen_attention_backward(
     seed: Optional[int],
     rope_cos: Optional[torch.Tensor] = None,
     rope_sin: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of varlen_attention_forward: [T, H, D] contiguous in q.dtype; the same
-    cu_seqlens, max_seqlen, scale, dropout_p, seed and rotary tables as the forward."""
+    window: int = -1,
+    rel_bias: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) of varlen_attention_forward: [T, H, D] contiguous in q.dtype, and with
+    rel_bias its gradient drel; the same cu_seqlens, max_seqlen, scale, dropout_p, seed, rotary
+    tables, window and rel_bias as the forward."""
     batch = cu_seqlens.shape[0] - 1
     drop = _dropout(dropout_p, seed)
     rope = _rope(rope_cos, rope_sin, q.shape[-1], max_seqlen, q.device)
+    dist = _distance(window, rel_bias, q.shape[1], max_seqlen, q.device)
     if batch <= 0 or max_seqlen <= 0 or q.numel() == 0:
-        return tuple(torch.zeros(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+        return _no_grads(q, rel_bias)
     q, k, v, out, do = (_aligned(t) for t in (q, k, v, out, do))
-    return _backward(do, q, k, v, out, lse, (1, lse.stride(0)), None, None, cu_seqlens, batch, max_seqlen,
-                     _varlen_strides, scale, drop, rope)
+    return _grads(*_backward(do, q, k, v, out, lse, (1, lse.stride(0)), None, None, cu_seqlens, batch, max_seqlen,
+                             _varlen_strides, scale, drop, rope, dist), rel_bias)

@@ -4,8 +4,9 @@ looping over the query tiles) with its loop step and its final scaling and maski
 gradients, and the dq kernel (one program per query tile, looping over the key tiles) with its
 row statistics, its loop step and the exact-delta correction it also stores for the dk / dv
 kernel. With ROPE, dk and dq (and p k) accumulate as the two halves of the gradient of the
-rotated tile (`attention_rope`). The design is described in `fastbert.kernels.attention`, whose
-launchers run them.
+rotated tile (`attention_rope`); with WINDOW and REL_BIAS the scores take the window and the
+relative bias (`attention_distance`), and the dk / dv kernel also adds up the bias's gradient.
+The design is described in `fastbert.kernels.attention`, whose launchers run them.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .attention_common import (
     _store_tile,
     _store_vec,
 )
+from .attention_distance import _distance_scores, _head_row, _rel_grad, _tile_range
 from .attention_rope import _dot_acc, _dot_qk, _load_qk, _store_grad
 
 
@@ -58,11 +60,13 @@ def _attention_bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_query_tile(
     dk_a, dk_b, dv,  # the key tile's running gradients (dk: as its halves with ROPE)
-    k_a, k_b, v, Q, DO, stride_qs, stride_dos, LSE, DELTA, COS, SIN,
-    start_m, cols, offs_m, offs_d, offs_h, lo, hi, head_dim, half, qk_scale, drop_scale, seed, bh, threshold,
-    HAS_DROPOUT: tl.constexpr, CHECK: tl.constexpr, ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    k_a, k_b, v, key_real, Q, DO, stride_qs, stride_dos, LSE, DELTA, COS, SIN, REL, DREL,
+    start_n, start_m, cols, offs_m, offs_d, offs_h, lo, hi, head_dim, half, qk_scale, drop_scale, seed, bh, threshold,
+    window, rel_n, HAS_DROPOUT: tl.constexpr, CHECK: tl.constexpr, ROPE: tl.constexpr, WINDOW: tl.constexpr,
+    REL_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # One step of the query loop: the queries start_m + offs_m added into (dk, dv)
+    # One step of the query loop: the queries start_m + offs_m added into (dk, dv) (and, REL_BIAS,
+    # their diagonal sums of dS into DREL)
     rows = start_m + offs_m
     q_row = tl.cast(start_m, tl.int64)
     q_a, q_b = _load_qk(Q + q_row * stride_qs, offs_m[:, None] * stride_qs, rows, hi, offs_d, head_dim, offs_h, half,
@@ -70,7 +74,9 @@ def _dkdv_query_tile(
     # rows past hi read lse = +inf: their probabilities are 0
     lse = _load_vec(LSE + rows, rows, hi, float("inf"), CHECK)
     sT = _dot_qk(k_a, k_b, q_a, q_b, ROPE, DOT_PRECISION)
-    pT = tl.math.exp2(sT * qk_scale - lse[None, :])
+    sT = _distance_scores(sT, qk_scale, REL, rows[None, :], cols[:, None], window, rel_n, WINDOW, REL_BIAS, CHECK)
+    sc = 1. if REL_BIAS else qk_scale  # what takes sT to the log2 domain (with the bias it is there)
+    pT = tl.math.exp2(sT * sc - lse[None, :])
     do = _load_tile(DO + q_row * stride_dos + (offs_m[:, None] * stride_dos + offs_d[None, :]), rows, hi,
                     offs_d, head_dim, CHECK)
     dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
@@ -82,8 +88,23 @@ def _dkdv_query_tile(
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
     delta = _load_vec(DELTA + rows, rows, hi, 0., CHECK)
     dsT = pT * (dpT - delta[None, :])
+    if REL_BIAS:
+        _rel_grad(DREL, dsT, key_real, start_n, start_m, rel_n, BLOCK_N, BLOCK_M, CHECK)
     dk_a, dk_b = _dot_acc(dsT, q_a, q_b, dk_a, dk_b, ROPE, DOT_PRECISION)
     return dk_a, dk_b, dv
+
+
+@triton.jit
+def _dkdv_rel(REL, DREL, h, rel_n, MASK, b, stride_mb, cols, hi, seq, HAS_MASK: tl.constexpr,
+              REL_BIAS: tl.constexpr):
+    # (REL, DREL, key_real) for the key tile: the bias and its gradient at head h's rows
+    # (REL_BIAS), and [BLOCK_N] bool, its real keys (below hi; with HAS_MASK, a one in the mask),
+    # which only REL_BIAS reads (the mask is loaded for it only)
+    real = cols < hi
+    if REL_BIAS:
+        if HAS_MASK:
+            real = real & (tl.load(MASK + b.to(tl.int64) * stride_mb + cols, mask=cols < seq, other=0) != 0)
+    return _head_row(REL, h, rel_n, REL_BIAS), _head_row(DREL, h, rel_n, REL_BIAS), real
 
 
 @triton.jit
@@ -110,6 +131,7 @@ def _dkdv_finish(dk_a, dk_b, dv, MASK, b, stride_mb, cols, seq, sm_scale, drop_s
 def _attention_bwd_dkdv_kernel(
     DK, stride_dkb, stride_dkh, stride_dks,  # [B, H, S, D] out (varlen: [T, H, D]), k.dtype
     DV, stride_dvb, stride_dvh, stride_dvs,  # like DK, v.dtype
+    DREL,  # [H, 2n - 1] out, fp32, zeroed: the relative bias's gradient, added into atomically (REL_BIAS only)
     Q, stride_qb, stride_qh, stride_qs,  # [B, H, S, D] (varlen: [T, H, D]; stride_qb = stride_qs)
     K, stride_kb, stride_kh, stride_ks,  # like Q
     V, stride_vb, stride_vh, stride_vs,  # like Q
@@ -119,6 +141,8 @@ def _attention_bwd_dkdv_kernel(
     RANGES,  # [B, 2] int32 [lo, hi) of each row of MASK (HAS_MASK only)
     CU_SEQLENS,  # [B + 1] int32 (VARLEN only)
     ROPE_COS, ROPE_SIN,  # [P, D / 2] fp32, contiguous: the rotary angles' cos, sin at positions 0.. (ROPE only)
+    REL, rel_n,  # [H, 2n - 1] fp32, contiguous, and n: the relative bias times log2(e), at j - i + n - 1 (REL_BIAS)
+    window,  # local attention: keys at most this many positions away (WINDOW only)
     heads,  # H
     seq,  # S (varlen: max_seqlen)
     head_dim,  # D, a multiple of 16
@@ -130,12 +154,10 @@ def _attention_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,  # queries per loop step
     BLOCK_N: tl.constexpr,  # keys per program
     BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    VARLEN: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
+    HAS_MASK: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     ROPE: tl.constexpr,  # rotary: q and k rotated as they are loaded, dq and dk rotated back
-    EVEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr, REL_BIAS: tl.constexpr,  # local attention; the relative bias REL added to the scaled scores
+    EVEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # The transposed problem (keys along dim 0): sT = k q^T, pT = exp2(sT - lse),
     # dv += pT_dropped do, dpT = v do^T (dropped), dsT = pT (dpT - delta), dk += dsT q.
@@ -160,9 +182,9 @@ def _attention_bwd_dkdv_kernel(
     offs_h = tl.arange(0, BLOCK_D // 2)  # ROPE: the columns of one half of the head dim
     half = head_dim // 2
     CHECK: tl.constexpr = not EVEN
-    # a key tile wholly outside [lo, hi) loads nothing and runs no query loop: dk = dv = 0
-    active = (start_n < hi) & (start_n + BLOCK_N > lo)
-    m_end = tl.where(active, hi, lo)
+    # a key tile wholly outside [lo, hi) loads nothing and runs no query loop: dk = dv = 0; the
+    # others visit the query tiles of [lo, hi), or (WINDOW) those within the window of one of their keys
+    m_start, m_end, active = _tile_range(start_n, lo, hi, window, BLOCK_N, BLOCK_M, WINDOW)
     k_limit = tl.where(active, hi, 0)
     k_a, k_b = _load_qk(K + cols[:, None] * stride_ks, 0, cols, k_limit, offs_d, head_dim, offs_h, half,
                         ROPE_COS, ROPE_SIN, ROPE, CHECK)
@@ -171,10 +193,12 @@ def _attention_bwd_dkdv_kernel(
     dk_a = tl.zeros([BLOCK_N, BLOCK_D // 2 if ROPE else BLOCK_D], tl.float32)  # dk; with ROPE its first half
     dk_b = dk_a  # with ROPE its second half (else never touched)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for start_m in range(lo, m_end, BLOCK_M):
-        dk_a, dk_b, dv = _dkdv_query_tile(dk_a, dk_b, dv, k_a, k_b, v, Q, DO, stride_qs, stride_dos, LSE, DELTA,
-                                          ROPE_COS, ROPE_SIN, start_m, cols, offs_m, offs_d, offs_h, lo, hi, head_dim,
-                                          half, qk_scale, drop_scale, seed, bh, threshold, HAS_DROPOUT, CHECK, ROPE,
+    REL, DREL, key_real = _dkdv_rel(REL, DREL, h, rel_n, MASK, b, stride_mb, cols, hi, seq, HAS_MASK, REL_BIAS)
+    for start_m in range(m_start, m_end, BLOCK_M):
+        dk_a, dk_b, dv = _dkdv_query_tile(dk_a, dk_b, dv, k_a, k_b, v, key_real, Q, DO, stride_qs, stride_dos, LSE,
+                                          DELTA, ROPE_COS, ROPE_SIN, REL, DREL, start_n, start_m, cols, offs_m, offs_d,
+                                          offs_h, lo, hi, head_dim, half, qk_scale, drop_scale, seed, bh, threshold,
+                                          window, rel_n, HAS_DROPOUT, CHECK, ROPE, WINDOW, REL_BIAS, BLOCK_N, BLOCK_M,
                                           DOT_PRECISION)
 
     dk_a, dk_b, dv = _dkdv_finish(dk_a, dk_b, dv, MASK, b, stride_mb, cols, seq, sm_scale, drop_scale, HAS_MASK,
@@ -207,10 +231,10 @@ def _dq_row_stats(LSE, DELTA, rows, lo, q_limit, CHECK: tl.constexpr):
 @triton.jit
 def _dq_key_tile(
     dq_a, dq_b, pk_a, pk_b, p_dp, p_sum,  # the query tile's running sums (dq, pk: as their halves with ROPE)
-    q_a, q_b, do, lse, delta, K, V, stride_ks, stride_vs, MASK, COS, SIN,
+    q_a, q_b, do, lse, delta, K, V, stride_ks, stride_vs, MASK, COS, SIN, REL,
     start_n, rows, offs_n, offs_d, offs_h, lo, hi, head_dim, half, qk_scale, drop_scale, seed, bh, threshold,
-    HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, CHECK: tl.constexpr, ROPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    window, rel_n, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, CHECK: tl.constexpr, ROPE: tl.constexpr,
+    WINDOW: tl.constexpr, REL_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # One step of the key loop: the keys start_n + offs_n added into (dq, pk, p_dp, p_sum)
     cols = start_n + offs_n
@@ -218,8 +242,10 @@ def _dq_key_tile(
     k_a, k_b = _load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
                         COS, SIN, ROPE, CHECK)
     s = _dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
+    s = _distance_scores(s, qk_scale, REL, rows[:, None], cols[None, :], window, rel_n, WINDOW, REL_BIAS, CHECK)
     s = _mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
-    p = tl.math.exp2(s * qk_scale - lse[:, None])
+    sc = 1. if REL_BIAS else qk_scale  # what takes s to the log2 domain (with the bias it is there)
+    p = tl.math.exp2(s * sc - lse[:, None])
     v = _load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
                    head_dim, CHECK)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
@@ -262,6 +288,8 @@ def _attention_bwd_dq_kernel(
     RANGES,  # [B, 2] int32 [lo, hi) of each row of MASK (HAS_MASK only)
     CU_SEQLENS,  # [B + 1] int32 (VARLEN only)
     ROPE_COS, ROPE_SIN,  # [P, D / 2] fp32, contiguous: the rotary angles' cos, sin at positions 0.. (ROPE only)
+    REL, rel_n,  # [H, 2n - 1] fp32, contiguous, and n: the relative bias times log2(e), at j - i + n - 1 (REL_BIAS)
+    window,  # local attention: keys at most this many positions away (WINDOW only)
     heads,  # H
     seq,  # S (varlen: max_seqlen)
     head_dim,  # D, a multiple of 16
@@ -273,10 +301,9 @@ def _attention_bwd_dq_kernel(
     BLOCK_M: tl.constexpr,  # queries per program
     BLOCK_N: tl.constexpr,  # keys per loop step
     BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    VARLEN: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
+    HAS_MASK: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     ROPE: tl.constexpr,  # rotary: q and k rotated as they are loaded, dq and dk rotated back
+    WINDOW: tl.constexpr, REL_BIAS: tl.constexpr,  # local attention; the relative bias REL added to the scaled scores
     EVEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -295,6 +322,7 @@ def _attention_bwd_dq_kernel(
     DELTA += off * stride_lb + h64 * stride_lh
     if HAS_MASK:
         MASK += b.to(tl.int64) * stride_mb
+    REL = _head_row(REL, h, rel_n, REL_BIAS)
     bh = b * heads + h
 
     rows = start_m + tl.arange(0, BLOCK_M)
@@ -303,8 +331,7 @@ def _attention_bwd_dq_kernel(
     offs_h = tl.arange(0, BLOCK_D // 2)  # ROPE: the columns of one half of the head dim
     half = head_dim // 2
     CHECK: tl.constexpr = not EVEN
-    active = (start_m < hi) & (start_m + BLOCK_M > lo)
-    n_end = tl.where(active, hi, lo)
+    n_start, n_end, active = _tile_range(start_m, lo, hi, window, BLOCK_M, BLOCK_N, WINDOW)
     q_limit = tl.where(active, hi, 0)
     q_a, q_b = _load_qk(Q + rows[:, None] * stride_qs, 0, rows, q_limit, offs_d, head_dim, offs_h, half,
                         ROPE_COS, ROPE_SIN, ROPE, CHECK)
@@ -316,11 +343,12 @@ def _attention_bwd_dq_kernel(
     dq_b, pk_b = dq_a, dq_a  # with ROPE their second halves (else never touched)
     p_dp = tl.zeros([BLOCK_M], tl.float32)  # rowsum(p * dp)
     p_sum = tl.zeros([BLOCK_M], tl.float32)  # rowsum(p): 1 but for rounding
-    for start_n in range(lo, n_end, BLOCK_N):
+    for start_n in range(n_start, n_end, BLOCK_N):
         dq_a, dq_b, pk_a, pk_b, p_dp, p_sum = _dq_key_tile(
             dq_a, dq_b, pk_a, pk_b, p_dp, p_sum, q_a, q_b, do, lse, delta, K, V, stride_ks, stride_vs, MASK,
-            ROPE_COS, ROPE_SIN, start_n, rows, offs_n, offs_d, offs_h, lo, hi, head_dim, half, qk_scale, drop_scale,
-            seed, bh, threshold, HAS_MASK, HAS_DROPOUT, CHECK, ROPE, DOT_PRECISION)
+            ROPE_COS, ROPE_SIN, REL, start_n, rows, offs_n, offs_d, offs_h, lo, hi, head_dim, half, qk_scale,
+            drop_scale, seed, bh, threshold, window, rel_n, HAS_MASK, HAS_DROPOUT, CHECK, ROPE, WINDOW, REL_BIAS,
+            DOT_PRECISION)
 
     dq_a, dq_b, delta_exact = _dq_exact(dq_a, dq_b, pk_a, pk_b, p_dp, p_sum, delta, sm_scale, ROPE)
     row_limit = hi if VARLEN else seq

@@ -124,5 +124,5 @@ def _even(args) -> bool:
 
 
 # integer and pointer arguments whose values vary freely: no divisibility / ==1 specialization
-_NO_SPECIALIZE = ["stride_lb", "stride_lh", "KEEP", "MASK", "stride_mb", "RANGES", "CU_SEQLENS", "heads", "seq",
-                  "seed", "threshold"]
+_NO_SPECIALIZE = ["stride_lb", "stride_lh", "KEEP", "MASK", "stride_mb", "RANGES", "CU_SEQLENS", "REL", "DREL",
+                  "rel_n", "window", "heads", "seq", "seed", "threshold"]

@@ -1,8 +1,9 @@
 """The attention forward kernel, `_attention_fwd_kernel`, and the @triton.jit helpers it inlines:
 the debug write of the dropout keep-mask, one step of the online softmax over a tile of keys
-(with the dropout of its probabilities), and the normalisation of the finished rows into the
-output and their log2-sum-exp2. The design (tiling, padding, dropout counters, variants) is
-described in `fastbert.kernels.attention`, whose launchers run it.
+(with the relative bias and the window of `attention_distance`, and the dropout of its
+probabilities), and the normalisation of the finished rows into the output and their
+log2-sum-exp2. The design (tiling, padding, dropout counters, variants) is described in
+`fastbert.kernels.attention`, whose launchers run it.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .attention_common import (
     _store_tile,
     _store_vec,
 )
+from .attention_distance import _distance_scores, _finite_max, _head_row, _tile_range
 from .attention_rope import _dot_qk, _load_qk
 
 
@@ -42,10 +44,10 @@ def _write_keep_mask(KEEP, rows, offs_n, lo, seq, seed, bh, threshold, BLOCK_N: 
 @triton.jit
 def _fwd_key_tile(
     acc, m_i, l_i,  # the running state of the query tile's rows
-    q_a, q_b, K, V, stride_ks, stride_vs, MASK, KEEP_rows, COS, SIN,
-    start_n, rows, offs_n, offs_d, offs_h, lo, hi, seq, head_dim, half, qk_scale, seed, bh, threshold,
+    q_a, q_b, K, V, stride_ks, stride_vs, MASK, KEEP_rows, COS, SIN, REL,
+    start_n, rows, offs_n, offs_d, offs_h, lo, hi, seq, head_dim, half, qk_scale, seed, bh, threshold, window, rel_n,
     HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr, RETURN_MASK: tl.constexpr, CHECK: tl.constexpr,
-    ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ROPE: tl.constexpr, WINDOW: tl.constexpr, REL_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # One step of the online softmax: the keys start_n + offs_n folded into (acc, m_i, l_i)
     cols = start_n + offs_n
@@ -53,11 +55,15 @@ def _fwd_key_tile(
     k_a, k_b = _load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
                         COS, SIN, ROPE, CHECK)
     s = _dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
+    s = _distance_scores(s, qk_scale, REL, rows[:, None], cols[None, :], window, rel_n, WINDOW, REL_BIAS, CHECK)
     s = _mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
-    # the first tile starts at lo, a real key of every row: m_new is finite from then on
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    sc = 1. if REL_BIAS else qk_scale  # what takes s to the log2 domain (with the bias it is there)
+    # Without a window the first tile starts at lo, a real key of every row: m_new is finite from
+    # then on. With one, a row may meet no key of its window before a later tile (_finite_max)
+    m_new = tl.maximum(m_i, tl.max(s, 1) * sc)
+    m_ref = _finite_max(m_new, WINDOW)
+    alpha = tl.math.exp2(m_i - m_ref)
+    p = tl.math.exp2(s * sc - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if HAS_DROPOUT:
@@ -106,6 +112,8 @@ def _attention_fwd_kernel(
     RANGES,  # [B, 2] int32: [lo, hi) real positions of each row of MASK (HAS_MASK only)
     CU_SEQLENS,  # [B + 1] int32: sequence b is tokens CU_SEQLENS[b]:CU_SEQLENS[b + 1] (VARLEN only)
     ROPE_COS, ROPE_SIN,  # [P, D / 2] fp32, contiguous: the rotary angles' cos, sin at positions 0.. (ROPE only)
+    REL, rel_n,  # [H, 2n - 1] fp32, contiguous, and n: the relative bias times log2(e), at j - i + n - 1 (REL_BIAS)
+    window,  # local attention: keys at most this many positions away (WINDOW only)
     heads,  # H
     seq,  # S (varlen: max_seqlen)
     head_dim,  # D, a multiple of 16
@@ -121,6 +129,7 @@ def _attention_fwd_kernel(
     HAS_DROPOUT: tl.constexpr,
     RETURN_MASK: tl.constexpr,  # write the dropout keep-mask to KEEP
     ROPE: tl.constexpr,  # rotate q and k by the angles of ROPE_COS, ROPE_SIN as they are loaded
+    WINDOW: tl.constexpr, REL_BIAS: tl.constexpr,  # local attention; the relative bias REL added to the scaled scores
     EVEN: tl.constexpr,  # no mask, not varlen, S a multiple of BLOCK_M and BLOCK_N
     DOT_PRECISION: tl.constexpr,  # input_precision of the fp32 matrix products
 ):
@@ -139,6 +148,7 @@ def _attention_fwd_kernel(
     bh = b * heads + h
     if RETURN_MASK:
         KEEP += bh.to(tl.int64) * seq * seq
+    REL = _head_row(REL, h, rel_n, REL_BIAS)
 
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -148,20 +158,20 @@ def _attention_fwd_kernel(
     KEEP_rows = _write_keep_mask(KEEP, rows, offs_n, lo, seq, seed, bh, threshold, BLOCK_N, RETURN_MASK)
 
     CHECK: tl.constexpr = not EVEN
-    # a query tile wholly outside [lo, hi) loads nothing and runs no key loop: its rows output zeros
-    active = (start_m < hi) & (start_m + BLOCK_M > lo)
-    n_end = tl.where(active, hi, lo)
+    # a query tile wholly outside [lo, hi) loads nothing and runs no key loop: its rows output zeros;
+    # the others visit the key tiles of [lo, hi), or (WINDOW) those within the window of one of their rows
+    n_start, n_end, active = _tile_range(start_m, lo, hi, window, BLOCK_M, BLOCK_N, WINDOW)
     q_a, q_b = _load_qk(Q + rows[:, None] * stride_qs, 0, rows, tl.where(active, hi, 0), offs_d, head_dim, offs_h, half,
                         ROPE_COS, ROPE_SIN, ROPE, CHECK)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scaled scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running row sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(lo, n_end, BLOCK_N):
+    for start_n in range(n_start, n_end, BLOCK_N):
         acc, m_i, l_i = _fwd_key_tile(acc, m_i, l_i, q_a, q_b, K, V, stride_ks, stride_vs, MASK, KEEP_rows,
-                                      ROPE_COS, ROPE_SIN, start_n, rows, offs_n, offs_d, offs_h, lo, hi, seq,
-                                      head_dim, half, qk_scale, seed, bh, threshold, HAS_MASK, HAS_DROPOUT,
-                                      RETURN_MASK, CHECK, ROPE, DOT_PRECISION)
+                                      ROPE_COS, ROPE_SIN, REL, start_n, rows, offs_n, offs_d, offs_h, lo, hi, seq,
+                                      head_dim, half, qk_scale, seed, bh, threshold, window, rel_n, HAS_MASK,
+                                      HAS_DROPOUT, RETURN_MASK, CHECK, ROPE, WINDOW, REL_BIAS, DOT_PRECISION)
 
     out, lse = _fwd_rows_out(acc, m_i, l_i, MASK, rows, lo, hi, drop_scale, HAS_MASK, HAS_DROPOUT, EVEN)
     # varlen: rows past the sequence belong to the next one; padded: every row of the tile is ours

@@ -1,7 +1,7 @@
 """The build report's list of attention variants, `report_configs`: every (kernel, settings,
-dtype, head dim block, flags, rotary or not) the launchers of `fastbert.kernels.attention` can
-compile, as KernelBuild records with the argument types and the divisibility the JIT gives them
-at launch.
+dtype, head dim block, flags, rotary or not, window or not, relative bias or not) the launchers
+of `fastbert.kernels.attention` can compile, as KernelBuild records with the argument types and
+the divisibility the JIT gives them at launch.
 """
 from __future__ import annotations
 
@@ -18,14 +18,17 @@ from .attention_settings import _RANGE_SETTINGS, BLOCK_DS, HEAD_DIMS, Settings, 
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # arguments the kernels do not specialize (do_not_specialize): never marked divisible
-_UNSPECIALIZED = {"stride_lb", "stride_lh", "stride_mb", "KEEP", "MASK", "RANGES", "CU_SEQLENS", "rows_total"}
+_UNSPECIALIZED = {"stride_lb", "stride_lh", "stride_mb", "KEEP", "MASK", "RANGES", "CU_SEQLENS", "REL", "DREL", "rel_n",
+                  "window", "rows_total"}
 # (HAS_MASK, VARLEN, EVEN) the launchers pick: no mask and whole tiles, padded with a key mask
 # (also any other S without one), packed
 _MODES = ((False, False, True), (True, False, False), (False, True, False))
+# (WINDOW, REL_BIAS): neither, the window (ModernBERT's local layers), the relative bias (MPNet), both
+_DISTANCE = ((False, False), (True, False), (False, True), (True, True))
 
 
 def _arg_type(name: str, dt: str) -> str:
-    if name in ("LSE", "DELTA", "ROPE_COS", "ROPE_SIN"):
+    if name in ("LSE", "DELTA", "ROPE_COS", "ROPE_SIN", "REL", "DREL"):
         return "*fp32"
     if name in ("KEEP", "MASK"):
         return "*u1"
@@ -68,22 +71,24 @@ def report_configs() -> Iterator[KernelBuild]:
             for kernel, fn in (("fwd", _attention_fwd_kernel), ("bwd_dkdv", _attention_bwd_dkdv_kernel),
                                ("bwd_dq", _attention_bwd_dq_kernel)):
                 for rope in (False, True):
-                    yield from _variants(kernel, fn, dt, precision, bd, dims, rope,
-                                         settings(head_dim, dtype, kernel, rope))
+                    for window, rel in _DISTANCE:
+                        yield from _variants(kernel, fn, dt, precision, bd, dims, rope, window, rel,
+                                             settings(head_dim, dtype, kernel, rope, window or rel))
 
 
-def _variants(kernel: str, fn, dt: str, precision: str, bd: int, dims: str, rope: bool, s: Settings):
-    # the layouts and flags of one kernel at one dtype, head dim block and ROPE
+def _variants(kernel: str, fn, dt: str, precision: str, bd: int, dims: str, rope: bool, window: bool, rel: bool,
+              s: Settings):
+    # the layouts and flags of one kernel at one dtype, head dim block, ROPE, WINDOW and REL_BIAS
     for has_mask, varlen, even in _MODES:
         for has_dropout, return_mask in ((False, False), (True, False), (True, True)):
             if return_mask and (kernel != "fwd" or even):
                 continue  # the debug mask: forward only, never the EVEN variant
             constexprs = {"BLOCK_M": s.block_m, "BLOCK_N": s.block_n, "BLOCK_D": bd,
                           "HAS_MASK": has_mask, "VARLEN": varlen, "HAS_DROPOUT": has_dropout,
-                          "ROPE": rope, "EVEN": even, "DOT_PRECISION": precision}
+                          "ROPE": rope, "WINDOW": window, "REL_BIAS": rel, "EVEN": even, "DOT_PRECISION": precision}
             config = {"dtype": dt, "head_dims": dims, "BLOCK_M": s.block_m, "BLOCK_N": s.block_n,
                       "BLOCK_D": bd, "mask": has_mask, "varlen": varlen, "even": even,
-                      "dropout": has_dropout, "rope": rope}
+                      "dropout": has_dropout, "rope": rope, "window": window, "rel_bias": rel}
             if kernel == "fwd":
                 constexprs["RETURN_MASK"] = return_mask
                 config["return_mask"] = return_mask

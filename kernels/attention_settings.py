@@ -78,6 +78,28 @@ _ROPE_TABLE: Dict[Tuple[str, bool, int], Settings] = {
     ("bwd_dq", False, 128): Settings(16, 16, 8, 2, None),
 }
 
+# The WINDOW / REL_BIAS variants' settings where they differ from those above (without and with
+# ROPE): chosen, like _ROPE_TABLE's, to compile with no spills on sm_80 and sm_90, not timed.
+_DISTANCE_TABLE: Dict[Tuple[str, bool, int], Settings] = {
+    ("fwd", True, 32): Settings(128, 32, 8, 2, None),
+    ("bwd_dkdv", True, 32): Settings(32, 32, 4, 2, None),
+    ("bwd_dkdv", True, 128): Settings(32, 32, 8, 2, None),
+    ("bwd_dkdv", False, 32): Settings(16, 16, 8, 2, None),
+    ("bwd_dkdv", False, 64): Settings(32, 16, 8, 2, None),
+    ("bwd_dkdv", False, 128): Settings(16, 16, 8, 2, None),
+    ("bwd_dq", True, 128): Settings(32, 32, 8, 2, None),
+}
+_ROPE_DISTANCE_TABLE: Dict[Tuple[str, bool, int], Settings] = {
+    ("fwd", True, 32): Settings(128, 32, 8, 2, None),
+    ("fwd", True, 128): Settings(64, 32, 8, 2, None),
+    ("fwd", False, 64): Settings(32, 32, 4, 2, None),
+    ("bwd_dkdv", True, 32): Settings(32, 32, 4, 2, None),
+    ("bwd_dkdv", True, 64): Settings(32, 16, 8, 2, None),
+    ("bwd_dkdv", False, 32): Settings(16, 16, 4, 2, None),
+    ("bwd_dkdv", False, 128): Settings(16, 16, 8, 3, None),
+    ("bwd_dq", False, 32): Settings(16, 16, 8, 1, None),
+}
+
 
 def block_d(head_dim: int) -> int:
     """The head dim block of `head_dim`: a power of 2, at least 32 (columns past D are masked)."""
@@ -86,13 +108,19 @@ def block_d(head_dim: int) -> int:
     return max(32, triton.next_power_of_2(head_dim))
 
 
-def settings(head_dim: int, dtype: torch.dtype, kernel: str, rope: bool = False) -> Settings:
+def settings(head_dim: int, dtype: torch.dtype, kernel: str, rope: bool = False, distance: bool = False) -> Settings:
     """Tile shape and launch options of `kernel` (one of KERNELS) for q.dtype `dtype` and `head_dim`,
-    with rotary embeddings applied (the ROPE variants) when `rope`."""
+    with rotary embeddings applied (the ROPE variants) when `rope`, and a window or a relative bias
+    (the WINDOW / REL_BIAS variants) when `distance`."""
     if kernel not in KERNELS:
         raise ValueError(f"fastbert: unknown attention kernel {kernel!r}; one of {KERNELS}")
     key = (kernel, dtype != torch.float32, block_d(head_dim))
-    return _ROPE_TABLE.get(key, _TABLE[key]) if rope else _TABLE[key]
+    found = _TABLE[key]
+    if rope:
+        found = _ROPE_TABLE.get(key, found)
+    if distance:
+        found = (_ROPE_DISTANCE_TABLE if rope else _DISTANCE_TABLE).get(key, found)
+    return found
 
 
 def _dot_precision(dtype: torch.dtype) -> str:

@@ -115,17 +115,6 @@ def _check_window(op: str, window: Optional[int]) -> int:
     return window
 
 
-# What the Triton kernels do not take yet (the cpp and torch backends take both)
-TRITON_MISSING = ("window", "relative_bias")
-
-
-def _check_triton_options(op: str, backend: str, window: int, rel: Optional[torch.Tensor]) -> None:
-    given = [name for name, on in zip(TRITON_MISSING, (window >= 0, rel is not None)) if on]
-    if backend == "triton" and given:
-        raise NotImplementedError(f"fastbert.ops.{op}: {' and '.join(given)} not implemented on the 'triton' backend "
-                                  "yet; the 'cpp' and 'torch' backends take them")
-
-
 @functools.lru_cache(maxsize=32)
 def _rotary_tables(base: float, head_dim: int, positions: int, device: str):
     # a pure function of its arguments, never written to: nothing can make an entry stale
@@ -211,7 +200,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     rope = _rope(op, rotary_base, backend, q.shape[-1], q.shape[2], q.device)
     reach = _check_window(op, window)
     _check_relative(op, relative_bias, q, q.shape[2])
-    _check_triton_options(op, backend, reach, relative_bias)
     if backend == "torch" or q.numel() == 0:
         return _torch_attention(q, k, v, mask, scale, float(dropout_p), seed_t, return_dropout_mask, rope, reach,
                                 relative_bias)
@@ -268,7 +256,6 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     rope = _rope(op, rotary_base, backend, q.shape[-1], max_seqlen, q.device)
     reach = _check_window(op, window)
     _check_relative(op, relative_bias, q, max_seqlen)
-    _check_triton_options(op, backend, reach, relative_bias)
     if backend == "torch" or q.numel() == 0:
         return _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, float(dropout_p), seed_t, return_dropout_mask,
                              rope, reach, relative_bias)

@@ -38,6 +38,13 @@ def mixed_mask(batch, seq, g, left=False):
     return mask
 
 
+def holey_mask(batch, seq, g):
+    """Rows: full, then random real tokens with holes anywhere (each token real with probability 3/4)."""
+    mask = (torch.rand(batch, seq, generator=g) < 0.75).to(torch.int64)
+    mask[0] = 1
+    return mask
+
+
 def qkv(shape, dtype, dev, g):
     return [torch.randn(shape, generator=g).to(dev, dtype) for _ in range(3)]
 
@@ -149,22 +156,6 @@ def padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0
     mask = mixed_mask(batch, seq, g, left).to(dev)
     keep = reference.attention_keep_mask(dropout_seed, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
     return q, k, v, dout, mask, keep, g
-
-
-def triton_refuses(backend, make_options):
-    """True (after checking it) where the backend is triton, whose kernels take no window and no
-    relative bias yet: both entry points refuse them with a one-line NotImplementedError instead of
-    computing anything. make_options(heads, seq) -> the attention options."""
-    if backend != "triton":
-        return False
-    q = torch.randn(2, 2, 8, 32)
-    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="not implemented on the 'triton' backend yet"):
-        fastbert.ops.attention(q, q, q, backend="triton", **make_options(2, 8))
-    with pytest.raises(NotImplementedError, match="not implemented on the 'triton' backend yet"):
-        packed = q.transpose(1, 2).reshape(16, 2, 32)
-        fastbert.ops.varlen_attention(packed, packed, packed, cu, 8, backend="triton", **make_options(2, 8))
-    return True
 
 
 def pack(t, mask):

@@ -1,11 +1,12 @@
 """A relative position bias inside attention (MPNet's): fastbert.ops.attention / varlen_attention
 (relative_bias=rel), rel [heads, 2n - 1] read by the distance j - i inside the kernel, on every
 backend against the reference (the bias spread to [heads, seq, seq] and added to the scaled
-scores). Outputs, dq, dk, dv and the bias's own gradient, with the bound of STYLE.md lesson 4."""
+scores). Outputs, dq, dk, dv and the bias's own gradient, with the bound of STYLE.md lesson 4;
+with padding (left and right, and holes), dropout, a window and rotary embeddings; packed."""
 import pytest
 import torch
 from conftest import assert_within_bound, device_for
-from test_attention import assert_packed_agrees_with_padded, dtypes_for, padded_case, qkv, run, triton_refuses
+from test_attention import assert_packed_agrees_with_padded, dtypes_for, holey_mask, padded_case, qkv, run
 
 import fastbert
 from fastbert import reference
@@ -21,41 +22,51 @@ def check_all(tag, op, ref, inputs, dout, dtype, real=None):
         assert_within_bound(f"{tag} {name}", a, b, c, dtype)
 
 
-def check_relative(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0, window=None, left=False, extra=3):
+def check_relative(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0, window=None, left=False, extra=3,
+                   holes=False, rotary_base=None):
     q, k, v, dout, mask, keep, g = padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p, left)
+    if holes:
+        mask = holey_mask(batch, seq, g).to(q.device)
+        keep = reference.attention_keep_mask(5, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), q.device)
     rel = reference.relative_bias(torch.randn(32, heads, generator=g), seq + extra).to(q.device, dtype)  # n > seq
+    tables = reference.rotary_tables(rotary_base, head_dim, seq, q.device) if rotary_base else None
 
     def op(q_, k_, v_, r_):
         return fastbert.ops.attention(q_, k_, v_, mask, dropout_p=dropout_p, seed=5, backend=backend, window=window,
-                                      relative_bias=r_)
+                                      relative_bias=r_, rotary_base=rotary_base)
 
     def ref(q_, k_, v_, r_):
+        if tables:
+            q_, k_ = (reference.rotate(t, *tables) for t in (q_, k_))
         return reference.attention(q_, k_, v_, mask, dropout_p, keep_mask=keep, window=window,
                                    bias=reference.relative_bias_matrix(r_, seq))
 
-    tag = f"{backend} relative b{batch} s{seq} d{head_dim} {dtype} p{dropout_p} w{window}"
+    tag = f"{backend} relative b{batch} s{seq} d{head_dim} {dtype} p{dropout_p} w{window} rope {rotary_base}"
     check_all(tag, op, ref, [q, k, v, rel], dout, dtype, mask.bool()[:, None, :, None].expand(q.shape))
 
 
 def test_relative_bias_matches_reference(backend):
-    if triton_refuses(backend, lambda heads, seq: dict(relative_bias=torch.zeros(heads, 2 * seq - 1))):
-        return
-    seqs = [7, 33, 64] + ([130, 300] if backend == "cpp" else [])
+    # one tile and several (the Triton tiles are 16 to 128 rows)
+    seqs = [7, 33, 70] + ([130, 300] if backend == "cpp" else [])
     for i, seq in enumerate(seqs):
         for dtype in dtypes_for(backend):
             check_relative(backend, 3, 2, seq, (32, 64)[i % 2], dtype, seed=i)
 
 
 def test_relative_bias_with_dropout_window_and_left_padding(backend):
-    if triton_refuses(backend, lambda heads, seq: dict(relative_bias=torch.zeros(heads, 2 * seq - 1))):
-        return
     check_relative(backend, 4, 2, 40, 64, torch.float32, seed=2, dropout_p=0.1, left=True)
-    check_relative(backend, 3, 2, 70 if backend != "cpp" else 300, 32, torch.float32, seed=3, window=16)
+    for dtype in dtypes_for(backend):
+        check_relative(backend, 3, 2, 70 if backend != "cpp" else 300, 32, dtype, seed=3, window=16)
+
+
+def test_relative_bias_with_holes_in_the_mask_and_rotary(backend):
+    for dtype in dtypes_for(backend):
+        check_relative(backend, 3, 2, 40, 32, dtype, seed=6, holes=True)
+    check_relative(backend, 3, 2, 40, 64, torch.float32, seed=7, holes=True, dropout_p=0.1, window=3,
+                   rotary_base=10000.0)
 
 
 def test_relative_bias_varlen_matches_reference_and_padded(backend):
-    if triton_refuses(backend, lambda heads, seq: dict(relative_bias=torch.zeros(heads, 2 * seq - 1))):
-        return
     dev = device_for(backend)
     g = torch.Generator().manual_seed(5)
     lengths = [5, 1, 0, 33, 17] if backend == "triton" else [5, 1, 0, 130, 64]
