@@ -6,7 +6,9 @@ every compiled variant the launchers can pick, for the build report (`python -m
 fastbert.kernels.report`). An op too large for one module keeps its launchers and
 `report_configs` in the op's module and the rest in modules named after the op
 (layer_norm_settings; attention_common, attention_fwd, attention_bwd, attention_rope,
-attention_settings, attention_report).
+attention_distance, attention_args, attention_settings, attention_report). The build report:
+report (compile every variant) and report_check (the full report kept with the sources,
+build_report.json, and its check).
 
     bias_gelu    bias_gelu_forward, bias_gelu_backward
     geglu        geglu_forward, geglu_backward

@@ -20,9 +20,10 @@ non-zero when any variant fails to compile or spills.
 Compilation runs in worker subprocesses (--jobs, default: the CPU count) with TRITON_INTERPRET
 removed from their environment: under the interpreter `triton.jit` builds functions that cannot be
 compiled, so the report must never compile in a process that imported the kernels interpreted.
-The full report (2124 variants for sm_80 + sm_90, 740 of them attention, 360 of those rotary) took
-12.6 minutes on 2 CPU cores with an empty Triton cache (the attention kernels most of it), seconds
-when Triton's cache already holds them.
+The full report takes most of an hour on 2 CPU cores with an empty Triton cache (the attention
+kernels nearly all of it), seconds when Triton's cache already holds them. The last full report is
+kept with the sources (kernels/build_report.json) and `--check` stands in for a rebuild where one
+costs too much (`report_check`: current, complete, and true for the variants compiled again).
 A new kernel module is added to KERNEL_MODULES and gives a `report_configs()`.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ import tempfile
 import time
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import KERNEL_MODULES, KernelBuild
+from . import KERNEL_MODULES, KernelBuild, report_check
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 _W = 28  # width of the kernel-name column
@@ -83,8 +84,10 @@ def kernel_builds(kernels: Optional[Sequence[str]] = None, quick: bool = False) 
     return builds
 
 
-def _jobs(archs, kernels, quick) -> List[Tuple[KernelBuild, str]]:
-    return [(b, arch) for arch in archs for b in kernel_builds(kernels, quick)]
+def _jobs(archs, kernels, quick, select: Optional[Sequence[int]] = None) -> List[Tuple[KernelBuild, str]]:
+    # select: the indices of the jobs to keep (report_check's picks), in the unfiltered order
+    jobs = [(b, arch) for arch in archs for b in kernel_builds(kernels, quick)]
+    return jobs if select is None else [jobs[i] for i in select]
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,8 +168,8 @@ def compile_one(build: KernelBuild, arch: str) -> Dict[str, object]:
     return record
 
 
-def _worker(archs, kernels, quick, shard: int, n_shards: int) -> None:
-    jobs = _jobs(archs, kernels, quick)
+def _worker(archs, kernels, quick, select, shard: int, n_shards: int) -> None:
+    jobs = _jobs(archs, kernels, quick, select)
     for build, arch in jobs[shard::n_shards]:
         print(_RECORD_PREFIX + json.dumps(compile_one(build, arch)), flush=True)
 
@@ -189,16 +192,20 @@ def run_report(
     quick: bool = False,
     jobs: Optional[int] = None,
     progress: bool = False,
+    select: Optional[Sequence[int]] = None,
 ) -> List[Dict[str, object]]:
-    """Compile the selected variants for `archs` in `jobs` worker subprocesses; the records."""
+    """Compile the selected variants for `archs` in `jobs` worker subprocesses; the records.
+    select: only these indices of the unfiltered job list (report_check)."""
     archs = _parse_archs(archs)
-    n_jobs = len(_jobs(archs, kernels, quick))
+    n_jobs = len(_jobs(archs, kernels, quick, select))
     n_workers = max(1, min(jobs or os.cpu_count() or 1, n_jobs))
     cmd = [sys.executable, "-m", f"{__package__}.report", "--worker", "--arch", ",".join(archs)]
     if kernels:
         cmd += ["--kernels", ",".join(kernels)]
     if quick:
         cmd += ["--quick"]
+    if select is not None:
+        cmd += ["--select", ",".join(map(str, select))]
     procs = [
         subprocess.Popen(cmd + ["--shard", f"{i}/{n_workers}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=_child_env())
@@ -293,7 +300,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="first and last variant of each kernel only")
     parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
     parser.add_argument("--summary-only", action="store_true", help="print the summary, not every variant")
+    parser.add_argument("--check", metavar="PATH", help="check a saved full report instead (report_check): current, "
+                        "complete, no failure or spill, and true for the variants compiled again")
+    parser.add_argument("--sample", type=int, default=48, help="--check: variants compiled again beyond the "
+                        "most-register one of each kernel and arch")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--select", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     archs = _parse_archs(args.arch.split(","))
@@ -301,8 +313,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.worker:
         shard, n_shards = (int(v) for v in args.shard.split("/"))
-        _worker(archs, kernels, args.quick, shard, n_shards)
+        select = [int(i) for i in args.select.split(",")] if args.select else None
+        _worker(archs, kernels, args.quick, select, shard, n_shards)
         return 0
+    if args.check:
+        problems = report_check.check(args.check, args.sample, args.jobs)
+        for line in problems:
+            print(f"fastbert.kernels.report: {line}", file=sys.stderr)
+        return 1 if problems else 0
 
     t0 = time.perf_counter()
     records = run_report(archs, kernels, args.quick, args.jobs, progress=True)
@@ -312,8 +330,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print()
     print(format_summary(records, seconds))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+        report_check.write(args.json, records, archs)
         print(f"wrote {len(records)} records to {args.json}")
     return 1 if report_failed(records) else 0
 

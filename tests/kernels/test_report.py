@@ -61,14 +61,20 @@ def test_report_lists_every_attention_setting_the_launchers_pick():
 
     builds = report.kernel_builds()
     listed = {(b.name, b.config.get("dtype"), b.config.get("BLOCK_M"), b.config.get("BLOCK_N"), b.config.get("BLOCK_D"),
-               b.num_warps) for b in builds}
+               b.num_warps, b.config.get("rope", False), b.config.get("window", False), b.config.get("rel_bias", False))
+              for b in builds}
+    # with and without rotary, a window and a relative bias (the preprocess kernel has none of them)
+    flags = [(False, False, False)] + [(r, w, b) for r in (False, True) for w, b in ((True, False), (False, True),
+                                                                                     (True, True))] + [(True, False, False)]
     for head_dim in attention.HEAD_DIMS:
         bd = attention.block_d(head_dim)
         for dt, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
             for kernel in attention.KERNELS:
-                s = attention.settings(head_dim, dtype, kernel)
-                block_n = None if kernel == "bwd_preprocess" else s.block_n
-                assert (f"attention_{kernel}", dt, s.block_m, block_n, bd, s.num_warps) in listed, (kernel, dt, head_dim)
+                for rope, window, rel in flags if kernel != "bwd_preprocess" else flags[:1]:
+                    s = attention.settings(head_dim, dtype, kernel, rope, window or rel)
+                    block_n = None if kernel == "bwd_preprocess" else s.block_n
+                    want = (f"attention_{kernel}", dt, s.block_m, block_n, bd, s.num_warps, rope, window, rel)
+                    assert want in listed, want
 
 
 def test_table_and_summary_format(quick_records):
@@ -84,3 +90,53 @@ def test_failures_and_spills_fail_the_report():
     assert not report.report_failed([good])
     assert report.report_failed([good, {"ok": True, "spill_bytes": 8}])
     assert report.report_failed([good, {"ok": False, "spill_bytes": None}])
+
+
+def test_the_saved_report_check_finds_stale_incomplete_and_untrue_reports(quick_records, tmp_path):
+    # the quick records saved as if they were the full report: current, but incomplete; the
+    # variants compiled again (the most-register one of each kernel, none at random) as recorded
+    from fastbert.kernels import report_check
+
+    path = str(tmp_path / "report.json")
+    report_check.write(path, quick_records, ["sm_80"])
+    problems = report_check.check(path, sample=0, jobs=2)
+    assert len(problems) == 1 and "misses" in problems[0], problems
+
+    import json
+
+    saved = json.load(open(path))
+    worst = max(saved["records"], key=lambda r: r["registers"])
+    worst["registers"] += 1
+    json.dump(saved, open(path, "w"))
+    problems = report_check.check(path, sample=0, jobs=2)
+    assert any(f"registers {worst['registers']} -> {worst['registers'] - 1}" in p for p in problems), problems
+
+    saved["fingerprint"] = "0" * 64
+    json.dump(saved, open(path, "w"))
+    (problem,) = report_check.check(path, sample=0, jobs=2)
+    assert "built from other kernel sources" in problem and "--json" in problem
+    assert "no such file" in report_check.check(str(tmp_path / "none.json"))[0]
+
+
+def test_the_saved_report_is_current_and_complete():
+    # the report kept with the sources must be rebuilt whenever a kernel or its settings change
+    import json
+    import os
+
+    from fastbert.kernels import report_check
+
+    path = os.path.join(os.path.dirname(report_check.__file__), "build_report.json")
+    saved = json.load(open(path))
+    assert saved["fingerprint"] == report_check.fingerprint(), \
+        f"rebuild it: python -m fastbert.kernels.report --arch sm_80,sm_90 --json {path}"
+    assert {report_check.key(r) for r in saved["records"]} == \
+        {report_check.job_key(b, a) for b, a in report._jobs(saved["archs"], None, False)}
+    assert not report.report_failed(saved["records"])
+
+
+def test_the_fingerprint_reads_code_not_prose():
+    from fastbert.kernels.report_check import _code
+
+    base = _code('"""A module."""\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n')
+    assert base == _code("def f(x):\n    return x + 1\n")
+    assert base != _code("def f(x):\n    return x + 2\n")
