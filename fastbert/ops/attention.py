@@ -117,8 +117,11 @@ def _check_window(op: str, window: Optional[int]) -> int:
 
 @functools.lru_cache(maxsize=32)
 def _rotary_tables(base: float, head_dim: int, positions: int, device: str):
-    # a pure function of its arguments, never written to: nothing can make an entry stale
-    return reference.rotary_tables(base, head_dim, positions, torch.device(device))
+    # a pure function of its arguments, never written to: nothing can make an entry stale. Built as
+    # normal tensors even when the first call comes under torch.inference_mode(): an inference
+    # tensor cached here could never be saved for a backward later
+    with torch.inference_mode(False):
+        return reference.rotary_tables(base, head_dim, positions, torch.device(device))
 
 
 def _as_bool_mask(op: str, attention_mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -95,6 +95,21 @@ def test_rotary_varlen_matches_reference_and_padded(backend):
     assert_packed_agrees_with_padded(backend, g, make_options=lambda *_: dict(rotary_base=base))
 
 
+def test_rotary_tables_first_made_in_inference_mode_still_serve_a_backward(backend):
+    # the tables are cached: one built under torch.inference_mode() (an evaluation) must not be an
+    # inference tensor when a training step later saves it for its backward
+    import sys
+
+    sys.modules["fastbert.ops.attention"]._rotary_tables.cache_clear()
+    dev = device_for(backend)
+    q = torch.randn(1, 2, 9, 32, device=dev)
+    with torch.inference_mode():
+        fastbert.ops.attention(q, q, q, backend=backend, rotary_base=1234.0)
+    leaves = [torch.randn(1, 2, 9, 32, device=dev, requires_grad=True) for _ in range(3)]
+    fastbert.ops.attention(*leaves, backend=backend, rotary_base=1234.0).sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+
+
 def test_rotary_matches_transformers_modernbert():
     # the convention (rotate-half, inv_freq, positions) is transformers' own
     from transformers import ModernBertConfig
