@@ -11,14 +11,18 @@ import fastbert.backend
 
 
 def interleaved_cpu_times(
-    fns: Dict[str, Callable[[], object]], *, warmup: int = 2, repeats: int = 25, budget_s: Optional[float] = None
+    fns: Dict[str, Callable[[], object]], *, warmup: int = 2, repeats: int = 25, budget_s: Optional[float] = None,
+    runs: int = 1,
 ) -> Dict[str, List[float]]:
     """Wall-clock seconds of `repeats` rounds in which every fn is called once, in turn.
 
     Calling the contenders in turn, rather than one after the other, gives each of them the same
     machine: the same clock speed, the same neighbours, the same state of malloc's heap. On a shared
     2-core VM, timings taken a few seconds apart drift by more than the differences measured here.
-    A round is dropped from nobody: the budget (seconds in all) only cuts the number of rounds."""
+    A round is dropped from nobody: the budget (seconds in all) only cuts the number of rounds.
+    runs > 1: in each round every fn is called `runs` times in a row and the first call of the run is
+    not timed: it pays for the switch (the thread pools of the engine before it, ONNX Runtime's and
+    OpenMP's, spin-wait for more work for a while after their call returns; its own pools wake)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -26,9 +30,12 @@ def interleaved_cpu_times(
     start = time.perf_counter()
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+            if runs > 1:
+                fn()
+            for _ in range(max(1, runs - 1)):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
         if budget_s is not None and time.perf_counter() - start > budget_s and len(times[name]) >= 5:
             break
     return times

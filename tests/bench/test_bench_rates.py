@@ -30,3 +30,13 @@ def test_attention_pair_flops_count_the_window():
     # a window past the sequence sees every key
     assert bench.pair_flops(lengths, 10, False) == bench.pair_flops(lengths, None, False)
     assert bench.pair_flops(lengths, None, True) == 3.5 * bench.pair_flops(lengths, None, False)
+
+
+def test_runs_call_each_contender_in_a_row_and_leave_the_first_call_untimed():
+    from fastbert.bench.timing import interleaved_cpu_times
+
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "ab"}
+    times = interleaved_cpu_times(fns, warmup=1, repeats=2, runs=3)
+    assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4}  # 2 rounds x (3 calls - 1 untimed)
+    assert "".join(calls) == "ab" + "aaabbb" * 2
