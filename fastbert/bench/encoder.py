@@ -50,13 +50,13 @@ from fastbert.bench.workloads import ARCHS, WORKLOADS, arch_config, make_batch, 
 from fastbert.dtypes import dtype_name, parse_dtype
 
 
-def run_encoder_workload(name, layers, dtypes, rounds, g, progress, peers=(), arch="bert", runs=1):
+def run_encoder_workload(name, layers, dtypes, rounds, g, progress, peers=(), arch="bert", runs=1, settle_s=0.0):
     spec = WORKLOADS[name]
     cfg = arch_config(arch, layers)
     ids, mask = make_batch(spec["batch"], spec["lo"], spec["hi"], g, cfg.vocab_size, cfg.pad_token_id)
     provs, reference, skipped = encoder_providers(layers, dtypes, ids, mask, peers, arch)
     with torch.no_grad():
-        times = _timed(provs, rounds, f"{name} ({len(provs)} providers x {rounds} rounds)", progress, runs)
+        times = _timed(provs, rounds, f"{name} ({len(provs)} providers x {rounds} rounds)", progress, runs, settle_s)
         errors = _errors(provs, reference, mask)
     tokens = int(mask.sum())
     rows = summarise(times, tokens, dtypes, errors, peers)
@@ -95,7 +95,7 @@ def run_ablations(name, layers, dtypes, rounds, g, progress) -> List[dict]:
     return rows
 
 
-def _timed(provs, rounds, desc, progress, runs=1):
+def _timed(provs, rounds, desc, progress, runs=1, settle_s=0.0):
     from tqdm import tqdm
 
     bar = tqdm(total=(rounds * runs + 1) * len(provs), desc=desc, disable=not progress, file=sys.stderr)
@@ -108,7 +108,8 @@ def _timed(provs, rounds, desc, progress, runs=1):
 
         return call
 
-    times = interleaved_cpu_times({k: tick(f) for k, f in provs.items()}, warmup=1, repeats=rounds, runs=runs)
+    times = interleaved_cpu_times({k: tick(f) for k, f in provs.items()}, warmup=1, repeats=rounds, runs=runs,
+                                 settle_s=settle_s)
     bar.close()
     return times
 
@@ -140,14 +141,14 @@ def run_minilm(rounds, batch_size, n, progress, quantize=None):
 
 
 def run(workloads, dtypes, layers, rounds, minilm_sentences=1000, minilm_batch=64, progress=True, peers=(),
-        quantize=None, arch="bert", runs=1):
+        quantize=None, arch="bert", runs=1, settle_s=0.0):
     g = torch.Generator().manual_seed(0)
     rows = []
     for w in workloads:
         if w == "minilm":
             rows += run_minilm(rounds, minilm_batch, minilm_sentences, progress, quantize)
         else:
-            rows += run_encoder_workload(w, layers, dtypes, rounds, g, progress, peers, arch, runs)
+            rows += run_encoder_workload(w, layers, dtypes, rounds, g, progress, peers, arch, runs, settle_s)
     return rows
 
 
@@ -170,6 +171,10 @@ def main(argv=None, defaults=None, prog=None):
     ap.add_argument("--runs", type=int, default=1,
                     help="calls of each provider in a row per round; above 1 the first of them is not timed (it pays "
                          "for the previous engine's spinning thread pools)")
+    ap.add_argument("--settle-ms", type=float, default=0.0,
+                    help="an untimed pause before each provider's turn, for the previous engine's thread pools to stop "
+                         "spinning (Intel's OpenMP spins 200 ms); with --runs 4 --settle-ms 500 each engine is timed "
+                         "warm and alone")
     ap.add_argument("--minilm-sentences", type=int, default=1000)
     ap.add_argument("--peers", nargs="?", const=",".join(PEERS), default="",
                     help=f"also time the engines a user would deploy instead (comma-separated; all: {','.join(PEERS)}); "
@@ -215,7 +220,8 @@ def main(argv=None, defaults=None, prog=None):
         rows = [r for w in workloads for r in run_ablations(w, args.layers, dtypes, args.rounds, g, True)]
     else:
         rows = run(workloads, dtypes, args.layers, args.rounds, args.minilm_sentences, peers=peers,
-                   quantize=args.quantize, arch=args.arch, runs=args.runs)
+                   quantize=args.quantize, arch=args.arch, runs=args.runs,
+                   settle_s=args.settle_ms / 1e3)
     finish(rows, print_ablations if args.ablations else print_table, argv, prog,
            json_path=args.json, png_path=args.png, plot=plot)
     return 0

@@ -12,7 +12,7 @@ import fastbert.backend
 
 def interleaved_cpu_times(
     fns: Dict[str, Callable[[], object]], *, warmup: int = 2, repeats: int = 25, budget_s: Optional[float] = None,
-    runs: int = 1,
+    runs: int = 1, settle_s: float = 0.0,
 ) -> Dict[str, List[float]]:
     """Wall-clock seconds of `repeats` rounds in which every fn is called once, in turn.
 
@@ -22,7 +22,9 @@ def interleaved_cpu_times(
     A round is dropped from nobody: the budget (seconds in all) only cuts the number of rounds.
     runs > 1: in each round every fn is called `runs` times in a row and the first call of the run is
     not timed: it pays for the switch (the thread pools of the engine before it, ONNX Runtime's and
-    OpenMP's, spin-wait for more work for a while after their call returns; its own pools wake)."""
+    OpenMP's, spin-wait for more work for a while after their call returns; its own pools wake).
+    settle_s: an untimed pause before each fn's turn, for the pools of the one before it to stop
+    spinning (Intel's OpenMP spins 200 ms by default) before the untimed call."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -30,6 +32,8 @@ def interleaved_cpu_times(
     start = time.perf_counter()
     for _ in range(repeats):
         for name, fn in fns.items():
+            if settle_s:
+                time.sleep(settle_s)
             if runs > 1:
                 fn()
             for _ in range(max(1, runs - 1)):

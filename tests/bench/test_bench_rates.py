@@ -37,6 +37,6 @@ def test_runs_call_each_contender_in_a_row_and_leave_the_first_call_untimed():
 
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in "ab"}
-    times = interleaved_cpu_times(fns, warmup=1, repeats=2, runs=3)
+    times = interleaved_cpu_times(fns, warmup=1, repeats=2, runs=3, settle_s=0.001)
     assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4}  # 2 rounds x (3 calls - 1 untimed)
     assert "".join(calls) == "ab" + "aaabbb" * 2
