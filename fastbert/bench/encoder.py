@@ -40,6 +40,7 @@ from typing import List
 
 import torch
 
+from fastbert.bench.isolated import isolated_times
 from fastbert.bench.peers import PEERS
 from fastbert.bench.plots import plot
 from fastbert.bench.providers import ablation_providers, encoder_providers, last_hidden, minilm_providers
@@ -50,13 +51,17 @@ from fastbert.bench.workloads import ARCHS, WORKLOADS, arch_config, make_batch, 
 from fastbert.dtypes import dtype_name, parse_dtype
 
 
-def run_encoder_workload(name, layers, dtypes, rounds, g, progress, peers=(), arch="bert", runs=1, settle_s=0.0):
+def run_encoder_workload(name, layers, dtypes, rounds, g, progress, peers=(), arch="bert", runs=1, settle_s=0.0,
+                         isolate=False):
     spec = WORKLOADS[name]
     cfg = arch_config(arch, layers)
     ids, mask = make_batch(spec["batch"], spec["lo"], spec["hi"], g, cfg.vocab_size, cfg.pad_token_id)
     provs, reference, skipped = encoder_providers(layers, dtypes, ids, mask, peers, arch)
     with torch.no_grad():
-        times = _timed(provs, rounds, f"{name} ({len(provs)} providers x {rounds} rounds)", progress, runs, settle_s)
+        if isolate:
+            times = isolated_times(list(provs), layers, dtypes, ids, mask, arch, calls=rounds, progress=progress)
+        else:
+            times = _timed(provs, rounds, f"{name} ({len(provs)} providers x {rounds} rounds)", progress, runs, settle_s)
         errors = _errors(provs, reference, mask)
     tokens = int(mask.sum())
     rows = summarise(times, tokens, dtypes, errors, peers)
@@ -141,14 +146,14 @@ def run_minilm(rounds, batch_size, n, progress, quantize=None):
 
 
 def run(workloads, dtypes, layers, rounds, minilm_sentences=1000, minilm_batch=64, progress=True, peers=(),
-        quantize=None, arch="bert", runs=1, settle_s=0.0):
+        quantize=None, arch="bert", runs=1, settle_s=0.0, isolate=False):
     g = torch.Generator().manual_seed(0)
     rows = []
     for w in workloads:
         if w == "minilm":
             rows += run_minilm(rounds, minilm_batch, minilm_sentences, progress, quantize)
         else:
-            rows += run_encoder_workload(w, layers, dtypes, rounds, g, progress, peers, arch, runs, settle_s)
+            rows += run_encoder_workload(w, layers, dtypes, rounds, g, progress, peers, arch, runs, settle_s, isolate)
     return rows
 
 
@@ -175,6 +180,9 @@ def main(argv=None, defaults=None, prog=None):
                     help="an untimed pause before each provider's turn, for the previous engine's thread pools to stop "
                          "spinning (Intel's OpenMP spins 200 ms); with --runs 4 --settle-ms 500 each engine is timed "
                          "warm and alone")
+    ap.add_argument("--isolate", action="store_true",
+                    help="time each provider alone in a process of its own, --rounds calls in each of 2 passes "
+                         "(fastbert.bench.isolated): no engine meets another's thread pools")
     ap.add_argument("--minilm-sentences", type=int, default=1000)
     ap.add_argument("--peers", nargs="?", const=",".join(PEERS), default="",
                     help=f"also time the engines a user would deploy instead (comma-separated; all: {','.join(PEERS)}); "
@@ -221,7 +229,7 @@ def main(argv=None, defaults=None, prog=None):
     else:
         rows = run(workloads, dtypes, args.layers, args.rounds, args.minilm_sentences, peers=peers,
                    quantize=args.quantize, arch=args.arch, runs=args.runs,
-                   settle_s=args.settle_ms / 1e3)
+                   settle_s=args.settle_ms / 1e3, isolate=args.isolate)
     finish(rows, print_ablations if args.ablations else print_table, argv, prog,
            json_path=args.json, png_path=args.png, plot=plot)
     return 0
