@@ -137,8 +137,7 @@ def compile_one(build: KernelBuild, arch: str) -> Dict[str, object]:
     record: Dict[str, object] = {
         "kernel": build.name,
         "arch": arch,
-        "config": dict(build.config, num_warps=build.num_warps, num_stages=build.num_stages,
-                       maxnreg=build.maxnreg),
+        "config": report_check.record_config(build),
         "registers": None, "spill_bytes": None, "stack_bytes": None, "local_bytes": None,
         "shared_bytes": None, "tensor_core": None,
         "ok": False, "error": None, "compile_s": None,

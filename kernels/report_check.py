@@ -62,9 +62,13 @@ def key(record: Dict[str, object]) -> Tuple[str, str, str]:
     return record["kernel"], record["arch"], json.dumps(record["config"], sort_keys=True)
 
 
+def record_config(build) -> Dict[str, object]:
+    """A variant's config as its record holds it: the build's config and its launch options."""
+    return dict(build.config, num_warps=build.num_warps, num_stages=build.num_stages, maxnreg=build.maxnreg)
+
+
 def job_key(build, arch: str) -> Tuple[str, str, str]:
-    config = dict(build.config, num_warps=build.num_warps, num_stages=build.num_stages, maxnreg=build.maxnreg)
-    return build.name, arch, json.dumps(config, sort_keys=True)
+    return build.name, arch, json.dumps(record_config(build), sort_keys=True)
 
 
 def write(path: str, records: Sequence[Dict[str, object]], archs: Sequence[str]) -> None:
