@@ -146,14 +146,16 @@ def test_attention_never_nan(backend, mask_kind):
             assert out.abs().max() == 0 and all(t.abs().max() == 0 for t in grads)
 
 
-def padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0, left=False, dropout_seed=5):
+def padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0, left=False, dropout_seed=5,
+                holes=False):
     """(q, k, v, dout, mask, keep-mask, generator) of a padded attention check on fresh inputs; keep is
-    the reference's dropout mask for dropout_seed (what the kernels draw for it)."""
+    the reference's dropout mask for dropout_seed (what the kernels draw for it). holes: a mask with
+    holes anywhere (holey_mask) instead of left or right padding."""
     dev = device_for(backend)
     g = torch.Generator().manual_seed(seed)
     q, k, v = qkv((batch, heads, seq, head_dim), dtype, dev, g)
     dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(dev, dtype)
-    mask = mixed_mask(batch, seq, g, left).to(dev)
+    mask = (holey_mask(batch, seq, g) if holes else mixed_mask(batch, seq, g, left)).to(dev)
     keep = reference.attention_keep_mask(dropout_seed, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
     return q, k, v, dout, mask, keep, g
 

@@ -7,7 +7,7 @@ they never read."""
 import pytest
 import torch
 from conftest import device_for, require
-from test_attention import assert_packed_agrees_with_padded, dtypes_for, holey_mask, mixed_mask, padded_case, qkv
+from test_attention import assert_packed_agrees_with_padded, dtypes_for, mixed_mask, padded_case, qkv
 from test_attention_rotary import compare
 
 import fastbert
@@ -16,10 +16,8 @@ from fastbert import reference
 
 def check_local(backend, batch, heads, seq, head_dim, dtype, window, seed, dropout_p=0.0, rotary_base=None,
                 left=False, holes=False):
-    q, k, v, dout, mask, keep, g = padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p, left)
-    if holes:
-        mask = holey_mask(batch, seq, g).to(q.device)
-        keep = reference.attention_keep_mask(5, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), q.device)
+    q, k, v, dout, mask, keep, g = padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p, left,
+                                               holes=holes)
     tables = reference.rotary_tables(rotary_base, head_dim, seq, q.device) if rotary_base else None
 
     def op(*t):

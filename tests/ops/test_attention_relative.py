@@ -6,7 +6,7 @@ with padding (left and right, and holes), dropout, a window and rotary embedding
 import pytest
 import torch
 from conftest import assert_within_bound, device_for
-from test_attention import assert_packed_agrees_with_padded, dtypes_for, holey_mask, padded_case, qkv, run
+from test_attention import assert_packed_agrees_with_padded, dtypes_for, padded_case, qkv, run
 
 import fastbert
 from fastbert import reference
@@ -24,10 +24,8 @@ def check_all(tag, op, ref, inputs, dout, dtype, real=None):
 
 def check_relative(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0, window=None, left=False, extra=3,
                    holes=False, rotary_base=None):
-    q, k, v, dout, mask, keep, g = padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p, left)
-    if holes:
-        mask = holey_mask(batch, seq, g).to(q.device)
-        keep = reference.attention_keep_mask(5, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), q.device)
+    q, k, v, dout, mask, keep, g = padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p, left,
+                                               holes=holes)
     rel = reference.relative_bias(torch.randn(32, heads, generator=g), seq + extra).to(q.device, dtype)  # n > seq
     tables = reference.rotary_tables(rotary_base, head_dim, seq, q.device) if rotary_base else None
 
