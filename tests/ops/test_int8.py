@@ -135,13 +135,15 @@ def _levels():
 
 @pytest.mark.parametrize("level", _levels())
 def test_fastbert_int8_gemm_is_exact_at_every_level(level):
-    """fastbert's own int8 GEMM at each instruction-set level: odd shapes, rows with a stride, and
-    the values that saturate a 16-bit product (AVX2's u8 x s8 pairs) where the exact sum does not."""
+    """fastbert's own int8 GEMM at each instruction-set level: odd shapes, k with and without a tail
+    past the vector steps, k over one k-block, rows with a stride, and the values that saturate a
+    16-bit product (AVX2's u8 x s8 pairs) where the exact sum does not."""
     gemm_fn = fastbert.backend.cpp_function("int8_gemm")
     if level is None or gemm_fn is None:
         pytest.skip("the C++ extension is not built")
     g = torch.Generator().manual_seed(7)
-    shapes = [(1, 1, 1), (1, 768, 2304), (2, 3, 5), (17, 33, 65), (64, 64, 64), (129, 384, 96), (300, 768, 77)]
+    shapes = [(1, 1, 1), (1, 768, 2304), (2, 3, 5), (17, 33, 65), (64, 64, 64), (129, 384, 96), (300, 768, 77),
+              (21, 3072, 9), (400, 1024, 6), (5, 100, 13)]
     shapes += [tuple(int(v) for v in torch.randint(1, 90, (3,), generator=g)) for _ in range(12)]
     with fastbert.backend.cpu_capability_scope(level):
         for m, k, n in shapes:
