@@ -3,7 +3,7 @@ model makes (and around the GEMM kernel inside each linear layer), on one worklo
 benchmark, after warm-up.
 
     python benchmarks/profile_encoder.py [--workload one20] [--quantize int8] [--layers 12] [--rounds 20]
-        [--threads N] [--clock wall|cpu] [--torch-profiler]
+        [--threads N] [--clock wall|cpu] [--torch-profiler] [--python-layer]
 
 Timers rather than torch.profiler by default: on a 2-core machine the profiler's per-thread
 bookkeeping inflates every parallel region (a 30 us bias_gelu showed as 5 ms inside the model), so
@@ -14,6 +14,10 @@ allocation in Python). The first call (the GEMM paths measured for each new shap
 --clock cpu times with the process's CPU time instead of the wall clock: with --threads 1 that is
 the work itself, unmoved by other processes on a shared machine (with more threads it would count
 the pool's threads spinning while they wait).
+Once every GEMM path of a layer is measured and is one the extension's whole-layer call runs
+(csrc/encoder_layer.cpp), a layer is one C++ call: fp32 inside the encoder_layer line, int8 on a line
+of its own, their GEMMs and kernels within it. --python-layer calls each layer's kernels from Python
+one by one instead, each on its own line.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import fastbert.hf
 from fastbert import ops
 from fastbert.bench.report import header
 from fastbert.bench.workloads import WORKLOADS, make_batch, random_transformers_encoder
-from fastbert.model import bert, layers
+from fastbert.model import bert, int8, layers
 from fastbert.ops import gemm
 
 OPS = ("embedding", "encoder_layer", "linear", "add_layer_norm", "bias_gelu", "attention", "varlen_attention", "unpad", "pad",
@@ -73,6 +77,7 @@ def instrument(clock) -> Timers:
     timers = Timers(clock)
     for name in OPS:
         timers.wrap(ops, name, name)
+    timers.wrap(int8, "cpp_int8_layer", "int8 encoder layer, one C++ call")
     timers.wrap(bert, "check_inputs", "input checks")
     timers.wrap(bert, "attention_masks", "attention_masks")
     call = gemm._call
@@ -112,11 +117,16 @@ def main(argv=None) -> int:
                     help="wall clock, or the process's CPU time (meaningful with --threads 1)")
     ap.add_argument("--torch-profiler", action="store_true", help="also print torch.profiler's table")
     ap.add_argument("--separate-ops", action="store_true", help="run each layer as separate op calls")
+    ap.add_argument("--python-layer", action="store_true",
+                    help="call each layer's kernels one by one from Python instead of the whole layer in one C++ call")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.separate_ops:
         layers.BertLayer._one_call = lambda self: False
+    if args.python_layer:  # no GEMM path is one the C++ layer runs: each layer falls back to Python
+        sys.modules["fastbert.ops.encoder_layer"].CPP_LAYER_PATHS = {}
+        int8.CPP_LAYER_PATHS = {}
     header(" ".join(["python", "benchmarks/profile_encoder.py", *(sys.argv[1:] if argv is None else argv)]))
     model = fastbert.hf.from_transformers(random_transformers_encoder(args.layers)).eval()
     if args.quantize:

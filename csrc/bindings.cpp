@@ -134,6 +134,25 @@ void register_int8(py::module_& m) {
         "output a dot product of a row of a and a row of b (for few rows of a); into `out` when given.");
 }
 
+// A whole encoder layer for inference, float and int8 (fastbert.ops.encoder_layer, fastbert.model.int8).
+void register_layers(py::module_& m) {
+  m.def("encoder_layer_forward", &fastbert::encoder_layer_forward, py::arg("hidden"), py::arg("weights"),
+        py::arg("paths"), py::arg("heads"), py::arg("eps1"), py::arg("eps2"), py::arg("approximate"),
+        py::arg("key_mask") = py::none(), py::arg("cu_seqlens") = py::none(), py::arg("max_seqlen") = 0,
+        py::arg("rel_bias") = py::none(), NoGil(),
+        "A post-LN encoder layer's output (fastbert.ops.encoder_layer's fused path in one call): hidden [batch, seq, "
+        "h] with key_mask (bool [batch, seq]) or none, or packed rows [tokens, h] with cu_seqlens; weights: the 12 "
+        "tensors of fastbert.ops.LayerWeights; paths: the GEMM path of each of the 4 products (0 addmm, 1 dot).");
+  m.def("int8_encoder_layer_forward", &fastbert::int8_encoder_layer_forward, py::arg("hidden"), py::arg("hq"),
+        py::arg("hs"), py::arg("ho"), py::arg("weights"), py::arg("paths"), py::arg("heads"), py::arg("eps1"),
+        py::arg("eps2"), py::arg("approximate"), py::arg("cu_seqlens"), py::arg("max_seqlen"),
+        py::arg("rel_bias") = py::none(), py::arg("quantize_out") = true, NoGil(),
+        "(out, q, scale, offset): an int8 post-LN encoder layer on packed rows hidden [tokens, h] and their quantized "
+        "rows (hq, hs, ho); weights: QKV (int8, scale, bias), output (int8, scale, bias), norm1 (weight, bias), FFN "
+        "in (int8, scale, bias), FFN out (int8, scale, bias), norm2 (weight, bias); paths: the GEMM path of each of "
+        "the 4 products (2 fastbert, 3 int_mm); (q, scale, offset) empty unless quantize_out.");
+}
+
 // The data side: unpad index building, token masking, word starts and the collator's id padding.
 void register_data_ops(py::module_& m) {
   m.def("unpad_indices", &fastbert::unpad_indices, py::arg("attention_mask"), NoGil(),
@@ -190,6 +209,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_fused_ops(m);
   register_attention(m);
   register_int8(m);
+  register_layers(m);
   register_data_ops(m);
   register_runtime(m);
 }

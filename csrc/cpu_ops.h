@@ -106,6 +106,22 @@ at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::option
 at::Tensor f32_dot_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias,
                         const c10::optional<at::Tensor>& out);
 
+// encoder_layer.cpp: one post-LN encoder layer for inference in one call, on the GEMM paths given
+// (0 addmm, 1 dot; int8: 2 fastbert, 3 int_mm), bit for bit the separate ops' result. Float: hidden
+// [batch, seq, h] (key_mask or none) or packed [tokens, h] (cu_seqlens); weights: the 12 tensors of
+// fastbert.ops.LayerWeights. int8: packed rows with their quantized rows (hq, hs, ho); weights: 16
+// (see the definition) -> (out, and its quantized rows when quantize_out).
+at::Tensor encoder_layer_forward(const at::Tensor& hidden, const std::vector<at::Tensor>& w,
+                                 const std::vector<int64_t>& paths, int64_t heads, double eps1, double eps2,
+                                 const std::string& approximate, const c10::optional<at::Tensor>& key_mask,
+                                 const c10::optional<at::Tensor>& cu_seqlens, int64_t max_seqlen,
+                                 const c10::optional<at::Tensor>& rel_bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_encoder_layer_forward(
+    const at::Tensor& hidden, const at::Tensor& hq, const at::Tensor& hs, const at::Tensor& ho,
+    const std::vector<at::Tensor>& w, const std::vector<int64_t>& paths, int64_t heads, double eps1, double eps2,
+    const std::string& approximate, const at::Tensor& cu_seqlens, int64_t max_seqlen,
+    const c10::optional<at::Tensor>& rel_bias, bool quantize_out);
+
 // padding.cpp: (indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask
 std::tuple<at::Tensor, at::Tensor, int64_t> unpad_indices(const at::Tensor& attention_mask);
 

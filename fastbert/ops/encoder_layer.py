@@ -14,7 +14,9 @@
 
 It runs the kernels the separate ops run (fastbert.ops.linear's measured GEMM paths, the fused
 attention, add_layer_norm and bias_gelu), called one after the other after one check of the
-arguments. A layer made of the separate ops pays each op's checks, backend choice and autograd
+arguments; on the C++ kernels in fp32, once every product's GEMM path is measured and is one the
+extension calls itself (addmm, dot), the whole layer is one call of the extension
+(csrc/encoder_layer.cpp: the GIL released, no Python between the kernels). A layer made of the separate ops pays each op's checks, backend choice and autograd
 test, about 20 us of Python apiece on the CPU, and the model's Python between them: for one
 sequence of 20 tokens that was about a fifth of the forward. The result is bit for bit that of
 the separate ops, on every backend (tests/ops/test_encoder_layer.py). The weights are arguments:
@@ -32,6 +34,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from fastbert import backend as _backend
+from fastbert.ops import gemm
 from fastbert.ops.attention import _check_cu_seqlens, attention, varlen_attention
 from fastbert.ops.attention_fused import _attention_fwd, _varlen_attention_fwd
 from fastbert.ops.bias_gelu import _bias_gelu_fwd, bias_gelu
@@ -130,11 +133,36 @@ def encoder_layer(hidden: Tensor, weights: LayerWeights, *, heads: int, eps: Tup
     return _fused(hidden, weights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, relative_bias, backend)
 
 
+# the GEMM paths the extension's whole layer runs (csrc/encoder_layer.cpp), by fastbert.ops.gemm's names
+CPP_LAYER_PATHS = {"addmm": 0, "dot": 1}
+
+
+def layer_paths(rows: int, weights, dtype: torch.dtype, ids) -> Optional[list]:
+    """The ids (from `ids`) of the GEMM paths the products of `rows` rows with these [out, in] weights
+    take, or None while one is not measured yet or is not among `ids`."""
+    out = []
+    for weight in weights:
+        path = gemm.path_for("fwd", rows, weight.shape[1], weight.shape[0], dtype)
+        if path not in ids:
+            return None
+        out.append(ids[path])
+    return out
+
+
 def _fused(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend) -> Tensor:
-    """The kernels of the separate ops, called straight."""
+    """The kernels of the separate ops, called straight: in one call of the extension (the GIL
+    released, no Python between the kernels) once every product's GEMM path is measured and is one
+    it runs, else one by one from here."""
     h = hidden.shape[-1]
     d = h // heads
     x = hidden.reshape(-1, h)
+    if backend == "cpp" and hidden.dtype == torch.float32 and not torch.compiler.is_compiling():
+        paths = layer_paths(x.shape[0], (w.qkv_weight, w.out_weight, w.ffn_in_weight, w.ffn_out_weight),
+                            torch.float32, CPP_LAYER_PATHS)
+        if paths is not None:
+            return _backend.cpp_function("encoder_layer_forward")(
+                hidden, list(w), paths, heads, float(eps[0]), float(eps[1]), approximate, key_mask=mask,
+                cu_seqlens=cu_seqlens, max_seqlen=max_seqlen or 0, rel_bias=rel)
     if not x.is_contiguous():
         x = x.contiguous()
     qkv = rows_forward(x, w.qkv_weight, w.qkv_bias)

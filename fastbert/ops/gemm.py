@@ -302,6 +302,20 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
     return _call(best, role, a, b, bias, alloc)
 
 
+def path_for(role: str, tokens: int, n_in: int, n_out: int, dtype: torch.dtype) -> Optional[str]:
+    """The path product() takes for a product of this role, token count, shape and dtype, when known
+    without running one: the forced path, or the one measured for its key; None before the key's
+    first product (which measures) or under an unknown forced path (which product() reports)."""
+    forced = _forced[-1] or os.environ.get("FASTBERT_GEMM") or None
+    if forced is not None:
+        if forced not in PATHS:
+            return None
+        return forced if forced in _paths_for(dtype) and _probe(forced, role, dtype) else _default(dtype)
+    chosen = _choices.get((role, _bucket(tokens), n_in, n_out, dtype, torch.get_num_threads(),
+                           _backend.cpu_capability()))
+    return None if chosen is None else chosen[0]
+
+
 TIMING_TOKENS = 2048  # larger products are timed on their first 2048 tokens
 
 

@@ -232,3 +232,42 @@ def test_sentence_encoder_and_encode_cli_take_quantize(minilm, tmp_path):
     with pytest.raises(SystemExit) as e:  # argparse's usage error
         main(["encode", minilm, "--input", str(src), "--output", str(out), "--quantize", "int4"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("path", ["fastbert", "int_mm"])
+@pytest.mark.parametrize("family", ["bert", "mpnet"])
+def test_one_cpp_call_per_layer_gives_the_same_bits(saved, path, family, monkeypatch):
+    """Once its GEMM paths are known, an int8 layer on packed rows runs as one call of the extension
+    (csrc/encoder_layer.cpp): bit for bit the layer's kernels called one by one from Python, with
+    MPNet's relative bias too."""
+    import fastbert.model.int8 as int8
+    from fastbert.ops import gemm
+
+    if fastbert.backend.cpp_function("int8_encoder_layer_forward") is None:
+        pytest.skip("the C++ extension is not built")
+    if path not in gemm.candidates("fwd", torch.int8):
+        pytest.skip(f"the int8 GEMM path {path} is not used here: {gemm.unavailable().get((path, 'fwd', torch.int8))}")
+    if family == "bert":
+        model = fastbert.BertModel.from_pretrained(saved, quantize="int8")
+    else:
+        config = transformers.MPNetConfig(**TINY)
+        torch.manual_seed(0)
+        model = fastbert.MPNetModel(fastbert.MPNetConfig(**config.to_dict())).eval().quantize_("int8")
+    ran = []  # per layer: whether it ran as one call
+    real = int8.cpp_int8_layer
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(int8, "cpp_int8_layer", spy)
+    ids, mask = _batch(3)
+    with torch.no_grad(), gemm.forced(path):
+        one_call = model(ids, mask).last_hidden_state
+        assert ran and all(ran)
+        monkeypatch.setattr(int8, "CPP_LAYER_PATHS", {})
+        ran.clear()
+        python = model(ids, mask).last_hidden_state
+        assert ran and not any(ran)
+    assert torch.equal(one_call, python), (one_call - python).abs().max().item()

@@ -2,6 +2,8 @@
 bit for bit what the separate ops give for the same layer (it calls the same kernels), padded and
 packed, with MPNet's relative bias and both GELU forms; the models running it must give bit for bit
 what they gave through the separate ops; and its checks must refuse what the kernels cannot take."""
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -124,3 +126,45 @@ def test_models_give_the_same_bits_through_it(family, monkeypatch):
         assert len(calls) == 2
         calls.clear()
         assert torch.equal(one_call, with_grad.detach()), (one_call - with_grad).abs().max().item()
+
+
+@pytest.mark.parametrize("path", ["addmm", "dot"])
+def test_one_cpp_call_gives_the_same_bits(path, monkeypatch):
+    """Once its GEMM paths are known (measured, or forced), a layer on the C++ kernels runs as one call
+    of the extension (csrc/encoder_layer.cpp), bit for bit what the kernels called one by one from
+    Python give, padded and packed, with the relative bias; a path that call does not run keeps the
+    layer in Python."""
+    from fastbert.backend import cpp_function
+    from fastbert.ops import gemm
+
+    if cpp_function("encoder_layer_forward") is None:
+        pytest.skip("the C++ extension is not built")
+    module = sys.modules["fastbert.ops.encoder_layer"]  # fastbert.ops.encoder_layer is also the function
+    calls = []
+    real = cpp_function("encoder_layer_forward")
+    monkeypatch.setattr(fastbert.backend, "cpp_function",
+                        lambda name: (lambda *a, **k: calls.append(1) or real(*a, **k))
+                        if name == "encoder_layer_forward" else cpp_function(name))
+    g = torch.Generator().manual_seed(5)
+    hidden, heads, ffn = 64, 4, 96
+    w = weights(hidden, ffn, g)
+    x = torch.randn(3, 11, hidden, generator=g)
+    mask = torch.ones(3, 11, dtype=torch.bool)
+    mask[1, 7:] = False
+    rel = reference.relative_bias(torch.randn(32, heads, generator=g), 11)
+    xp, cu, n = packed_case([5, 11, 1], hidden, g)
+    cases = [(x, dict()), (x, dict(attention_mask=mask, relative_bias=rel)),
+             (xp, dict(cu_seqlens=cu, max_seqlen=n)), (xp, dict(cu_seqlens=cu, max_seqlen=n, relative_bias=rel))]
+    with torch.no_grad(), gemm.forced(path):
+        for rows, kw in cases:
+            calls.clear()
+            got = encoder_layer(rows, w, heads=heads, eps=(1e-12, 1e-5), backend="cpp", **kw)
+            assert calls == [1], kw
+            monkeypatch.setattr(module, "CPP_LAYER_PATHS", {})  # no path it runs: the kernels one by one
+            want = encoder_layer(rows, w, heads=heads, eps=(1e-12, 1e-5), backend="cpp", **kw)
+            monkeypatch.setattr(module, "CPP_LAYER_PATHS", {"addmm": 0, "dot": 1})
+            assert calls == [1] and torch.equal(got, want), (path, sorted(kw))
+    with torch.no_grad(), gemm.forced("onednn"):  # (where oneDNN is missing, product() runs addmm instead)
+        calls.clear()
+        encoder_layer(x, w, heads=heads, eps=(1e-12, 1e-5), backend="cpp")
+        assert len(calls) == (gemm.path_for("fwd", 33, hidden, 3 * hidden, torch.float32) == "addmm")

@@ -56,3 +56,21 @@ def test_the_int8_gemm_and_the_fused_ops_run_without_the_gil(ext):
     x, w = torch.randn(8192, 8192), torch.ones(8192)
     assert woke_inside(lambda: ext.add_layer_norm_forward(x, x, w, w, 1e-5))
     assert woke_inside(lambda: ext.bias_gelu_forward(x, w))
+
+
+def test_a_whole_encoder_layer_runs_without_the_gil(ext):
+    # BERT-base's layer on 2048 packed tokens, fp32 and int8: about 100 ms or more each
+    from fastbert.ops import quantize_rows, quantize_weight
+
+    g = torch.Generator().manual_seed(0)
+    h, f, tokens = 768, 3072, 2048
+    shapes = [(3 * h, h), (3 * h,), (h, h), (h,), (h,), (h,), (f, h), (f,), (h, f), (h,), (h,), (h,)]
+    w = [torch.randn(*s, generator=g) * 0.02 for s in shapes]
+    x = torch.randn(tokens, h, generator=g)
+    cu = torch.tensor([0, tokens // 2, tokens], dtype=torch.int32)
+    assert woke_inside(lambda: ext.encoder_layer_forward(x, w, [0, 0, 0, 0], 12, 1e-12, 1e-12, "none",
+                                                         cu_seqlens=cu, max_seqlen=tokens // 2))
+    q = {i: quantize_weight(w[i]) for i in (0, 2, 6, 8)}
+    w8 = [*q[0], w[1], *q[2], w[3], w[4], w[5], *q[6], w[7], *q[8], w[9], w[10], w[11]]
+    assert woke_inside(lambda: ext.int8_encoder_layer_forward(x, *quantize_rows(x), w8, [2, 2, 2, 2], 12, 1e-12,
+                                                              1e-12, "none", cu, tokens // 2))

@@ -1,0 +1,128 @@
+// One post-LN encoder layer for inference in one call, in float (fastbert.ops.encoder_layer's fused
+// path) and in int8 (fastbert.model.int8's layer): the host functions the separate ops' launchers
+// call, in the same order with the same arguments, so the result is bit for bit theirs, with no
+// Python between them and the GIL released for the whole layer. For one short sequence the Python
+// between about ten small kernels a layer cost as much as the kernels.
+//
+// Each GEMM runs on the path fastbert.ops.gemm measured fastest for its shape, which the caller
+// passes (`paths`, one per product: QKV, attention output, FFN in, FFN out); the layer takes the
+// paths it can call from here (GemmPath), and the caller keeps the others in Python. The weights
+// are arguments: nothing is derived from them or kept between calls.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <ATen/ops/_int_mm.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
+
+#include "cpu_ops.h"
+
+namespace fastbert {
+namespace {
+
+// The GEMM paths a layer runs (fastbert.ops.gemm's names)
+enum GemmPath : int64_t {
+  kAddmm = 0,     // "addmm": torch.addmm / torch.mm
+  kDot = 1,       // "dot": fastbert's fp32 dot-product GEMM
+  kInt8 = 2,      // "fastbert": fastbert's int8 GEMM
+  kIntMm = 3,     // "int_mm": torch._int_mm
+};
+
+void check_paths(const char* op, const std::vector<int64_t>& paths, bool int8) {
+  TORCH_CHECK(paths.size() == 4, "fastbert._C.", op, ": paths must hold one GEMM path per product (4), got ",
+              paths.size());
+  for (int64_t p : paths) {
+    TORCH_CHECK(int8 ? (p == kInt8 || p == kIntMm) : (p == kAddmm || p == kDot), "fastbert._C.", op,
+                ": GEMM path ", p, " is not one this layer runs");
+  }
+}
+
+// x [rows, in] @ w [out, in]^T (+ bias) on `path`, into the reusing allocator's memory, as
+// fastbert.ops.linear.rows_forward's product.
+at::Tensor float_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                         int64_t path) {
+  at::Tensor out = detail::empty({x.size(0), w.size(0)}, x.scalar_type());
+  if (path == kDot) return f32_dot_gemm(x, w, bias, out);
+  if (bias.has_value() && bias->defined()) return at::addmm_out(out, *bias, x, w.t());
+  return at::mm_out(out, x, w.t());
+}
+
+// The int32 accumulator a [rows, in] int8 @ w [out, in]^T int8, as fastbert.ops.int8_matmul's.
+at::Tensor int8_product(const at::Tensor& a, const at::Tensor& w, int64_t path) {
+  at::Tensor out = detail::empty({a.size(0), w.size(0)}, at::kInt);
+  if (path == kInt8) return int8_gemm(a, w, out);
+  return at::_int_mm_out(out, a, w.t());
+}
+
+// The attention's context [rows, hidden] of the QKV projection qkv [rows, 3 hidden]: packed rows
+// (cu_seqlens) or a padded batch [batch, seq] (key_mask or none), scale 1 / sqrt(head size), no dropout.
+at::Tensor attend(const at::Tensor& qkv, int64_t batch, int64_t seq, int64_t heads,
+                  const c10::optional<at::Tensor>& key_mask, const c10::optional<at::Tensor>& cu_seqlens,
+                  int64_t max_seqlen, const c10::optional<at::Tensor>& rel_bias) {
+  const int64_t h = qkv.size(1) / 3, d = h / heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const c10::optional<at::Tensor> none;
+  if (cu_seqlens.has_value() && cu_seqlens->defined()) {
+    const at::Tensor t = qkv.view({-1, 3, heads, d});
+    return std::get<0>(varlen_attention_forward(t.select(1, 0), t.select(1, 1), t.select(1, 2), cu_seqlens->contiguous(),
+                                                max_seqlen, scale, 0.0, 0, false, none, none, -1, rel_bias))
+        .view({-1, h});
+  }
+  const at::Tensor t = qkv.view({batch, seq, 3, heads, d}).permute({2, 0, 3, 1, 4});
+  const at::Tensor ctx =
+      std::get<0>(attention_forward(t.select(0, 0), t.select(0, 1), t.select(0, 2), key_mask, scale, 0.0, 0, false,
+                                    none, none, -1, rel_bias));
+  return ctx.transpose(1, 2).reshape({-1, h});
+}
+
+}  // namespace
+
+at::Tensor encoder_layer_forward(const at::Tensor& hidden, const std::vector<at::Tensor>& w,
+                                 const std::vector<int64_t>& paths, int64_t heads, double eps1, double eps2,
+                                 const std::string& approximate, const c10::optional<at::Tensor>& key_mask,
+                                 const c10::optional<at::Tensor>& cu_seqlens, int64_t max_seqlen,
+                                 const c10::optional<at::Tensor>& rel_bias) {
+  const char* op = "encoder_layer_forward";
+  check_paths(op, paths, false);
+  TORCH_CHECK(w.size() == 12, "fastbert._C.", op, ": weights must be the layer's 12 tensors, got ", w.size());
+  TORCH_CHECK(hidden.dim() == 2 || hidden.dim() == 3, "fastbert._C.", op, ": hidden must be 2-D or 3-D");
+  const int64_t h = hidden.size(-1);
+  const at::Tensor x = hidden.reshape({-1, h}).contiguous();
+  const int64_t batch = hidden.dim() == 3 ? hidden.size(0) : 0, seq = hidden.dim() == 3 ? hidden.size(1) : 0;
+  const at::Tensor qkv = float_product(x, w[0], w[1], paths[0]);
+  const at::Tensor ctx = attend(qkv, batch, seq, heads, key_mask, cu_seqlens, max_seqlen, rel_bias);
+  const at::Tensor attn = float_product(ctx, w[2], w[3], paths[1]);
+  const at::Tensor h1 = std::get<0>(add_layer_norm_forward(attn, x, w[4].contiguous(), w[5].contiguous(), eps1, 0.0,
+                                                            0, false));
+  const at::Tensor inter = bias_gelu_forward(float_product(h1, w[6], c10::nullopt, paths[2]), w[7].contiguous(),
+                                             approximate);
+  const at::Tensor out = float_product(inter, w[8], w[9], paths[3]);
+  return std::get<0>(add_layer_norm_forward(out, h1, w[10].contiguous(), w[11].contiguous(), eps2, 0.0, 0, false))
+      .view(hidden.sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_encoder_layer_forward(
+    const at::Tensor& hidden, const at::Tensor& hq, const at::Tensor& hs, const at::Tensor& ho,
+    const std::vector<at::Tensor>& w, const std::vector<int64_t>& paths, int64_t heads, double eps1, double eps2,
+    const std::string& approximate, const at::Tensor& cu_seqlens, int64_t max_seqlen,
+    const c10::optional<at::Tensor>& rel_bias, bool quantize_out) {
+  const char* op = "int8_encoder_layer_forward";
+  check_paths(op, paths, true);
+  TORCH_CHECK(w.size() == 16, "fastbert._C.", op, ": weights must be the layer's 16 tensors, got ", w.size());
+  TORCH_CHECK(hidden.dim() == 2, "fastbert._C.", op, ": hidden must be the packed rows [tokens, hidden]");
+  const at::Tensor x = hidden.contiguous();
+  // w: QKV (int8 weight, scale, bias), output (weight, scale, bias), norm1 (weight, bias), FFN in
+  // (weight, scale, bias), FFN out (weight, scale, bias), norm2 (weight, bias)
+  const at::Tensor qkv = int8_dequantize(int8_product(hq, w[0], paths[0]), hs, ho, w[1], w[2], x.scalar_type());
+  const at::Tensor ctx = attend(qkv, 0, 0, heads, c10::nullopt, cu_seqlens, max_seqlen, rel_bias).contiguous();
+  auto [cq, cs, co] = quantize_rows(ctx);
+  auto [h1, q1, s1, o1, unused1] = int8_add_layer_norm(int8_product(cq, w[3], paths[1]), cs, co, w[4], w[5], x,
+                                                       w[6], w[7], eps1, true, false);
+  auto [iq, is, io] = int8_bias_gelu(int8_product(q1, w[8], paths[2]), s1, o1, w[9], w[10], approximate);
+  auto [h2, q2, s2, o2, unused2] = int8_add_layer_norm(int8_product(iq, w[11], paths[3]), is, io, w[12], w[13], h1,
+                                                       w[14], w[15], eps2, quantize_out, false);
+  return {h2, q2, s2, o2};
+}
+
+}  // namespace fastbert
