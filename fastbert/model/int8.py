@@ -187,15 +187,14 @@ def cpp_int8_layer(layer, hidden: torch.Tensor, hq, packed, relative_bias: Optio
     GIL released, no Python between the kernels; bit for bit the same), or None where that call does
     not run this layer: no extension, a backend other than the C++ kernels, an activation other than
     GELU, or a GEMM path not measured yet or not one it runs."""
-    from fastbert.ops.encoder_layer import layer_paths
-
     fn = _backend.cpp_function("int8_encoder_layer_forward")
     if (fn is None or hidden.device.type != "cpu" or hidden.shape[0] == 0 or layer.ffn_act not in GELU_FORMS
             or torch.compiler.is_compiling() or _backend.resolve(layer.backend, hidden) != "cpp"):
         return None
     sa, out, ffn_in, ffn_out = layer.self_attention, layer.attention_output, layer.ffn_input, layer.ffn_output
     w, ws, b = qkv_int8(sa)
-    paths = layer_paths(hq[0].shape[0], (w, out.weight, ffn_in.weight, ffn_out.weight), torch.int8, CPP_LAYER_PATHS)
+    paths = gemm.layer_paths(hq[0].shape[0], (w, out.weight, ffn_in.weight, ffn_out.weight), torch.int8,
+                             CPP_LAYER_PATHS)
     if paths is None:
         return None
     n1, n2 = layer.attention_norm, layer.ffn_norm

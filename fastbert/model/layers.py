@@ -10,6 +10,7 @@ from torch import nn
 from fastbert import ops, reference
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
 from fastbert.ops.bias_gelu import GELU_FORMS
+from fastbert.ops.encoder_layer import model_layer
 
 
 class _Backend:
@@ -280,9 +281,13 @@ class BertLayer(nn.Module, _Backend):
                                               self.ffn_output, self.ffn_norm)
         weights = (w, b, out.weight, out.bias, norm1.weight, norm1.bias, ffn_in.weight, ffn_in.bias, ffn_out.weight,
                    ffn_out.bias, norm2.weight, norm2.bias)
+        heads, eps, approximate = self.self_attention.num_attention_heads, (norm1.eps, norm2.eps), GELU_FORMS[self.ffn_act]
+        cu, n = (None, None) if packed is None else packed
+        out = model_layer(hidden, weights, heads, eps, approximate, mask, cu, n, relative_bias, self.backend)
+        if out is not None:
+            return out
         rows = dict(attention_mask=mask) if packed is None else dict(cu_seqlens=packed[0], max_seqlen=packed[1])
-        return ops.encoder_layer(hidden, weights, heads=self.self_attention.num_attention_heads,
-                                 eps=(norm1.eps, norm2.eps), approximate=GELU_FORMS[self.ffn_act],
+        return ops.encoder_layer(hidden, weights, heads=heads, eps=eps, approximate=approximate,
                                  relative_bias=relative_bias, backend=self.backend, **rows)
 
     def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,11 @@ It runs the kernels the separate ops run (fastbert.ops.linear's measured GEMM pa
 attention, add_layer_norm and bias_gelu), called one after the other after one check of the
 arguments; on the C++ kernels in fp32, once every product's GEMM path is measured and is one the
 extension calls itself (addmm, dot), the whole layer is one call of the extension
-(csrc/encoder_layer.cpp: the GIL released, no Python between the kernels). A layer made of the separate ops pays each op's checks, backend choice and autograd
-test, about 20 us of Python apiece on the CPU, and the model's Python between them: for one
-sequence of 20 tokens that was about a fifth of the forward. The result is bit for bit that of
+(csrc/encoder_layer.cpp: the GIL released, no Python between the kernels), which a model calls
+for its own layers through model_layer, without this op's checks of arguments it made itself. A
+layer made of the separate ops pays each op's checks, backend choice and autograd test, about 20 us
+of Python apiece on the CPU, and the model's Python between them: for one sequence of 20 tokens
+that was about a fifth of the forward. The result is bit for bit that of
 the separate ops, on every backend (tests/ops/test_encoder_layer.py). The weights are arguments:
 nothing is derived from them or kept between calls, so nothing can go stale.
 
@@ -137,16 +139,23 @@ def encoder_layer(hidden: Tensor, weights: LayerWeights, *, heads: int, eps: Tup
 CPP_LAYER_PATHS = {"addmm": 0, "dot": 1}
 
 
-def layer_paths(rows: int, weights, dtype: torch.dtype, ids) -> Optional[list]:
-    """The ids (from `ids`) of the GEMM paths the products of `rows` rows with these [out, in] weights
-    take, or None while one is not measured yet or is not among `ids`."""
-    out = []
-    for weight in weights:
-        path = gemm.path_for("fwd", rows, weight.shape[1], weight.shape[0], dtype)
-        if path not in ids:
-            return None
-        out.append(ids[path])
-    return out
+def model_layer(hidden: Tensor, weights, heads: int, eps: Tuple[float, float], approximate: str,
+                mask: Optional[Tensor], cu_seqlens: Optional[Tensor], max_seqlen: Optional[int],
+                rel: Optional[Tensor], backend: Optional[str]) -> Optional[Tensor]:
+    """encoder_layer's one C++ call for a model's own layer, without the public op's checks of its
+    arguments (a model's parameters, whose shapes and dtypes the extension's functions check as they
+    run), or None where that call does not apply (the caller then calls encoder_layer): not float32
+    on the C++ kernels, a mask not yet the kernels' bool, a GEMM path not measured or not one it runs."""
+    if (hidden.dtype != torch.float32 or hidden.numel() == 0 or (mask is not None and mask.dtype != torch.bool)
+            or _backend.resolve(backend, hidden) != "cpp" or torch.compiler.is_compiling()):
+        return None
+    paths = gemm.layer_paths(hidden.numel() // hidden.shape[-1], (weights[0], weights[2], weights[6], weights[8]),
+                             torch.float32, CPP_LAYER_PATHS)
+    if paths is None:
+        return None
+    return _backend.cpp_function("encoder_layer_forward")(
+        hidden, list(weights), paths, heads, float(eps[0]), float(eps[1]), approximate, key_mask=mask,
+        cu_seqlens=cu_seqlens, max_seqlen=max_seqlen or 0, rel_bias=rel)
 
 
 def _fused(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend) -> Tensor:
@@ -157,8 +166,8 @@ def _fused(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, m
     d = h // heads
     x = hidden.reshape(-1, h)
     if backend == "cpp" and hidden.dtype == torch.float32 and not torch.compiler.is_compiling():
-        paths = layer_paths(x.shape[0], (w.qkv_weight, w.out_weight, w.ffn_in_weight, w.ffn_out_weight),
-                            torch.float32, CPP_LAYER_PATHS)
+        paths = gemm.layer_paths(x.shape[0], (w.qkv_weight, w.out_weight, w.ffn_in_weight, w.ffn_out_weight),
+                                 torch.float32, CPP_LAYER_PATHS)
         if paths is not None:
             return _backend.cpp_function("encoder_layer_forward")(
                 hidden, list(w), paths, heads, float(eps[0]), float(eps[1]), approximate, key_mask=mask,

@@ -316,6 +316,21 @@ def path_for(role: str, tokens: int, n_in: int, n_out: int, dtype: torch.dtype) 
     return None if chosen is None else chosen[0]
 
 
+def layer_paths(rows: int, weights, dtype: torch.dtype, ids: Dict[str, int]) -> Optional[List[int]]:
+    """The ids (ids: {path: id}) of the paths that forward products of `rows` rows with these [out, in]
+    weights take, known without running one (path_for's answer for each; the key's common part read
+    once); None while one is not measured yet or is not in ids."""
+    if _forced[-1] or os.environ.get("FASTBERT_GEMM"):
+        paths = [path_for("fwd", rows, w.shape[1], w.shape[0], dtype) for w in weights]
+    else:
+        bucket, threads, level = _bucket(rows), torch.get_num_threads(), _backend.cpu_capability()
+        chosen = [_choices.get(("fwd", bucket, w.shape[1], w.shape[0], dtype, threads, level)) for w in weights]
+        paths = [None if c is None else c[0] for c in chosen]
+    if not all(p in ids for p in paths):
+        return None
+    return [ids[p] for p in paths]
+
+
 TIMING_TOKENS = 2048  # larger products are timed on their first 2048 tokens
 
 
