@@ -37,11 +37,13 @@ Workloads (fastbert.bench.workloads): var128 (32 sequences of 16..128 tokens), v
 crosses the 64-token window, not run unless named). Interleaved rounds: each round calls every
 engine once on the same batch; medians; every ratio is of times measured in this run. Every
 engine's last hidden state is compared with fastbert's at the real tokens (max abs error); a peer
-beyond fp32 noise (TOLERANCE: 1e-4, against about 1e-6 measured) is reported as disagreeing and not
-timed, so a speed-up never hides a wrong answer. "vs X" is X's time over fastbert's: fastbert's speed-up over X.
+beyond rounding noise (TOLERANCES: fp32 1e-4, against about 1e-6 measured; bf16 0.5) is reported as
+disagreeing and not timed, so a speed-up never hides a wrong answer. --dtype bfloat16: transformers'
+and fastbert's models in bf16, OpenVINO at its bf16 inference precision on the fp32 export, ONNX
+Runtime skipped (its CPU provider runs the graph in fp32). "vs X" is X's time over fastbert's: fastbert's speed-up over X.
 
     python benchmarks/bench_modernbert.py [--model modernbert|mpnet] [--workloads var128,var512,one2048]
-        [--layers N] [--rounds 5] [--peers onnxruntime,openvino] [--json PATH]
+        [--layers N] [--rounds 5] [--peers onnxruntime,openvino] [--dtype float32|bfloat16] [--json PATH]
 """
 from __future__ import annotations
 
@@ -59,7 +61,9 @@ from fastbert.bench.workloads import WORKLOADS, make_batch
 MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512")}, "one2048": dict(batch=1, lo=2048, hi=2048),
                     "small": dict(batch=4, lo=40, hi=160)}
 DEFAULT_WORKLOADS = {"modernbert": "var128,var512,one2048", "mpnet": "var128,var512"}
-TOLERANCE = 1e-4  # max abs error at real tokens that is still fp32 noise (values up to about 4; 1e-6 measured)
+# max abs error at real tokens that is still rounding noise (values up to about 4): fp32 (1e-6 measured);
+# bf16, every engine rounding its own way through 22 layers
+TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 0.5}
 WIDTH = 17  # of each engine's columns
 
 MODELS = {"modernbert": ("ModernBertModel", "ModernBertConfig", 22), "mpnet": ("MPNetModel", "MPNetConfig", 12)}
@@ -81,29 +85,29 @@ def models(name: str, layers: int):
     return theirs, ours
 
 
-def engines(theirs, peers) -> tuple:
+def engines(theirs, peers, dtype) -> tuple:
     """({engine: run(ids, mask) -> last hidden state}: transformers', then each peer's on the model
-    exported once, {peer: why skipped})."""
+    exported once (from `theirs` in fp32) and run in `dtype`, {peer: why skipped})."""
     runs = {"transformers": lambda i, m: theirs(input_ids=i, attention_mask=m).last_hidden_state}
     if not peers:
         return runs, {}
     cfg = theirs.config
     ids = torch.randint(1000, cfg.vocab_size, (2, 160), generator=torch.Generator().manual_seed(2))
     mask = (torch.arange(160)[None] < torch.tensor([[160], [100]])).long()  # padded, longer than the window
-    peer_runs, skipped = onnx_peers(theirs, ids.masked_fill(mask == 0, cfg.pad_token_id), mask, peers)
+    peer_runs, skipped = onnx_peers(theirs, ids.masked_fill(mask == 0, cfg.pad_token_id), mask, peers, dtype)
     return {**runs, **peer_runs}, skipped
 
 
-def measure(name, ours, runs, ids, mask, rounds) -> dict:
+def measure(name, ours, runs, ids, mask, rounds, tolerance) -> dict:
     """One workload's row: every engine's error against fastbert at the real tokens, then the medians
     of interleaved rounds of fastbert and every engine that agrees with it."""
     real = mask.bool()
     with torch.inference_mode():
         want = ours(input_ids=ids, attention_mask=mask).last_hidden_state[real]
         errors = {k: (run(ids, mask)[real] - want).abs().max().item() for k, run in runs.items()}
-        disagree = [k for k, e in errors.items() if k != "transformers" and not e <= TOLERANCE]  # NaN too
+        disagree = [k for k, e in errors.items() if k != "transformers" and not e <= tolerance]  # NaN too
         for k in disagree:
-            print(f"# {k} disagrees with fastbert on {name}: max abs err {errors[k]:.2e} > {TOLERANCE:g}; not timed",
+            print(f"# {k} disagrees with fastbert on {name}: max abs err {errors[k]:.2e} > {tolerance:g}; not timed",
                   flush=True)
         timed = {"fastbert": lambda: ours(input_ids=ids, attention_mask=mask)}
         timed.update({k: (lambda r=run: r(ids, mask)) for k, run in runs.items() if k not in disagree})
@@ -132,7 +136,10 @@ def print_row(row, names) -> None:
 def run(args) -> tuple:
     """(rows, {peer: why skipped})."""
     theirs, ours = models(args.model, args.layers)
-    runs, skipped = engines(theirs, args.peers)
+    runs, skipped = engines(theirs, args.peers, args.dtype)
+    if args.dtype != torch.float32:  # after the export, which traces the fp32 model
+        theirs.to(args.dtype)
+        ours.to(args.dtype)
     names = list(runs)
     print_header(names)
     vocab, pad = theirs.config.vocab_size, theirs.config.pad_token_id
@@ -140,10 +147,10 @@ def run(args) -> tuple:
     for name in args.workloads:
         w = MODERN_WORKLOADS[name]
         ids, mask = make_batch(w["batch"], w["lo"], w["hi"], torch.Generator().manual_seed(1), vocab=vocab, pad_id=pad)
-        rows.append(measure(name, ours, runs, ids, mask, args.rounds))
+        rows.append(measure(name, ours, runs, ids, mask, args.rounds, TOLERANCES[args.dtype]))
         print_row(rows[-1], names)
     print(f"# vs X: X's ms / fastbert's ms. err X: max abs difference from fastbert's last hidden state at the real "
-          f"tokens; ! beyond {TOLERANCE:g} (that engine not timed)")
+          f"tokens; ! beyond {TOLERANCES[args.dtype]:g} (that engine not timed)")
     return rows, skipped
 
 
@@ -169,8 +176,11 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--peers", default=",".join(ONNX_PEERS),
                     help=f"comma-separated, of {', '.join(ONNX_PEERS)} (default: both; '' for none)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the models' dtype (bfloat16: OpenVINO at its bf16 inference precision, ONNX Runtime skipped)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    args.dtype = getattr(torch, args.dtype)
     args.layers = args.layers or MODELS[args.model][2]
     args.workloads = [w for w in (args.workloads or DEFAULT_WORKLOADS[args.model]).split(",") if w]
     unknown = [w for w in args.workloads if w not in MODERN_WORKLOADS]
@@ -181,7 +191,8 @@ def main(argv=None):
         ap.error(f"--peers: unknown {', '.join(p for p in args.peers if p not in ONNX_PEERS)}; "
                  f"choose from {', '.join(ONNX_PEERS)}")
     cmd = command_line(argv, "python benchmarks/bench_modernbert.py" if argv is not None else None)
-    info = header(cmd, model=args.model, layers=args.layers, dtype="float32", **_versions(args.peers))
+    info = header(cmd, model=args.model, layers=args.layers, dtype=str(args.dtype).removeprefix("torch."),
+                  **_versions(args.peers))
     rows, skipped = run(args)
     for peer, why in skipped.items():  # (said on stderr when it happened; again here, under the table)
         print(f"# {peer} not run: {why}")

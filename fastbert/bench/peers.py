@@ -272,16 +272,22 @@ def _print_skipped(skipped: Dict[str, str]) -> None:
         print(f"peer skipped: {name}: {why}", file=sys.stderr)
 
 
-def onnx_peers(hf, ids, mask, peers=ONNX_PEERS) -> Tuple[Dict[str, Engine], Dict[str, str]]:
+def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float32
+               ) -> Tuple[Dict[str, Engine], Dict[str, str]]:
     """({peer: engine}, {peer: why skipped}) for the ONNX_PEERS asked for: `hf` (transformers' model,
-    fp32, eval) exported once (export_onnx, traced on ids and mask), and each peer's fp32 engine
-    built from that same file, as it is (no model-specific optimizer); an engine takes any (input_ids,
-    attention_mask), padded batches with their mask, and returns the last hidden state. The file's
-    temporary directory is removed before this returns (each engine has read the model by then)."""
+    fp32, eval) exported once (export_onnx, traced on ids and mask), and each peer's engine built from
+    that same file, as it is (no model-specific optimizer); an engine takes any (input_ids,
+    attention_mask), padded batches with their mask, and returns the last hidden state. dtype: the
+    precision the engines compute in: fp32, or bf16 (OpenVINO's bf16 inference precision; ONNX
+    Runtime, whose CPU provider runs the exported graph in fp32, is skipped). The file's temporary
+    directory is removed before this returns (each engine has read the model by then)."""
     engines: Dict[str, Engine] = {}
     skipped = {p: _missing(p) for p in peers if _missing(p)}
+    if dtype == torch.bfloat16 and "onnxruntime" in peers and "onnxruntime" not in skipped:
+        skipped["onnxruntime"] = "its CPU provider runs this graph in fp32: not a bf16 peer"
     wanted = [p for p in peers if p not in skipped]
-    build = {"onnxruntime": _onnxruntime_engine, "openvino": _openvino_engine}
+    precision = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
+    build = {"onnxruntime": _onnxruntime_engine, "openvino": lambda path: _openvino_engine(path, precision)}
     if wanted:
         workdir = tempfile.mkdtemp(prefix="fastbert-peers-")
         try:

@@ -65,7 +65,7 @@ def test_bench_modernbert_peers_run_the_exported_model_and_agree(tmp_path, monke
 def test_a_peer_that_disagrees_is_reported_and_not_timed(tmp_path, monkeypatch, capsys):
     module = _script("bench_modernbert")
 
-    def wrong(theirs, ids, mask, wanted):
+    def wrong(theirs, ids, mask, wanted, dtype):
         return {"onnxruntime": lambda i, m: torch.zeros(*i.shape, theirs.config.hidden_size)}, {}
 
     monkeypatch.setattr(module, "onnx_peers", wrong)
@@ -74,6 +74,20 @@ def test_a_peer_that_disagrees_is_reported_and_not_timed(tmp_path, monkeypatch, 
     assert row["disagree"] == ["onnxruntime"] and row["errors"]["onnxruntime"] > 0.1
     assert set(row["ms"]) == {"fastbert", "transformers"} and "onnxruntime" not in row["speedup_vs"]
     assert "onnxruntime disagrees with fastbert on small" in capsys.readouterr().out
+
+
+def test_bf16_runs_the_models_in_bf16_and_skips_onnx_runtime(tmp_path, capsys):
+    """--dtype bfloat16: fastbert's and transformers' models in bf16, agreeing within bf16's rounding;
+    ONNX Runtime skipped with its reason; OpenVINO at bf16 precision where it loads (a CPU without
+    native bf16 may refuse: then skipped with the reason)."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (the peers extra: pip install -e .[peers])")
+    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--layers", "1", "--dtype", "bfloat16")
+    assert data["machine"]["dtype"] == "bfloat16"
+    assert "fp32" in data["peers_skipped"]["onnxruntime"]
+    (row,) = rows
+    assert "onnxruntime" not in row["ms"] and 0 < row["errors"]["transformers"] < 0.5
+    assert "openvino" in row["ms"] or "openvino" in data["peers_skipped"]
+    assert row["disagree"] == []
 
 
 def test_a_missing_peer_is_skipped_with_its_reason(tmp_path, monkeypatch, capsys):
