@@ -394,7 +394,10 @@ def _say_fp32_wins(key: tuple, timings: Dict[str, float]) -> None:
                "so quantize='int8' gains little speed here")
     else:
         name = str(dtype).removeprefix("torch.")
-        msg = (f"fastbert: {where} has no fast {name} matrix product (native bf16 needs AVX512_BF16 or AMX): "
+        native = _backend.native_bf16() and dtype == torch.bfloat16
+        why = ("has native bf16 (AVX512_BF16) but no bfloat16 matrix product here faster than fp32" if native else
+               f"has no fast {name} matrix product (native bf16 needs AVX512_BF16 or AMX)")
+        msg = (f"fastbert: {where} {why}: "
                f"{shape}; {name} products run in fp32 here, so {name} (dtype={name}, autocast, Trainer(bf16=True)) "
                "saves memory but no time. For speed, run in float32, or quantize='int8' for inference")
     warnings.warn(msg + " (fastbert.ops.gemm.choices() has every shape)", RuntimeWarning, stacklevel=4)
