@@ -93,11 +93,13 @@ def _views_of(fused: Optional[torch.Tensor], params) -> bool:
         return False
     start = fused.data_ptr()
     row = fused.stride(0) * fused.element_size()
+    device, dtype, tail = fused.device, fused.dtype, fused.shape[1:]  # read once: each read makes an object
     for p in params:
-        if (p.device != fused.device or p.dtype != fused.dtype or not p.is_contiguous()
-                or p.data_ptr() != start or p.shape[1:] != fused.shape[1:]):
+        shape = p.shape
+        if (p.data_ptr() != start or shape[1:] != tail or p.dtype != dtype or p.device != device
+                or not p.is_contiguous()):
             return False
-        start += p.shape[0] * row
+        start += shape[0] * row
     return start == fused.data_ptr() + fused.shape[0] * row
 
 
