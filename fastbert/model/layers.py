@@ -284,13 +284,12 @@ class BertLayer(nn.Module, _Backend):
         weights = (w, b, out.weight, out.bias, norm1.weight, norm1.bias, ffn_in.weight, ffn_in.bias, ffn_out.weight,
                    ffn_out.bias, norm2.weight, norm2.bias)
         heads, eps, approximate = self.self_attention.num_attention_heads, (norm1.eps, norm2.eps), GELU_FORMS[self.ffn_act]
-        cu, n = (None, None) if packed is None else packed
+        mask, cu, n = (mask, None, None) if packed is None else (None, *packed)
         out = model_layer(hidden, weights, heads, eps, approximate, mask, cu, n, relative_bias, self.backend)
         if out is not None:
             return out
-        rows = dict(attention_mask=mask) if packed is None else dict(cu_seqlens=packed[0], max_seqlen=packed[1])
-        return ops.encoder_layer(hidden, weights, heads=heads, eps=eps, approximate=approximate,
-                                 relative_bias=relative_bias, backend=self.backend, **rows)
+        return ops.encoder_layer(hidden, weights, heads=heads, eps=eps, approximate=approximate, attention_mask=mask,
+                                 cu_seqlens=cu, max_seqlen=n, relative_bias=relative_bias, backend=self.backend)
 
     def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The layer after its attention: output projection of the context ctx, add & LayerNorm

@@ -142,10 +142,11 @@ CPP_LAYER_PATHS = {"addmm": 0, "dot": 1}
 def model_layer(hidden: Tensor, weights, heads: int, eps: Tuple[float, float], approximate: str,
                 mask: Optional[Tensor], cu_seqlens: Optional[Tensor], max_seqlen: Optional[int],
                 rel: Optional[Tensor], backend: Optional[str]) -> Optional[Tensor]:
-    """encoder_layer's one C++ call for a model's own layer, without the public op's checks of its
-    arguments (a model's parameters, whose shapes and dtypes the extension's functions check as they
-    run), or None where that call does not apply (the caller then calls encoder_layer): not float32
-    on the C++ kernels, a mask not yet the kernels' bool, a GEMM path not measured or not one it runs."""
+    """The layer in one C++ call, with no check of its arguments: encoder_layer's, after its checks,
+    and a model's for its own layers, whose parameters the extension's functions check as they run.
+    None where that call does not apply (the caller then runs the kernels one by one, or calls
+    encoder_layer): not float32 on the C++ kernels, a mask not yet the kernels' bool, a GEMM path not
+    measured or not one it runs."""
     if (hidden.dtype != torch.float32 or hidden.numel() == 0 or (mask is not None and mask.dtype != torch.bool)
             or _backend.resolve(backend, hidden) != "cpp" or torch.compiler.is_compiling()):
         return None
@@ -162,16 +163,12 @@ def _fused(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, m
     """The kernels of the separate ops, called straight: in one call of the extension (the GIL
     released, no Python between the kernels) once every product's GEMM path is measured and is one
     it runs, else one by one from here."""
+    one_call = model_layer(hidden, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
+    if one_call is not None:
+        return one_call
     h = hidden.shape[-1]
     d = h // heads
     x = hidden.reshape(-1, h)
-    if backend == "cpp" and hidden.dtype == torch.float32 and not torch.compiler.is_compiling():
-        paths = gemm.layer_paths(x.shape[0], (w.qkv_weight, w.out_weight, w.ffn_in_weight, w.ffn_out_weight),
-                                 torch.float32, CPP_LAYER_PATHS)
-        if paths is not None:
-            return _backend.cpp_function("encoder_layer_forward")(
-                hidden, list(w), paths, heads, float(eps[0]), float(eps[1]), approximate, key_mask=mask,
-                cu_seqlens=cu_seqlens, max_seqlen=max_seqlen or 0, rel_bias=rel)
     if not x.is_contiguous():
         x = x.contiguous()
     qkv = rows_forward(x, w.qkv_weight, w.qkv_bias)

@@ -257,7 +257,24 @@ def _key(role: str, a: Tensor, b: Tensor) -> tuple:
         tokens, n_in, n_out = a.shape[0], b.shape[0], a.shape[1]
     else:
         tokens, n_in, n_out = a.shape[1], b.shape[0], a.shape[0]
-    return (role, _bucket(tokens), n_in, n_out, a.dtype, torch.get_num_threads(), _backend.cpu_capability())
+    return _key_of(role, tokens, n_in, n_out, a.dtype, _here())
+
+
+def _key_of(role: str, tokens: int, n_in: int, n_out: int, dtype: torch.dtype,
+            here: Tuple[int, Optional[str]]) -> tuple:
+    """The key of a product by its sizes, `here` being _here() (read once by a caller with several)."""
+    return (role, _bucket(tokens), n_in, n_out, dtype, *here)
+
+
+def _forced_name() -> Optional[str]:
+    """The path every product is forced onto (forced() or FASTBERT_GEMM), or None."""
+    return _forced[-1] or os.environ.get("FASTBERT_GEMM") or None
+
+
+def _forced_choice(forced: str, role: str, dtype: torch.dtype) -> str:
+    """The path a product runs under the forced path `forced` (one of PATHS): it, where it takes this
+    role and dtype and passed its probe, else the dtype's default."""
+    return forced if forced in _paths_for(dtype) and _probe(forced, role, dtype) else _default(dtype)
 
 
 def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, float]:
@@ -278,13 +295,11 @@ def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, flo
 def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, alloc: Alloc = None) -> Tensor:
     """a @ b^T (+ bias) on the path measured fastest for this role and shape (see the module
     docstring). `alloc`, when given, makes the output for the paths that can write into one."""
-    forced = _forced[-1] or os.environ.get("FASTBERT_GEMM") or None
+    forced = _forced_name()
     if forced is not None:
         if forced not in PATHS:
             raise ValueError(f"fastbert: FASTBERT_GEMM={forced!r} is not a GEMM path; choose from {PATHS}")
-        if forced in _paths_for(a.dtype) and _probe(forced, role, a.dtype):
-            return _call(forced, role, a, b, bias, alloc)
-        return _call(_default(a.dtype), role, a, b, bias, alloc)
+        return _call(_forced_choice(forced, role, a.dtype), role, a, b, bias, alloc)
     key = _key(role, a, b)
     chosen = _choices.get(key)
     if chosen is not None:
@@ -306,25 +321,22 @@ def path_for(role: str, tokens: int, n_in: int, n_out: int, dtype: torch.dtype) 
     """The path product() takes for a product of this role, token count, shape and dtype, when known
     without running one: the forced path, or the one measured for its key; None before the key's
     first product (which measures) or under an unknown forced path (which product() reports)."""
-    forced = _forced[-1] or os.environ.get("FASTBERT_GEMM") or None
+    forced = _forced_name()
     if forced is not None:
-        if forced not in PATHS:
-            return None
-        return forced if forced in _paths_for(dtype) and _probe(forced, role, dtype) else _default(dtype)
-    chosen = _choices.get((role, _bucket(tokens), n_in, n_out, dtype, torch.get_num_threads(),
-                           _backend.cpu_capability()))
+        return _forced_choice(forced, role, dtype) if forced in PATHS else None
+    chosen = _choices.get(_key_of(role, tokens, n_in, n_out, dtype, _here()))
     return None if chosen is None else chosen[0]
 
 
 def layer_paths(rows: int, weights, dtype: torch.dtype, ids: Dict[str, int]) -> Optional[List[int]]:
     """The ids (ids: {path: id}) of the paths that forward products of `rows` rows with these [out, in]
-    weights take, known without running one (path_for's answer for each; the key's common part read
-    once); None while one is not measured yet or is not in ids."""
-    if _forced[-1] or os.environ.get("FASTBERT_GEMM"):
+    weights take, known without running one (path_for's answer for each; _here() read once); None
+    while one is not measured yet or is not in ids."""
+    if _forced_name() is not None:
         paths = [path_for("fwd", rows, w.shape[1], w.shape[0], dtype) for w in weights]
     else:
-        bucket, threads, level = _bucket(rows), torch.get_num_threads(), _backend.cpu_capability()
-        chosen = [_choices.get(("fwd", bucket, w.shape[1], w.shape[0], dtype, threads, level)) for w in weights]
+        here = _here()
+        chosen = [_choices.get(_key_of("fwd", rows, w.shape[1], w.shape[0], dtype, here)) for w in weights]
         paths = [None if c is None else c[0] for c in chosen]
     if not all(p in ids for p in paths):
         return None

@@ -4,6 +4,7 @@ explicit attention paths, and the errors for training."""
 import numpy as np
 import pytest
 import torch
+from conftest import require
 
 import fastbert
 from fastbert.bench.accuracy import TARGETS, embedding_agreement, format_figures
@@ -243,8 +244,9 @@ def test_one_cpp_call_per_layer_gives_the_same_bits(saved, path, family, monkeyp
     import fastbert.model.int8 as int8
     from fastbert.ops import gemm
 
-    if fastbert.backend.cpp_function("int8_encoder_layer_forward") is None:
-        pytest.skip("the C++ extension is not built")
+    require("cpp")
+    assert fastbert.backend.cpp_function("int8_encoder_layer_forward") is not None, (
+        "the built extension predates int8_encoder_layer_forward")
     if path not in gemm.candidates("fwd", torch.int8):
         pytest.skip(f"the int8 GEMM path {path} is not used here: {gemm.unavailable().get((path, 'fwd', torch.int8))}")
     if family == "bert":
