@@ -55,7 +55,7 @@ COMMON = ["-O3", "-std=c++17", "-g0", "-ffp-contract=fast",
           # GCC 12 reports (maybe-)uninitialized values inside its own AVX-512 intrinsic headers (false
           # positives on their "undefined" vector temporaries)
           "-Wno-maybe-uninitialized", "-Wno-uninitialized"]
-GEMM_ONLY = ("int8_gemm.cpp", "common.cpp", "table.cpp")
+GEMM_ONLY = ("int8_gemm.cpp", "int8_gemm_packed.cpp", "common.cpp", "table.cpp")
 
 
 def levels():

@@ -127,6 +127,10 @@ void register_int8(py::module_& m) {
   m.def("int8_gemm", &fastbert::int8_gemm, py::arg("a"), py::arg("b"), py::arg("out") = py::none(), NoGil(),
         "c [m, n] int32 = a [m, k] int8 @ b [n, k] int8 ^T, exact, on the kernel library's int8 GEMM (rows of a "
         "and b contiguous); written into `out` (contiguous int32 [m, n]) when given.");
+  m.def("int8_gemm_packed", &fastbert::int8_gemm_packed, py::arg("a"), py::arg("bp"), py::arg("out") = py::none(),
+        NoGil(),
+        "c [m, n] int32 = a [m, k] int8 @ b^T, exact, with the weight b [n, k] packed as bp [n / 16, ceil(k / 4), 16, 4] "
+        "(fastbert.ops.pack_int8_weight); into `out` (contiguous int32 [m, n]) when given.");
   // fp32, beside the int8 GEMM: the linear layers' product for few rows (fastbert.ops.gemm's "dot" path)
   m.def("f32_dot_gemm", &fastbert::f32_dot_gemm, py::arg("a"), py::arg("b"), py::arg("bias") = py::none(),
         py::arg("out") = py::none(), NoGil(),
@@ -150,7 +154,7 @@ void register_layers(py::module_& m) {
         "(out, q, scale, offset): an int8 post-LN encoder layer on packed rows hidden [tokens, h] and their quantized "
         "rows (hq, hs, ho); weights: QKV (int8, scale, bias), output (int8, scale, bias), norm1 (weight, bias), FFN "
         "in (int8, scale, bias), FFN out (int8, scale, bias), norm2 (weight, bias); paths: the GEMM path of each of "
-        "the 4 products (2 fastbert, 3 int_mm); (q, scale, offset) empty unless quantize_out.");
+        "the 4 products (2 fastbert, 3 int_mm, 4 packed weight); (q, scale, offset) empty unless quantize_out.");
 }
 
 // The data side: unpad index building, token masking, word starts and the collator's id padding.

@@ -100,6 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_
     double eps, bool quantize, bool return_sum);
 // c [m, n] int32 = a [m, k] int8 . b [n, k] int8 ^T, exact (kernels/int8_gemm.cpp); into `out` when given.
 at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& out);
+// the same with b packed (bp [n / 16, ceil(k / 4), 16, 4], kernels/int8_gemm_packed.cpp), int32 [m, n]
+at::Tensor int8_gemm_packed(const at::Tensor& a, const at::Tensor& bp, const c10::optional<at::Tensor>& out);
 
 // dot_gemm.cpp: c [m, n] float32 = a [m, k] . b [n, k]^T (+ bias [n]) with b read as it lies in memory
 // (nothing packed), for few rows of a (kernels/dot_gemm.cpp); into `out` when given.
@@ -107,7 +109,7 @@ at::Tensor f32_dot_gemm(const at::Tensor& a, const at::Tensor& b, const c10::opt
                         const c10::optional<at::Tensor>& out);
 
 // encoder_layer.cpp: one post-LN encoder layer for inference in one call, on the GEMM paths given
-// (0 addmm, 1 dot; int8: 2 fastbert, 3 int_mm), bit for bit the separate ops' result. Float: hidden
+// (0 addmm, 1 dot; int8: 2 fastbert, 3 int_mm, 4 packed), bit for bit the separate ops' result. Float: hidden
 // [batch, seq, h] (key_mask or none) or packed [tokens, h] (cu_seqlens); weights: the 12 tensors of
 // fastbert.ops.LayerWeights. int8: packed rows with their quantized rows (hq, hs, ho); weights: 16
 // (see the definition) -> (out, and its quantized rows when quantize_out).

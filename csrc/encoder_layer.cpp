@@ -27,13 +27,14 @@ enum GemmPath : int64_t {
   kDot = 1,       // "dot": fastbert's fp32 dot-product GEMM
   kInt8 = 2,      // "fastbert": fastbert's int8 GEMM
   kIntMm = 3,     // "int_mm": torch._int_mm
+  kPacked = 4,    // fastbert's int8 GEMM on a packed weight (the weight's only copy: no choice to measure)
 };
 
 void check_paths(const char* op, const std::vector<int64_t>& paths, bool int8) {
   TORCH_CHECK(paths.size() == 4, "fastbert._C.", op, ": paths must hold one GEMM path per product (4), got ",
               paths.size());
   for (int64_t p : paths) {
-    TORCH_CHECK(int8 ? (p == kInt8 || p == kIntMm) : (p == kAddmm || p == kDot), "fastbert._C.", op,
+    TORCH_CHECK(int8 ? (p == kInt8 || p == kIntMm || p == kPacked) : (p == kAddmm || p == kDot), "fastbert._C.", op,
                 ": GEMM path ", p, " is not one this layer runs");
   }
 }
@@ -48,9 +49,11 @@ at::Tensor float_product(const at::Tensor& x, const at::Tensor& w, const c10::op
   return at::mm_out(out, x, w.t());
 }
 
-// The int32 accumulator a [rows, in] int8 @ w [out, in]^T int8, as fastbert.ops.int8_matmul's.
+// The int32 accumulator a [rows, in] int8 @ w [out, in]^T int8 (packed: [out / 16, in / 4, 16, 4]), as
+// fastbert.ops.int8_matmul's.
 at::Tensor int8_product(const at::Tensor& a, const at::Tensor& w, int64_t path) {
-  at::Tensor out = detail::empty({a.size(0), w.size(0)}, at::kInt);
+  at::Tensor out = detail::empty({a.size(0), path == kPacked ? w.size(0) * 16 : w.size(0)}, at::kInt);
+  if (path == kPacked) return int8_gemm_packed(a, w, out);
   if (path == kInt8) return int8_gemm(a, w, out);
   return at::_int_mm_out(out, a, w.t());
 }

@@ -122,29 +122,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_
   return {y, out.q, out.scale, out.offset, sum};
 }
 
+namespace {
+
+// `out` checked as contiguous int32 [m, n], or a new one
+at::Tensor int32_out(const char* op, const c10::optional<at::Tensor>& out, int64_t m, int64_t n) {
+  if (!out.has_value() || !out->defined()) return detail::empty({m, n}, at::kInt);
+  const at::Tensor& c = *out;
+  TORCH_CHECK(c.device().is_cpu() && c.scalar_type() == at::kInt && c.dim() == 2 && c.size(0) == m && c.size(1) == n &&
+                  c.is_contiguous(),
+              "fastbert._C.", op, ": out must be a contiguous int32 [", m, ", ", n, "] CPU tensor");
+  return c;
+}
+
+void check_int8_rows(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.defined() && t.device().is_cpu() && t.scalar_type() == at::kChar && t.dim() == 2, "fastbert._C.", op,
+              ": ", name, " must be a 2-D int8 CPU tensor, got ", t.scalar_type(), " ", t.sizes());
+  TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, "fastbert._C.", op, ": ", name, " must have contiguous rows");
+}
+
+}  // namespace
+
 at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& out) {
   const char* op = "int8_gemm";
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"a", a}, {"b", b}}) {
-    TORCH_CHECK(t.defined() && t.device().is_cpu() && t.scalar_type() == at::kChar && t.dim() == 2, "fastbert._C.", op,
-                ": ", name, " must be a 2-D int8 CPU tensor, got ", t.scalar_type(), " ", t.sizes());
-    TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, "fastbert._C.", op, ": ", name, " must have contiguous rows");
-  }
+  check_int8_rows(op, "a", a);
+  check_int8_rows(op, "b", b);
   TORCH_CHECK(a.size(1) == b.size(1), "fastbert._C.", op, ": a [m, k] and b [n, k] differ in k: ", a.sizes(), " and ",
               b.sizes());
   const int64_t m = a.size(0), n = b.size(0), k = a.size(1);
-  at::Tensor c;
-  if (out.has_value() && out->defined()) {
-    c = *out;
-    TORCH_CHECK(c.device().is_cpu() && c.scalar_type() == at::kInt && c.dim() == 2 && c.size(0) == m && c.size(1) == n &&
-                    c.is_contiguous(),
-                "fastbert._C.", op, ": out must be a contiguous int32 [", m, ", ", n, "] CPU tensor");
-  } else {
-    c = detail::empty({m, n}, at::kInt);
-  }
+  at::Tensor c = int32_out(op, out, m, n);
   if (m == 0 || n == 0) return c;
   if (k == 0) return c.zero_();
   detail::kernels_for(op).int8_gemm(a.data_ptr<int8_t>(), std::max<int64_t>(a.stride(0), 1), b.data_ptr<int8_t>(),
                                     std::max<int64_t>(b.stride(0), 1), c.data_ptr<int32_t>(), n, m, n, k);
+  return c;
+}
+
+at::Tensor int8_gemm_packed(const at::Tensor& a, const at::Tensor& bp, const c10::optional<at::Tensor>& out) {
+  const char* op = "int8_gemm_packed";
+  check_int8_rows(op, "a", a);
+  const int64_t m = a.size(0), k = a.size(1), kq = (k + 3) / 4;
+  TORCH_CHECK(bp.defined() && bp.device().is_cpu() && bp.scalar_type() == at::kChar && bp.dim() == 4 &&
+                  bp.size(1) == kq && bp.size(2) == 16 && bp.size(3) == 4 && bp.is_contiguous(),
+              "fastbert._C.", op, ": bp must be a contiguous int8 [n / 16, ", kq, ", 16, 4] CPU tensor (a weight packed "
+              "for a's ", k, " features), got ", bp.scalar_type(), " ", bp.sizes());
+  const int64_t n = bp.size(0) * 16;
+  at::Tensor c = int32_out(op, out, m, n);
+  if (m == 0 || n == 0) return c;
+  if (k == 0) return c.zero_();
+  detail::kernels_for(op).int8_gemm_packed(a.data_ptr<int8_t>(), std::max<int64_t>(a.stride(0), 1),
+                                           bp.data_ptr<int8_t>(), c.data_ptr<int32_t>(), n, m, n, k);
   return c;
 }
 

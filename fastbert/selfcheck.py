@@ -374,6 +374,10 @@ def _int8_matmul(xq, wq, g) -> List[Row]:
                  ("acc x [-64, 64]", xq, ref.quantize_weight(wq.float(), 64)[0]))
         for name, a, b in cases:
             rows.append(exact_check(name, fastbert.ops.int8_matmul(a, b).double(), want(a, b)))
+    # a weight stored packed (fastbert.ops.int8.int8_layout), out features rounded up to whole panels
+    wp = torch.randint(-128, 128, (-(-wq.shape[0] // 16) * 16, wq.shape[1]), generator=g, dtype=torch.int8)
+    for name, a, b in (("acc (packed)", xq, wp), ("acc -128 x -128 (packed)", lo, torch.full_like(wp, -128))):
+        rows.append(exact_check(name, fastbert.ops.int8_matmul(a, fastbert.ops.pack_int8_weight(b)).double(), want(a, b)))
     return rows
 
 

@@ -170,6 +170,9 @@ namespace kernels {
   /* c [m, n] int32 (row stride ldc) = a [m, k] int8 (lda) . b [n, k] int8 (ldb)^T, exact */                          \
   X(int8_gemm, void, const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc, int64_t m, \
     int64_t n, int64_t k)                                                                                             \
+  /* the same with b packed: bp [n / 16][ceil(k / 4)][16][4] (kernels/int8_gemm_packed.cpp), n a multiple of 16 */  \
+  X(int8_gemm_packed, void, const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m,      \
+    int64_t n, int64_t k)                                                                                             \
   /* c [m, n] float32 (ldc) = a [m, k] (lda) . b [n, k] (ldb)^T (+ bias [n] when not nullptr), b read as it lies */   \
   X(f32_dot_gemm, void, const float* a, int64_t lda, const float* b, int64_t ldb, const float* bias, float* c,       \
     int64_t ldc, int64_t m, int64_t n, int64_t k)                                                                     \

@@ -3,12 +3,14 @@
 Every linear layer of the encoder (the QKV projections, the attention output, both FFN layers)
 becomes an Int8Linear: its weight is quantized once, per output channel (to [-127, 127], or to
 [-64, 64] on CPUs that multiply those faster: AVX2 without VNNI; fastbert.ops.gemm.int8_weight_range),
-and the int8 weight and its scales are then the layer's only copy of it. Nothing is derived from a
+and the int8 weight and its scales are then the layer's only copy of it (the weight stored packed,
+in the layout fastbert's packed int8 GEMM reads, where fastbert.ops.int8.int8_layout measured that
+faster here: then no call repacks it). Nothing is derived from a
 float weight that could fall behind it: a write into the int8 weight (through .data, copy_) is what
 the next forward multiplies by; load_state_dict quantizes the float weights it is given into the
 same tensors; state_dict() gives transformers' names and the dequantized float weights, so
 save_pretrained writes a checkpoint transformers loads. The QKV projections are slices of one [3 hidden, hidden]
-int8 tensor (re-joined whenever to() or an assignment gave them memory of their own), so one GEMM
+int8 tensor (packed: [3 hidden / 16, ...]) (re-joined whenever to() or an assignment gave them memory of their own), so one GEMM
 serves all three.
 
 Activations are quantized per token, about each token's midpoint (fastbert.reference.int8 has the
@@ -49,16 +51,20 @@ def check_quantize(mode, where: str) -> Optional[str]:
 
 
 class Int8Linear(nn.Module):
-    """nn.Linear with an int8 weight [out, in] (per output channel symmetric, in [-weight_range,
-    weight_range]; `weight_scale` [out], float32) and a float bias, for inference. Built from an
-    nn.Linear, whose bias Parameter it keeps. weight_range: 127 or 64, by default what this CPU
-    multiplies fastest (fastbert.ops.gemm.int8_weight_range)."""
+    """nn.Linear with an int8 weight (per output channel symmetric, in [-weight_range, weight_range];
+    `weight_scale` [out], float32) and a float bias, for inference. Built from an nn.Linear, whose
+    bias Parameter it keeps. weight_range: 127 or 64, by default what this CPU multiplies fastest
+    (fastbert.ops.gemm.int8_weight_range). The weight is [out, in], or packed [out / 16, ceil(in / 4),
+    16, 4] where fastbert.ops.int8.int8_layout() measured the packed GEMM faster (`int8_weight()`
+    gives [out, in] either way)."""
 
     def __init__(self, linear: nn.Linear, weight_range: Optional[int] = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight_range = gemm.int8_weight_range() if weight_range is None else weight_range
         q, s = ops.quantize_weight(linear.weight, self.weight_range)
+        if self.out_features % 16 == 0 and q.device.type == "cpu" and ops.int8.int8_layout() == "packed":
+            q = ops.pack_int8_weight(q)
         self.register_buffer("weight", q, persistent=False)        # state_dict: see _save_to_state_dict
         self.register_buffer("weight_scale", s, persistent=False)
         self.bias = linear.bias
@@ -66,7 +72,11 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"int8 weights in [-{self.weight_range}, {self.weight_range}]")
+                f"int8 weights in [-{self.weight_range}, {self.weight_range}]{', packed' if self.weight.dim() == 4 else ''}")
+
+    def int8_weight(self) -> torch.Tensor:
+        """The int8 weight [out, in] (a copy when it is stored packed)."""
+        return ops.unpack_int8_weight(self.weight, self.in_features) if self.weight.dim() == 4 else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """F.linear(x, weight, bias) on int8: x quantized per row, int32 GEMM, dequantized to x's dtype."""
@@ -78,7 +88,7 @@ class Int8Linear(nn.Module):
         """weight * weight_scale [out, in], in the bias's dtype (without a bias: the float weight's,
         as to() / half() / float() last cast the layer)."""
         dtype = self.bias.dtype if self.bias is not None else self.float_dtype
-        return (self.weight.float() * self.weight_scale[:, None]).to(dtype)
+        return (self.int8_weight().float() * self.weight_scale[:, None]).to(dtype)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         destination[prefix + "weight"] = self.dequantized_weight()  # nn.Linear's order: weight, then bias
@@ -89,11 +99,13 @@ class Int8Linear(nn.Module):
         key = prefix + "weight"
         if key in state_dict:
             w = state_dict[key]
-            if tuple(w.shape) != tuple(self.weight.shape):
+            if tuple(w.shape) != (self.out_features, self.in_features):
                 error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(w.shape)} from "
-                                  f"checkpoint, the shape in current model is {tuple(self.weight.shape)}.")
+                                  f"checkpoint, the shape in current model is {(self.out_features, self.in_features)}.")
             else:
                 q, s = ops.quantize_weight(w.to(self.weight.device), self.weight_range)
+                if self.weight.dim() == 4:
+                    q = ops.pack_int8_weight(q)
                 with torch.no_grad():  # in place: the QKV slices stay slices of the joined tensor
                     self.weight.copy_(q)
                     self.weight_scale.copy_(s)
@@ -178,7 +190,7 @@ def int8_layer(layer, hidden: torch.Tensor, hq, attend, quantize_out: bool):
 
 
 # the int8 GEMM paths the extension's whole layer runs (csrc/encoder_layer.cpp), by fastbert.ops.gemm's names
-CPP_LAYER_PATHS = {"fastbert": 2, "int_mm": 3}
+CPP_LAYER_PATHS = {"fastbert": 2, "int_mm": 3, "packed": 4}
 
 
 def cpp_int8_layer(layer, hidden: torch.Tensor, hq, packed, relative_bias: Optional[torch.Tensor],

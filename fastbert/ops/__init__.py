@@ -12,8 +12,10 @@ from fastbert.ops.int8 import (
     int8_bias_gelu,
     int8_dequantize,
     int8_matmul,
+    pack_int8_weight,
     quantize_rows,
     quantize_weight,
+    unpack_int8_weight,
 )
 from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm
 from fastbert.ops.linear import linear
@@ -21,6 +23,6 @@ from fastbert.ops.padding import pad, unpad
 
 __all__ = [
     "attention", "varlen_attention", "attention_weights", "unpad", "pad", "bias_gelu", "geglu", "add_layer_norm", "linear",
-    "embedding", "MAX_HIDDEN", "quantize_rows", "quantize_weight", "int8_matmul", "int8_dequantize", "int8_bias_gelu",
-    "int8_add_layer_norm", "encoder_layer", "LayerWeights",
+    "embedding", "MAX_HIDDEN", "quantize_rows", "quantize_weight", "pack_int8_weight", "unpack_int8_weight",
+    "int8_matmul", "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm", "encoder_layer", "LayerWeights",
 ]

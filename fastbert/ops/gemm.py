@@ -8,41 +8,11 @@ Every product the linear layers need has the form of a linear layer, y [R, C] = 
     role "dw"   weight gradient a = dy^T [out, tokens], b = x^T [in, tokens]       -> dw [out, in]
 
 Paths (those this torch build offers; each probed once against a float64 product and dropped when
-it raises or disagrees, with one warning in fp32 and bf16; `unavailable()` says why):
-
-    addmm          torch.addmm / torch.mm: torch's own CPU GEMM (MKL or OpenBLAS in fp32, oneDNN in bf16)
-    onednn         torch.ops.mkldnn._linear_pointwise: oneDNN's inner product on the weight as it is
-    onednn_packed  the same on a weight reordered into oneDNN's blocked layout (roles fwd and dx)
-    mkl_packed     torch.ops.mkl._mkl_linear on an MKL-packed weight (fp32, role fwd)
-    dot            fastbert's own fp32 GEMM (csrc/kernels/dot_gemm.cpp, role fwd): each output the dot
-                   product of a row of a and a row of the weight, read as it lies in memory. Nothing
-                   is packed, so with few rows (a batch of one short query), where the packing
-                   libraries spend more time on the weight than on the multiply-adds, it is the
-                   fastest; with many rows a packed kernel wins
-    fp32           (bf16 and fp16) the product in fp32 on the fastest fp32 path, operands converted on
-                   every call and the result rounded back: on a CPU without native bf16 (no
-                   AVX512_BF16, no AMX) torch's bf16 GEMM is several times slower than fp32; when this
-                   path wins fastbert says so once (bf16 then saves memory, not time)
-
-and for int8 inference (a and b int8, role fwd, no bias: the int32 accumulator acc = a @ b^T, whose
-dequantization the consuming op applies, see fastbert.ops.int8):
-
-    fastbert       fastbert's own int8 GEMM (csrc/kernels/int8_gemm.cpp) at the kernels' level:
-                   vpdpbusd with VNNI; at avx2 vpmaddubsw (u8 x s8 pairs into 16 bits) where every
-                   |weight| <= 64, else (and at avx512) int16 pairs into int32 with vpmaddwd; exact
-                   on every CPU (AVX2's u8 x s8 instruction saturates on larger weights, which is
-                   why oneDNN's path below fails its probe on CPUs without VNNI).
-                   int8_weight_range() says which weights int8 layers take here
-    int_mm         torch._int_mm (oneDNN's s8 x s8 -> s32 matmul on x86); also what torchao's int8
-                   dynamic-activation / int8-weight linear calls on the CPU
-    onednn_qlinear torch.ops.onednn.qlinear_pointwise on a weight prepacked on every call, with the
-                   activations moved to u8 (+128, oneDNN's zero point; its fast kernels take u8 x s8)
-                   and the accumulator returned as float32
-    float          the product in fp32 (both operands converted on every call, then the fastest float
-                   path), accumulator float32: exact while |acc| < 2**24, within fp32 rounding beyond.
-                   Timed with the others, so an int8 layer never runs a product slower than fp32 would;
-                   when it wins, fastbert says so once (no int8 GEMM here beats fp32: the model gains
-                   nothing from quantize="int8" on this CPU)
+it raises or disagrees, with one warning in fp32 and bf16; `unavailable()` says why): addmm, onednn,
+onednn_packed, mkl_packed, dot and fp32 for float products; fastbert, int_mm, onednn_qlinear and
+float for int8 inference (a and b int8, role fwd, no bias: the int32 accumulator acc = a @ b^T, whose
+dequantization the consuming op applies, see fastbert.ops.int8). fastbert.ops.gemm_paths runs them
+and says what each is.
 
 Which is fastest depends on the CPU (its vector width, AMX, the library's kernels for it), the shape
 and the thread count, so it is measured, never assumed: the first product of each (role, token
@@ -53,7 +23,8 @@ are timed on their first 2048 (TIMING_TOKENS), where the paths' large-product ke
 
 The packed paths reorder the weight on every call and the reorder is part of what is timed: a cached
 packed copy could go stale unseen (an in-place write through `weight.data` moves no version counter),
-so none is kept, and packing wins only where it pays for its own reorder.
+so none is kept, and packing wins only where it pays for its own reorder. (An int8 layer can store
+its weight packed instead, as its only copy: fastbert.ops.int8.int8_layout.)
 
 FASTBERT_GEMM=<path> (or `forced(path)`) runs every product on one path, for comparisons.
 """
@@ -82,7 +53,6 @@ _TIMED_RUNS = 3  # after one untimed run; the minimum is kept
 _choices: Dict[tuple, Tuple[str, Dict[str, float]]] = {}
 _probed: Dict[Tuple[str, str, torch.dtype], Optional[str]] = {}  # why a path is not used, or None
 _forced: List[Optional[str]] = [None]
-
 
 
 def _fp32(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
@@ -330,14 +300,18 @@ def path_for(role: str, tokens: int, n_in: int, n_out: int, dtype: torch.dtype) 
 
 def layer_paths(rows: int, weights, dtype: torch.dtype, ids: Dict[str, int]) -> Optional[List[int]]:
     """The ids (ids: {path: id}) of the paths that forward products of `rows` rows with these [out, in]
-    weights take, known without running one (path_for's answer for each; _here() read once); None
-    while one is not measured yet or is not in ids."""
-    if _forced_name() is not None:
-        paths = [path_for("fwd", rows, w.shape[1], w.shape[0], dtype) for w in weights]
-    else:
-        here = _here()
-        chosen = [_choices.get(_key_of("fwd", rows, w.shape[1], w.shape[0], dtype, here)) for w in weights]
-        paths = [None if c is None else c[0] for c in chosen]
+    weights take, known without running one (path_for's answer for each; _here() read once; an int8
+    weight stored packed: "packed"); None while one is not measured yet or is not in ids."""
+    forced, here = _forced_name() is not None, _here()
+    paths = []
+    for w in weights:
+        if w.dim() == 4:
+            paths.append("packed")
+        elif forced:
+            paths.append(path_for("fwd", rows, w.shape[1], w.shape[0], dtype))
+        else:
+            chosen = _choices.get(_key_of("fwd", rows, w.shape[1], w.shape[0], dtype, here))
+            paths.append(None if chosen is None else chosen[0])
     if not all(p in ids for p in paths):
         return None
     return [ids[p] for p in paths]
@@ -427,6 +401,9 @@ def reset() -> None:
     _said.clear()
     _weight_ranges.clear()
     _slow.clear()
+    from fastbert.ops import int8  # its measured weight layout (int8 imports this module)
+
+    int8._layouts.clear()
 
 
 @contextlib.contextmanager

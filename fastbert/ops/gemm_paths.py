@@ -1,6 +1,43 @@
 """The CPU GEMM paths themselves: y = a @ b^T (+ bias) on one library's kernel each, and which
 role and dtype each takes on this build (fastbert.ops.gemm times them and picks one per shape).
-Each takes (a, b, bias, alloc); alloc, when not None, makes an output the path may write into."""
+Each takes (a, b, bias, alloc); alloc, when not None, makes an output the path may write into.
+
+    addmm          torch.addmm / torch.mm: torch's own CPU GEMM (MKL or OpenBLAS in fp32, oneDNN in bf16)
+    onednn         torch.ops.mkldnn._linear_pointwise: oneDNN's inner product on the weight as it is
+    onednn_packed  the same on a weight reordered into oneDNN's blocked layout (roles fwd and dx)
+    mkl_packed     torch.ops.mkl._mkl_linear on an MKL-packed weight (fp32, role fwd)
+    dot            fastbert's own fp32 GEMM (csrc/kernels/dot_gemm.cpp, role fwd): each output the dot
+                   product of a row of a and a row of the weight, read as it lies in memory. Nothing
+                   is packed, so with few rows (a batch of one short query), where the packing
+                   libraries spend more time on the weight than on the multiply-adds, it is the
+                   fastest; with many rows a packed kernel wins
+    fp32           (bf16 and fp16) the product in fp32 on the fastest fp32 path, operands converted on
+                   every call and the result rounded back: on a CPU without native bf16 (no
+                   AVX512_BF16, no AMX) torch's bf16 GEMM is several times slower than fp32; when this
+                   path wins fastbert says so once (bf16 then saves memory, not time)
+
+and for int8 inference (a and b int8, role fwd, no bias: the int32 accumulator acc = a @ b^T, whose
+dequantization the consuming op applies, see fastbert.ops.int8):
+
+    fastbert       fastbert's own int8 GEMM (csrc/kernels/int8_gemm.cpp) at the kernels' level:
+                   vpdpbusd with VNNI; at avx2 vpmaddubsw (u8 x s8 pairs into 16 bits) where every
+                   |weight| <= 64, else (and at avx512) int16 pairs into int32 with vpmaddwd; exact
+                   on every CPU (AVX2's u8 x s8 instruction saturates on larger weights, which is
+                   why oneDNN's path below fails its probe on CPUs without VNNI).
+                   int8_weight_range() says which weights int8 layers take here
+    int_mm         torch._int_mm (oneDNN's s8 x s8 -> s32 matmul on x86); also what torchao's int8
+                   dynamic-activation / int8-weight linear calls on the CPU
+    onednn_qlinear torch.ops.onednn.qlinear_pointwise on a weight prepacked on every call, with the
+                   activations moved to u8 (+128, oneDNN's zero point; its fast kernels take u8 x s8)
+                   and the accumulator returned as float32
+    float          the product in fp32 (both operands converted on every call, then the fastest float
+                   path), accumulator float32: exact while |acc| < 2**24, within fp32 rounding beyond.
+                   Timed with the others, so an int8 layer never runs a product slower than fp32 would;
+                   when it wins, fastbert says so once (no int8 GEMM here beats fp32: the model gains
+                   nothing from quantize="int8" on this CPU)
+
+An int8 weight stored packed (fastbert.ops.int8.int8_layout) has no choice: fastbert's packed int8
+GEMM (csrc/kernels/int8_gemm_packed.cpp) reads it as it lies."""
 from __future__ import annotations
 
 from typing import Callable, Optional

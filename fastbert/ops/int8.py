@@ -24,7 +24,8 @@ Inference only: none of these ops has a gradient.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import os
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -99,6 +100,73 @@ def quantize_weight(weight: Tensor, qmax: int = 127) -> Tuple[Tensor, Tensor]:
     return ref.quantize_weight(weight.detach(), qmax)
 
 
+INT8_LAYOUTS = ("packed", "plain")
+_layouts: Dict[tuple, Tuple[str, Dict[str, float]]] = {}
+
+
+def int8_layout() -> str:
+    """How int8 layers store their weights here: "packed", the layout of fastbert's packed int8 GEMM
+    (csrc/kernels/int8_gemm_packed.cpp: read as it lies, nothing packed on any call; the layer's only
+    copy), or "plain" [out, in], which fastbert.ops.gemm's measured paths take. Measured once per (threads,
+    kernel level) on a BERT-base-sized weight, at 32 and 512 rows (a short query and a batch): the
+    packed GEMM against the path fastbert.ops.gemm.product() measured fastest; packed where the two
+    times sum lower.
+    `int8_layouts()` has the timings. FASTBERT_INT8_LAYOUT=packed or plain pins it; under a forced
+    GEMM path (FASTBERT_GEMM, forced()) layers keep the plain layout that path takes."""
+    pinned = os.environ.get("FASTBERT_INT8_LAYOUT")
+    if pinned:
+        if pinned not in INT8_LAYOUTS:
+            raise ValueError(f"fastbert: FASTBERT_INT8_LAYOUT={pinned!r}: choose " + " or ".join(INT8_LAYOUTS))
+        return pinned
+    packed_gemm = _backend.cpp_function("int8_gemm_packed")
+    if gemm._forced_name() is not None or packed_gemm is None:
+        return "plain"
+    key = gemm._here()
+    if key not in _layouts:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randint(-127, 128, (768, 768), generator=g, dtype=torch.int8)
+        wp = ref.pack_weight(w)
+        total = {"packed": 0.0, "plain": 0.0}
+        for rows in (32, 512):
+            a = torch.randint(-127, 128, (rows + 1, 768), generator=g, dtype=torch.int8)
+            gemm.product("fwd", a, w)  # the plain layout's path measured first
+            timings = gemm._time_paths(
+                list(total), lambda p, a=a: packed_gemm(a, wp) if p == "packed" else gemm.product("fwd", a, w))
+            total = {p: total[p] + timings[p] for p in total}
+        _layouts[key] = ("packed" if total["packed"] <= total["plain"] else "plain", total)
+    return _layouts[key][0]
+
+
+def int8_layouts() -> Dict[tuple, Tuple[str, Dict[str, float]]]:
+    """{(threads, kernel level): (int8 weight layout chosen, {layout: seconds timed, 32 + 512 rows})}."""
+    return dict(_layouts)
+
+
+def pack_int8_weight(q: Tensor) -> Tensor:
+    """An int8 weight [out, in] (out a multiple of 16) packed for int8_matmul's packed GEMM:
+    [out / 16, ceil(in / 4), 16, 4] (fastbert.reference.int8.pack_weight has the layout). The packed
+    tensor can be the weight's only copy: int8_matmul reads it as it lies, nothing derived is kept."""
+    check_tensor("pack_int8_weight", "q", q)
+    if q.dtype != torch.int8 or q.dim() != 2 or q.shape[0] % ref.PANEL:
+        raise ValueError(f"fastbert.ops.pack_int8_weight: needs an int8 [out, in] weight with out a multiple of "
+                         f"{ref.PANEL}, got {q.dtype} {tuple(q.shape)}")
+    return ref.pack_weight(q)
+
+
+def unpack_int8_weight(packed: Tensor, in_features: int) -> Tensor:
+    """pack_int8_weight's inverse: the int8 weight [out, in_features]."""
+    if packed.dtype != torch.int8 or packed.dim() != 4 or tuple(packed.shape[1:]) != ((in_features + 3) // 4, 16, 4):
+        raise ValueError(f"fastbert.ops.unpack_int8_weight: needs a packed int8 weight [out / 16, "
+                         f"{(in_features + 3) // 4}, 16, 4] for {in_features} features, got {packed.dtype} "
+                         f"{tuple(packed.shape)}")
+    return ref.unpack_weight(packed, in_features)
+
+
+def int8_out_features(weight: Tensor) -> int:
+    """The output features of an int8 weight, [out, in] or packed."""
+    return weight.shape[0] * ref.PANEL if weight.dim() == 4 else weight.shape[0]
+
+
 def _alloc(rows: int, cols: int):
     empty = _backend.cpp_function("empty")
     return None if empty is None else (lambda: empty([rows, cols], torch.int32))
@@ -106,15 +174,24 @@ def _alloc(rows: int, cols: int):
 
 def int8_matmul(a: Tensor, weight: Tensor) -> Tensor:
     """a [rows, in] int8 @ weight [out, in]^T int8 -> the accumulator [rows, out] (int32, or float32
-    on oneDNN's path; exact either way at BERT's sizes), on the GEMM path measured fastest here."""
-    if a.dtype != torch.int8 or weight.dtype != torch.int8 or a.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"fastbert.ops.int8_matmul: needs int8 [rows, in] and int8 [out, in], got {a.dtype} "
-                         f"{tuple(a.shape)} and {weight.dtype} {tuple(weight.shape)}")
-    if a.shape[1] != weight.shape[1]:
-        raise ValueError(f"fastbert.ops.int8_matmul: a has {a.shape[1]} features but weight takes {weight.shape[1]}")
+    on oneDNN's path; exact either way at BERT's sizes), on the GEMM path measured fastest here. A
+    weight packed by pack_int8_weight runs fastbert's packed GEMM (int32)."""
+    packed = weight.dim() == 4
+    if a.dtype != torch.int8 or weight.dtype != torch.int8 or a.dim() != 2 or weight.dim() not in (2, 4):
+        raise ValueError(f"fastbert.ops.int8_matmul: needs int8 [rows, in] and int8 [out, in] (or packed), got "
+                         f"{a.dtype} {tuple(a.shape)} and {weight.dtype} {tuple(weight.shape)}")
+    if weight.shape[1] != ((a.shape[1] + 3) // 4 if packed else a.shape[1]):
+        takes = f"{4 * weight.shape[1] - 3} to {4 * weight.shape[1]}" if packed else str(weight.shape[1])
+        raise ValueError(f"fastbert.ops.int8_matmul: a has {a.shape[1]} features but weight takes {takes}")
     if a.device.type != "cpu" or torch.compiler.is_compiling() or a.shape[0] == 0:
         return ref.int8_mm(a, weight)
-    return gemm.product("fwd", a.contiguous(), weight, None, _alloc(a.shape[0], weight.shape[0]))
+    alloc = _alloc(a.shape[0], int8_out_features(weight))
+    if packed:
+        fn = _backend.cpp_function("int8_gemm_packed")
+        if fn is None:
+            return ref.int8_mm(a, weight)
+        return fn(a.contiguous(), weight.contiguous(), None if alloc is None else alloc())
+    return gemm.product("fwd", a.contiguous(), weight, None, alloc)
 
 
 def _fake_dequantize(acc, row_scale, row_offset, col_scale, bias, dtype):

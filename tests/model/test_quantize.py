@@ -105,8 +105,11 @@ def test_quantize_in_place_and_the_torch_backend_agree(saved):
     assert _close(got[real], want[real]) > 0.9999
 
 
-def test_weights_are_never_stale(saved, tmp_path):
+@pytest.mark.parametrize("layout", ["plain", "packed"])
+def test_weights_are_never_stale(saved, tmp_path, layout, monkeypatch):
+    monkeypatch.setenv("FASTBERT_INT8_LAYOUT", layout)
     model = fastbert.BertModel.from_pretrained(saved, quantize="int8")
+    assert {m.weight.dim() for m in model.modules() if isinstance(m, Int8Linear)} == {4 if layout == "packed" else 2}
     ids, mask = _batch(2)
     real = mask.bool()
 
@@ -235,20 +238,21 @@ def test_sentence_encoder_and_encode_cli_take_quantize(minilm, tmp_path):
     assert e.value.code == 2
 
 
-@pytest.mark.parametrize("path", ["fastbert", "int_mm"])
+@pytest.mark.parametrize("path", ["fastbert", "int_mm", "packed"])
 @pytest.mark.parametrize("family", ["bert", "mpnet"])
 def test_one_cpp_call_per_layer_gives_the_same_bits(saved, path, family, monkeypatch):
     """Once its GEMM paths are known, an int8 layer on packed rows runs as one call of the extension
     (csrc/encoder_layer.cpp): bit for bit the layer's kernels called one by one from Python, with
-    MPNet's relative bias too."""
+    MPNet's relative bias too; on plain weights (a measured path, forced here) and packed ones."""
     import fastbert.model.int8 as int8
     from fastbert.ops import gemm
 
     require("cpp")
     assert fastbert.backend.cpp_function("int8_encoder_layer_forward") is not None, (
         "the built extension predates int8_encoder_layer_forward")
-    if path not in gemm.candidates("fwd", torch.int8):
+    if path != "packed" and path not in gemm.candidates("fwd", torch.int8):
         pytest.skip(f"the int8 GEMM path {path} is not used here: {gemm.unavailable().get((path, 'fwd', torch.int8))}")
+    monkeypatch.setenv("FASTBERT_INT8_LAYOUT", "packed" if path == "packed" else "plain")
     if family == "bert":
         model = fastbert.BertModel.from_pretrained(saved, quantize="int8")
     else:
@@ -263,9 +267,11 @@ def test_one_cpp_call_per_layer_gives_the_same_bits(saved, path, family, monkeyp
         ran.append(out is not None)
         return out
 
+    dims = {m.weight.dim() for m in model.modules() if isinstance(m, Int8Linear)}
+    assert dims == ({4} if path == "packed" else {2})
     monkeypatch.setattr(int8, "cpp_int8_layer", spy)
     ids, mask = _batch(3)
-    with torch.no_grad(), gemm.forced(path):
+    with torch.no_grad(), gemm.forced(None if path == "packed" else path):
         one_call = model(ids, mask).last_hidden_state
         assert ran and all(ran)
         monkeypatch.setattr(int8, "CPP_LAYER_PATHS", {})

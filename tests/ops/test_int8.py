@@ -166,6 +166,64 @@ def test_fastbert_int8_gemm_is_exact_at_every_level(level):
         assert torch.equal(out.long(), a[:3, :4].long() @ w[:5, :4].long().t())
 
 
+@pytest.mark.parametrize("level", _levels())
+def test_packed_int8_gemm_is_exact_at_every_level(level):
+    """fastbert's int8 GEMM on a packed weight (a layer's only copy where int8_layout says packed) at
+    each level: rows by the tile and not, 1 to 3 panels a column group and past it, k with a partial
+    last k-group, rows with a stride, the extreme values, and the result written into `out`."""
+    gemm_fn = fastbert.backend.cpp_function("int8_gemm_packed")
+    if level is None or gemm_fn is None:
+        pytest.skip("the C++ extension is not built")
+    g = torch.Generator().manual_seed(11)
+    shapes = [(1, 1, 16), (1, 768, 2304), (2, 3, 32), (8, 64, 48), (9, 33, 64), (21, 3072, 768), (21, 768, 3072),
+              (130, 130, 80), (300, 1023, 16), (17, 5, 1024)]
+    shapes += [(int(m), int(k), 16 * int(p)) for m, k, p in torch.randint(1, 70, (10, 3), generator=g)]
+    with fastbert.backend.cpu_capability_scope(level):
+        for m, k, n in shapes:
+            a = torch.randint(-128, 128, (m, k + 5), generator=g, dtype=torch.int8)[:, 2:2 + k]  # rows strided
+            w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+            for x, y in ((a, w), (torch.full_like(a, -128), torch.full_like(w, -128)),
+                         (torch.full_like(a, 127), torch.full_like(w, -128)), (a, torch.full_like(w, 127))):
+                got = gemm_fn(x, fastbert.ops.pack_int8_weight(y))
+                assert torch.equal(got.long(), x.long() @ y.long().t()), (level, m, k, n)
+        out = torch.empty(3, 32, dtype=torch.int32)
+        packed = fastbert.ops.pack_int8_weight(w[:32, :4])
+        assert gemm_fn(a[:3, :4], packed, out).data_ptr() == out.data_ptr()
+        assert torch.equal(out.long(), a[:3, :4].long() @ w[:32, :4].long().t())
+
+
+@pytest.mark.parametrize("k", [1, 4, 7, 768])
+def test_packed_weights_round_trip_and_multiply_as_the_plain_ones(k):
+    """pack / unpack are inverses; int8_matmul (the C++ kernel where built) and the reference (other
+    devices, backend="torch") multiply by a packed weight exactly."""
+    g = torch.Generator().manual_seed(k)
+    w = torch.randint(-128, 128, (48, k), generator=g, dtype=torch.int8)
+    a = torch.randint(-128, 128, (5, k), generator=g, dtype=torch.int8)
+    packed = fastbert.ops.pack_int8_weight(w)
+    assert packed.shape == (3, (k + 3) // 4, 16, 4) and torch.equal(fastbert.ops.unpack_int8_weight(packed, k), w)
+    for got in (fastbert.ops.int8_matmul(a, packed), ref.int8_mm(a, packed)):
+        assert torch.equal(got.long(), a.long() @ w.long().t())
+
+
+def test_int8_layout_is_measured_or_pinned(monkeypatch, _fresh_choices):
+    """packed or plain, measured once per (threads, level) with both timings kept; the variable pins
+    it, and a forced GEMM path keeps the plain layout it takes."""
+    got = fastbert.ops.int8.int8_layout()
+    assert got in fastbert.ops.int8.INT8_LAYOUTS
+    if fastbert.backend.cpp_available():
+        (chosen, timings), = fastbert.ops.int8.int8_layouts().values()
+        assert chosen == got and set(timings) == {"packed", "plain"}
+        assert got == ("packed" if timings["packed"] <= timings["plain"] else "plain")
+    with gemm.forced("int_mm"):
+        assert fastbert.ops.int8.int8_layout() == "plain"
+    for pinned in fastbert.ops.int8.INT8_LAYOUTS:
+        monkeypatch.setenv("FASTBERT_INT8_LAYOUT", pinned)
+        assert fastbert.ops.int8.int8_layout() == pinned
+    monkeypatch.setenv("FASTBERT_INT8_LAYOUT", "tiled")
+    with pytest.raises(ValueError, match="choose packed or plain"):
+        fastbert.ops.int8.int8_layout()
+
+
 def _layer_inputs(rows, k, n, g, acc_dtype=torch.int32):
     """A real int8 layer: activations quantized with their ones row, a weight, the accumulator."""
     x = torch.randn(rows, k, generator=g) + 0.5 * torch.randn(k, generator=g)
@@ -287,6 +345,10 @@ def test_the_cpp_kernels_take_torchs_int8_gemm_outputs_end_to_end():
     (lambda: fastbert.ops.int8_matmul(torch.zeros(2, 3), torch.zeros(4, 3, dtype=torch.int8)), "int8"),
     (lambda: fastbert.ops.int8_matmul(torch.zeros(2, 3, dtype=torch.int8), torch.zeros(4, 5, dtype=torch.int8)),
      "features"),
+    (lambda: fastbert.ops.int8_matmul(torch.zeros(2, 9, dtype=torch.int8), torch.zeros(1, 2, 16, 4, dtype=torch.int8)),
+     "a has 9 features but weight takes 5 to 8"),
+    (lambda: fastbert.ops.pack_int8_weight(torch.zeros(20, 8, dtype=torch.int8)), "out a multiple of 16"),
+    (lambda: fastbert.ops.unpack_int8_weight(torch.zeros(1, 2, 16, 4, dtype=torch.int8), 9), "for 9 features"),
     (lambda: fastbert.ops.int8_dequantize(torch.zeros(3, 4, dtype=torch.int32), torch.zeros(3), torch.zeros(2),
                                           torch.zeros(4)), "row_scale must be float32 of shape (2,)"),
     (lambda: fastbert.ops.int8_add_layer_norm(torch.zeros(3, 4, dtype=torch.int32), torch.zeros(2), torch.zeros(2),

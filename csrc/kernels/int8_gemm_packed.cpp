@@ -1,0 +1,195 @@
+// The int8 GEMM on a weight stored packed: c [m, n] int32 = a [m, k] int8 . b^T, exact, with b a
+// linear layer's int8 weight [n, k] kept in the layout the VNNI micro-kernel reads,
+//
+//     bp [n / 16][kq][16][4]     kq = ceil(k / 4): panels of 16 columns (output features), and in
+//                                each panel one 64-byte vector per 4 k-values (zero past k)
+//
+// which is the weight's only copy in the model (fastbert.model.int8.Int8Linear): nothing is derived
+// from it and kept, so nothing can go stale, and no call spends time packing it. int8_gemm.cpp packs
+// the weight on every call instead; at a handful of rows that packing costs about as much as the
+// multiply-adds.
+//
+// avx512_vnni: a packed per call as u8 (a + 128, k padded); per group of up to three panels (48
+// columns, 3 x 8 accumulators), first the columns' sums of b (one vpdpbusd of a row of ones per
+// vector: a's +128 adds 128 x that to every product, so the accumulators start at minus it), then
+// the rows in tiles of 8, each k-group one broadcast of a row and three vpdpbusd. The threads split
+// the column groups (and the rows, when there are fewer groups than threads).
+// Other levels: a plain loop over the same layout, exact, for models whose weight was packed on a
+// VNNI CPU; the layout choice (fastbert.ops.int8.int8_layout) measures it against the other paths.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "runtime.h"
+#include "vec.h"
+
+#if defined(FASTBERT_VEC_AVX512) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define FASTBERT_PACKED_VNNI 1
+#endif
+
+namespace fastbert {
+namespace kernels {
+namespace {
+
+constexpr int64_t kPanel = 16;      // columns of a panel
+constexpr int64_t kGroupK = 4;      // k-values a 32-bit lane holds
+constexpr int64_t kPanelVec = kPanel * kGroupK;  // bytes of one k-group of a panel
+constexpr int kSlotRows = 62;       // vec::thread_buffer slots: a's rows as u8,
+constexpr int kSlotStart = 63;      // and the accumulators' start of the task's columns
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#if defined(FASTBERT_PACKED_VNNI)
+constexpr int kMr = 8;              // rows of a tile
+constexpr int kMaxPanels = 3;       // panels of a column group
+constexpr int64_t kMc = 128;        // rows of a packed at a time
+
+// c [M rows, NV panels] = a (M packed u8 rows, stride lda) . NV panels of b (panel stride ps) over
+// kq k-groups, the accumulators starting at start [NV * 16].
+template <int M, int NV>
+void tile(int64_t kq, const uint8_t* a, int64_t lda, const int8_t* b, int64_t ps, const int32_t* start, int32_t* c,
+          int64_t ldc) {
+  __m512i acc[M][NV];
+#pragma GCC unroll 3
+  for (int v = 0; v < NV; ++v) {
+    const __m512i s = _mm512_loadu_si512(start + v * kPanel);
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) acc[r][v] = s;
+  }
+  for (int64_t q = 0; q < kq; ++q) {
+    __m512i bv[NV];
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + v * ps + q * kPanelVec);
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+      int32_t unit;
+      std::memcpy(&unit, a + r * lda + q * kGroupK, sizeof(unit));
+      const __m512i av = _mm512_set1_epi32(unit);
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < M; ++r) {
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) _mm512_storeu_si512(c + r * ldc + v * kPanel, acc[r][v]);
+  }
+}
+
+using Tile = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, int64_t, const int32_t*, int32_t*, int64_t);
+
+template <int NV, int... I>
+constexpr std::array<Tile, sizeof...(I)> tiles_of(std::integer_sequence<int, I...>) {
+  return {&tile<I + 1, NV>...};
+}
+// kTiles[NV - 1][M - 1] = tile<M, NV>
+constexpr std::array<std::array<Tile, kMr>, kMaxPanels> kTiles = {
+    tiles_of<1>(std::make_integer_sequence<int, kMr>{}), tiles_of<2>(std::make_integer_sequence<int, kMr>{}),
+    tiles_of<3>(std::make_integer_sequence<int, kMr>{})};
+
+// start [nv * 16] = -128 x the sums over k of the nv panels' columns
+void column_start(int64_t kq, const int8_t* b, int64_t ps, int nv, int32_t* start) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int v = 0; v < nv; ++v) {
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    const int8_t* p = b + v * ps;
+    int64_t q = 0;
+    for (; q + 2 <= kq; q += 2) {
+      s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_loadu_si512(p + q * kPanelVec));
+      s1 = _mm512_dpbusd_epi32(s1, ones, _mm512_loadu_si512(p + (q + 1) * kPanelVec));
+    }
+    if (q < kq) s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_loadu_si512(p + q * kPanelVec));
+    const __m512i sum = _mm512_add_epi32(s0, s1);
+    _mm512_storeu_si512(start + v * kPanel, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+  }
+}
+
+// rows [m0, m1) x panels [p0, p1) of c on the calling thread
+void block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t k, int64_t m0, int64_t m1,
+           int64_t p0, int64_t p1) {
+  const int64_t kq = ceil_div(k, kGroupK), kp = kq * kGroupK, ps = kq * kPanelVec;
+  uint8_t* ap = vec::thread_buffer<uint8_t, kSlotRows>(kMc * kp);
+  int32_t* start = vec::thread_buffer<int32_t, kSlotStart>((p1 - p0) * kPanel);
+  for (int64_t ic = m0; ic < m1; ic += kMc) {
+    const int64_t mb = std::min(kMc, m1 - ic);
+    for (int64_t r = 0; r < mb; ++r) {  // a + 128 as u8 (x ^ 0x80), k padded with what b's zeros ignore
+      const int8_t* src = a + (ic + r) * lda;
+      uint8_t* dst = ap + r * kp;
+      for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<uint8_t>(src[i]) ^ 0x80u;
+      for (int64_t i = k; i < kp; ++i) dst[i] = 0x80u;
+    }
+    for (int64_t pg = p0; pg < p1; pg += kMaxPanels) {
+      const int nv = static_cast<int>(std::min<int64_t>(kMaxPanels, p1 - pg));
+      const int8_t* b = bp + pg * ps;
+      int32_t* st = start + (pg - p0) * kPanel;
+      if (ic == m0) column_start(kq, b, ps, nv, st);
+      const auto& row_tiles = kTiles[nv - 1];
+      for (int64_t ir = 0; ir < mb; ir += kMr) {
+        const int64_t mr = std::min<int64_t>(kMr, mb - ir);
+        row_tiles[mr - 1](kq, ap + ir * kp, kp, b, ps, st, c + (ic + ir) * ldc + pg * kPanel, ldc);
+      }
+    }
+  }
+}
+
+void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
+                 int64_t k) {
+  const int64_t panels = n / kPanel, groups = ceil_div(panels, kMaxPanels), tiles = ceil_div(m, kMr);
+  const int64_t threads = std::max<int64_t>(1, num_threads());
+  const int64_t tn = std::min(threads, groups), tm = std::max<int64_t>(1, std::min(threads / tn, tiles));
+  parallel_for(0, tm * tn, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = t / tn, j = t % tn;
+      const int64_t m0 = std::min(m, tiles * i / tm * kMr), m1 = std::min(m, tiles * (i + 1) / tm * kMr);
+      const int64_t p0 = std::min(panels, groups * j / tn * kMaxPanels);
+      const int64_t p1 = std::min(panels, groups * (j + 1) / tn * kMaxPanels);
+      if (m0 < m1 && p0 < p1) block(a, lda, bp, c, ldc, k, m0, m1, p0, p1);
+    }
+  });
+}
+#else
+// Every level without VNNI: per panel and row, 16 int32 sums over the k-groups.
+void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
+                 int64_t k) {
+  const int64_t kq = ceil_div(k, kGroupK), full = k / kGroupK, ps = kq * kPanelVec;
+  parallel_for(0, n / kPanel, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int8_t* b = bp + p * ps;
+      for (int64_t r = 0; r < m; ++r) {
+        const int8_t* x = a + r * lda;
+        int32_t acc[kPanel] = {};
+        for (int64_t q = 0; q < full; ++q) {
+          const int8_t* g = b + q * kPanelVec;
+          const int32_t x0 = x[q * 4], x1 = x[q * 4 + 1], x2 = x[q * 4 + 2], x3 = x[q * 4 + 3];
+          for (int64_t j = 0; j < kPanel; ++j) {
+            acc[j] += x0 * g[j * 4] + x1 * g[j * 4 + 1] + x2 * g[j * 4 + 2] + x3 * g[j * 4 + 3];
+          }
+        }
+        for (int64_t i = full * kGroupK; i < k; ++i) {  // the last, partial k-group
+          const int8_t* g = b + full * kPanelVec + (i - full * kGroupK);
+          for (int64_t j = 0; j < kPanel; ++j) acc[j] += static_cast<int32_t>(x[i]) * g[j * 4];
+        }
+        std::memcpy(c + r * ldc + p * kPanel, acc, sizeof(acc));
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+void int8_gemm_packed(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
+                      int64_t k) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(int32_t) * static_cast<size_t>(n));
+    return;
+  }
+  packed_gemm(a, lda, bp, c, ldc, m, n, k);
+}
+
+}  // namespace kernels
+}  // namespace fastbert
