@@ -18,6 +18,7 @@ from fastbert.ops import gemm
 
 WIDE = "(+-127 weights)"  # the int8 row of a model quantized to the full weight range
 MEASURED = "per-shape"  # the floor variant on fastbert's measured choice of path for each shape
+PACKED = "packed"  # the int8 floor on weights stored packed
 
 
 def _linears(layer):
@@ -33,16 +34,20 @@ def _linears(layer):
 def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
     """A callable running exactly the model's linear layers on `tokens` rows, in `dtype`, every
     product on GEMM path `path` (None: fastbert's measured choice for each shape). dtype torch.int8:
-    the products of int8 inference, int8 rows by int8 weights (per channel) into the accumulator."""
+    the products of int8 inference, int8 rows by int8 weights (per channel) into the accumulator;
+    path "packed": on weights stored packed (None: packed where int8 layers store them so here)."""
     cfg = model.config
     if dtype == torch.int8:
         g = torch.Generator().manual_seed(0)
+        packed = path == PACKED or (path is None and fastbert.ops.int8.int8_layout() == PACKED)
+        path = None if path == PACKED else path
 
         def rows(n):
             return torch.randint(-127, 128, (tokens, n), generator=g, dtype=torch.int8)
 
         def operands(w, b):
-            return fastbert.ops.quantize_weight(w, gemm.int8_weight_range())[0], None
+            q = fastbert.ops.quantize_weight(w, gemm.int8_weight_range())[0]
+            return (fastbert.ops.pack_int8_weight(q) if packed and q.shape[0] % 16 == 0 else q), None
 
         def product(x, w, b):
             fastbert.ops.int8_matmul(x, w)
@@ -74,7 +79,10 @@ def floor_providers(model, tokens: int, dtype) -> Dict[str, Callable]:
     """"GEMM floor <dtype> <path>" for every GEMM path this machine offers, and on the per-shape
     choice (dtype torch.int8: the int8 products of int8 inference)."""
     tag = dtype_name(dtype)
-    provs = {f"GEMM floor {tag} {p}": gemm_floor(model, tokens, dtype, p) for p in gemm.candidates("fwd", dtype)}
+    paths = gemm.candidates("fwd", dtype)
+    if dtype == torch.int8 and fastbert.backend.cpp_function("int8_gemm_packed") is not None:
+        paths.append(PACKED)  # the weights stored packed (fastbert.ops.int8.int8_layout)
+    provs = {f"GEMM floor {tag} {p}": gemm_floor(model, tokens, dtype, p) for p in paths}
     provs[f"GEMM floor {tag} {MEASURED}"] = gemm_floor(model, tokens, dtype)
     return provs
 

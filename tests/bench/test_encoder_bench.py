@@ -126,3 +126,19 @@ def test_the_exported_models_go_once_the_engines_are_built(monkeypatch):
     provs, skipped = peers.peer_providers(hf, ids, mask, [torch.float32, torch.int8], peers=tuple(installed))
     assert len(made) == 1 and not os.path.exists(made[0])
     assert provs and all(run().shape[:2] == ids.shape for run in provs.values())
+
+
+def test_the_int8_floor_includes_the_packed_weights():
+    """The int8 floor on every int8 path, and on weights stored packed where the kernel is built
+    (what int8 layers run where fastbert.ops.int8.int8_layout says packed)."""
+    import fastbert
+    from fastbert.bench import providers
+    from fastbert.bench.workloads import random_transformers_encoder
+
+    model = fastbert.hf.from_transformers(random_transformers_encoder(1, "sdpa", "bert")).eval()
+    provs = providers.floor_providers(model, 5, torch.int8)
+    built = fastbert.backend.cpp_function("int8_gemm_packed") is not None
+    assert ("GEMM floor int8 packed" in provs) == built and "GEMM floor int8 per-shape" in provs
+    for name, run in provs.items():
+        if "onednn_qlinear" not in name:  # seconds on CPUs without VNNI, and not what this test is about
+            run()
