@@ -26,10 +26,11 @@ ATOL = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 Row = Tuple[str, bool, float, float]  # (tensor name, ok, error, bound)
 
 # ops with one implementation behind them (no backend argument) are checked once, as "auto"
-SINGLE = ("unpad/pad", "linear", "attention_weights", "embedding", "int8_matmul", "quantize_weight")
-INT8_OPS = ("quantize_rows", "quantize_weight", "int8_matmul", "int8_dequantize", "int8_bias_gelu",
-            "int8_add_layer_norm", "int8_add_layer_norm+sum")  # no Triton kernels: the CPU backends
-# "+sum": the form with return_sum=True, which also returns the sum the norm is taken of
+SINGLE = ("unpad/pad", "linear", "attention_weights", "embedding", "int8_matmul", "quantize_weight", "pack_int8_weight",
+          "unpack_int8_weight")
+# int8: no Triton kernels (the CPU backends); "+sum": return_sum=True, which also returns the sum normalized
+INT8_OPS = ("quantize_rows", "quantize_weight", "pack_int8_weight", "unpack_int8_weight", "int8_matmul",
+            "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm", "int8_add_layer_norm+sum")
 ELEMENTWISE = ("bias_gelu", "geglu", "add_layer_norm", "add_layer_norm+sum")
 
 
@@ -331,6 +332,12 @@ def _int8(op, shape, backend, device, g) -> List[Row]:
     if op == "quantize_weight":
         return [exact_check(name, a, c) for name, a, c in zip(("q", "scale"), fastbert.ops.quantize_weight(w), (wq, ws))]
     xq, xs, xo = ref.quantize_rows(x)
+    if op in ("pack_int8_weight", "unpack_int8_weight"):  # a weight of whole 16-feature panels, packed
+        w16 = torch.randint(-128, 128, (-(-n // 16) * 16, k), generator=g, dtype=torch.int8).to(device)
+        packed = fastbert.ops.pack_int8_weight(w16)
+        if op == "unpack_int8_weight":
+            return [exact_check("w", fastbert.ops.unpack_int8_weight(packed, k), w16)]
+        return [exact_check("acc (packed)", fastbert.ops.int8_matmul(xq, packed).double(), xq.double() @ w16.double().t())]
     acc = ref.int8_mm(xq, wq)
     if op == "int8_matmul":
         return _int8_matmul(xq, wq, g)
@@ -374,11 +381,10 @@ def _int8_matmul(xq, wq, g) -> List[Row]:
                  ("acc x [-64, 64]", xq, ref.quantize_weight(wq.float(), 64)[0]))
         for name, a, b in cases:
             rows.append(exact_check(name, fastbert.ops.int8_matmul(a, b).double(), want(a, b)))
-    # a weight stored packed (fastbert.ops.int8.int8_layout), out features rounded up to whole panels
-    wp = torch.randint(-128, 128, (-(-wq.shape[0] // 16) * 16, wq.shape[1]), generator=g, dtype=torch.int8)
-    for name, a, b in (("acc (packed)", xq, wp), ("acc -128 x -128 (packed)", lo, torch.full_like(wp, -128))):
-        rows.append(exact_check(name, fastbert.ops.int8_matmul(a, fastbert.ops.pack_int8_weight(b)).double(), want(a, b)))
-    return rows
+    # the extremes on a weight stored packed (fastbert.ops.int8.int8_layout), whole 16-feature panels
+    wp = torch.full((-(-wq.shape[0] // 16) * 16, wq.shape[1]), -128, dtype=torch.int8)
+    packed = fastbert.ops.int8_matmul(lo, fastbert.ops.pack_int8_weight(wp))
+    return rows + [exact_check("acc -128 x -128 (packed)", packed.double(), want(lo, wp))]
 
 
 def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
