@@ -10,9 +10,9 @@
 // multiply-adds.
 //
 // avx512_vnni: a packed per call as u8 (a + 128, k padded); per group of up to three panels (48
-// columns, 3 x 8 accumulators), first the columns' sums of b (one vpdpbusd of a row of ones per
-// vector: a's +128 adds 128 x that to every product, so the accumulators start at minus it), then
-// the rows in tiles of 8, each k-group one broadcast of a row and three vpdpbusd. The threads split
+// columns, 3 x 8 accumulators), the rows in tiles of 8, each k-group one broadcast of a row and three
+// vpdpbusd. a's +128 adds 128 x b's column sums to every product: a row of ones, in the group's
+// first tile (the one that reads b from memory), gives the sums (block() has how). The threads split
 // the column groups (and the rows, when there are fewer groups than threads).
 // Other levels: a plain loop over the same layout, exact, for models whose weight was packed on a
 // VNNI CPU; the layout choice (fastbert.ops.int8.int8_layout) measures it against the other paths.
@@ -43,7 +43,7 @@ constexpr int kSlotStart = 63;      // and the accumulators' start of the task's
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 #if defined(FASTBERT_PACKED_VNNI)
-constexpr int kMr = 8;              // rows of a tile
+constexpr int kMr = 8;              // rows of a tile (3 x 8 accumulators, 3 of b, a's broadcast)
 constexpr int kMaxPanels = 3;       // panels of a column group
 constexpr int64_t kMc = 128;        // rows of a packed at a time
 
@@ -90,46 +90,49 @@ constexpr std::array<std::array<Tile, kMr>, kMaxPanels> kTiles = {
     tiles_of<1>(std::make_integer_sequence<int, kMr>{}), tiles_of<2>(std::make_integer_sequence<int, kMr>{}),
     tiles_of<3>(std::make_integer_sequence<int, kMr>{})};
 
-// start [nv * 16] = -128 x the sums over k of the nv panels' columns
-void column_start(int64_t kq, const int8_t* b, int64_t ps, int nv, int32_t* start) {
-  const __m512i ones = _mm512_set1_epi8(1);
-  for (int v = 0; v < nv; ++v) {
-    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-    const int8_t* p = b + v * ps;
-    int64_t q = 0;
-    for (; q + 2 <= kq; q += 2) {
-      s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_loadu_si512(p + q * kPanelVec));
-      s1 = _mm512_dpbusd_epi32(s1, ones, _mm512_loadu_si512(p + (q + 1) * kPanelVec));
-    }
-    if (q < kq) s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_loadu_si512(p + q * kPanelVec));
-    const __m512i sum = _mm512_add_epi32(s0, s1);
-    _mm512_storeu_si512(start + v * kPanel, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
-  }
-}
-
-// rows [m0, m1) x panels [p0, p1) of c on the calling thread
+// rows [m0, m1) x panels [p0, p1) of c on the calling thread. The first row block's packed rows
+// start with a row of ones (u8 1): the first tile of each column group, the one that reads b from
+// memory, gives b's column sums with its rows, at no pass of their own over b; its real rows are
+// then moved to c less 128 x the sums, where the group's other tiles start their accumulators.
 void block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t k, int64_t m0, int64_t m1,
            int64_t p0, int64_t p1) {
   const int64_t kq = ceil_div(k, kGroupK), kp = kq * kGroupK, ps = kq * kPanelVec;
-  uint8_t* ap = vec::thread_buffer<uint8_t, kSlotRows>(kMc * kp);
-  int32_t* start = vec::thread_buffer<int32_t, kSlotStart>((p1 - p0) * kPanel);
+  constexpr int64_t kGroupCols = kMaxPanels * kPanel;
+  uint8_t* ap = vec::thread_buffer<uint8_t, kSlotRows>((kMc + 1) * kp);
+  int32_t* start = vec::thread_buffer<int32_t, kSlotStart>((p1 - p0) * kPanel + kMr * kGroupCols + kGroupCols);
+  int32_t* first = start + (p1 - p0) * kPanel;  // the first tile's rows [kMr][48]
+  int32_t* zeros = first + kMr * kGroupCols;
+  std::fill(zeros, zeros + kGroupCols, 0);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t ic = m0; ic < m1; ic += kMc) {
-    const int64_t mb = std::min(kMc, m1 - ic);
+    const int64_t mb = std::min(kMc, m1 - ic), ones = ic == m0 ? 1 : 0, rows = mb + ones;
+    if (ones) std::fill(ap, ap + kp, uint8_t{1});
     for (int64_t r = 0; r < mb; ++r) {  // a + 128 as u8 (x ^ 0x80), k padded with what b's zeros ignore
       const int8_t* src = a + (ic + r) * lda;
-      uint8_t* dst = ap + r * kp;
-      for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<uint8_t>(src[i]) ^ 0x80u;
-      for (int64_t i = k; i < kp; ++i) dst[i] = 0x80u;
+      uint8_t* dst = ap + (r + ones) * kp;
+      int64_t i = 0;
+      for (; i + 64 <= k; i += 64) _mm512_storeu_si512(dst + i, _mm512_xor_si512(_mm512_loadu_si512(src + i), flip));
+      for (; i < k; ++i) dst[i] = static_cast<uint8_t>(src[i]) ^ 0x80u;
+      for (; i < kp; ++i) dst[i] = 0x80u;
     }
     for (int64_t pg = p0; pg < p1; pg += kMaxPanels) {
       const int nv = static_cast<int>(std::min<int64_t>(kMaxPanels, p1 - pg));
       const int8_t* b = bp + pg * ps;
       int32_t* st = start + (pg - p0) * kPanel;
-      if (ic == m0) column_start(kq, b, ps, nv, st);
-      const auto& row_tiles = kTiles[nv - 1];
-      for (int64_t ir = 0; ir < mb; ir += kMr) {
-        const int64_t mr = std::min<int64_t>(kMr, mb - ir);
-        row_tiles[mr - 1](kq, ap + ir * kp, kp, b, ps, st, c + (ic + ir) * ldc + pg * kPanel, ldc);
+      int32_t* cg = c + ic * ldc + pg * kPanel;  // c's row ic, this group's first column
+      int64_t ir = 0;  // packed row
+      if (ones) {
+        const int64_t mr = std::min<int64_t>(kMr, rows);
+        kTiles[nv - 1][mr - 1](kq, ap, kp, b, ps, zeros, first, kGroupCols);
+        for (int64_t j = 0; j < nv * kPanel; ++j) st[j] = -128 * first[j];
+        for (int64_t r = 1; r < mr; ++r) {
+          for (int64_t j = 0; j < nv * kPanel; ++j) cg[(r - 1) * ldc + j] = first[r * kGroupCols + j] + st[j];
+        }
+        ir = mr;
+      }
+      for (; ir < rows; ir += kMr) {
+        const int64_t mr = std::min<int64_t>(kMr, rows - ir);
+        kTiles[nv - 1][mr - 1](kq, ap + ir * kp, kp, b, ps, st, cg + (ir - ones) * ldc, ldc);
       }
     }
   }
