@@ -110,7 +110,8 @@ def int8_layout() -> str:
     copy), or "plain" [out, in], which fastbert.ops.gemm's measured paths take. Measured once per (threads,
     kernel level) on a BERT-base-sized weight, at 32 and 512 rows (a short query and a batch): the
     packed GEMM against the path fastbert.ops.gemm.product() measured fastest; packed where the two
-    times sum lower.
+    times sum lower (512 rows are not timed where packed is SLOW_INT8 times slower at 32: a level
+    without the packed micro-kernel).
     `int8_layouts()` has the timings. FASTBERT_INT8_LAYOUT=packed or plain pins it; under a forced
     GEMM path (FASTBERT_GEMM, forced()) layers keep the plain layout that path takes."""
     pinned = os.environ.get("FASTBERT_INT8_LAYOUT")
@@ -133,12 +134,14 @@ def int8_layout() -> str:
             timings = gemm._time_paths(
                 list(total), lambda p, a=a: packed_gemm(a, wp) if p == "packed" else gemm.product("fwd", a, w))
             total = {p: total[p] + timings[p] for p in total}
+            if total["packed"] > gemm.SLOW_INT8 * total["plain"]:
+                break  # a level without the packed micro-kernel (its plain loop): not worth timing more
         _layouts[key] = ("packed" if total["packed"] <= total["plain"] else "plain", total)
     return _layouts[key][0]
 
 
 def int8_layouts() -> Dict[tuple, Tuple[str, Dict[str, float]]]:
-    """{(threads, kernel level): (int8 weight layout chosen, {layout: seconds timed, 32 + 512 rows})}."""
+    """{(threads, kernel level): (int8 weight layout chosen, {layout: seconds timed, 32 (+ 512) rows})}."""
     return dict(_layouts)
 
 
