@@ -1,5 +1,5 @@
 // The int8 GEMM on a weight stored packed: c [m, n] int32 = a [m, k] int8 . b^T, exact, with b a
-// linear layer's int8 weight [n, k] kept in the layout the VNNI micro-kernel reads,
+// linear layer's int8 weight [n, k] kept in the layout the micro-kernels read,
 //
 //     bp [n / 16][kq][16][4]     kq = ceil(k / 4): panels of 16 columns (output features), and in
 //                                each panel one 64-byte vector per 4 k-values (zero past k)
@@ -9,13 +9,17 @@
 // the weight on every call instead; at a handful of rows that packing costs about as much as the
 // multiply-adds.
 //
-// avx512_vnni: a packed per call as u8 (a + 128, k padded); per group of up to three panels (48
-// columns, 3 x 8 accumulators), the rows in tiles of 8, each k-group one broadcast of a row and three
-// vpdpbusd. a's +128 adds 128 x b's column sums to every product: a row of ones, in the group's
-// first tile (the one that reads b from memory), gives the sums (block() has how). The threads split
-// the column groups (and the rows, when there are fewer groups than threads).
-// Other levels: a plain loop over the same layout, exact, for models whose weight was packed on a
-// VNNI CPU; the layout choice (fastbert.ops.int8.int8_layout) measures it against the other paths.
+// a is packed per call as u8 (a + 128, k padded); per group of columns (avx512_vnni: up to three
+// panels, 3 zmm; avx2: one panel, 2 ymm) the rows in tiles (8 and 6), each k-group one broadcast of
+// a row and one product a vector: vpdpbusd with VNNI; at avx2 vpmaddubsw (u8 x s8 pairs into 16
+// bits) and vpmaddwd by ones, exact while every |b| <= 64 (the range int8 layers take on CPUs without
+// VNNI: fastbert.ops.gemm.int8_weight_range): the first tile of each group checks, and a task whose
+// weight has a larger value runs the plain loop instead. a's +128 adds 128 x b's column sums to every
+// product: a row of ones, in the group's first tile (the one that reads b from memory), gives the
+// sums (block() has how). The threads split the column groups (and the rows, when there are fewer
+// groups than threads).
+// Other levels: the plain loop over the layout, exact, for models whose weight was packed elsewhere;
+// the layout choice (fastbert.ops.int8.int8_layout) measures the packed GEMM against the other paths.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -25,9 +29,9 @@
 #include "runtime.h"
 #include "vec.h"
 
-#if defined(FASTBERT_VEC_AVX512) && defined(__AVX512VNNI__)
+#if (defined(FASTBERT_VEC_AVX512) && defined(__AVX512VNNI__)) || (defined(FASTBERT_VEC_AVX2) && !defined(FASTBERT_VEC_AVX512))
 #include <immintrin.h>
-#define FASTBERT_PACKED_VNNI 1
+#define FASTBERT_PACKED_TILES 1
 #endif
 
 namespace fastbert {
@@ -42,68 +46,137 @@ constexpr int kSlotStart = 63;      // and the accumulators' start of the task's
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-#if defined(FASTBERT_PACKED_VNNI)
-constexpr int kMr = 8;              // rows of a tile (3 x 8 accumulators, 3 of b, a's broadcast)
-constexpr int kMaxPanels = 3;       // panels of a column group
-constexpr int64_t kMc = 128;        // rows of a packed at a time
+// The plain loop, every level: c's rows [m0, m1) x panels [p0, p1), 16 int32 sums a panel and row.
+void plain_block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t k, int64_t m0,
+                 int64_t m1, int64_t p0, int64_t p1) {
+  const int64_t kq = ceil_div(k, kGroupK), full = k / kGroupK, ps = kq * kPanelVec;
+  for (int64_t p = p0; p < p1; ++p) {
+    const int8_t* b = bp + p * ps;
+    for (int64_t r = m0; r < m1; ++r) {
+      const int8_t* x = a + r * lda;
+      int32_t acc[kPanel] = {};
+      for (int64_t q = 0; q < full; ++q) {
+        const int8_t* g = b + q * kPanelVec;
+        const int32_t x0 = x[q * 4], x1 = x[q * 4 + 1], x2 = x[q * 4 + 2], x3 = x[q * 4 + 3];
+        for (int64_t j = 0; j < kPanel; ++j) {
+          acc[j] += x0 * g[j * 4] + x1 * g[j * 4 + 1] + x2 * g[j * 4 + 2] + x3 * g[j * 4 + 3];
+        }
+      }
+      for (int64_t i = full * kGroupK; i < k; ++i) {  // the last, partial k-group
+        const int8_t* g = b + full * kPanelVec + (i - full * kGroupK);
+        for (int64_t j = 0; j < kPanel; ++j) acc[j] += static_cast<int32_t>(x[i]) * g[j * 4];
+      }
+      std::memcpy(c + r * ldc + p * kPanel, acc, sizeof(acc));
+    }
+  }
+}
 
-// c [M rows, NV panels] = a (M packed u8 rows, stride lda) . NV panels of b (panel stride ps) over
-// kq k-groups, the accumulators starting at start [NV * 16].
-template <int M, int NV>
-void tile(int64_t kq, const uint8_t* a, int64_t lda, const int8_t* b, int64_t ps, const int32_t* start, int32_t* c,
+#if defined(FASTBERT_PACKED_TILES)
+#if defined(FASTBERT_VEC_AVX512)
+struct Scheme {  // avx512_vnni
+  using V = __m512i;
+  static constexpr int kW = 16, kMr = 8, kGroupPanels = 3;  // 3 x 8 accumulators, 3 of b, a's broadcast
+  static V load(const void* p) { return _mm512_loadu_si512(p); }
+  static void store(void* p, V v) { _mm512_storeu_si512(p, v); }
+  static V set1(int32_t x) { return _mm512_set1_epi32(x); }
+  static V dot(V acc, V a, V b) { return _mm512_dpbusd_epi32(acc, a, b); }
+  static V flip(V x) { return _mm512_xor_si512(x, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  static V track(V most, V) { return most; }  // exact for any b
+  static bool exceeds(V) { return false; }
+};
+#else
+struct Scheme {  // avx2
+  using V = __m256i;
+  // 6 x 2 accumulators, 2 of b, a's broadcast and a product: the ones go to vpmaddwd from memory
+  static constexpr int kW = 8, kMr = 6, kGroupPanels = 1;
+  static V load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static void store(void* p, V v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
+  static V set1(int32_t x) { return _mm256_set1_epi32(x); }
+  static V dot(V acc, V a, V b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+  }
+  static V flip(V x) { return _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80))); }
+  // the largest |b| of each byte lane (|-128| is 128 as u8): exact while every |b| <= 64
+  static V track(V most, V b) { return _mm256_max_epu8(most, _mm256_abs_epi8(b)); }
+  static bool exceeds(V most) {
+    return _mm256_movemask_epi8(_mm256_cmpgt_epi8(_mm256_min_epu8(most, _mm256_set1_epi8(65)), _mm256_set1_epi8(64))) != 0;
+  }
+};
+#endif
+using V = Scheme::V;
+constexpr int kMr = Scheme::kMr;
+constexpr int kVecsPerPanel = kPanel / Scheme::kW;
+constexpr int kMaxVecs = Scheme::kGroupPanels * kVecsPerPanel;  // vectors of a column group
+constexpr int kGroupCols = Scheme::kGroupPanels * kPanel;
+constexpr int64_t kMc = 128;  // rows of a packed at a time
+
+// c [M rows, NV vectors of columns] = a (M packed u8 rows, stride lda) . the group's panels of b
+// (panel stride ps) over kq k-groups, the accumulators starting at start [NV * kW]. kTrack: also
+// returns whether b holds a value the scheme is not exact for (the group's first tile).
+template <int M, int NV, bool kTrack>
+bool tile(int64_t kq, const uint8_t* a, int64_t lda, const int8_t* b, int64_t ps, const int32_t* start, int32_t* c,
           int64_t ldc) {
-  __m512i acc[M][NV];
+  V acc[M][NV];
+  V most = Scheme::set1(0);
 #pragma GCC unroll 3
   for (int v = 0; v < NV; ++v) {
-    const __m512i s = _mm512_loadu_si512(start + v * kPanel);
+    const V s = Scheme::load(start + v * Scheme::kW);
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) acc[r][v] = s;
   }
   for (int64_t q = 0; q < kq; ++q) {
-    __m512i bv[NV];
+    V bv[NV];
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + v * ps + q * kPanelVec);
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = Scheme::load(b + (v / kVecsPerPanel) * ps + q * kPanelVec + (v % kVecsPerPanel) * Scheme::kW * 4);
+      if constexpr (kTrack) most = Scheme::track(most, bv[v]);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
       int32_t unit;
       std::memcpy(&unit, a + r * lda + q * kGroupK, sizeof(unit));
-      const __m512i av = _mm512_set1_epi32(unit);
+      const V av = Scheme::set1(unit);
 #pragma GCC unroll 3
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Scheme::dot(acc[r][v], av, bv[v]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < M; ++r) {
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) _mm512_storeu_si512(c + r * ldc + v * kPanel, acc[r][v]);
+    for (int v = 0; v < NV; ++v) Scheme::store(c + r * ldc + v * Scheme::kW, acc[r][v]);
   }
+  return !(kTrack && Scheme::exceeds(most));
 }
 
-using Tile = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, int64_t, const int32_t*, int32_t*, int64_t);
+using Tile = bool (*)(int64_t, const uint8_t*, int64_t, const int8_t*, int64_t, const int32_t*, int32_t*, int64_t);
 
-template <int NV, int... I>
+template <int P, bool kTrack, int... I>
 constexpr std::array<Tile, sizeof...(I)> tiles_of(std::integer_sequence<int, I...>) {
-  return {&tile<I + 1, NV>...};
+  return {&tile<I + 1, P * kVecsPerPanel, kTrack>...};
 }
-// kTiles[NV - 1][M - 1] = tile<M, NV>
-constexpr std::array<std::array<Tile, kMr>, kMaxPanels> kTiles = {
-    tiles_of<1>(std::make_integer_sequence<int, kMr>{}), tiles_of<2>(std::make_integer_sequence<int, kMr>{}),
-    tiles_of<3>(std::make_integer_sequence<int, kMr>{})};
+template <bool kTrack, int... P>
+constexpr std::array<std::array<Tile, kMr>, sizeof...(P)> tiles_by_panels(std::integer_sequence<int, P...>) {
+  return {tiles_of<P + 1, kTrack>(std::make_integer_sequence<int, kMr>{})...};
+}
+// kTiles[first][panels - 1][M - 1] = tile<M, panels x kVecsPerPanel, first>
+constexpr std::array<std::array<std::array<Tile, kMr>, Scheme::kGroupPanels>, 2> kTiles = {
+    tiles_by_panels<false>(std::make_integer_sequence<int, Scheme::kGroupPanels>{}),
+    tiles_by_panels<true>(std::make_integer_sequence<int, Scheme::kGroupPanels>{})};
 
-// rows [m0, m1) x panels [p0, p1) of c on the calling thread. The first row block's packed rows
-// start with a row of ones (u8 1): the first tile of each column group, the one that reads b from
-// memory, gives b's column sums with its rows, at no pass of their own over b; its real rows are
-// then moved to c less 128 x the sums, where the group's other tiles start their accumulators.
-void block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t k, int64_t m0, int64_t m1,
+// rows [m0, m1) x panels [p0, p1) of c on the calling thread; false (c's block partly written) when
+// b holds a value the scheme is not exact for. The first row block's packed rows start with a row
+// of ones (u8 1): the first tile of each column group, the one that reads b from memory, gives b's
+// column sums with its rows, at no pass of their own over b; its real rows are then moved to c less
+// 128 x the sums, where the group's other tiles start their accumulators.
+bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t k, int64_t m0, int64_t m1,
            int64_t p0, int64_t p1) {
   const int64_t kq = ceil_div(k, kGroupK), kp = kq * kGroupK, ps = kq * kPanelVec;
-  constexpr int64_t kGroupCols = kMaxPanels * kPanel;
   uint8_t* ap = vec::thread_buffer<uint8_t, kSlotRows>((kMc + 1) * kp);
   int32_t* start = vec::thread_buffer<int32_t, kSlotStart>((p1 - p0) * kPanel + kMr * kGroupCols + kGroupCols);
-  int32_t* first = start + (p1 - p0) * kPanel;  // the first tile's rows [kMr][48]
+  int32_t* first = start + (p1 - p0) * kPanel;  // the first tile's rows [kMr][kGroupCols]
   int32_t* zeros = first + kMr * kGroupCols;
   std::fill(zeros, zeros + kGroupCols, 0);
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  constexpr int64_t kVecBytes = Scheme::kW * 4;
   for (int64_t ic = m0; ic < m1; ic += kMc) {
     const int64_t mb = std::min(kMc, m1 - ic), ones = ic == m0 ? 1 : 0, rows = mb + ones;
     if (ones) std::fill(ap, ap + kp, uint8_t{1});
@@ -111,74 +184,56 @@ void block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
       const int8_t* src = a + (ic + r) * lda;
       uint8_t* dst = ap + (r + ones) * kp;
       int64_t i = 0;
-      for (; i + 64 <= k; i += 64) _mm512_storeu_si512(dst + i, _mm512_xor_si512(_mm512_loadu_si512(src + i), flip));
+      for (; i + kVecBytes <= k; i += kVecBytes) Scheme::store(dst + i, Scheme::flip(Scheme::load(src + i)));
       for (; i < k; ++i) dst[i] = static_cast<uint8_t>(src[i]) ^ 0x80u;
       for (; i < kp; ++i) dst[i] = 0x80u;
     }
-    for (int64_t pg = p0; pg < p1; pg += kMaxPanels) {
-      const int nv = static_cast<int>(std::min<int64_t>(kMaxPanels, p1 - pg));
+    for (int64_t pg = p0; pg < p1; pg += Scheme::kGroupPanels) {
+      const int np = static_cast<int>(std::min<int64_t>(Scheme::kGroupPanels, p1 - pg));
+      const int64_t cols = np * kPanel;
       const int8_t* b = bp + pg * ps;
       int32_t* st = start + (pg - p0) * kPanel;
       int32_t* cg = c + ic * ldc + pg * kPanel;  // c's row ic, this group's first column
       int64_t ir = 0;  // packed row
       if (ones) {
         const int64_t mr = std::min<int64_t>(kMr, rows);
-        kTiles[nv - 1][mr - 1](kq, ap, kp, b, ps, zeros, first, kGroupCols);
-        for (int64_t j = 0; j < nv * kPanel; ++j) st[j] = -128 * first[j];
+        if (!kTiles[1][np - 1][mr - 1](kq, ap, kp, b, ps, zeros, first, kGroupCols)) return false;
+        for (int64_t j = 0; j < cols; ++j) st[j] = -128 * first[j];
         for (int64_t r = 1; r < mr; ++r) {
-          for (int64_t j = 0; j < nv * kPanel; ++j) cg[(r - 1) * ldc + j] = first[r * kGroupCols + j] + st[j];
+          for (int64_t j = 0; j < cols; ++j) cg[(r - 1) * ldc + j] = first[r * kGroupCols + j] + st[j];
         }
         ir = mr;
       }
       for (; ir < rows; ir += kMr) {
         const int64_t mr = std::min<int64_t>(kMr, rows - ir);
-        kTiles[nv - 1][mr - 1](kq, ap + ir * kp, kp, b, ps, st, cg + (ir - ones) * ldc, ldc);
+        kTiles[0][np - 1][mr - 1](kq, ap + ir * kp, kp, b, ps, st, cg + (ir - ones) * ldc, ldc);
       }
     }
   }
+  return true;
 }
 
 void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
                  int64_t k) {
-  const int64_t panels = n / kPanel, groups = ceil_div(panels, kMaxPanels), tiles = ceil_div(m, kMr);
+  constexpr int64_t kGp = Scheme::kGroupPanels;
+  const int64_t panels = n / kPanel, groups = ceil_div(panels, kGp), tiles = ceil_div(m, kMr);
   const int64_t threads = std::max<int64_t>(1, num_threads());
   const int64_t tn = std::min(threads, groups), tm = std::max<int64_t>(1, std::min(threads / tn, tiles));
   parallel_for(0, tm * tn, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t / tn, j = t % tn;
       const int64_t m0 = std::min(m, tiles * i / tm * kMr), m1 = std::min(m, tiles * (i + 1) / tm * kMr);
-      const int64_t p0 = std::min(panels, groups * j / tn * kMaxPanels);
-      const int64_t p1 = std::min(panels, groups * (j + 1) / tn * kMaxPanels);
-      if (m0 < m1 && p0 < p1) block(a, lda, bp, c, ldc, k, m0, m1, p0, p1);
+      const int64_t p0 = std::min(panels, groups * j / tn * kGp), p1 = std::min(panels, groups * (j + 1) / tn * kGp);
+      if (m0 < m1 && p0 < p1 && !block(a, lda, bp, c, ldc, k, m0, m1, p0, p1)) {
+        plain_block(a, lda, bp, c, ldc, k, m0, m1, p0, p1);
+      }
     }
   });
 }
 #else
-// Every level without VNNI: per panel and row, 16 int32 sums over the k-groups.
 void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
                  int64_t k) {
-  const int64_t kq = ceil_div(k, kGroupK), full = k / kGroupK, ps = kq * kPanelVec;
-  parallel_for(0, n / kPanel, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int8_t* b = bp + p * ps;
-      for (int64_t r = 0; r < m; ++r) {
-        const int8_t* x = a + r * lda;
-        int32_t acc[kPanel] = {};
-        for (int64_t q = 0; q < full; ++q) {
-          const int8_t* g = b + q * kPanelVec;
-          const int32_t x0 = x[q * 4], x1 = x[q * 4 + 1], x2 = x[q * 4 + 2], x3 = x[q * 4 + 3];
-          for (int64_t j = 0; j < kPanel; ++j) {
-            acc[j] += x0 * g[j * 4] + x1 * g[j * 4 + 1] + x2 * g[j * 4 + 2] + x3 * g[j * 4 + 3];
-          }
-        }
-        for (int64_t i = full * kGroupK; i < k; ++i) {  // the last, partial k-group
-          const int8_t* g = b + full * kPanelVec + (i - full * kGroupK);
-          for (int64_t j = 0; j < kPanel; ++j) acc[j] += static_cast<int32_t>(x[i]) * g[j * 4];
-        }
-        std::memcpy(c + r * ldc + p * kPanel, acc, sizeof(acc));
-      }
-    }
-  });
+  parallel_for(0, n / kPanel, 1, [&](int64_t p0, int64_t p1) { plain_block(a, lda, bp, c, ldc, k, 0, m, p0, p1); });
 }
 #endif
 

@@ -107,13 +107,13 @@ _layouts: Dict[tuple, Tuple[str, Dict[str, float]]] = {}
 def int8_layout() -> str:
     """How int8 layers store their weights here: "packed", the layout of fastbert's packed int8 GEMM
     (csrc/kernels/int8_gemm_packed.cpp: read as it lies, nothing packed on any call; the layer's only
-    copy), or "plain" [out, in], which fastbert.ops.gemm's measured paths take. Measured once per (threads,
-    kernel level) on a BERT-base-sized weight, at 32 and 512 rows (a short query and a batch): the
-    packed GEMM against the path fastbert.ops.gemm.product() measured fastest; packed where the two
-    times sum lower (512 rows are not timed where packed is SLOW_INT8 times slower at 32: a level
-    without the packed micro-kernel).
-    `int8_layouts()` has the timings. FASTBERT_INT8_LAYOUT=packed or plain pins it; under a forced
-    GEMM path (FASTBERT_GEMM, forced()) layers keep the plain layout that path takes."""
+    copy), or "plain" [out, in], which fastbert.ops.gemm's measured paths take. Measured once per
+    (threads, kernel level) on a BERT-base-sized weight in int8_weight_range() (layers quantized to
+    another range keep the plain layout), at 32 and 512 rows (a short query and a batch): the packed
+    GEMM against the path fastbert.ops.gemm.product() measured fastest; packed where the two times sum
+    lower (512 rows are not timed where packed is SLOW_INT8 times slower at 32: a level without the
+    packed micro-kernel). `int8_layouts()` has the timings. FASTBERT_INT8_LAYOUT=packed or plain pins
+    it; under a forced GEMM path (FASTBERT_GEMM, forced()) layers keep the plain layout it takes."""
     pinned = os.environ.get("FASTBERT_INT8_LAYOUT")
     if pinned:
         if pinned not in INT8_LAYOUTS:
@@ -125,7 +125,8 @@ def int8_layout() -> str:
     key = gemm._here()
     if key not in _layouts:
         g = torch.Generator().manual_seed(0)
-        w = torch.randint(-127, 128, (768, 768), generator=g, dtype=torch.int8)
+        r = gemm.int8_weight_range()  # the weights int8 layers take here
+        w = torch.randint(-r, r + 1, (768, 768), generator=g, dtype=torch.int8)
         wp = ref.pack_weight(w)
         total = {"packed": 0.0, "plain": 0.0}
         for rows in (32, 512):
