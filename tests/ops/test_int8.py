@@ -136,6 +136,22 @@ def _levels():
     return fastbert.backend.cpu_capabilities() or [None]
 
 
+def _gemm_operands(m, k, n, g):
+    """(a [m, k], b [n, k]) int8 pairs for an int8 GEMM: a with strided rows and random weights, the
+    values that saturate a 16-bit product (AVX2's u8 x s8 pairs) where the exact sum does not,
+    weights in [-64, 64] at their extremes, and such weights with one value just out of the range."""
+    a = torch.randint(-128, 128, (m, k + 5), generator=g, dtype=torch.int8)[:, 2:2 + k]  # rows strided
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    w64 = torch.randint(-64, 65, (n, k), generator=g, dtype=torch.int8)  # weights in [-64, 64]
+    late, edge = w64.clone(), torch.full_like(w, 64)
+    late[-1, -1] = -128  # one value out of [-64, 64], in the last panel: that task runs again
+    edge[-1, -1] = 65  # just out of it: beside a 64 (even k), 255 x 65 + 255 x 64 overflows 16 bits
+    lo, hi = torch.full_like(a, -128), torch.full_like(a, 127)
+    mixed = (torch.randint(0, 2, w.shape, generator=g) * 255 - 128).to(torch.int8)
+    return [(a, w), (lo, torch.full_like(w, -128)), (hi, torch.full_like(w, -128)), (lo, mixed), (a, w64),
+            (hi, torch.full_like(w, 64)), (hi, torch.full_like(w, -64)), (lo, w64), (a, late), (hi, edge)]
+
+
 @pytest.mark.parametrize("level", _levels())
 def test_fastbert_int8_gemm_is_exact_at_every_level(level):
     """fastbert's own int8 GEMM at each instruction-set level: odd shapes, k with and without a tail
@@ -150,23 +166,13 @@ def test_fastbert_int8_gemm_is_exact_at_every_level(level):
     shapes += [tuple(int(v) for v in torch.randint(1, 90, (3,), generator=g)) for _ in range(12)]
     with fastbert.backend.cpu_capability_scope(level):
         for m, k, n in shapes:
-            a = torch.randint(-128, 128, (m, k + 5), generator=g, dtype=torch.int8)[:, 2:2 + k]  # rows strided
-            w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
-            w64 = torch.randint(-64, 65, (n, k), generator=g, dtype=torch.int8)  # weights in [-64, 64]
-            late, edge = w64.clone(), torch.full_like(w, 64)
-            late[-1, -1] = -128  # one value out of [-64, 64], in the last panel: that task runs again
-            edge[-1, -1] = 65  # just out of it: beside a 64 (even k), 255 x 65 + 255 x 64 overflows 16 bits
-            for x, y in ((a, w), (torch.full_like(a, -128), torch.full_like(w, -128)),
-                         (torch.full_like(a, 127), torch.full_like(w, -128)),
-                         (torch.full_like(a, -128), (torch.randint(0, 2, w.shape, generator=g) * 255 - 128).to(torch.int8)),
-                         (a, w64), (torch.full_like(a, 127), torch.full_like(w, 64)),
-                         (torch.full_like(a, 127), torch.full_like(w, -64)), (torch.full_like(a, -128), w64),
-                         (a, late), (torch.full_like(a, 127), edge)):
-                got = gemm_fn(x, y)
-                assert torch.equal(got.long(), x.long() @ y.long().t()), (level, m, k, n)
+            for x, y in _gemm_operands(m, k, n, g):
+                got = gemm_fn(x, y)  # exact in float64: |sums| < 2^53
+                assert torch.equal(got.double(), x.double() @ y.double().t()), (level, m, k, n)
+        a, w = _gemm_operands(3, 4, 5, g)[0]
         out = torch.empty(3, 5, dtype=torch.int32)
-        assert gemm_fn(a[:3, :4], w[:5, :4], out).data_ptr() == out.data_ptr()
-        assert torch.equal(out.long(), a[:3, :4].long() @ w[:5, :4].long().t())
+        assert gemm_fn(a, w, out).data_ptr() == out.data_ptr()
+        assert torch.equal(out.long(), a.long() @ w.long().t())
 
 
 @pytest.mark.parametrize("level", _levels())
@@ -184,21 +190,13 @@ def test_packed_int8_gemm_is_exact_at_every_level(level):
     shapes += [(int(m), int(k), 16 * int(p)) for m, k, p in torch.randint(1, 70, (10, 3), generator=g)]
     with fastbert.backend.cpu_capability_scope(level):
         for m, k, n in shapes:
-            a = torch.randint(-128, 128, (m, k + 5), generator=g, dtype=torch.int8)[:, 2:2 + k]  # rows strided
-            w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
-            w64 = torch.randint(-64, 65, (n, k), generator=g, dtype=torch.int8)  # what AVX2's scheme takes
-            late = w64.clone()
-            late[-1, -1] = -128  # out of [-64, 64] in the last panel: that task runs the plain loop
-            for x, y in ((a, w), (torch.full_like(a, -128), torch.full_like(w, -128)),
-                         (torch.full_like(a, 127), torch.full_like(w, -128)), (a, torch.full_like(w, 127)),
-                         (a, w64), (torch.full_like(a, 127), torch.full_like(w, 64)),
-                         (torch.full_like(a, -128), torch.full_like(w, -64)), (a, late)):
+            for x, y in _gemm_operands(m, k, n, g):
                 got = gemm_fn(x, fastbert.ops.pack_int8_weight(y))
-                assert torch.equal(got.long(), x.long() @ y.long().t()), (level, m, k, n)
+                assert torch.equal(got.double(), x.double() @ y.double().t()), (level, m, k, n)
+        a, w = _gemm_operands(3, 4, 32, g)[0]
         out = torch.empty(3, 32, dtype=torch.int32)
-        packed = fastbert.ops.pack_int8_weight(w[:32, :4])
-        assert gemm_fn(a[:3, :4], packed, out).data_ptr() == out.data_ptr()
-        assert torch.equal(out.long(), a[:3, :4].long() @ w[:32, :4].long().t())
+        assert gemm_fn(a, fastbert.ops.pack_int8_weight(w), out).data_ptr() == out.data_ptr()
+        assert torch.equal(out.long(), a.long() @ w.long().t())
 
 
 @pytest.mark.parametrize("k", [1, 4, 7, 768])
