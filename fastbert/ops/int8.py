@@ -101,7 +101,7 @@ def quantize_weight(weight: Tensor, qmax: int = 127) -> Tuple[Tensor, Tensor]:
 
 
 INT8_LAYOUTS = ("packed", "plain")
-_layouts: Dict[tuple, Tuple[str, Dict[str, float]]] = {}
+_layouts: Dict[tuple, Tuple[str, Dict[int, Dict[str, float]]]] = {}
 
 
 def int8_layout() -> str:
@@ -110,10 +110,11 @@ def int8_layout() -> str:
     copy), or "plain" [out, in], which fastbert.ops.gemm's measured paths take. Measured once per
     (threads, kernel level) on a BERT-base-sized weight in int8_weight_range() (layers quantized to
     another range keep the plain layout), at 32 and 512 rows (a short query and a batch): the packed
-    GEMM against the path fastbert.ops.gemm.product() measured fastest; packed where the two times sum
-    lower (512 rows are not timed where packed is SLOW_INT8 times slower at 32: a level without the
-    packed micro-kernel). `int8_layouts()` has the timings. FASTBERT_INT8_LAYOUT=packed or plain pins
-    it; under a forced GEMM path (FASTBERT_GEMM, forced()) layers keep the plain layout it takes."""
+    GEMM against the path fastbert.ops.gemm.product() measured fastest; packed where it is faster by
+    the geometric mean of the two ratios (layout_of; 512 rows are not timed where packed is
+    SLOW_INT8 times slower at 32: a level without the packed micro-kernel). `int8_layouts()` has the
+    timings. FASTBERT_INT8_LAYOUT=packed or plain pins it; under a forced GEMM path (FASTBERT_GEMM,
+    forced()) layers keep the plain layout that path takes."""
     pinned = os.environ.get("FASTBERT_INT8_LAYOUT")
     if pinned:
         if pinned not in INT8_LAYOUTS:
@@ -128,21 +129,29 @@ def int8_layout() -> str:
         r = gemm.int8_weight_range()  # the weights int8 layers take here
         w = torch.randint(-r, r + 1, (768, 768), generator=g, dtype=torch.int8)
         wp = ref.pack_weight(w)
-        total = {"packed": 0.0, "plain": 0.0}
+        timed: Dict[int, Dict[str, float]] = {}
         for rows in (32, 512):
-            a = torch.randint(-127, 128, (rows + 1, 768), generator=g, dtype=torch.int8)
+            a = torch.randint(-r, r + 1, (rows + 1, 768), generator=g, dtype=torch.int8)
             gemm.product("fwd", a, w)  # the plain layout's path measured first
-            timings = gemm._time_paths(
-                list(total), lambda p, a=a: packed_gemm(a, wp) if p == "packed" else gemm.product("fwd", a, w))
-            total = {p: total[p] + timings[p] for p in total}
-            if total["packed"] > gemm.SLOW_INT8 * total["plain"]:
+            timed[rows] = gemm._time_paths(
+                ["packed", "plain"], lambda p, a=a: packed_gemm(a, wp) if p == "packed" else gemm.product("fwd", a, w))
+            if timed[rows]["packed"] > gemm.SLOW_INT8 * timed[rows]["plain"]:
                 break  # a level without the packed micro-kernel (its plain loop): not worth timing more
-        _layouts[key] = ("packed" if total["packed"] <= total["plain"] else "plain", total)
+        _layouts[key] = (layout_of(timed), timed)
     return _layouts[key][0]
 
 
-def int8_layouts() -> Dict[tuple, Tuple[str, Dict[str, float]]]:
-    """{(threads, kernel level): (int8 weight layout chosen, {layout: seconds timed, 32 (+ 512) rows})}."""
+def layout_of(timed: Dict[int, Dict[str, float]]) -> str:
+    """packed where its times over the plain layout's, at each row count timed, have a geometric mean
+    of at most 1 (each size counts alike: a sum of times would be the 512 rows' alone)."""
+    ratio = 1.0
+    for t in timed.values():
+        ratio *= t["packed"] / t["plain"]
+    return "packed" if ratio ** (1 / len(timed)) <= 1.0 else "plain"
+
+
+def int8_layouts() -> Dict[tuple, Tuple[str, Dict[int, Dict[str, float]]]]:
+    """{(threads, kernel level): (int8 weight layout chosen, {rows: {layout: seconds timed}})}."""
     return dict(_layouts)
 
 
