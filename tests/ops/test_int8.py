@@ -152,27 +152,33 @@ def _gemm_operands(m, k, n, g):
             (hi, torch.full_like(w, 64)), (hi, torch.full_like(w, -64)), (lo, w64), (a, late), (hi, edge)]
 
 
+def _exact_at(level, kernel, shapes, g, prepare, out_cols):
+    """The extension's int8 GEMM `kernel` at `level`, its weight through prepare(), exact on every
+    shape and operand pair of _gemm_operands, and written into `out` when given one."""
+    gemm_fn = fastbert.backend.cpp_function(kernel)
+    if level is None or gemm_fn is None:
+        pytest.skip("the C++ extension is not built")
+    with fastbert.backend.cpu_capability_scope(level):
+        for m, k, n in shapes:
+            for x, y in _gemm_operands(m, k, n, g):
+                got = gemm_fn(x, prepare(y))  # exact in float64: |sums| < 2^53
+                assert torch.equal(got.double(), x.double() @ y.double().t()), (level, m, k, n)
+        a, w = _gemm_operands(3, 4, out_cols, g)[0]
+        out = torch.empty(3, out_cols, dtype=torch.int32)
+        assert gemm_fn(a, prepare(w), out).data_ptr() == out.data_ptr()
+        assert torch.equal(out.long(), a.long() @ w.long().t())
+
+
 @pytest.mark.parametrize("level", _levels())
 def test_fastbert_int8_gemm_is_exact_at_every_level(level):
     """fastbert's own int8 GEMM at each instruction-set level: odd shapes, k with and without a tail
     past the vector steps, k over one k-block, rows with a stride, and the values that saturate a
     16-bit product (AVX2's u8 x s8 pairs) where the exact sum does not."""
-    gemm_fn = fastbert.backend.cpp_function("int8_gemm")
-    if level is None or gemm_fn is None:
-        pytest.skip("the C++ extension is not built")
     g = torch.Generator().manual_seed(7)
     shapes = [(1, 1, 1), (1, 768, 2304), (2, 3, 5), (17, 33, 65), (64, 64, 64), (129, 384, 96), (300, 768, 77),
               (21, 3072, 9), (400, 1024, 6), (5, 100, 13)]
     shapes += [tuple(int(v) for v in torch.randint(1, 90, (3,), generator=g)) for _ in range(12)]
-    with fastbert.backend.cpu_capability_scope(level):
-        for m, k, n in shapes:
-            for x, y in _gemm_operands(m, k, n, g):
-                got = gemm_fn(x, y)  # exact in float64: |sums| < 2^53
-                assert torch.equal(got.double(), x.double() @ y.double().t()), (level, m, k, n)
-        a, w = _gemm_operands(3, 4, 5, g)[0]
-        out = torch.empty(3, 5, dtype=torch.int32)
-        assert gemm_fn(a, w, out).data_ptr() == out.data_ptr()
-        assert torch.equal(out.long(), a.long() @ w.long().t())
+    _exact_at(level, "int8_gemm", shapes, g, lambda w: w, 5)
 
 
 @pytest.mark.parametrize("level", _levels())
@@ -180,23 +186,12 @@ def test_packed_int8_gemm_is_exact_at_every_level(level):
     """fastbert's int8 GEMM on a packed weight (a layer's only copy where int8_layout says packed) at
     each level: rows by the tile and not, 1 to 3 panels a column group and past it, k with a partial
     last k-group, rows with a stride, the extreme values, weights in [-64, 64] (AVX2's u8 x s8
-    scheme) and one value out of that range, and the result written into `out`."""
-    gemm_fn = fastbert.backend.cpp_function("int8_gemm_packed")
-    if level is None or gemm_fn is None:
-        pytest.skip("the C++ extension is not built")
+    scheme) and one value out of that range."""
     g = torch.Generator().manual_seed(11)
     shapes = [(1, 1, 16), (1, 768, 2304), (2, 3, 32), (8, 64, 48), (9, 33, 64), (21, 3072, 768), (21, 768, 3072),
               (130, 130, 80), (300, 1023, 16), (17, 5, 1024)]
     shapes += [(int(m), int(k), 16 * int(p)) for m, k, p in torch.randint(1, 70, (10, 3), generator=g)]
-    with fastbert.backend.cpu_capability_scope(level):
-        for m, k, n in shapes:
-            for x, y in _gemm_operands(m, k, n, g):
-                got = gemm_fn(x, fastbert.ops.pack_int8_weight(y))
-                assert torch.equal(got.double(), x.double() @ y.double().t()), (level, m, k, n)
-        a, w = _gemm_operands(3, 4, 32, g)[0]
-        out = torch.empty(3, 32, dtype=torch.int32)
-        assert gemm_fn(a, fastbert.ops.pack_int8_weight(w), out).data_ptr() == out.data_ptr()
-        assert torch.equal(out.long(), a.long() @ w.long().t())
+    _exact_at(level, "int8_gemm_packed", shapes, g, fastbert.ops.pack_int8_weight, 32)
 
 
 @pytest.mark.parametrize("k", [1, 4, 7, 768])
