@@ -26,13 +26,9 @@
 #include <cstring>
 #include <utility>
 
+#include "int8_gemm_schemes.h"
 #include "runtime.h"
 #include "vec.h"
-
-#if (defined(FASTBERT_VEC_AVX512) && defined(__AVX512VNNI__)) || (defined(FASTBERT_VEC_AVX2) && !defined(FASTBERT_VEC_AVX512))
-#include <immintrin.h>
-#define FASTBERT_PACKED_TILES 1
-#endif
 
 namespace fastbert {
 namespace kernels {
@@ -71,43 +67,25 @@ void plain_block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int
   }
 }
 
-#if defined(FASTBERT_PACKED_TILES)
+#if defined(FASTBERT_GEMM_QUADS)
+// int8_gemm.cpp's Quads scheme (int8_gemm_schemes.h: vpdpbusd with VNNI, vpmaddubsw + vpmaddwd at
+// avx2 with the |b| <= 64 check) and its tile: 8 x 3 zmm, or 6 x 2 ymm (one panel)
+using namespace gemm8;  // NOLINT: the schemes and their vectors
+using Scheme = Quads;
+using V = Vi;
+
+// a + 128 as u8 (x ^ 0x80) for kW * 4 values
+inline V flip(V x) {
 #if defined(FASTBERT_VEC_AVX512)
-struct Scheme {  // avx512_vnni
-  using V = __m512i;
-  static constexpr int kW = 16, kMr = 8, kGroupPanels = 3;  // 3 x 8 accumulators, 3 of b, a's broadcast
-  static V load(const void* p) { return _mm512_loadu_si512(p); }
-  static void store(void* p, V v) { _mm512_storeu_si512(p, v); }
-  static V set1(int32_t x) { return _mm512_set1_epi32(x); }
-  static V dot(V acc, V a, V b) { return _mm512_dpbusd_epi32(acc, a, b); }
-  static V flip(V x) { return _mm512_xor_si512(x, _mm512_set1_epi8(static_cast<char>(0x80))); }
-  static V track(V most, V) { return most; }  // exact for any b
-  static bool exceeds(V) { return false; }
-};
+  return _mm512_xor_si512(x, _mm512_set1_epi8(static_cast<char>(0x80)));
 #else
-struct Scheme {  // avx2
-  using V = __m256i;
-  // 6 x 2 accumulators, 2 of b, a's broadcast and a product: the ones go to vpmaddwd from memory
-  static constexpr int kW = 8, kMr = 6, kGroupPanels = 1;
-  static V load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-  static void store(void* p, V v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
-  static V set1(int32_t x) { return _mm256_set1_epi32(x); }
-  static V dot(V acc, V a, V b) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
-  }
-  static V flip(V x) { return _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80))); }
-  // the largest |b| of each byte lane (|-128| is 128 as u8): exact while every |b| <= 64
-  static V track(V most, V b) { return _mm256_max_epu8(most, _mm256_abs_epi8(b)); }
-  static bool exceeds(V most) {
-    return _mm256_movemask_epi8(_mm256_cmpgt_epi8(_mm256_min_epu8(most, _mm256_set1_epi8(65)), _mm256_set1_epi8(64))) != 0;
-  }
-};
+  return _mm256_xor_si256(x, _mm256_set1_epi8(static_cast<char>(0x80)));
 #endif
-using V = Scheme::V;
+}
 constexpr int kMr = Scheme::kMr;
-constexpr int kVecsPerPanel = kPanel / Scheme::kW;
-constexpr int kMaxVecs = Scheme::kGroupPanels * kVecsPerPanel;  // vectors of a column group
-constexpr int kGroupCols = Scheme::kGroupPanels * kPanel;
+constexpr int kVecsPerPanel = kPanel / kW;
+constexpr int kGroupPanels = Scheme::kNv / kVecsPerPanel;  // panels of a column group: the tile's width
+constexpr int kGroupCols = kGroupPanels * kPanel;
 constexpr int64_t kMc = 128;  // rows of a packed at a time
 
 // c [M rows, NV vectors of columns] = a (M packed u8 rows, stride lda) . the group's panels of b
@@ -117,10 +95,10 @@ template <int M, int NV, bool kTrack>
 bool tile(int64_t kq, const uint8_t* a, int64_t lda, const int8_t* b, int64_t ps, const int32_t* start, int32_t* c,
           int64_t ldc) {
   V acc[M][NV];
-  V most = Scheme::set1(0);
+  V most = vzero();
 #pragma GCC unroll 3
   for (int v = 0; v < NV; ++v) {
-    const V s = Scheme::load(start + v * Scheme::kW);
+    const V s = vload(start + v * kW);
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) acc[r][v] = s;
   }
@@ -128,14 +106,14 @@ bool tile(int64_t kq, const uint8_t* a, int64_t lda, const int8_t* b, int64_t ps
     V bv[NV];
 #pragma GCC unroll 3
     for (int v = 0; v < NV; ++v) {
-      bv[v] = Scheme::load(b + (v / kVecsPerPanel) * ps + q * kPanelVec + (v % kVecsPerPanel) * Scheme::kW * 4);
+      bv[v] = vload(b + (v / kVecsPerPanel) * ps + q * kPanelVec + (v % kVecsPerPanel) * kW * 4);
       if constexpr (kTrack) most = Scheme::track(most, bv[v]);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
       int32_t unit;
       std::memcpy(&unit, a + r * lda + q * kGroupK, sizeof(unit));
-      const V av = Scheme::set1(unit);
+      const V av = vset1(unit);
 #pragma GCC unroll 3
       for (int v = 0; v < NV; ++v) acc[r][v] = Scheme::dot(acc[r][v], av, bv[v]);
     }
@@ -143,9 +121,9 @@ bool tile(int64_t kq, const uint8_t* a, int64_t lda, const int8_t* b, int64_t ps
 #pragma GCC unroll 8
   for (int r = 0; r < M; ++r) {
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) Scheme::store(c + r * ldc + v * Scheme::kW, acc[r][v]);
+    for (int v = 0; v < NV; ++v) vstore(c + r * ldc + v * kW, acc[r][v]);
   }
-  return !(kTrack && Scheme::exceeds(most));
+  return !(kTrack && Scheme::exceeds(most, 0));
 }
 
 using Tile = bool (*)(int64_t, const uint8_t*, int64_t, const int8_t*, int64_t, const int32_t*, int32_t*, int64_t);
@@ -159,9 +137,9 @@ constexpr std::array<std::array<Tile, kMr>, sizeof...(P)> tiles_by_panels(std::i
   return {tiles_of<P + 1, kTrack>(std::make_integer_sequence<int, kMr>{})...};
 }
 // kTiles[first][panels - 1][M - 1] = tile<M, panels x kVecsPerPanel, first>
-constexpr std::array<std::array<std::array<Tile, kMr>, Scheme::kGroupPanels>, 2> kTiles = {
-    tiles_by_panels<false>(std::make_integer_sequence<int, Scheme::kGroupPanels>{}),
-    tiles_by_panels<true>(std::make_integer_sequence<int, Scheme::kGroupPanels>{})};
+constexpr std::array<std::array<std::array<Tile, kMr>, kGroupPanels>, 2> kTiles = {
+    tiles_by_panels<false>(std::make_integer_sequence<int, kGroupPanels>{}),
+    tiles_by_panels<true>(std::make_integer_sequence<int, kGroupPanels>{})};
 
 // rows [m0, m1) x panels [p0, p1) of c on the calling thread; false (c's block partly written) when
 // b holds a value the scheme is not exact for. The first row block's packed rows start with a row
@@ -176,7 +154,7 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
   int32_t* first = start + (p1 - p0) * kPanel;  // the first tile's rows [kMr][kGroupCols]
   int32_t* zeros = first + kMr * kGroupCols;
   std::fill(zeros, zeros + kGroupCols, 0);
-  constexpr int64_t kVecBytes = Scheme::kW * 4;
+  constexpr int64_t kVecBytes = kW * 4;
   for (int64_t ic = m0; ic < m1; ic += kMc) {
     const int64_t mb = std::min(kMc, m1 - ic), ones = ic == m0 ? 1 : 0, rows = mb + ones;
     if (ones) std::fill(ap, ap + kp, uint8_t{1});
@@ -184,12 +162,12 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
       const int8_t* src = a + (ic + r) * lda;
       uint8_t* dst = ap + (r + ones) * kp;
       int64_t i = 0;
-      for (; i + kVecBytes <= k; i += kVecBytes) Scheme::store(dst + i, Scheme::flip(Scheme::load(src + i)));
+      for (; i + kVecBytes <= k; i += kVecBytes) vstore(dst + i, flip(vload(src + i)));
       for (; i < k; ++i) dst[i] = static_cast<uint8_t>(src[i]) ^ 0x80u;
       for (; i < kp; ++i) dst[i] = 0x80u;
     }
-    for (int64_t pg = p0; pg < p1; pg += Scheme::kGroupPanels) {
-      const int np = static_cast<int>(std::min<int64_t>(Scheme::kGroupPanels, p1 - pg));
+    for (int64_t pg = p0; pg < p1; pg += kGroupPanels) {
+      const int np = static_cast<int>(std::min<int64_t>(kGroupPanels, p1 - pg));
       const int64_t cols = np * kPanel;
       const int8_t* b = bp + pg * ps;
       int32_t* st = start + (pg - p0) * kPanel;
@@ -215,7 +193,7 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
 
 void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
                  int64_t k) {
-  constexpr int64_t kGp = Scheme::kGroupPanels;
+  constexpr int64_t kGp = kGroupPanels;
   const int64_t panels = n / kPanel, groups = ceil_div(panels, kGp), tiles = ceil_div(m, kMr);
   const int64_t threads = std::max<int64_t>(1, num_threads());
   const int64_t tn = std::min(threads, groups), tm = std::max<int64_t>(1, std::min(threads / tn, tiles));
