@@ -259,6 +259,28 @@ def impl(backend: str, kernel_module: str):
     raise AssertionError(f"no fused launchers for backend {backend!r}")
 
 
+# torch runs its float unary ops (exp, cos, tanh, sqrt, ...) through MKL's vector math, each thread on
+# its own chunk. MKL picks each function's kernel on the function's first call, and first calls racing
+# on several threads can run one thread's chunk on a low-accuracy kernel: a fresh process's first
+# sizable exp or cos then has relative errors up to 1.5e-4 on half its elements (pytorch/pytorch#188792;
+# seen in 4-12% of fresh processes on a 2-thread Xeon, torch 2.13). One call of each on a single
+# element, on this thread alone, settles every pick before any parallel use.
+VECTOR_MATH = ("acos", "asin", "atan", "cos", "erf", "erfc", "erfinv", "exp", "expm1", "log", "log10", "log1p", "log2",
+               "sin", "sqrt", "tan", "tanh", "trunc")
+
+
+def settle_vector_math() -> None:
+    """Call each of torch's MKL vector-math functions once, single-threaded, in float32 and float64
+    (done when fastbert is imported; see VECTOR_MATH)."""
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.float64):
+            x = torch.full((1,), 0.5, dtype=dtype)
+            for name in VECTOR_MATH:
+                getattr(torch, name)(x)
+
+
+settle_vector_math()
+
 def describe() -> str:
     """Which implementations run here: the backends, the CPU's extensions and the C++ kernel levels."""
     lines = [f"backends: triton {'available' if triton_available() else 'not installed'}"
