@@ -39,15 +39,18 @@ def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
     cfg = model.config
     if dtype == torch.int8:
         g = torch.Generator().manual_seed(0)
-        packed = path == PACKED or (path is None and fastbert.ops.int8.int8_layout() == PACKED)
-        path = None if path == PACKED else path
+        pack_all = path == PACKED
+        path = None if pack_all else path
 
         def rows(n):
             return torch.randint(-127, 128, (tokens, n), generator=g, dtype=torch.int8)
 
         def operands(w, b):
-            q = fastbert.ops.quantize_weight(w, gemm.int8_weight_range())[0]
-            return (fastbert.ops.pack_int8_weight(q) if packed and q.shape[0] % 16 == 0 else q), None
+            r = gemm.int8_weight_range()
+            q = fastbert.ops.quantize_weight(w, r)[0]
+            if pack_all:
+                return (fastbert.ops.pack_int8_weight(q) if q.shape[0] % 16 == 0 else q), None
+            return (fastbert.ops.int8.stored_weight(q, r) if path is None else q), None
 
         def product(x, w, b):
             fastbert.ops.int8_matmul(x, w)

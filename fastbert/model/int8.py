@@ -63,10 +63,7 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight_range = gemm.int8_weight_range() if weight_range is None else weight_range
         q, s = ops.quantize_weight(linear.weight, self.weight_range)
-        # packed where measured faster, for weights in the range that measurement multiplied
-        if (self.out_features % 16 == 0 and q.device.type == "cpu" and ops.int8.int8_layout() == "packed"
-                and self.weight_range == gemm.int8_weight_range()):
-            q = ops.pack_int8_weight(q)
+        q = ops.int8.stored_weight(q, self.weight_range)  # packed where measured faster
         self.register_buffer("weight", q, persistent=False)        # state_dict: see _save_to_state_dict
         self.register_buffer("weight_scale", s, persistent=False)
         self.bias = linear.bias

@@ -229,6 +229,20 @@ def test_int8_layout_is_measured_or_pinned(monkeypatch, _fresh_choices):
         fastbert.ops.int8.int8_layout()
 
 
+def test_stored_weight_packs_where_layers_do(monkeypatch):
+    """packed only under the packed layout, for out a multiple of 16 and weights in the range the
+    layout was measured with; plain, the same tensor, otherwise."""
+    g = torch.Generator().manual_seed(3)
+    r = gemm.int8_weight_range()
+    other = 64 if r == 127 else 127
+    w32, w24 = (torch.randint(-r, r + 1, (n, 40), generator=g, dtype=torch.int8) for n in (32, 24))
+    monkeypatch.setenv("FASTBERT_INT8_LAYOUT", "packed")
+    assert torch.equal(fastbert.ops.int8.stored_weight(w32, r), fastbert.ops.pack_int8_weight(w32))
+    assert fastbert.ops.int8.stored_weight(w24, r) is w24
+    assert fastbert.ops.int8.stored_weight(w32, other) is w32
+    monkeypatch.setenv("FASTBERT_INT8_LAYOUT", "plain")
+    assert fastbert.ops.int8.stored_weight(w32, r) is w32
+
 def _layer_inputs(rows, k, n, g, acc_dtype=torch.int32):
     """A real int8 layer: activations quantized with their ones row, a weight, the accumulator."""
     x = torch.randn(rows, k, generator=g) + 0.5 * torch.randn(k, generator=g)
