@@ -281,6 +281,7 @@ def settle_vector_math() -> None:
 
 settle_vector_math()
 
+
 def describe() -> str:
     """Which implementations run here: the backends, the CPU's extensions and the C++ kernel levels."""
     lines = [f"backends: triton {'available' if triton_available() else 'not installed'}"

@@ -189,9 +189,3 @@ def test_a_fresh_processes_first_parallel_vector_math_is_accurate():
         proc = run_python(code)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split()[-1] == "True", "a first parallel exp, cos or tanh differed from the second call"
-
-
-def test_vector_math_names_are_torch_functions():
-    from fastbert import backend
-
-    assert all(callable(getattr(torch, name)) for name in backend.VECTOR_MATH)

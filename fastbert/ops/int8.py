@@ -159,6 +159,7 @@ def stored_weight(q: Tensor, weight_range: int) -> Tensor:
         return pack_int8_weight(q)
     return q
 
+
 def int8_layouts() -> Dict[tuple, Tuple[str, Dict[int, Dict[str, float]]]]:
     """{(threads, kernel level): (int8 weight layout chosen, {rows: {layout: seconds timed}})}."""
     return dict(_layouts)

@@ -243,6 +243,7 @@ def test_stored_weight_packs_where_layers_do(monkeypatch):
     monkeypatch.setenv("FASTBERT_INT8_LAYOUT", "plain")
     assert fastbert.ops.int8.stored_weight(w32, r) is w32
 
+
 def _layer_inputs(rows, k, n, g, acc_dtype=torch.int32):
     """A real int8 layer: activations quantized with their ones row, a weight, the accumulator."""
     x = torch.randn(rows, k, generator=g) + 0.5 * torch.randn(k, generator=g)
