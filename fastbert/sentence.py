@@ -168,15 +168,19 @@ def longest_first(model, lengths: Sequence[int], batch_size: int, out: torch.Ten
     from tqdm import tqdm
 
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    was_training = model.training
-    model.eval()
+    # the modules in training mode, put back after; a model already in eval mode (as loaded) is
+    # only read: model.eval() and model.train() set every module, 0.3 ms each on MiniLM
+    training = [m for m in model.modules() if m.training]
+    if training:
+        model.eval()
     try:
         for s in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress,
                       file=sys.stderr):
             chunk = order[s : s + batch_size]
             out[chunk] = run(chunk).cpu()
     finally:
-        model.train(was_training)
+        for m in training:
+            m.training = True
     return out
 
 

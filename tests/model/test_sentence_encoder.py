@@ -122,3 +122,18 @@ def test_mpnet_and_modernbert_directories(tmp_path, family, cls):
     assert isinstance(enc.model, getattr(fastbert, cls))
     assert enc.max_seq_length == st.SentenceTransformer(path, device="cpu").max_seq_length
     assert_same(enc.encode(SENTENCES, batch_size=4), want)
+
+
+def test_encode_runs_in_eval_mode_and_gives_back_each_modules_own_mode(e5):
+    enc = fastbert.SentenceEncoder(e5)
+    want = enc.encode(SENTENCES[:3])
+    modules = list(enc.model.modules())
+    enc.model.train()  # dropout on: encode must still give the eval-mode embeddings
+    modules[1].eval()  # and a mixed state comes back as it was, module by module
+    before = [m.training for m in modules]
+    assert any(before) and not all(before)
+    np.testing.assert_array_equal(enc.encode(SENTENCES[:3]), want)
+    assert [m.training for m in modules] == before
+    enc.model.eval()
+    np.testing.assert_array_equal(enc.encode(SENTENCES[:3]), want)
+    assert not any(m.training for m in modules)
