@@ -13,14 +13,17 @@ starlette, prometheus_client, orjson).
 
 Before the port opens, the model runs a batch of every power-of-two token count up to
 --max-batch-tokens, so the first-call costs (the GEMM path timed at the first product of each token
-bucket) are paid before any client's request. SIGTERM stops taking connections, finishes the
-requests in flight and exits 0.
+bucket) are paid before any client's request. The thread that loaded and warmed the model (the
+main one) runs every batch; the HTTP server's event loop runs in a thread of its own (why: the
+docstring of batching.py). SIGTERM (or Ctrl-C) stops taking connections, finishes the requests in
+flight and exits 0.
 """
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
+import threading
 import time
 
 PROG = "fastbert serve"
@@ -82,12 +85,30 @@ def main(argv=None) -> int:
           f"{loaded:.1f} s, warmed up in {time.perf_counter() - t0 - loaded:.1f} s ({batches} batches up to "
           f"{args.max_batch_tokens} tokens)", file=sys.stderr, flush=True)
     app = App(served, max_batch_tokens=args.max_batch_tokens, max_concurrent_requests=args.max_concurrent_requests,
-              max_client_batch_size=args.max_client_batch_size, api_key=args.api_key, model_id=args.model_id)
+              max_client_batch_size=args.max_client_batch_size, api_key=args.api_key, model_id=args.model_id,
+              model_thread=False)
     config = uvicorn.Config(create_app(app), host=args.host, port=args.port, log_level=args.log_level,
                             access_log=False, timeout_graceful_shutdown=60)
-    # uvicorn stops gracefully on SIGTERM (no new connections, the requests in flight answered), then
-    # raises the signal again for the handler it found: this one, so that the exit is a clean 0
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    failed = []
+
+    def http() -> None:
+        try:
+            server.run()
+        except BaseException as e:  # noqa: BLE001 - uvicorn exits with SystemExit(1) when it cannot listen
+            failed.append(e)
+        finally:
+            app.batcher.stop()  # the model loop below returns once uvicorn is done, however it ended
+
+    # uvicorn installs signal handlers only in the main thread: these stop it as its own would (no new
+    # connections, the requests in flight answered; a second Ctrl-C forces)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, server.handle_exit)
+    thread = threading.Thread(target=http, name="fastbert-http")
+    thread.start()
+    app.batcher.work()
+    thread.join()
+    if failed or not server.started:
+        raise RuntimeError(f"the HTTP server did not start on {args.host}:{args.port} (uvicorn's ERROR line above says why)")
     print(f"{PROG}: stopped", file=sys.stderr, flush=True)
     return 0

@@ -54,11 +54,15 @@ def _field(body: dict, name: str, kind, default):
 
 class App:
     def __init__(self, served: Served, *, max_batch_tokens: int = 16384, max_concurrent_requests: int = 512,
-                 max_client_batch_size: int = 32, api_key: Optional[str] = None, model_id: Optional[str] = None):
+                 max_client_batch_size: int = 32, api_key: Optional[str] = None, model_id: Optional[str] = None,
+                 model_thread: bool = True):
+        """model_thread=False: the batches run in the thread that calls app.batcher.work(), which
+        should be the one that loaded the model (see fastbert.serve.batching)."""
         self.served = served
         self.metrics = Metrics()
         self.batcher = Batcher(served.run, max_batch_tokens=max_batch_tokens,
-                               max_concurrent_requests=max_concurrent_requests, metrics=self.metrics)
+                               max_concurrent_requests=max_concurrent_requests, metrics=self.metrics,
+                               thread=model_thread)
         self.max_batch_tokens = max_batch_tokens
         self.max_client_batch_size = max_client_batch_size
         self.api_key = api_key
@@ -92,9 +96,11 @@ class App:
             raise Refused(413, f"batch size {n} > maximum allowed batch size {self.max_client_batch_size} "
                                "(--max-client-batch-size)", "Validation")
 
-    async def _run(self, rows) -> torch.Tensor:
+    async def _run(self, rows, finish=None):
+        """The model's outputs of the rows, or finish(outputs): the torch work runs in the model's
+        worker, not on the event loop."""
         try:
-            future = self.batcher.submit(rows)
+            future = self.batcher.submit(rows, finish)
         except Overloaded as e:
             raise Refused(429, f"Model is overloaded: {e}", "Overloaded") from None
         try:
@@ -114,10 +120,8 @@ class App:
         body = await self._body(request)
         texts = self._texts(body, "inputs")
         rows = self.served.text_rows(texts, _field(body, "truncate", bool, False), _field(body, "prompt_name", str, None))
-        out = await self._run(rows)
-        if _field(body, "normalize", bool, True):
-            out = torch.nn.functional.normalize(out, p=2, dim=-1)
-        return _json_response(out.numpy())
+        normalize = _field(body, "normalize", bool, True)
+        return _json_response(await self._run(rows, lambda out: _normalized(out, None, normalize)))
 
     async def openai_embeddings(self, request):
         self._needs(EMBED)
@@ -130,8 +134,7 @@ class App:
         if dims is not None and not 1 <= dims <= self.served.encoder.dim:
             raise Refused(422, f"`dimensions` must be in 1..{self.served.encoder.dim}, got {dims}", "Validation")
         rows = self.served.text_rows(texts, _field(body, "truncate", bool, False), _field(body, "prompt_name", str, None))
-        out = await self._run(rows)
-        out = torch.nn.functional.normalize(out[:, :dims] if dims else out, p=2, dim=-1).numpy()
+        out = await self._run(rows, lambda out: _normalized(out, dims, True))
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v}
                 for i, v in enumerate(out)]
@@ -147,10 +150,11 @@ class App:
             raise Refused(422, "`query` must be a string", "Validation")
         texts = self._texts(body, "texts")
         rows = self.served.pair_rows([(query, t) for t in texts], _field(body, "truncate", bool, False))
-        scores = self.served.scores(await self._run(rows), _field(body, "raw_scores", bool, False))[:, 0]
-        order = torch.argsort(scores, descending=True, stable=True).tolist()
+        raw = _field(body, "raw_scores", bool, False)
+        scores = await self._run(rows, lambda out: self.served.scores(out, raw)[:, 0].tolist())
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep the texts' order
         with_text = _field(body, "return_text", bool, False)
-        return _json_response([dict(index=i, score=float(scores[i]), **({"text": texts[i]} if with_text else {}))
+        return _json_response([dict(index=i, score=scores[i], **({"text": texts[i]} if with_text else {}))
                                for i in order])
 
     async def predict(self, request):
@@ -163,10 +167,11 @@ class App:
         if pairs and len(pairs) != len(inputs):
             raise Refused(422, "`inputs` must be all texts or all pairs of texts", "Validation")
         rows = (self.served.pair_rows(inputs, truncate) if pairs else self.served.text_rows(inputs, truncate))
-        scores = self.served.scores(await self._run(rows), _field(body, "raw_scores", bool, False))
+        raw = _field(body, "raw_scores", bool, False)
+        scores = await self._run(rows, lambda out: self.served.scores(out, raw).tolist())
         labels = self.served.labels
         answers = []
-        for row in scores.tolist():
+        for row in scores:
             answers.append(sorted(({"score": s, "label": labels[k]} for k, s in enumerate(row)), key=lambda d: -d["score"]))
         return _json_response(answers[0] if single else answers)
 
@@ -202,6 +207,12 @@ class App:
         from starlette.responses import Response
 
         return Response(self.metrics.text(), media_type="text/plain; version=0.0.4")
+
+
+def _normalized(out: torch.Tensor, dims: Optional[int], normalize: bool):
+    """The embeddings to send (numpy): the first `dims` dimensions, L2-normalized."""
+    out = out[:, :dims] if dims else out
+    return (torch.nn.functional.normalize(out, p=2, dim=-1) if normalize else out).numpy()
 
 
 def _a(word: str) -> str:

@@ -309,3 +309,21 @@ def test_classifier_server_predicts_every_label(tmp_path):
     finally:
         assert server.stop() == 0
     assert unexpected_lines(server) == []
+
+
+def test_ctrl_c_stops_cleanly_and_a_port_in_use_is_one_error_line(minilm, tmp_path):
+    server = Server(minilm, tmp_path)
+    assert httpx.post(server.url + "/embed", json={"inputs": "x"}).status_code == 200
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(60) == 0
+    assert server.stop() == 0 and unexpected_lines(server) == [] and server.lines()[-1] == "fastbert serve: stopped"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "fastbert.cli", "serve", minilm, "--port", str(port),
+                               "--max-batch-tokens", "64"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "address already in use" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (f"fastbert serve: error: the HTTP server did not start on "
+                                                    f"127.0.0.1:{port} (uvicorn's ERROR line above says why)")
