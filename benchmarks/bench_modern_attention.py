@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import fastbert
 from fastbert import reference
 from fastbert.bench import report
-from fastbert.bench.timing import fp32_gemm_rate, median_s
+from fastbert.bench.timing import attention_pairs, fp32_gemm_rate, median_s
 from fastbert.dtypes import parse_dtype
 
 HEADS, HEAD_DIM, WINDOW = 12, 64, 64
@@ -41,14 +41,7 @@ def batches(g):
 
 def pair_flops(lengths, window, backward: bool) -> float:
     """FLOPs of the products over the query-key pairs the layer must compute (see the docstring)."""
-    pairs = 0
-    for n in lengths.tolist():
-        if window is None:
-            pairs += n * n
-        else:
-            i = torch.arange(n)
-            pairs += int(((i + window).clamp(max=n - 1) - (i - window).clamp(min=0) + 1).sum())
-    return 4 * HEAD_DIM * HEADS * pairs * (3.5 if backward else 1.0)
+    return 4 * HEAD_DIM * HEADS * attention_pairs(lengths, window) * (3.5 if backward else 1.0)
 
 
 def providers(lengths, dtype, g):

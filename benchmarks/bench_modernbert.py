@@ -55,7 +55,7 @@ import torch
 import fastbert
 from fastbert.bench.peers import ONNX_PEERS, onnx_peers
 from fastbert.bench.report import command_line, header, parser, write_json
-from fastbert.bench.timing import interleaved_cpu_times
+from fastbert.bench.timing import attention_pairs, fp32_gemm_rate, interleaved_cpu_times
 from fastbert.bench.workloads import WORKLOADS, make_batch
 
 MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512")}, "one2048": dict(batch=1, lo=2048, hi=2048),
@@ -120,6 +120,33 @@ def measure(name, ours, runs, ids, mask, rounds, tolerance) -> dict:
                 tokens_per_s={k: tokens / v * 1e3 for k, v in ms.items()})
 
 
+def model_flops(config, lengths) -> float:
+    """FLOPs of the encoder's products on sequences of `lengths` (2 a multiply-add): the attention
+    projections and the feed-forward (ModernBERT's GeGLU: a projection to twice the intermediate
+    size), and the two attention products over the query-key pairs each layer computes (the window
+    only, in ModernBERT's local layers). Embeddings, norms and the elementwise ops are left out."""
+    d, f, n_layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    every = getattr(config, "global_attn_every_n_layers", None)
+    feed_forward = 3 * d * f if every else 2 * d * f
+    flops = 2 * (4 * d * d + feed_forward) * sum(int(n) for n in lengths) * n_layers
+    for layer in range(n_layers):
+        window = None if not every or layer % every == 0 else config.local_attention // 2
+        flops += 4 * d * attention_pairs(lengths, window)
+    return flops
+
+
+def print_floor(rows, gemm: dict) -> None:
+    """Each workload's floor at the machine's best fp32 GEMM rate, and what 2x transformers takes."""
+    print(f"# the floor: the model's products at this machine's best fp32 GEMM rate, {gemm['gflops']:.0f} GFLOP/s "
+          f"({gemm['by']}, {gemm['shape']}), measured at the start of the run")
+    for row in rows:
+        twice = row["ms"]["transformers"] / 2
+        print(f"# {row['workload']}: {row['gflop']:.0f} GFLOP, floor {row['floor_ms']:.0f} ms; fastbert "
+              f"{row['ms']['fastbert']:.0f} ms = {row['floor_ms'] / row['ms']['fastbert']:.0%} of the GEMM rate; "
+              f"2x transformers = {twice:.0f} ms, which takes {row['gflop'] / twice:.0f} GFLOP/s"
+              + (" (past this machine's rate)" if twice < row["floor_ms"] else ""))
+
+
 def print_header(names) -> None:
     cells = [f"{n} ms" for n in ("fastbert", *names)] + [f"vs {n}" for n in names] + [f"err {n}" for n in names]
     print(f"{'workload':<9}{'tokens':>8}" + "".join(f"{c:>{WIDTH}}" for c in cells), flush=True)
@@ -135,6 +162,7 @@ def print_row(row, names) -> None:
 
 def run(args) -> tuple:
     """(rows, {peer: why skipped})."""
+    gemm = fp32_gemm_rate() if args.dtype == torch.float32 else None
     theirs, ours = models(args.model, args.layers)
     runs, skipped = engines(theirs, args.peers, args.dtype)
     if args.dtype != torch.float32:  # after the export, which traces the fp32 model
@@ -148,9 +176,14 @@ def run(args) -> tuple:
         w = MODERN_WORKLOADS[name]
         ids, mask = make_batch(w["batch"], w["lo"], w["hi"], torch.Generator().manual_seed(1), vocab=vocab, pad_id=pad)
         rows.append(measure(name, ours, runs, ids, mask, args.rounds, TOLERANCES[args.dtype]))
+        rows[-1]["gflop"] = model_flops(theirs.config, mask.sum(1).tolist()) / 1e9
+        if gemm is not None:
+            rows[-1].update(floor_ms=rows[-1]["gflop"] / gemm["gflops"] * 1e3, gemm=gemm)
         print_row(rows[-1], names)
     print(f"# vs X: X's ms / fastbert's ms. err X: max abs difference from fastbert's last hidden state at the real "
           f"tokens; ! beyond {TOLERANCES[args.dtype]:g} (that engine not timed)")
+    if gemm is not None:
+        print_floor(rows, gemm)
     return rows, skipped
 
 

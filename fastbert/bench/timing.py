@@ -109,6 +109,19 @@ def encoder_flops_per_token(config, mean_tokens: float) -> float:
     return layers * (2 * (4 * d * d + 2 * d * f) + 4 * mean_tokens * d)
 
 
+def attention_pairs(lengths, window: Optional[int]) -> int:
+    """Query-key pairs an attention layer must compute over sequences of `lengths`: every pair, or
+    with a sliding window (keys within `window` positions on each side) those inside it."""
+    pairs = 0
+    for n in [int(x) for x in lengths]:
+        if window is None:
+            pairs += n * n
+        else:
+            i = torch.arange(n)
+            pairs += int(((i + window).clamp(max=n - 1) - (i - window).clamp(min=0) + 1).sum())
+    return pairs
+
+
 # The environment that makes every library of a run stand for a CPU of a lower level: fastbert's
 # kernels (FASTBERT_CPU_CAPABILITY), torch's own (ATEN_CPU_CAPABILITY), MKL's GEMMs, oneDNN's (torch's
 # int8 and bf16 products; a library past its cap computes what that CPU would, saturation included)

@@ -35,7 +35,9 @@ def test_bench_modernbert_runs_and_agrees_with_transformers(tmp_path, model, cap
     assert [r["workload"] for r in rows] == ["var128"]
     assert rows[0]["max_abs_err"] < 1e-4 and rows[0]["speedup"] > 0
     assert set(rows[0]["ms"]) == {"fastbert", "transformers"}
-    assert "var128" in capsys.readouterr().out
+    assert rows[0]["gflop"] > 0 and rows[0]["floor_ms"] == rows[0]["gflop"] / rows[0]["gemm"]["gflops"] * 1e3
+    out = capsys.readouterr().out
+    assert "var128" in out and "# var128: " in out and "of the GEMM rate" in out
 
 
 @pytest.mark.parametrize("model,layers", [("modernbert", 2), ("mpnet", 1)])
