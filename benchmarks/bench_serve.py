@@ -12,9 +12,9 @@ sentence-transformers). Texts: the standard library's documentation cut to a tok
 uniformly in 8..32 (short, like search queries: the start of a paragraph) or 64..256 (passages),
 [CLS] and [SEP] included; tokens/s counts these tokens.
 
-Clients (fastbert.bench.serving): closed loop, httpx on asyncio, in a process of their own. For each
-server, model and text set: one text per request at every --concurrency, and a batch client (32
-texts per request, concurrency 8). Both servers get OpenAI embedding requests (fastbert's
+Clients (fastbert.bench.load): closed loop, a small HTTP/1.1 client on asyncio, in a process of
+their own. For each server, model and text set: one text per request at every --concurrency, and a
+batch client (32 texts per request, concurrency 8). Both servers get OpenAI embedding requests (fastbert's
 /v1/embeddings, infinity's /embeddings) and answer float JSON. The clients and the server share the
 machine's cores.
 
@@ -51,6 +51,7 @@ import time
 import numpy as np
 from transformers import AutoConfig
 
+from fastbert.bench.load import percentile, run_clients
 from fastbert.bench.report import command_line, header, write_json
 from fastbert.bench.serving import (
     ServerProcess,
@@ -60,10 +61,8 @@ from fastbert.bench.serving import (
     minilm_dir,
     onnx_copy,
     openai_body,
-    percentile,
     print_table,
     ratios,
-    run_clients,
 )
 from fastbert.bench.timing import encoder_flops_per_token, fp32_gemm_rate
 

@@ -1,55 +1,25 @@
-"""What the serving benchmark (benchmarks/bench_serve.py) runs: a server as a subprocess on a free
-port, and closed-loop HTTP clients (httpx on asyncio) in a process of their own.
-
-The clients: `concurrency` tasks, each with an httpx.AsyncClient of its own (one connection); every
-task sends a request, waits for its answer and sends the next one at once. (Tasks sharing one
-client's pool cost the client process time that grows with their number: a whole core at
-concurrency 64, taken from the server on a machine the two share.) After `warmup` seconds a window of
-at least `duration` seconds opens; it is stretched (up to `max_window` seconds) until `min_samples`
-requests have finished in it. Then no request is sent any more, and the ones in flight are awaited.
-Throughput counts each request by the share of its lifetime that lies inside the window, so a window
-that opens or closes in the middle of a round of slow requests neither gains nor loses part of a
-round; the latencies are those of the requests that overlap the window. During the window the client
-process also reads its own CPU time, the server's (/proc/PID/stat) and, for fastbert serve, its
-/metrics (time the model ran, sequences per batch).
-
-The texts (the standard library's documentation cut to token counts) and the models (MiniLM, a
-BERT-base directory with random weights, ONNX exports for infinity-emb's optimum engine) are made
-here as well.
-
-This file runs as a script too (`python -I serving.py --client`, a JSON spec on standard input, a
-JSON result on standard output) and then imports nothing but the standard library and httpx, so
-the client process stays small.
+"""What the serving benchmark (benchmarks/bench_serve.py) runs besides its load
+(fastbert.bench.load, the clients): a server as a subprocess on a free port, the texts it sends
+(the standard library's documentation cut to token counts), the models (MiniLM, a BERT-base
+directory with random weights, ONNX exports for infinity-emb's optimum engine) and the verdicts
+it prints.
 """
 from __future__ import annotations
 
-import asyncio
 import json
-import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (0 when it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 class ServerProcess:
@@ -107,144 +77,6 @@ class ServerProcess:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-# ---- the load (in the client process)
-
-def _prometheus_sums(text: str) -> Dict[str, float]:
-    wanted = ("fastbert_inference_duration_seconds_sum", "fastbert_inference_duration_seconds_count",
-              "fastbert_batch_size_sum", "fastbert_batch_tokens_sum", "fastbert_queue_duration_seconds_sum",
-              "fastbert_queue_duration_seconds_count")
-    out = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in wanted:
-            out[name] = float(value)
-    return out
-
-
-class _Probe:
-    """Client CPU, server CPU and (fastbert) /metrics, read at the window's start and end."""
-
-    def __init__(self, http, server_pid: int, metrics: bool):
-        self.http, self.pid, self.metrics = http, server_pid, metrics
-        self.marks: List[dict] = []
-
-    async def mark(self) -> None:
-        m = {"t": time.perf_counter(), "client_cpu": time.process_time(), "server_cpu": cpu_seconds(self.pid)}
-        if self.metrics:
-            try:
-                m.update(_prometheus_sums((await self.http.get("/metrics")).text))
-            except Exception:  # noqa: BLE001 - the figures are extras; the run goes on
-                pass
-        self.marks.append(m)
-
-    def figures(self) -> dict:
-        if len(self.marks) < 2:
-            return {}
-        a, b = self.marks[0], self.marks[-1]
-        wall = b["t"] - a["t"]
-        out = {"client_cpu": (b["client_cpu"] - a["client_cpu"]) / wall, "server_cpu": (b["server_cpu"] - a["server_cpu"]) / wall}
-        d = {k: b[k] - a[k] for k in b if k in a and k.startswith("fastbert_")}
-        if d.get("fastbert_inference_duration_seconds_count"):
-            n = d["fastbert_inference_duration_seconds_count"]
-            out.update(model_busy=d["fastbert_inference_duration_seconds_sum"] / wall,
-                       batch_seqs=d["fastbert_batch_size_sum"] / n, batch_tokens=d["fastbert_batch_tokens_sum"] / n,
-                       batches_per_s=n / wall)
-        if d.get("fastbert_queue_duration_seconds_count"):
-            out["queue_ms"] = 1e3 * d["fastbert_queue_duration_seconds_sum"] / d["fastbert_queue_duration_seconds_count"]
-        return out
-
-
-async def _load(spec: dict) -> dict:
-    import httpx
-
-    bodies = [b.encode() for b in spec["bodies"]]
-    tokens, texts = spec["tokens"], spec["texts_per_request"]
-    c = spec["concurrency"]
-    headers = {"content-type": "application/json"}
-    done: List[tuple] = []  # (start, end, request index, "" or what went wrong)
-    state = {"stop": False}
-
-    async def client(k: int, http) -> None:
-        i = k * len(bodies) // c
-        while not state["stop"]:
-            t0 = time.perf_counter()
-            try:
-                r = await http.post(spec["path"], content=bodies[i], headers=headers)
-                ok = "" if r.status_code == 200 else f"HTTP {r.status_code}"
-            except httpx.HTTPError as e:
-                ok = type(e).__name__
-            done.append((t0, time.perf_counter(), i, ok))
-            i = (i + 1) % len(bodies)
-
-    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    clients = [httpx.AsyncClient(base_url=spec["url"], timeout=spec.get("timeout", 600), limits=one) for _ in range(c + 1)]
-    try:
-        probe = _Probe(clients[c], spec.get("server_pid", 0), spec.get("metrics", False))
-        tasks = [asyncio.create_task(client(k, clients[k])) for k in range(c)]
-        await asyncio.sleep(spec["warmup"])
-        await probe.mark()
-        w0 = probe.marks[0]["t"]
-        while True:
-            await asyncio.sleep(0.05)
-            now = time.perf_counter()
-            finished = sum(1 for _, end, _, _ in done if end >= w0)
-            if now - w0 >= spec["max_window"] or (now - w0 >= spec["duration"] and finished >= spec["min_samples"]):
-                break
-        await probe.mark()
-        state["stop"] = True
-        await asyncio.gather(*tasks)
-    finally:
-        for http in clients:
-            await http.aclose()
-    return _summary(done, probe, tokens, texts)
-
-
-def _summary(done: List[tuple], probe: _Probe, tokens: List[int], texts: int) -> dict:
-    w0, w1 = probe.marks[0]["t"], probe.marks[-1]["t"]
-    window = w1 - w0
-    reqs = toks = 0.0
-    lat, errors = [], {}
-    for t0, t1, i, failure in done:
-        if t1 < w0 or t0 > w1:
-            continue
-        share = (min(t1, w1) - max(t0, w0)) / max(t1 - t0, 1e-9)
-        if failure:
-            errors[failure] = errors.get(failure, 0) + 1
-            continue
-        reqs += share
-        toks += share * tokens[i]
-        lat.append(t1 - t0)
-    lat.sort()
-    return {"window_s": window, "requests_per_s": reqs / window, "texts_per_s": reqs * texts / window,
-            "tokens_per_s": toks / window, "p50_ms": 1e3 * _pct(lat, 50), "p99_ms": 1e3 * _pct(lat, 99),
-            "samples": len(lat), "errors": sum(errors.values()), "error_kinds": errors, **probe.figures()}
-
-
-def percentile(values, q: float) -> float:
-    """The q-th percentile (nearest rank) of values; nan for none."""
-    return _pct(sorted(values), q)
-
-
-def _pct(sorted_values: List[float], q: float) -> float:
-    """The q-th percentile (nearest rank) of sorted values; nan for none."""
-    if not sorted_values:
-        return float("nan")
-    n = len(sorted_values)
-    return sorted_values[max(0, min(n - 1, math.ceil(q / 100 * n) - 1))]
-
-
-def run_clients(spec: dict, timeout: float = 1800.0) -> dict:
-    """Run the closed-loop clients of `spec` in a fresh process (this file as a script); their summary.
-
-    spec: url, path, bodies (JSON texts), tokens (per body), texts_per_request, concurrency, warmup,
-    duration, max_window, min_samples, and optionally server_pid and metrics (fastbert's /metrics)."""
-    proc = subprocess.run([sys.executable, "-I", os.path.abspath(__file__), "--client"], input=json.dumps(spec),
-                          capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the client process failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout)
 
 
 def openai_body(texts: List[str], model: str) -> str:
@@ -417,6 +249,3 @@ def ratios(rows: list, args, floor: Optional[dict] = None) -> list:
     return lines
 
 
-
-if __name__ == "__main__" and sys.argv[1:] == ["--client"]:
-    print(json.dumps(asyncio.run(_load(json.loads(sys.stdin.read())))))

