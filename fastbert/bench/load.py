@@ -44,6 +44,10 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+class _ClosedBeforeAnswer(ConnectionError):
+    """The connection ended before any byte of the answer."""
+
+
 class Connection:
     """One keep-alive HTTP/1.1 connection to url's host; `request` sends bytes made by `message`."""
 
@@ -59,9 +63,18 @@ class Connection:
         return head.encode() + b"\r\n" + body
 
     async def request(self, message: bytes) -> Tuple[int, bytes]:
-        """(status, body) of the answer; the connection is opened again after a failure."""
+        """(status, body) of the answer; the connection is opened again after a failure. A kept-alive
+        connection the server closed while it sat idle (uvicorn: after 5 s) is opened again and the
+        request sent once more, as HTTP clients do."""
+        reused = self.streams is not None
         try:
-            return await asyncio.wait_for(self._exchange(message), self.timeout)
+            try:
+                return await asyncio.wait_for(self._exchange(message), self.timeout)
+            except _ClosedBeforeAnswer:
+                if not reused:
+                    raise
+                self.close()
+                return await asyncio.wait_for(self._exchange(message), self.timeout)
         except BaseException:
             self.close()
             raise
@@ -71,7 +84,12 @@ class Connection:
             self.streams = await asyncio.open_connection(self.host, self.port)
         reader, writer = self.streams
         writer.write(message)
-        head = await reader.readuntil(b"\r\n\r\n")
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            if isinstance(e, asyncio.IncompleteReadError) and e.partial:
+                raise
+            raise _ClosedBeforeAnswer("the server closed the connection before answering") from e
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
         fields = {}

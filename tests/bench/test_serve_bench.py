@@ -130,29 +130,35 @@ def test_the_machine_s_gemm_rate_is_measured():
 def test_the_clients_http_reads_sized_and_chunked_answers_and_reconnects():
     import asyncio
 
-    answers = [b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
-               b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
-               b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-               b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"]
-    seen = []
+    # (answer, then: keep the connection, "close" it as the answer says, or "drop" it unannounced,
+    # as a server does with a kept-alive connection left idle)
+    answers = [(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", ""),
+               (b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n"
+                b"0\r\n\r\n", "drop"),
+               (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", "close"),
+               (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "")]
+    seen, connections = [], []
 
     async def serve(reader, writer):
+        connections.append(writer)
         while answers:
             head = await reader.readuntil(b"\r\n\r\n")
             size = [int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n")) if k.lower() == b"content-length"]
             seen.append(head.split(b"\r\n")[0] + b" " + await reader.readexactly(size[0] if size else 0))
-            writer.write(answers.pop(0))
+            answer, then = answers.pop(0)
+            writer.write(answer)
             await writer.drain()
-            if b"close" in seen[-1] or len(answers) == 1:
-                break  # the answer said close: this connection ends, the next request opens another
+            if then:
+                break
         writer.close()
 
     async def main():
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         c = load.Connection(f"http://127.0.0.1:{port}", timeout=10)
-        got = [await c.request(c.message("POST", "/embed", b'{"a": 1}')), await c.request(c.message("GET", "/m")),
-               await c.request(c.message("POST", "/embed", b"close")), await c.request(c.message("GET", "/n"))]
+        got = [await c.request(c.message("POST", "/embed", b'{"a": 1}')), await c.request(c.message("GET", "/m"))]
+        await asyncio.sleep(0.2)  # the server has dropped the connection by now
+        got += [await c.request(c.message("POST", "/embed", b"close")), await c.request(c.message("GET", "/n"))]
         c.close()
         server.close()
         return got
@@ -160,3 +166,4 @@ def test_the_clients_http_reads_sized_and_chunked_answers_and_reconnects():
     got = asyncio.run(main())
     assert got == [(200, b"hello"), (429, b"abcde"), (200, b"ok"), (200, b"")]
     assert seen == [b'POST /embed HTTP/1.1 {"a": 1}', b"GET /m HTTP/1.1 ", b"POST /embed HTTP/1.1 close", b"GET /n HTTP/1.1 "]
+    assert len(connections) == 3  # one for the first two, one after the drop, one after the close
