@@ -126,11 +126,10 @@ def model_flops(config, lengths) -> float:
     size), and the two attention products over the query-key pairs each layer computes (the window
     only, in ModernBERT's local layers). Embeddings, norms and the elementwise ops are left out."""
     d, f, n_layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    every = getattr(config, "global_attn_every_n_layers", None)
-    feed_forward = 3 * d * f if every else 2 * d * f
+    feed_forward = 3 * d * f if config.model_type == "modernbert" else 2 * d * f
     flops = 2 * (4 * d * d + feed_forward) * sum(int(n) for n in lengths) * n_layers
-    for layer in range(n_layers):
-        window = None if not every or layer % every == 0 else config.local_attention // 2
+    for kind in getattr(config, "layer_types", None) or ["full_attention"] * n_layers:
+        window = config.sliding_window if kind == "sliding_attention" else None
         flops += 4 * d * attention_pairs(lengths, window)
     return flops
 
@@ -143,7 +142,7 @@ def print_floor(rows, gemm: dict) -> None:
         twice = row["ms"]["transformers"] / 2
         print(f"# {row['workload']}: {row['gflop']:.0f} GFLOP, floor {row['floor_ms']:.0f} ms; fastbert "
               f"{row['ms']['fastbert']:.0f} ms = {row['floor_ms'] / row['ms']['fastbert']:.0%} of the GEMM rate; "
-              f"2x transformers = {twice:.0f} ms, which takes {row['gflop'] / twice:.0f} GFLOP/s"
+              f"2x transformers = {twice:.0f} ms, which takes {row['gflop'] / twice * 1e3:.0f} GFLOP/s"
               + (" (past this machine's rate)" if twice < row["floor_ms"] else ""))
 
 

@@ -48,7 +48,8 @@ def test_modern_model_flops_count_geglu_and_the_local_layers_window():
     bench = _bench("bench_modernbert")
     lengths = [5, 3]
     modern = transformers.ModernBertConfig(hidden_size=8, intermediate_size=12, num_hidden_layers=3,
-                                           num_attention_heads=2, global_attn_every_n_layers=3, local_attention=2)
+                                           num_attention_heads=2, local_attention=2)
+    assert modern.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
     products = 2 * (4 * 8 * 8 + 3 * 8 * 12) * 8 * 3  # GeGLU: 8 -> 2 x 12, then 12 -> 8
     # layer 0 global (every pair), layers 1 and 2 local: a window of 1 either side
     attention = 4 * 8 * ((25 + 9) + 2 * ((2 + 3 + 3 + 3 + 2) + (2 + 3 + 2)))
