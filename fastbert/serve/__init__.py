@@ -106,8 +106,11 @@ def main(argv=None) -> int:
         signal.signal(sig, server.handle_exit)
     thread = threading.Thread(target=http, name="fastbert-http")
     thread.start()
-    app.batcher.work()
-    thread.join()
+    try:
+        app.batcher.work()
+    finally:
+        server.should_exit = True  # the model loop ended (or failed): the HTTP server stops too
+        thread.join()
     if failed or not server.started:
         raise RuntimeError(f"the HTTP server did not start on {args.host}:{args.port} (uvicorn's ERROR line above says why)")
     print(f"{PROG}: stopped", file=sys.stderr, flush=True)
