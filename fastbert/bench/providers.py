@@ -39,8 +39,8 @@ def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
     cfg = model.config
     if dtype == torch.int8:
         g = torch.Generator().manual_seed(0)
-        pack_all = path == PACKED
-        path = None if pack_all else path
+        layout = PACKED if path == PACKED else None  # packed: every weight that can be, whatever was measured
+        path = None if path == PACKED else path
 
         def rows(n):
             return torch.randint(-127, 128, (tokens, n), generator=g, dtype=torch.int8)
@@ -48,9 +48,7 @@ def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
         def operands(w, b):
             r = gemm.int8_weight_range()
             q = fastbert.ops.quantize_weight(w, r)[0]
-            if pack_all:
-                return (fastbert.ops.pack_int8_weight(q) if q.shape[0] % 16 == 0 else q), None
-            return (fastbert.ops.int8.stored_weight(q, r) if path is None else q), None
+            return (fastbert.ops.int8.stored_weight(q, r, layout) if path is None else q), None
 
         def product(x, w, b):
             fastbert.ops.int8_matmul(x, w)

@@ -150,12 +150,13 @@ def layout_of(timed: Dict[int, Dict[str, float]]) -> str:
     return "packed" if ratio ** (1 / len(timed)) <= 1.0 else "plain"
 
 
-def stored_weight(q: Tensor, weight_range: int) -> Tensor:
+def stored_weight(q: Tensor, weight_range: int, layout: Optional[str] = None) -> Tensor:
     """An int8 weight [out, in] of range `weight_range` as int8 layers keep it here: packed
-    (pack_int8_weight) where int8_layout() is "packed", out is a multiple of 16, q is on the CPU and
-    weight_range is the range that layout was measured with (int8_weight_range()); else q itself."""
+    (pack_int8_weight) where the layout (None: int8_layout(), measured) is "packed", out is a
+    multiple of 16, q is on the CPU and weight_range is the range the packed kernel is exact for
+    here (int8_weight_range()); else q itself."""
     if (q.shape[0] % ref.PANEL == 0 and q.device.type == "cpu" and weight_range == gemm.int8_weight_range()
-            and int8_layout() == "packed"):
+            and (layout or int8_layout()) == "packed"):
         return pack_int8_weight(q)
     return q
 

@@ -242,6 +242,9 @@ def test_stored_weight_packs_where_layers_do(monkeypatch):
     assert fastbert.ops.int8.stored_weight(w32, other) is w32
     monkeypatch.setenv("FASTBERT_INT8_LAYOUT", "plain")
     assert fastbert.ops.int8.stored_weight(w32, r) is w32
+    # a layout given (the benchmark's floor on packed weights) in place of the measured one
+    assert torch.equal(fastbert.ops.int8.stored_weight(w32, r, "packed"), fastbert.ops.pack_int8_weight(w32))
+    assert fastbert.ops.int8.stored_weight(w24, r, "packed") is w24
 
 
 def _layer_inputs(rows, k, n, g, acc_dtype=torch.int32):
