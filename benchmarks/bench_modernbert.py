@@ -55,7 +55,7 @@ import torch
 import fastbert
 from fastbert.bench.peers import ONNX_PEERS, onnx_peers
 from fastbert.bench.report import command_line, header, parser, write_json
-from fastbert.bench.timing import attention_pairs, fp32_gemm_rate, interleaved_cpu_times
+from fastbert.bench.timing import encoder_flops, fp32_gemm_rate, interleaved_cpu_times
 from fastbert.bench.workloads import WORKLOADS, make_batch
 
 MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512")}, "one2048": dict(batch=1, lo=2048, hi=2048),
@@ -120,20 +120,6 @@ def measure(name, ours, runs, ids, mask, rounds, tolerance) -> dict:
                 tokens_per_s={k: tokens / v * 1e3 for k, v in ms.items()})
 
 
-def model_flops(config, lengths) -> float:
-    """FLOPs of the encoder's products on sequences of `lengths` (2 a multiply-add): the attention
-    projections and the feed-forward (ModernBERT's GeGLU: a projection to twice the intermediate
-    size), and the two attention products over the query-key pairs each layer computes (the window
-    only, in ModernBERT's local layers). Embeddings, norms and the elementwise ops are left out."""
-    d, f, n_layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    feed_forward = 3 * d * f if config.model_type == "modernbert" else 2 * d * f
-    flops = 2 * (4 * d * d + feed_forward) * sum(int(n) for n in lengths) * n_layers
-    for kind in getattr(config, "layer_types", None) or ["full_attention"] * n_layers:
-        window = config.sliding_window if kind == "sliding_attention" else None
-        flops += 4 * d * attention_pairs(lengths, window)
-    return flops
-
-
 def print_floor(rows, gemm: dict) -> None:
     """Each workload's floor at the machine's best fp32 GEMM rate, and what 2x transformers takes."""
     print(f"# the floor: the model's products at this machine's best fp32 GEMM rate, {gemm['gflops']:.0f} GFLOP/s "
@@ -175,7 +161,7 @@ def run(args) -> tuple:
         w = MODERN_WORKLOADS[name]
         ids, mask = make_batch(w["batch"], w["lo"], w["hi"], torch.Generator().manual_seed(1), vocab=vocab, pad_id=pad)
         rows.append(measure(name, ours, runs, ids, mask, args.rounds, TOLERANCES[args.dtype]))
-        rows[-1]["gflop"] = model_flops(theirs.config, mask.sum(1).tolist()) / 1e9
+        rows[-1]["gflop"] = encoder_flops(theirs.config, mask.sum(1).tolist()) / 1e9
         if gemm is not None:
             rows[-1].update(floor_ms=rows[-1]["gflop"] / gemm["gflops"] * 1e3, gemm=gemm)
         print_row(rows[-1], names)

@@ -100,13 +100,33 @@ def memory_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2 * nbytes / best / 1e9
 
 
+def _product_flops_per_token(config) -> float:
+    """FLOPs of one token through one layer's products: the four attention projections and the
+    feed-forward (ModernBERT's GeGLU: a projection to twice the intermediate size, then back),
+    2 FLOPs per multiply-add."""
+    d, f = config.hidden_size, config.intermediate_size
+    geglu = getattr(config, "model_type", None) == "modernbert"
+    return 2 * (4 * d * d + (3 if geglu else 2) * d * f)
+
+
 def encoder_flops_per_token(config, mean_tokens: float) -> float:
-    """FLOPs of one token through a BERT-shaped encoder's layers (config: hidden_size,
-    intermediate_size, num_hidden_layers): its four attention projections and two feed-forward
-    products, 2 FLOPs per multiply-add, plus the two attention products against a sequence of
+    """FLOPs of one token through an encoder's layers (config: hidden_size, intermediate_size,
+    num_hidden_layers): its products, plus the two attention products against a sequence of
     mean_tokens. Pooling, embeddings and the elementwise ops are left out (a few per cent)."""
-    d, f, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    return layers * (2 * (4 * d * d + 2 * d * f) + 4 * mean_tokens * d)
+    return config.num_hidden_layers * (_product_flops_per_token(config) + 4 * mean_tokens * config.hidden_size)
+
+
+def encoder_flops(config, lengths) -> float:
+    """FLOPs of an encoder's products on sequences of `lengths`: each layer's projections and
+    feed-forward, and its two attention products over the query-key pairs it computes (only those
+    in the window, in ModernBERT's sliding layers: config.layer_types, sliding_window). Embeddings,
+    norms and the elementwise ops are left out."""
+    n_layers = config.num_hidden_layers
+    flops = _product_flops_per_token(config) * sum(int(n) for n in lengths) * n_layers
+    for kind in getattr(config, "layer_types", None) or ["full_attention"] * n_layers:
+        window = config.sliding_window if kind == "sliding_attention" else None
+        flops += 4 * config.hidden_size * attention_pairs(lengths, window)
+    return flops
 
 
 def attention_pairs(lengths, window: Optional[int]) -> int:
