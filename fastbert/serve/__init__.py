@@ -111,7 +111,9 @@ def main(argv=None) -> int:
     finally:
         server.should_exit = True  # the model loop ended (or failed): the HTTP server stops too
         thread.join()
-    if failed or not server.started:
+    if not server.started:
         raise RuntimeError(f"the HTTP server did not start on {args.host}:{args.port} (uvicorn's ERROR line above says why)")
+    if failed:  # uvicorn failed after it had started: its own error, not a port that never opened
+        raise failed[0]
     print(f"{PROG}: stopped", file=sys.stderr, flush=True)
     return 0

@@ -210,7 +210,8 @@ class App:
 
 
 def _normalized(out: torch.Tensor, dims: Optional[int], normalize: bool):
-    """The embeddings to send (numpy): the first `dims` dimensions, L2-normalized."""
+    """The embeddings to send (numpy): the first `dims` dimensions (None: all), L2-normalized if
+    `normalize`."""
     out = out[:, :dims] if dims else out
     return (torch.nn.functional.normalize(out, p=2, dim=-1) if normalize else out).numpy()
 
