@@ -17,7 +17,7 @@
 // weight has a larger value runs the plain loop instead. a's +128 adds 128 x b's column sums to every
 // product: a row of ones, in the group's first tile (the one that reads b from memory), gives the
 // sums (block() has how). The threads split the column groups (and the rows, when there are fewer
-// groups than threads).
+// groups than threads, or enough rows for a few tasks a thread: packed_gemm).
 // Other levels: the plain loop over the layout, exact, for models whose weight was packed elsewhere;
 // the layout choice (fastbert.ops.int8.int8_layout) measures the packed GEMM against the other paths.
 #include <algorithm>
@@ -191,21 +191,29 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
   return true;
 }
 
+// The tasks: column ranges (tn, whole groups) times row ranges (tm, whole tiles). One task a thread
+// when the rows are few; with more rows, up to kClaimsPerThread a thread, of kMinTaskTiles tiles or
+// more, claimed in turn (for_each_claimed), so that a thread the scheduler holds up does fewer.
 void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
                  int64_t k) {
-  constexpr int64_t kGp = kGroupPanels;
+  constexpr int64_t kGp = kGroupPanels, kMinTaskTiles = 4;
   const int64_t panels = n / kPanel, groups = ceil_div(panels, kGp), tiles = ceil_div(m, kMr);
   const int64_t threads = std::max<int64_t>(1, num_threads());
-  const int64_t tn = std::min(threads, groups), tm = std::max<int64_t>(1, std::min(threads / tn, tiles));
-  parallel_for(0, tm * tn, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = t / tn, j = t % tn;
-      const int64_t m0 = std::min(m, tiles * i / tm * kMr), m1 = std::min(m, tiles * (i + 1) / tm * kMr);
-      const int64_t p0 = std::min(panels, groups * j / tn * kGp), p1 = std::min(panels, groups * (j + 1) / tn * kGp);
-      if (m0 < m1 && p0 < p1 && !block(a, lda, bp, c, ldc, k, m0, m1, p0, p1)) {
-        plain_block(a, lda, bp, c, ldc, k, m0, m1, p0, p1);
-      }
+  const int64_t tn = std::min(threads, groups);
+  const int64_t claimed =
+      threads > 1 ? std::min(tiles / kMinTaskTiles, ceil_div(threads * kClaimsPerThread, tn)) : 0;
+  const int64_t tm = std::max({int64_t{1}, std::min(threads / tn, tiles), claimed});
+  const auto task = [&](int64_t t) {
+    const int64_t i = t / tn, j = t % tn;
+    const int64_t m0 = std::min(m, tiles * i / tm * kMr), m1 = std::min(m, tiles * (i + 1) / tm * kMr);
+    const int64_t p0 = std::min(panels, groups * j / tn * kGp), p1 = std::min(panels, groups * (j + 1) / tn * kGp);
+    if (m0 < m1 && p0 < p1 && !block(a, lda, bp, c, ldc, k, m0, m1, p0, p1)) {
+      plain_block(a, lda, bp, c, ldc, k, m0, m1, p0, p1);
     }
+  };
+  if (tm * tn > threads) return for_each_claimed(tm * tn, task);
+  split_among_threads(0, tm * tn, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) task(t);
   });
 }
 #else

@@ -194,6 +194,29 @@ def test_packed_int8_gemm_is_exact_at_every_level(level):
     _exact_at(level, "int8_gemm_packed", shapes, g, fastbert.ops.pack_int8_weight, 32)
 
 
+@pytest.mark.parametrize("level", _levels())
+def test_packed_int8_gemm_is_exact_whatever_the_threads_and_their_claims(level):
+    """With enough rows the packed GEMM's tasks (row ranges x column ranges) outnumber the threads and
+    are claimed in turn: exact at 1, 2 and 3 threads, on one panel, on column groups fewer and more
+    than the threads, and where one task's weight is out of the AVX2 scheme's range."""
+    gemm_fn = fastbert.backend.cpp_function("int8_gemm_packed")
+    if level is None or gemm_fn is None:
+        pytest.skip("the C++ extension is not built")
+    g = torch.Generator().manual_seed(13)
+    shapes = [(300, 97, 16), (257, 64, 80), (531, 130, 208), (64, 33, 1536)]
+    before = torch.get_num_threads()
+    try:
+        with fastbert.backend.cpu_capability_scope(level):
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                for m, k, n in shapes:
+                    for x, y in _gemm_operands(m, k, n, g)[::4]:  # random; in [-64, 64]; one value out of it
+                        got = gemm_fn(x, fastbert.ops.pack_int8_weight(y))
+                        assert torch.equal(got.double(), x.double() @ y.double().t()), (level, threads, m, k, n)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("k", [1, 4, 7, 768])
 def test_packed_weights_round_trip_and_multiply_as_the_plain_ones(k):
     """pack / unpack are inverses; int8_matmul (the C++ kernel where built) and the reference (other
