@@ -40,10 +40,16 @@ engine's last hidden state is compared with fastbert's at the real tokens (max a
 beyond rounding noise (TOLERANCES: fp32 1e-4, against about 1e-6 measured; bf16 0.5) is reported as
 disagreeing and not timed, so a speed-up never hides a wrong answer. --dtype bfloat16: transformers'
 and fastbert's models in bf16, OpenVINO at its bf16 inference precision on the fp32 export, ONNX
-Runtime skipped (its CPU provider runs the graph in fp32). "vs X" is X's time over fastbert's: fastbert's speed-up over X.
+Runtime skipped (its CPU provider runs the graph in fp32). --dtype int8: fastbert's int8 inference
+(quantize_("int8")) and ONNX Runtime on the same export through its dynamic quantization (int8
+weights, activations quantized per call), against transformers in fp32 (it has no int8 of its own);
+OpenVINO skipped (its int8 needs NNCF and calibration data). Each engine's error is then taken
+against transformers' fp32 output, fastbert's included, and an int8 engine whose least cosine
+to it over the real tokens is under INT8_LEAST_COSINE is reported as disagreeing and not timed.
+"vs X" is X's time over fastbert's: fastbert's speed-up over X.
 
     python benchmarks/bench_modernbert.py [--model modernbert|mpnet] [--workloads var128,var512,one2048]
-        [--layers N] [--rounds 5] [--peers onnxruntime,openvino] [--dtype float32|bfloat16] [--json PATH]
+        [--layers N] [--rounds 5] [--peers onnxruntime,openvino] [--dtype float32|bfloat16|int8] [--json PATH]
 """
 from __future__ import annotations
 
@@ -64,13 +70,15 @@ DEFAULT_WORKLOADS = {"modernbert": "var128,var512,one2048", "mpnet": "var128,var
 # max abs error at real tokens that is still rounding noise (values up to about 4): fp32 (1e-6 measured);
 # bf16, every engine rounding its own way through 22 layers
 TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 0.5}
+INT8_LEAST_COSINE = 0.9  # int8 against fp32: each engine quantizes its own way; below this it is broken
 WIDTH = 17  # of each engine's columns
 
 MODELS = {"modernbert": ("ModernBertModel", "ModernBertConfig", 22), "mpnet": ("MPNetModel", "MPNetConfig", 12)}
 
 
-def models(name: str, layers: int):
-    """(transformers' model with sdpa where it has it, fastbert's with the same weights), both eval."""
+def models(name: str, layers: int, int8: bool = False):
+    """(transformers' model with sdpa where it has it, fastbert's with the same weights, quantized to
+    int8 with int8), both eval."""
     import transformers
 
     cls, config_cls, _ = MODELS[name]
@@ -82,6 +90,8 @@ def models(name: str, layers: int):
     ours = getattr(fastbert, cls)(getattr(fastbert, config_cls)(**config.to_dict())).eval()
     ours.load_state_dict(theirs.state_dict())
     ours.set_backend("cpp")
+    if int8:
+        ours.quantize_("int8")
     return theirs, ours
 
 
@@ -98,17 +108,23 @@ def engines(theirs, peers, dtype) -> tuple:
     return {**runs, **peer_runs}, skipped
 
 
-def measure(name, ours, runs, ids, mask, rounds, tolerance) -> dict:
-    """One workload's row: every engine's error against fastbert at the real tokens, then the medians
-    of interleaved rounds of fastbert and every engine that agrees with it."""
+def measure(name, ours, runs, ids, mask, rounds, dtype) -> dict:
+    """One workload's row: every engine's error against fastbert at the real tokens (int8: against
+    transformers' fp32 output, fastbert's too), then the medians of interleaved rounds of fastbert and
+    every engine that agrees."""
     real = mask.bool()
     with torch.inference_mode():
-        want = ours(input_ids=ids, attention_mask=mask).last_hidden_state[real]
-        errors = {k: (run(ids, mask)[real] - want).abs().max().item() for k, run in runs.items()}
-        disagree = [k for k, e in errors.items() if k != "transformers" and not e <= tolerance]  # NaN too
+        outs = {"fastbert": ours(input_ids=ids, attention_mask=mask).last_hidden_state[real].float()}
+        outs.update({k: run(ids, mask)[real].float() for k, run in runs.items()})
+        want = outs["transformers" if dtype == torch.int8 else "fastbert"]
+        errors = {k: (v - want).abs().max().item() for k, v in outs.items() if v is not want}
+        cosine = {k: torch.nn.functional.cosine_similarity(v, want, dim=-1).min().item()
+                  for k, v in outs.items() if v is not want}
+        disagree = [k for k in errors if k not in ("transformers", "fastbert") and not _agrees(errors[k], cosine[k], dtype)]
+        against = "transformers fp32" if dtype == torch.int8 else "fastbert"
         for k in disagree:
-            print(f"# {k} disagrees with fastbert on {name}: max abs err {errors[k]:.2e} > {tolerance:g}; not timed",
-                  flush=True)
+            print(f"# {k} disagrees with {against} on {name}: max abs err {errors[k]:.2e}, least cosine "
+                  f"{cosine[k]:.4f}; not timed", flush=True)
         timed = {"fastbert": lambda: ours(input_ids=ids, attention_mask=mask)}
         timed.update({k: (lambda r=run: r(ids, mask)) for k, run in runs.items() if k not in disagree})
         times = interleaved_cpu_times(timed, warmup=1, repeats=rounds)
@@ -116,8 +132,14 @@ def measure(name, ours, runs, ids, mask, rounds, tolerance) -> dict:
     tokens = int(mask.sum())
     vs = {k: v / ms["fastbert"] for k, v in ms.items() if k != "fastbert"}
     return dict(workload=name, real_tokens=tokens, ms=ms, speedup=vs["transformers"], speedup_vs=vs,
-                max_abs_err=errors["transformers"], errors=errors, disagree=disagree,
-                tokens_per_s={k: tokens / v * 1e3 for k, v in ms.items()})
+                max_abs_err=errors.get("transformers", errors.get("fastbert")), errors=errors, least_cosine=cosine,
+                disagree=disagree, tokens_per_s={k: tokens / v * 1e3 for k, v in ms.items()})
+
+
+def _agrees(error: float, cosine: float, dtype) -> bool:
+    if dtype == torch.int8:
+        return cosine >= INT8_LEAST_COSINE  # NaN: False
+    return error <= TOLERANCES[dtype]
 
 
 def print_floor(rows, gemm: dict) -> None:
@@ -141,16 +163,16 @@ def print_row(row, names) -> None:
     ms, vs, err = row["ms"], row["speedup_vs"], row["errors"]
     cells = [f"{ms[n]:.1f}" if n in ms else "-" for n in ("fastbert", *names)]
     cells += [f"{vs[n]:.2f}x" if n in vs else "-" for n in names]
-    cells += [f"{err[n]:.2e}" + ("!" if n in row["disagree"] else "") for n in names]
+    cells += [f"{err[n]:.2e}" + ("!" if n in row["disagree"] else "") if n in err else "-" for n in names]
     print(f"{row['workload']:<9}{row['real_tokens']:>8}" + "".join(f"{c:>{WIDTH}}" for c in cells), flush=True)
 
 
 def run(args) -> tuple:
     """(rows, {peer: why skipped})."""
     gemm = fp32_gemm_rate() if args.dtype == torch.float32 else None
-    theirs, ours = models(args.model, args.layers)
+    theirs, ours = models(args.model, args.layers, int8=args.dtype == torch.int8)
     runs, skipped = engines(theirs, args.peers, args.dtype)
-    if args.dtype != torch.float32:  # after the export, which traces the fp32 model
+    if args.dtype == torch.bfloat16:  # after the export, which traces the fp32 model
         theirs.to(args.dtype)
         ours.to(args.dtype)
     names = list(runs)
@@ -160,13 +182,19 @@ def run(args) -> tuple:
     for name in args.workloads:
         w = MODERN_WORKLOADS[name]
         ids, mask = make_batch(w["batch"], w["lo"], w["hi"], torch.Generator().manual_seed(1), vocab=vocab, pad_id=pad)
-        rows.append(measure(name, ours, runs, ids, mask, args.rounds, TOLERANCES[args.dtype]))
+        rows.append(measure(name, ours, runs, ids, mask, args.rounds, args.dtype))
         rows[-1]["gflop"] = encoder_flops(theirs.config, mask.sum(1).tolist()) / 1e9
         if gemm is not None:
             rows[-1].update(floor_ms=rows[-1]["gflop"] / gemm["gflops"] * 1e3, gemm=gemm)
         print_row(rows[-1], names)
-    print(f"# vs X: X's ms / fastbert's ms. err X: max abs difference from fastbert's last hidden state at the real "
-          f"tokens; ! beyond {TOLERANCES[args.dtype]:g} (that engine not timed)")
+    if args.dtype == torch.int8:
+        print("# vs X: X's ms / fastbert's ms. err X: max abs difference from transformers' fp32 last hidden state at "
+              f"the real tokens; ! least cosine to it under {INT8_LEAST_COSINE} (that engine not timed). fastbert "
+              "int8's own: " + ", ".join(f"{r['workload']} {r['errors']['fastbert']:.2e} (least cosine "
+                                         f"{r['least_cosine']['fastbert']:.4f})" for r in rows))
+    else:
+        print(f"# vs X: X's ms / fastbert's ms. err X: max abs difference from fastbert's last hidden state at the "
+              f"real tokens; ! beyond {TOLERANCES[args.dtype]:g} (that engine not timed)")
     if gemm is not None:
         print_floor(rows, gemm)
     return rows, skipped
@@ -194,8 +222,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--peers", default=",".join(ONNX_PEERS),
                     help=f"comma-separated, of {', '.join(ONNX_PEERS)} (default: both; '' for none)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="the models' dtype (bfloat16: OpenVINO at its bf16 inference precision, ONNX Runtime skipped)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"],
+                    help="the models' dtype (bfloat16: OpenVINO at its bf16 inference precision, ONNX Runtime "
+                         "skipped; int8: fastbert's and ONNX Runtime's int8 against transformers fp32)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.dtype = getattr(torch, args.dtype)

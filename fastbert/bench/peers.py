@@ -76,6 +76,16 @@ def _onnxruntime_engine(path: str) -> Engine:
     return run
 
 
+def _onnxruntime_int8_engine(path: str) -> Engine:
+    """An ONNX Runtime CPU session of the ONNX file after its dynamic quantization (int8 weights, the
+    activations quantized on each call), written beside it."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = path[:-len(".onnx")] + "-int8.onnx"
+    quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
+    return _onnxruntime_engine(quantized)
+
+
 def _onnx_fused(hf, ids, mask, workdir) -> str:
     """The ONNX file of `hf` after ONNX Runtime's BERT optimizer (made once per workdir)."""
     from onnxruntime.transformers import optimizer
@@ -278,16 +288,21 @@ def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float
     fp32, eval) exported once (export_onnx, traced on ids and mask), and each peer's engine built from
     that same file, as it is (no model-specific optimizer); an engine takes any (input_ids,
     attention_mask), padded batches with their mask, and returns the last hidden state. dtype: the
-    precision the engines compute in: fp32, or bf16 (OpenVINO's bf16 inference precision; ONNX
-    Runtime, whose CPU provider runs the exported graph in fp32, is skipped). The file's temporary
-    directory is removed before this returns (each engine has read the model by then)."""
+    precision the engines compute in: fp32, bf16 (OpenVINO's bf16 inference precision; ONNX
+    Runtime, whose CPU provider runs the exported graph in fp32, is skipped) or int8 (ONNX Runtime
+    on the file through its dynamic quantization: int8 weights, activations quantized per call;
+    OpenVINO skipped: its int8 needs NNCF and calibration data). The file's temporary directory is
+    removed before this returns (each engine has read the model by then)."""
     engines: Dict[str, Engine] = {}
     skipped = {p: _missing(p) for p in peers if _missing(p)}
     if dtype == torch.bfloat16 and "onnxruntime" in peers and "onnxruntime" not in skipped:
         skipped["onnxruntime"] = "its CPU provider runs this graph in fp32: not a bf16 peer"
+    if dtype == torch.int8 and "openvino" in peers and "openvino" not in skipped:
+        skipped["openvino"] = "its int8 needs NNCF post-training quantization with calibration data (not set up here)"
     wanted = [p for p in peers if p not in skipped]
-    precision = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
-    build = {"onnxruntime": _onnxruntime_engine, "openvino": lambda path: _openvino_engine(path, precision)}
+    precision = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "f32"}[dtype]
+    onnxruntime = _onnxruntime_int8_engine if dtype == torch.int8 else _onnxruntime_engine
+    build = {"onnxruntime": onnxruntime, "openvino": lambda path: _openvino_engine(path, precision)}
     if wanted:
         workdir = tempfile.mkdtemp(prefix="fastbert-peers-")
         try:

@@ -64,18 +64,34 @@ def test_bench_modernbert_peers_run_the_exported_model_and_agree(tmp_path, monke
     assert "onnxruntime ms" in header and "vs openvino" in header
 
 
-def test_a_peer_that_disagrees_is_reported_and_not_timed(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("dtype, against", [("float32", "fastbert"), ("int8", "transformers fp32")])
+def test_a_peer_that_disagrees_is_reported_and_not_timed(tmp_path, monkeypatch, capsys, dtype, against):
     module = _script("bench_modernbert")
 
     def wrong(theirs, ids, mask, wanted, dtype):
         return {"onnxruntime": lambda i, m: torch.zeros(*i.shape, theirs.config.hidden_size)}, {}
 
     monkeypatch.setattr(module, "onnx_peers", wrong)
-    rows, _ = _rows(module, tmp_path, "--layers", "1", "--peers", "onnxruntime")
+    rows, _ = _rows(module, tmp_path, "--layers", "1", "--peers", "onnxruntime", "--dtype", dtype)
     (row,) = rows
     assert row["disagree"] == ["onnxruntime"] and row["errors"]["onnxruntime"] > 0.1
     assert set(row["ms"]) == {"fastbert", "transformers"} and "onnxruntime" not in row["speedup_vs"]
-    assert "onnxruntime disagrees with fastbert on small" in capsys.readouterr().out
+    assert f"onnxruntime disagrees with {against} on small" in capsys.readouterr().out
+
+
+def test_int8_times_fastbert_and_onnx_runtime_int8_against_transformers_fp32(tmp_path, capsys):
+    """--dtype int8: fastbert's int8 model and ONNX Runtime's dynamic quantization of the same export,
+    each compared with transformers' fp32 output (not exact, close), all three timed; OpenVINO skipped
+    with its reason."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (the peers extra: pip install -e .[peers])")
+    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--layers", "2", "--dtype", "int8")
+    assert data["machine"]["dtype"] == "int8" and "openvino" in data["peers_skipped"]
+    (row,) = rows
+    assert set(row["ms"]) == {"fastbert", "transformers", "onnxruntime"} and row["disagree"] == []
+    assert set(row["errors"]) == {"fastbert", "onnxruntime"} and row["errors"]["fastbert"] > 0
+    assert row["least_cosine"]["fastbert"] > 0.99 and row["least_cosine"]["onnxruntime"] > 0.9, row["least_cosine"]
+    out = capsys.readouterr().out
+    assert "fastbert int8's own: small" in out and "vs onnxruntime" in out
 
 
 def test_bf16_runs_the_models_in_bf16_and_skips_onnx_runtime(tmp_path, capsys):
