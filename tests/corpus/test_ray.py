@@ -74,3 +74,30 @@ def test_fastbert_embed_ray_writes_what_the_single_process_writes(cluster, minil
         assert a[key] == b[key], key
     assert sorted(os.listdir(single)) == sorted(os.listdir(distributed))
 
+
+
+def test_an_actor_loads_its_model_in_the_thread_that_runs_its_calls(minilm, monkeypatch):
+    """Ray Data builds an actor in its main thread and calls it from another: the model is loaded by
+    the first call, so one thread alone starts torch's parallel work (fastbert.ray._Embedder says why)."""
+    import threading
+
+    loads, real = [], fastbert.sentence.SentenceEncoder.__init__
+
+    def recorded(self, *args, **kwargs):
+        loads.append(threading.get_ident())
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(fastbert.sentence.SentenceEncoder, "__init__", recorded)
+    actor = fastbert.ray._Embedder(minilm, "text", "id", 8, 1, None, None, "float32")
+    assert loads == []
+    lines, out = texts(5, seed=3), []
+    calls = threading.Thread(target=lambda: out.extend(actor(pa.table({"text": lines, "id": list(range(5))}))
+                                                       for _ in range(2)))
+    calls.start()
+    calls.join()
+    assert loads == [calls.ident]  # loaded once, by the calls' thread
+    want = fastbert.SentenceEncoder(minilm).encode(lines)
+    for table in out:
+        assert table.column("id").to_pylist() == list(range(5))
+        emb = np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(5, 384)
+        np.testing.assert_allclose(emb, want, atol=2e-5)
