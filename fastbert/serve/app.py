@@ -301,7 +301,8 @@ def _endpoint(app: App, path: str, handler):
             raise
         except Exception as e:  # noqa: BLE001 - a defect: logged whole, answered 500, the server goes on
             logging.getLogger("uvicorn.error").exception("%s failed", path)
-            response = _error(path, 500, f"internal error ({type(e).__name__}: {e})", "Backend")
+            first = (str(e).strip().splitlines() or [""])[0]  # one line; the log has the rest
+            response = _error(path, 500, f"internal error ({type(e).__name__}: {first})", "Backend")
         app.metrics.answered(path, response.status_code, time.perf_counter() - t0)
         return response
     return endpoint
