@@ -34,11 +34,14 @@ $py -c "import sys, torch, triton, transformers; print('python', sys.version.spl
 step 180 selfcheck $py -m fastbert selfcheck --device cuda > "$out/selfcheck.txt" 2>&1 &
 checks=$!
 workers=$($py -c "import xdist" 2>/dev/null && echo "-n 8")  # pytest-xdist, where installed, compiles in parallel
-step 180 "kernel tests" $py -m pytest -q -p no:cacheprovider tests/ops/test_attention.py tests/ops/test_bias_gelu.py \
-    tests/ops/test_add_layer_norm.py -k "triton" $workers
+step 240 "kernel tests" $py -m pytest -q -p no:cacheprovider tests/ops/test_attention.py tests/ops/test_bias_gelu.py \
+    tests/ops/test_add_layer_norm.py tests/ops/test_add_layer_norm_sum.py tests/ops/test_geglu.py \
+    tests/ops/test_attention_rotary.py tests/ops/test_attention_local.py tests/ops/test_attention_relative.py \
+    -k "triton" $workers
 wait $checks
 tail -25 "$out/selfcheck.txt"
 
+step 150 "check_modern_cuda" $py benchmarks/check_modern_cuda.py --json "$out/modern.json"
 step 150 "bench_encoder_cuda" $py benchmarks/bench_encoder_cuda.py --json "$out/encoder.json"
 step 100 "bench_attention fp16" $py benchmarks/bench_attention.py --dtype float16 --json "$out/attention_fp16.json"
 step 90 "bench_ops" $py benchmarks/bench_ops.py --dtypes float32,bfloat16 --json "$out/ops.json"
