@@ -58,11 +58,10 @@ import sys
 
 import torch
 
-import fastbert
 from fastbert.bench.peers import ONNX_PEERS, onnx_peers
 from fastbert.bench.report import command_line, header, parser, write_json
 from fastbert.bench.timing import encoder_flops, fp32_gemm_rate, interleaved_cpu_times
-from fastbert.bench.workloads import WORKLOADS, make_batch
+from fastbert.bench.workloads import MODERN_ARCHS, WORKLOADS, make_batch, modern_models
 
 MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512")}, "one2048": dict(batch=1, lo=2048, hi=2048),
                     "small": dict(batch=4, lo=40, hi=160)}
@@ -72,28 +71,6 @@ DEFAULT_WORKLOADS = {"modernbert": "var128,var512,one2048", "mpnet": "var128,var
 TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 0.5}
 INT8_LEAST_COSINE = 0.9  # int8 against fp32: each engine quantizes its own way; below this it is broken
 WIDTH = 17  # of each engine's columns
-
-MODELS = {"modernbert": ("ModernBertModel", "ModernBertConfig", 22), "mpnet": ("MPNetModel", "MPNetConfig", 12)}
-
-
-def models(name: str, layers: int, int8: bool = False):
-    """(transformers' model with sdpa where it has it, fastbert's with the same weights, quantized to
-    int8 with int8), both eval."""
-    import transformers
-
-    cls, config_cls, _ = MODELS[name]
-    config = getattr(transformers, config_cls)(num_hidden_layers=layers)
-    torch.manual_seed(0)
-    theirs = getattr(transformers, cls)(config).eval()
-    if name == "modernbert":  # MPNet runs transformers' default: its sdpa setting loses the relative bias
-        theirs.config._attn_implementation = "sdpa"
-    ours = getattr(fastbert, cls)(getattr(fastbert, config_cls)(**config.to_dict())).eval()
-    ours.load_state_dict(theirs.state_dict())
-    ours.set_backend("cpp")
-    if int8:
-        ours.quantize_("int8")
-    return theirs, ours
-
 
 def engines(theirs, peers, dtype) -> tuple:
     """({engine: run(ids, mask) -> last hidden state}: transformers', then each peer's on the model
@@ -170,7 +147,7 @@ def print_row(row, names) -> None:
 def run(args) -> tuple:
     """(rows, {peer: why skipped})."""
     gemm = fp32_gemm_rate() if args.dtype == torch.float32 else None
-    theirs, ours = models(args.model, args.layers, int8=args.dtype == torch.int8)
+    theirs, ours = modern_models(args.model, args.layers, "cpp", int8=args.dtype == torch.int8)
     runs, skipped = engines(theirs, args.peers, args.dtype)
     if args.dtype == torch.bfloat16:  # after the export, which traces the fp32 model
         theirs.to(args.dtype)
@@ -214,7 +191,7 @@ def _versions(peers) -> dict:
 
 def main(argv=None):
     ap = parser(__doc__)
-    ap.add_argument("--model", default="modernbert", choices=sorted(MODELS))
+    ap.add_argument("--model", default="modernbert", choices=sorted(MODERN_ARCHS))
     ap.add_argument("--workloads", default=None,
                     help=f"of {', '.join(MODERN_WORKLOADS)} (default: {DEFAULT_WORKLOADS['modernbert']}; mpnet: "
                          f"{DEFAULT_WORKLOADS['mpnet']})")
@@ -228,7 +205,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.dtype = getattr(torch, args.dtype)
-    args.layers = args.layers or MODELS[args.model][2]
+    args.layers = args.layers or MODERN_ARCHS[args.model][2]
     args.workloads = [w for w in (args.workloads or DEFAULT_WORKLOADS[args.model]).split(",") if w]
     unknown = [w for w in args.workloads if w not in MODERN_WORKLOADS]
     if unknown:

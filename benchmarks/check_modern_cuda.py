@@ -1,6 +1,7 @@
 """ModernBERT-base and MPNet-base on a CUDA GPU: fastbert's Triton path (rotary, the sliding window,
 GeGLU, LayerNorm without bias; MPNet's relative position bias) against transformers' own model on
-the same GPU, the same random weights and the same padded batch (8 sequences of 64..500 tokens):
+the same GPU, the same random weights and the same padded batch (the var512 workload: 8 sequences
+of 64..512 tokens):
 the last hidden state at the real tokens and every parameter's gradient (of a fixed random weighting
 of it), in fp32 and bf16, then the inference time of each (medians of CUDA-synchronized calls).
 
@@ -23,34 +24,15 @@ import time
 
 import torch
 
-MODELS = {"modernbert": ("ModernBertModel", "ModernBertConfig", 22), "mpnet": ("MPNetModel", "MPNetConfig", 12)}
-
-
-def models(name: str, layers: int, device: str):
-    """(transformers' model, fastbert's on the Triton backend), the same random weights, eval, on device."""
-    import transformers
-
-    import fastbert
-
-    cls, config_cls, _ = MODELS[name]
-    config = getattr(transformers, config_cls)(num_hidden_layers=layers)
-    torch.manual_seed(0)
-    theirs = getattr(transformers, cls)(config).eval()
-    if name == "modernbert":  # MPNet keeps transformers' default attention: its sdpa setting drops the bias
-        theirs.config._attn_implementation = "sdpa"
-    ours = getattr(fastbert, cls)(getattr(fastbert, config_cls)(**config.to_dict())).eval()
-    ours.load_state_dict(theirs.state_dict())
-    ours.set_backend("triton")
-    return theirs.to(device), ours.to(device)
+from fastbert.bench.workloads import MODERN_ARCHS, WORKLOADS, make_batch, modern_models
 
 
 def batch(config, device: str):
+    """(input_ids, attention_mask, a fixed random weighting of the last hidden state) of var512."""
     g = torch.Generator().manual_seed(1)
-    lengths = torch.randint(64, 501, (8,), generator=g)
-    seq = int(lengths.max())
-    mask = (torch.arange(seq)[None] < lengths[:, None]).long()
-    ids = torch.randint(5, config.vocab_size, (8, seq), generator=g).masked_fill(mask == 0, config.pad_token_id)
-    weight = torch.randn(8, seq, config.hidden_size, generator=g)
+    w = WORKLOADS["var512"]
+    ids, mask = make_batch(w["batch"], w["lo"], w["hi"], g, vocab=config.vocab_size, pad_id=config.pad_token_id)
+    weight = torch.randn(*ids.shape, config.hidden_size, generator=g)
     return ids.to(device), mask.to(device), weight.to(device)
 
 
@@ -105,8 +87,8 @@ def main(argv=None) -> int:
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
           f"transformers {transformers.__version__}", flush=True)
     rows = []
-    for name, (_, _, depth) in MODELS.items():
-        theirs, ours = models(name, args.layers or depth, "cuda")
+    for name, (_, _, depth) in MODERN_ARCHS.items():
+        theirs, ours = (m.to("cuda") for m in modern_models(name, args.layers or depth, "triton"))
         ids, mask, weight = batch(theirs.config, "cuda")
         for dtype in (torch.float32, torch.bfloat16):
             theirs.to(dtype)

@@ -1,5 +1,6 @@
 """The encoder benchmark's workloads: BERT-base-shaped random batches, the transformers model they
-run on (same random weights every call), and real sentences for the MiniLM workload."""
+run on (same random weights every call), real sentences for the MiniLM workload, and the newer
+encoders (ModernBERT, MPNet) on transformers and on fastbert."""
 from __future__ import annotations
 
 import torch
@@ -81,3 +82,29 @@ def real_sentences(n):
     if len(out) < n:
         raise RuntimeError(f"found only {len(out)} sentences of documentation text, {n} asked")
     return out[:n]
+
+
+# the newer encoders the ModernBERT benchmarks run: transformers' class, its config and the base depth
+MODERN_ARCHS = {"modernbert": ("ModernBertModel", "ModernBertConfig", 22), "mpnet": ("MPNetModel", "MPNetConfig", 12)}
+
+
+def modern_models(name: str, layers: int, backend: str, int8: bool = False):
+    """(transformers' model at its base configuration with `layers` layers and random weights (seeded),
+    with sdpa where it has it, fastbert's with the same weights on `backend`, quantized to int8 with
+    int8), both eval, on the CPU."""
+    import transformers
+
+    import fastbert
+
+    cls, config_cls, _ = MODERN_ARCHS[name]
+    config = getattr(transformers, config_cls)(num_hidden_layers=layers)
+    torch.manual_seed(0)
+    theirs = getattr(transformers, cls)(config).eval()
+    if name == "modernbert":  # MPNet runs transformers' default: its sdpa setting loses the relative bias
+        theirs.config._attn_implementation = "sdpa"
+    ours = getattr(fastbert, cls)(getattr(fastbert, config_cls)(**config.to_dict())).eval()
+    ours.load_state_dict(theirs.state_dict())
+    ours.set_backend(backend)
+    if int8:
+        ours.quantize_("int8")
+    return theirs, ours
