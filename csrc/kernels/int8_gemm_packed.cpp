@@ -211,10 +211,7 @@ void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int
       plain_block(a, lda, bp, c, ldc, k, m0, m1, p0, p1);
     }
   };
-  if (tm * tn > threads) return for_each_claimed(tm * tn, task);
-  split_among_threads(0, tm * tn, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) task(t);
-  });
+  for_each_claimed(tm * tn, task);  // at most tm x tn workers: one task each when there are no more
 }
 #else
 void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
