@@ -267,11 +267,12 @@ def create_app(app: App):
             return None  # websockets: not served
         path, method = scope["path"], scope["method"]
         handler = handlers.get((path, method))
-        if handler is None:
-            response = (_error(path, 405, f"{method} {path}: the route takes {', '.join(allowed[path])}", "Validation")
-                        if path in allowed else _error(path, 404, f"no route {path}", "Validation"))
-            if path in allowed:
-                response.headers["allow"] = ", ".join(allowed[path])
+        if handler is None and path in allowed:
+            takes = ", ".join(allowed[path])
+            response = _error(path, 405, f"{method} {path}: the route takes {takes}", "Validation")
+            response.headers["allow"] = takes
+        elif handler is None:
+            response = _error(path, 404, f"no route {path}", "Validation")
         else:
             try:
                 response = await handler(Request(scope, receive))
