@@ -9,9 +9,10 @@
 
 embed_dataset maps the dataset's batches through a pool of actors, each holding one
 SentenceEncoder (loaded once, by the actor's first call) and running torch on `threads_per_actor`
-threads; the output keeps the input's order (Ray Data's preserve_order) and has the columns of `fastbert embed`'s
-shards (fastbert.corpus.shards.columns): id, embedding (fixed-size list of float32, or int8 with a
-float32 scale, or the signs packed 8 to a byte), so the vectors are those of the single process.
+threads; the output keeps the input's order (Ray Data's preserve_order) and has the columns of
+`fastbert embed`'s shards (fastbert.corpus.shards.columns): id, embedding (fixed-size list of
+float32, or int8 with a float32 scale, or the signs packed 8 to a byte), so the vectors are those of
+the single process.
 
 `fastbert embed ... --ray ADDRESS` (embed_files) writes the same output directory as the single
 process (part-NNNNN.parquet shards and manifest.json, read alike by
