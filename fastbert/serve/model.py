@@ -133,9 +133,11 @@ class Served:
             return self.encoder.embed_ids([r.ids for r in rows], [r.skip for r in rows], normalize=False)
         return self.cross._scores(rows)
 
-    def scores(self, logits: torch.Tensor, raw: bool) -> torch.Tensor:
-        """Logits -> the scores a reranker or classifier reports: the model's activation (sigmoid
-        for one label) or, with several labels, softmax; raw: the logits."""
+    def scores(self, logits, raw: bool) -> torch.Tensor:
+        """Logits (a tensor or a numpy array) -> the scores a reranker or classifier reports: the
+        model's activation (sigmoid for one label) or, with several labels, softmax; raw: the
+        logits."""
+        logits = torch.as_tensor(logits)
         if raw:
             return logits
         if self.kind == RERANK:
