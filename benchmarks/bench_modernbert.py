@@ -42,8 +42,9 @@ disagreeing and not timed, so a speed-up never hides a wrong answer. --dtype bfl
 and fastbert's models in bf16, OpenVINO at its bf16 inference precision on the fp32 export, ONNX
 Runtime skipped (its CPU provider runs the graph in fp32). --dtype int8: fastbert's int8 inference
 (quantize_("int8")) and ONNX Runtime on the same export through its dynamic quantization (int8
-weights, activations quantized per call), against transformers in fp32 (it has no int8 of its own);
-OpenVINO skipped (its int8 needs NNCF and calibration data). Each engine's error is then taken
+weights, activations quantized per call) and OpenVINO on it through NNCF's post-training
+quantization (int8 weights and activations, the activations' scales calibrated on the workload's
+own sequences), against transformers in fp32 (it has no int8 of its own). Each engine's error is then taken
 against transformers' fp32 output, fastbert's included, and an int8 engine whose least cosine
 to it over the real tokens is under INT8_LEAST_COSINE is reported as disagreeing and not timed.
 "vs X" is X's time over fastbert's: fastbert's speed-up over X.

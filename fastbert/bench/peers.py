@@ -6,7 +6,10 @@
                   onnxruntime.quantization.quantize_dynamic (int8 weights, activations quantized
                   dynamically per tensor)
     openvino      openvino.convert_model of transformers' BertModel, compiled for the CPU with the
-                  dtype as its inference precision hint (no int8: that needs NNCF and calibration data)
+                  dtype as its inference precision hint; int8: that model through NNCF's
+                  post-training quantization (nncf.quantize, model type TRANSFORMER: int8 weights
+                  and activations, the activations' scales calibrated on the run's own inputs, the
+                  best case for its accuracy), compiled the same way
     ctranslate2   CTranslate2's transformers converter and its Encoder (float32, and compute type
                   int8; no bf16 on CPUs)
     torch.compile torch.compile of transformers' BertModel (sdpa), in the dtype
@@ -24,6 +27,10 @@ by both), as an engine of any (ids, mask), for models the BERT optimizer does no
 """
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
+import logging
 import os
 import shutil
 import sys
@@ -138,11 +145,37 @@ class _LastHidden(torch.nn.Module):
 def _openvino(hf, ids, mask, dtype, workdir):
     import openvino as ov
 
+    model = ov.convert_model(hf, example_input={"input_ids": ids, "attention_mask": mask})
     if dtype == torch.int8:
-        raise _Skip("OpenVINO's int8 needs NNCF post-training quantization with calibration data (not set up here)")
-    precision = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
-    engine = _openvino_engine(ov.convert_model(hf, example_input={"input_ids": ids, "attention_mask": mask}), precision)
+        model = _nncf_int8(model, ids, mask)
+    precision = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "f32"}[dtype]
+    engine = _openvino_engine(model, precision)
     return lambda: engine(ids, mask)
+
+
+def _nncf_int8(model, ids, mask):
+    """`model` (an openvino.Model, or the path of an ONNX file) quantized to int8 by NNCF's
+    post-training quantization for transformers: int8 weights and activations in the products, each
+    activation's scale set from the calibration inputs, here (ids, mask) themselves, one sequence a
+    sample (the run's own tokens: the best case for OpenVINO's accuracy)."""
+    if importlib.util.find_spec("nncf") is None:
+        raise _Skip('its int8 needs NNCF (pip install nncf, in the peers extra: pip install -e ".[peers]")')
+    import nncf
+    import openvino as ov
+
+    if isinstance(model, str):
+        model = ov.Core().read_model(model)
+    samples = [{"input_ids": ids[i:i + 1].numpy(), "attention_mask": mask[i:i + 1].numpy()}
+               for i in range(ids.shape[0])]
+    logger = logging.getLogger("nncf")
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # its statistics lines, and its progress bars below: not the run's output
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return nncf.quantize(model, nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER,
+                                 subset_size=len(samples))
+    finally:
+        logger.setLevel(level)
 
 
 def _openvino_engine(model, precision: str = "f32") -> Engine:
@@ -291,18 +324,18 @@ def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float
     precision the engines compute in: fp32, bf16 (OpenVINO's bf16 inference precision; ONNX
     Runtime, whose CPU provider runs the exported graph in fp32, is skipped) or int8 (ONNX Runtime
     on the file through its dynamic quantization: int8 weights, activations quantized per call;
-    OpenVINO skipped: its int8 needs NNCF and calibration data). The file's temporary directory is
+    OpenVINO on the file through NNCF, _nncf_int8, calibrated on ids and mask). The file's temporary directory is
     removed before this returns (each engine has read the model by then)."""
     engines: Dict[str, Engine] = {}
     skipped = {p: _missing(p) for p in peers if _missing(p)}
     if dtype == torch.bfloat16 and "onnxruntime" in peers and "onnxruntime" not in skipped:
         skipped["onnxruntime"] = "its CPU provider runs this graph in fp32: not a bf16 peer"
-    if dtype == torch.int8 and "openvino" in peers and "openvino" not in skipped:
-        skipped["openvino"] = "its int8 needs NNCF post-training quantization with calibration data (not set up here)"
     wanted = [p for p in peers if p not in skipped]
     precision = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "f32"}[dtype]
     onnxruntime = _onnxruntime_int8_engine if dtype == torch.int8 else _onnxruntime_engine
-    build = {"onnxruntime": onnxruntime, "openvino": lambda path: _openvino_engine(path, precision)}
+    openvino = ((lambda path: _openvino_engine(_nncf_int8(path, ids, mask), precision)) if dtype == torch.int8 else
+                (lambda path: _openvino_engine(path, precision)))
+    build = {"onnxruntime": onnxruntime, "openvino": openvino}
     if wanted:
         workdir = tempfile.mkdtemp(prefix="fastbert-peers-")
         try:
@@ -314,6 +347,8 @@ def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float
             for peer in wanted:
                 try:
                     engines[peer] = build[peer](path)
+                except _Skip as e:
+                    skipped[peer] = str(e)
                 except Exception as e:  # an engine that cannot load this graph: say so, run the rest
                     skipped[peer] = f"loading the ONNX file failed: {_first_line(e)}"
         finally:

@@ -70,7 +70,7 @@ def test_each_installed_peer_computes_the_model(peer):
     assert (got[real] - want[real]).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("peer", ["onnxruntime", "ctranslate2"])
+@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
 def test_each_installed_int8_peer_computes_the_model(peer):
     got, want, real = _installed_peer_output(peer, torch.int8, "int8")
     got = got[real].double().flatten()
