@@ -72,6 +72,8 @@ def test_each_installed_peer_computes_the_model(peer):
 
 @pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
 def test_each_installed_int8_peer_computes_the_model(peer):
+    if peer == "openvino":  # its int8 is NNCF's quantization of the OpenVINO model
+        pytest.importorskip("nncf", reason="nncf is not installed (the peers extra: pip install -e .[peers])")
     got, want, real = _installed_peer_output(peer, torch.int8, "int8")
     got = got[real].double().flatten()
     want = want[real].double().flatten()
