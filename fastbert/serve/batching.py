@@ -176,7 +176,8 @@ class Batcher:
 def _scatter(live: List[tuple], out: torch.Tensor) -> List[Job]:
     """Each job's rows of the batch's outputs into job.out (numpy, one array a job, its rows in its
     own order); returns the jobs whose last row this was. One copy a job, not a torch op a row."""
-    values = (out.float() if out.dtype == torch.bfloat16 else out).numpy()
+    values = out.detach().cpu()  # the same tensor when it is on the CPU already
+    values = (values.float() if values.dtype == torch.bfloat16 else values).numpy()
     rows: dict = {}  # id(job) -> (job, its row indices, their places in the batch)
     for k, (job, i) in enumerate(live):
         entry = rows.get(id(job))
