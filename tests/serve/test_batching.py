@@ -4,6 +4,7 @@ serve`; a finish that fails fails its own request alone; jobs come back in their
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -57,3 +58,26 @@ def test_own_thread_by_default():
     assert seen and seen[0] != threading.get_ident()
     with pytest.raises(Exception, match="shutting down"):
         asyncio.run(one())
+
+
+def test_outputs_come_back_as_numpy_in_each_jobs_order_bf16_as_float32():
+    """A batch's outputs go back as one numpy array a job, its rows in its own order (the batch runs
+    them longest first), bf16 read as float32 (numpy has no bf16)."""
+    def run(rows):
+        return torch.tensor([[float(len(r)), float(r[0])] for r in rows], dtype=torch.bfloat16)
+
+    batcher = Batcher(run, max_batch_tokens=64, max_concurrent_requests=8, thread=False)
+
+    async def requests():
+        jobs = [batcher.submit([[1], [2, 2, 2], [3, 3]]), batcher.submit([[4, 4]])]
+        done = await asyncio.gather(*jobs)
+        batcher.stop()
+        return done
+
+    answers = []
+    client = threading.Thread(target=lambda: answers.extend(asyncio.run(requests())))
+    client.start()
+    batcher.work()
+    client.join()
+    assert all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in answers)
+    assert answers[0].tolist() == [[1.0, 1.0], [3.0, 2.0], [2.0, 3.0]] and answers[1].tolist() == [[2.0, 4.0]]
