@@ -145,12 +145,18 @@ class _LastHidden(torch.nn.Module):
 def _openvino(hf, ids, mask, dtype, workdir):
     import openvino as ov
 
-    model = ov.convert_model(hf, example_input={"input_ids": ids, "attention_mask": mask})
+    engine = _openvino_peer(ov.convert_model(hf, example_input={"input_ids": ids, "attention_mask": mask}), dtype,
+                            ids, mask)
+    return lambda: engine(ids, mask)
+
+
+def _openvino_peer(model, dtype: torch.dtype, ids, mask) -> Engine:
+    """OpenVINO's engine of `model` (an openvino.Model, or the path of an ONNX file) in `dtype`: fp32
+    or bf16 as the inference precision; int8 through NNCF (_nncf_int8, calibrated on ids and mask),
+    the rest of the graph in fp32."""
     if dtype == torch.int8:
         model = _nncf_int8(model, ids, mask)
-    precision = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "f32"}[dtype]
-    engine = _openvino_engine(model, precision)
-    return lambda: engine(ids, mask)
+    return _openvino_engine(model, {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "f32"}[dtype])
 
 
 def _nncf_int8(model, ids, mask):
@@ -331,11 +337,8 @@ def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float
     if dtype == torch.bfloat16 and "onnxruntime" in peers and "onnxruntime" not in skipped:
         skipped["onnxruntime"] = "its CPU provider runs this graph in fp32: not a bf16 peer"
     wanted = [p for p in peers if p not in skipped]
-    precision = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "f32"}[dtype]
     onnxruntime = _onnxruntime_int8_engine if dtype == torch.int8 else _onnxruntime_engine
-    openvino = ((lambda path: _openvino_engine(_nncf_int8(path, ids, mask), precision)) if dtype == torch.int8 else
-                (lambda path: _openvino_engine(path, precision)))
-    build = {"onnxruntime": onnxruntime, "openvino": openvino}
+    build = {"onnxruntime": onnxruntime, "openvino": lambda path: _openvino_peer(path, dtype, ids, mask)}
     if wanted:
         workdir = tempfile.mkdtemp(prefix="fastbert-peers-")
         try:
