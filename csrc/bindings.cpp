@@ -155,6 +155,21 @@ void register_layers(py::module_& m) {
         "rows (hq, hs, ho); weights: QKV (int8, scale, bias), output (int8, scale, bias), norm1 (weight, bias), FFN "
         "in (int8, scale, bias), FFN out (int8, scale, bias), norm2 (weight, bias); paths: the GEMM path of each of "
         "the 4 products (2 fastbert, 3 int_mm, 4 packed weight); (q, scale, offset) empty unless quantize_out.");
+  m.def("encoder_forward", &fastbert::encoder_forward, py::arg("hidden"), py::arg("layers"), py::arg("paths"),
+        py::arg("heads"), py::arg("eps"), py::arg("approximate"), py::arg("key_mask") = py::none(),
+        py::arg("cu_seqlens") = py::none(), py::arg("max_seqlen") = 0, py::arg("rel_bias") = py::none(),
+        py::arg("keep_states") = false, NoGil(),
+        "A model's layers, each encoder_layer_forward's, in one call: layers[i] = layer i's 12 tensors then the "
+        "three parts of each joined one (QKV weight, bias); paths 4 and eps 2 a layer. -> [the last output] "
+        "(keep_states: every layer's), or [] where a joined tensor's parts are no longer its slices.");
+  m.def("int8_encoder_forward", &fastbert::int8_encoder_forward, py::arg("hidden"), py::arg("hq"), py::arg("hs"),
+        py::arg("ho"), py::arg("layers"), py::arg("paths"), py::arg("heads"), py::arg("eps"), py::arg("approximate"),
+        py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("rel_bias") = py::none(),
+        py::arg("keep_states") = false, NoGil(),
+        "A model's int8 layers, each int8_encoder_layer_forward's, in one call: layers[i] = layer i's 16 tensors "
+        "then the three parts of each joined one (QKV int8 weight, scale, bias); paths 4 and eps 2 a layer. -> "
+        "[the last output] (keep_states: every layer's), or [] where a joined tensor's parts are no longer its "
+        "slices.");
 }
 
 // The data side: unpad index building, token masking, word starts and the collator's id padding.

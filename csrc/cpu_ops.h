@@ -123,6 +123,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_encoder_layer_fo
     const std::vector<at::Tensor>& w, const std::vector<int64_t>& paths, int64_t heads, double eps1, double eps2,
     const std::string& approximate, const at::Tensor& cu_seqlens, int64_t max_seqlen,
     const c10::optional<at::Tensor>& rel_bias, bool quantize_out);
+// A model's layers one after another (float: encoder_layer_forward's, int8: int8_encoder_layer_forward's,
+// quantize_out but on the last): layers[i] = layer i's tensors (12 or 16) then the three parts of each
+// joined tensor; paths 4, eps 2 a layer. -> the last layer's output (keep_states: every layer's), or
+// nothing where a joined tensor's parts are no longer its slices.
+std::vector<at::Tensor> encoder_forward(const at::Tensor& hidden, const std::vector<std::vector<at::Tensor>>& layers,
+                                        const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
+                                        const std::vector<double>& eps, const std::vector<std::string>& approximate,
+                                        const c10::optional<at::Tensor>& key_mask,
+                                        const c10::optional<at::Tensor>& cu_seqlens, int64_t max_seqlen,
+                                        const c10::optional<at::Tensor>& rel_bias, bool keep_states);
+std::vector<at::Tensor> int8_encoder_forward(const at::Tensor& hidden, const at::Tensor& hq, const at::Tensor& hs,
+                                             const at::Tensor& ho, const std::vector<std::vector<at::Tensor>>& layers,
+                                             const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
+                                             const std::vector<double>& eps,
+                                             const std::vector<std::string>& approximate,
+                                             const at::Tensor& cu_seqlens, int64_t max_seqlen,
+                                             const c10::optional<at::Tensor>& rel_bias, bool keep_states);
 
 // padding.cpp: (indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask
 std::tuple<at::Tensor, at::Tensor, int64_t> unpad_indices(const at::Tensor& attention_mask);

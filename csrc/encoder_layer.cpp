@@ -8,8 +8,15 @@
 // passes (`paths`, one per product: QKV, attention output, FFN in, FFN out); the layer takes the
 // paths it can call from here (GemmPath), and the caller keeps the others in Python. The weights
 // are arguments: nothing is derived from them or kept between calls.
+//
+// A model's whole stack of layers is one call too (encoder_forward, int8_encoder_forward): each
+// layer's tensors as the one-layer call takes them, followed by the parts of its joined tensors
+// (the QKV projections' weights, biases, scales, which fastbert.model.layers._share_storage made
+// slices of one tensor each). The parts are checked to be those slices still, every layer's before
+// any runs; where one is not, the call returns no tensor and the caller joins them again.
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <ATen/ops/_int_mm.h>
@@ -79,6 +86,41 @@ at::Tensor attend(const at::Tensor& qkv, int64_t batch, int64_t seq, int64_t hea
   return ctx.transpose(1, 2).reshape({-1, h});
 }
 
+// Whether the parts following layer tensors t[0..base) are still the consecutive slices of t[0],
+// t[1], ... (three parts each) that _share_storage made them: fastbert.model.layers._views_of's test.
+bool joins_intact(const std::vector<at::Tensor>& t, size_t base) {
+  if (t.size() < base || (t.size() - base) % 3 != 0) return false;
+  for (size_t j = 0; base + 3 * j < t.size(); ++j) {
+    const at::Tensor& joined = t[j];
+    if (!joined.defined() || joined.dim() == 0) return false;
+    const char* start = static_cast<const char*>(joined.data_ptr());
+    const int64_t row = joined.stride(0) * static_cast<int64_t>(joined.element_size());
+    for (size_t k = 0; k < 3; ++k) {
+      const at::Tensor& p = t[base + 3 * j + k];
+      if (!p.defined() || p.data_ptr() != start || p.dim() != joined.dim() ||
+          p.sizes().slice(1) != joined.sizes().slice(1) || p.scalar_type() != joined.scalar_type() ||
+          p.device() != joined.device() || !p.is_contiguous())
+        return false;
+      start += p.size(0) * row;
+    }
+    if (start != static_cast<const char*>(joined.data_ptr()) + joined.size(0) * row) return false;
+  }
+  return true;
+}
+
+void check_stack(const char* op, size_t layers, const std::vector<int64_t>& paths,
+                 const std::vector<int64_t>& heads, const std::vector<double>& eps,
+                 const std::vector<std::string>& approximate) {
+  TORCH_CHECK(paths.size() == 4 * layers && heads.size() == layers && eps.size() == 2 * layers &&
+                  approximate.size() == layers,
+              "fastbert._C.", op, ": paths (4 a layer), heads, eps (2 a layer) and approximate must match the ",
+              layers, " layers");
+}
+
+std::vector<int64_t> slice4(const std::vector<int64_t>& paths, size_t i) {
+  return std::vector<int64_t>(paths.begin() + 4 * i, paths.begin() + 4 * i + 4);
+}
+
 }  // namespace
 
 at::Tensor encoder_layer_forward(const at::Tensor& hidden, const std::vector<at::Tensor>& w,
@@ -126,6 +168,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_encoder_layer_fo
   auto [h2, q2, s2, o2, unused2] = int8_add_layer_norm(int8_product(iq, w[11], paths[3]), is, io, w[12], w[13], h1,
                                                        w[14], w[15], eps2, quantize_out, false);
   return {h2, q2, s2, o2};
+}
+
+}  // namespace fastbert
+
+namespace fastbert {
+
+std::vector<at::Tensor> encoder_forward(const at::Tensor& hidden, const std::vector<std::vector<at::Tensor>>& layers,
+                                        const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
+                                        const std::vector<double>& eps, const std::vector<std::string>& approximate,
+                                        const c10::optional<at::Tensor>& key_mask,
+                                        const c10::optional<at::Tensor>& cu_seqlens, int64_t max_seqlen,
+                                        const c10::optional<at::Tensor>& rel_bias, bool keep_states) {
+  check_stack("encoder_forward", layers.size(), paths, heads, eps, approximate);
+  for (const auto& t : layers) {
+    if (!joins_intact(t, 12)) return {};
+  }
+  std::vector<at::Tensor> out;
+  at::Tensor h = hidden;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::vector<at::Tensor> w(layers[i].begin(), layers[i].begin() + 12);
+    h = encoder_layer_forward(h, w, slice4(paths, i), heads[i], eps[2 * i], eps[2 * i + 1], approximate[i], key_mask,
+                              cu_seqlens, max_seqlen, rel_bias);
+    if (keep_states || i + 1 == layers.size()) out.push_back(h);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> int8_encoder_forward(const at::Tensor& hidden, const at::Tensor& hq, const at::Tensor& hs,
+                                             const at::Tensor& ho, const std::vector<std::vector<at::Tensor>>& layers,
+                                             const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
+                                             const std::vector<double>& eps,
+                                             const std::vector<std::string>& approximate,
+                                             const at::Tensor& cu_seqlens, int64_t max_seqlen,
+                                             const c10::optional<at::Tensor>& rel_bias, bool keep_states) {
+  check_stack("int8_encoder_forward", layers.size(), paths, heads, eps, approximate);
+  for (const auto& t : layers) {
+    if (!joins_intact(t, 16)) return {};
+  }
+  std::vector<at::Tensor> out;
+  at::Tensor h = hidden, q = hq, s = hs, o = ho;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::vector<at::Tensor> w(layers[i].begin(), layers[i].begin() + 16);
+    const bool last = i + 1 == layers.size();
+    std::tie(h, q, s, o) = int8_encoder_layer_forward(h, q, s, o, w, slice4(paths, i), heads[i], eps[2 * i],
+                                                      eps[2 * i + 1], approximate[i], cu_seqlens, max_seqlen,
+                                                      rel_bias, !last);
+    if (keep_states || last) out.push_back(h);
+  }
+  return out;
 }
 
 }  // namespace fastbert

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from fastbert import ops
+from fastbert.model import stack
 from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import BertConfig
 from fastbert.model.int8 import encode_int8
@@ -121,7 +122,11 @@ class BertModel(BertPreTrainedModel):
         def step(layer, h, scale):
             return self._run_layer(layer, h, None, (cu_seqlens, max_seqlen), None, scale, False, rel)
 
-        h, states, _ = run_layers(layers, h, step, lambda h: ops.pad(h, indices, bsz, seq), output_hidden_states, False)
+        def to_output(h):
+            return ops.pad(h, indices, bsz, seq)
+
+        h, states = self._run_stack(layers, h, None, (cu_seqlens, max_seqlen), rel, to_output, output_hidden_states,
+                                    step)
         if last is not None:
             return (self._run_layer(last[0].first_tokens, h, key_mask, (indices, cu_seqlens), last[1], rel)[:, None],
                     None, None)
@@ -136,10 +141,25 @@ class BertModel(BertPreTrainedModel):
         def step(layer, h, scale):
             return self._run_layer(layer, h, key_mask, None, bias, scale, want_probs, rel)
 
-        out, states, probs = run_layers(layers, hidden, step, lambda h: h, output_hidden_states, want_probs)
+        if bias is None and not want_probs:
+            out, states = self._run_stack(layers, hidden, key_mask, None, rel, lambda h: h, output_hidden_states, step)
+            probs = None
+        else:
+            out, states, probs = run_layers(layers, hidden, step, lambda h: h, output_hidden_states, want_probs)
         if last is not None:
             return self._run_layer(last[0].first_tokens, out, key_mask, None, last[1], rel)[:, None], None, None
         return out, None if states is None else (hidden, *states), None if probs is None else tuple(probs)
+
+    def _run_stack(self, layers, h, mask, packed, rel, to_output, output_hidden_states, step):
+        """-> (the last h, [to_output(h) after each layer] or None): the (layer, head scale) pairs in
+        one call of the extension where it runs them all (fastbert.model.stack), else one by one."""
+        outs = None
+        if all(scale is None for _, scale in layers):
+            outs = stack.float_stack(self, len(layers), h, mask, packed, rel, bool(output_hidden_states))
+        if outs is None:
+            h, states, _ = run_layers(layers, h, step, to_output, output_hidden_states, False)
+            return h, states
+        return outs[-1], [to_output(o) for o in outs] if output_hidden_states else None
 
     def _layer_plan(self, scales, first_only: bool):
         """(the (layer, head scale) pairs run on every token, the last pair when first_only runs it

@@ -31,7 +31,6 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from fastbert import backend as _backend
 from fastbert import ops
 from fastbert.model.config import OTHER_ACTIVATIONS
 from fastbert.ops import gemm
@@ -192,30 +191,6 @@ def int8_layer(layer, hidden: torch.Tensor, hq, attend, quantize_out: bool):
 CPP_LAYER_PATHS = {"fastbert": 2, "int_mm": 3, "packed": 4}
 
 
-def cpp_int8_layer(layer, hidden: torch.Tensor, hq, packed, relative_bias: Optional[torch.Tensor],
-                   quantize_out: bool):
-    """int8_layer on packed rows (packed = (cu_seqlens, max_seqlen)) in one call of the extension (the
-    GIL released, no Python between the kernels; bit for bit the same), or None where that call does
-    not run this layer: no extension, a backend other than the C++ kernels, an activation other than
-    GELU, or a GEMM path not measured yet or not one it runs."""
-    fn = _backend.cpp_function("int8_encoder_layer_forward")
-    if (fn is None or hidden.device.type != "cpu" or hidden.shape[0] == 0 or layer.ffn_act not in GELU_FORMS
-            or torch.compiler.is_compiling() or _backend.resolve(layer.backend, hidden) != "cpp"):
-        return None
-    sa, out, ffn_in, ffn_out = layer.self_attention, layer.attention_output, layer.ffn_input, layer.ffn_output
-    w, ws, b = qkv_int8(sa)
-    paths = gemm.layer_paths(hq[0].shape[0], (w, out.weight, ffn_in.weight, ffn_out.weight), torch.int8,
-                             CPP_LAYER_PATHS)
-    if paths is None:
-        return None
-    n1, n2 = layer.attention_norm, layer.ffn_norm
-    weights = [w, ws, b, out.weight, out.weight_scale, out.bias, n1.weight, n1.bias, ffn_in.weight,
-               ffn_in.weight_scale, ffn_in.bias, ffn_out.weight, ffn_out.weight_scale, ffn_out.bias, n2.weight, n2.bias]
-    h2, q, s, o = fn(hidden, *hq, weights, paths, sa.num_attention_heads, float(n1.eps), float(n2.eps),
-                     GELU_FORMS[layer.ffn_act], packed[0].contiguous(), int(packed[1]), relative_bias, quantize_out)
-    return h2, (q, s, o)
-
-
 class _InferenceOnly(torch.autograd.Function):
     """run(hidden) with no backward: a gradient through the int8 encoder is an error naming the fix."""
 
@@ -235,6 +210,7 @@ def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], b
     Packed on the real tokens (varlen attention), unless an additive mask, attention probabilities
     or a head mask ask for the padded explicit path; relative_bias (MPNet's) is added in every layer."""
     from fastbert.model.layers import run_layers
+    from fastbert.model.stack import int8_stack
 
     if model.training:
         raise RuntimeError(TRAINING_ERROR)
@@ -259,14 +235,13 @@ def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], b
 
     def run(h):
         carry = [ops.quantize_rows(h)]  # the layer input's quantized rows, made by the layer before
+        if packed is not None and all(s is None for s in scales):  # every layer in one call of the extension
+            outs = int8_stack(model, h, carry[0], packed, relative_bias, bool(output_hidden_states))
+            if outs is not None:
+                return (padded(outs[-1]), *(padded(o) for o in outs if output_hidden_states))
 
         def step(layer, h, scale):
             last = layer is layers[-1][0]
-            if packed is not None and scale is None:
-                done = cpp_int8_layer(layer, h, carry[0], packed, relative_bias, quantize_out=not last)
-                if done is not None:
-                    h, carry[0] = done
-                    return h, None
 
             def attend(qkv):
                 ctx, p = layer.attend(qkv, shape, key_mask, packed, bias, scale, bool(output_attentions),

@@ -9,6 +9,7 @@ from torch import nn
 
 from fastbert import ops, reference
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
+from fastbert.model.stack import one_call_now
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.encoder_layer import model_layer
 
@@ -273,10 +274,10 @@ class BertLayer(nn.Module, _Backend):
     def _one_call(self) -> bool:
         """Whether the layer runs as one ops.encoder_layer call (the same kernels, without each op's
         Python): inference (grad mode off, eval, not while torch.compile traces or under autocast,
-        whose casts the separate ops make), float linear layers, a GELU feed-forward."""
-        return (not torch.is_grad_enabled() and not self.training and self.ffn_act in GELU_FORMS
-                and type(self.ffn_output) is nn.Linear and not torch.compiler.is_compiling()
-                and not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda"))
+        whose casts the separate ops make), float linear layers, a GELU feed-forward. (A model's
+        stack of such layers runs in one call: fastbert.model.stack.)"""
+        return (one_call_now() and not self.training and self.ffn_act in GELU_FORMS
+                and type(self.ffn_output) is nn.Linear)
 
     def _layer_op(self, hidden, w, b, mask, packed, relative_bias) -> torch.Tensor:
         out, norm1, ffn_in, ffn_out, norm2 = (self.attention_output, self.attention_norm, self.ffn_input,

@@ -240,16 +240,18 @@ def test_sentence_encoder_and_encode_cli_take_quantize(minilm, tmp_path):
 
 @pytest.mark.parametrize("path", ["fastbert", "int_mm", "packed"])
 @pytest.mark.parametrize("family", ["bert", "mpnet"])
-def test_one_cpp_call_per_layer_gives_the_same_bits(saved, path, family, monkeypatch):
-    """Once its GEMM paths are known, an int8 layer on packed rows runs as one call of the extension
-    (csrc/encoder_layer.cpp): bit for bit the layer's kernels called one by one from Python, with
-    MPNet's relative bias too; on plain weights (a measured path, forced here) and packed ones."""
+def test_one_cpp_call_for_all_layers_gives_the_same_bits(saved, path, family, monkeypatch):
+    """Once its GEMM paths are known, the int8 encoder on packed rows runs as one call of the
+    extension (fastbert.model.stack, csrc/encoder_layer.cpp): bit for bit the layers' kernels called
+    one by one from Python, every hidden state too, with MPNet's relative bias; on plain weights (a
+    measured path, forced here) and packed ones."""
     import fastbert.model.int8 as int8
+    import fastbert.model.stack as stack
     from fastbert.ops import gemm
 
     require("cpp")
-    assert fastbert.backend.cpp_function("int8_encoder_layer_forward") is not None, (
-        "the built extension predates int8_encoder_layer_forward")
+    assert fastbert.backend.cpp_function("int8_encoder_forward") is not None, (
+        "the built extension predates int8_encoder_forward")
     if path != "packed" and path not in gemm.candidates("fwd", torch.int8):
         pytest.skip(f"the int8 GEMM path {path} is not used here: {gemm.unavailable().get((path, 'fwd', torch.int8))}")
     monkeypatch.setenv("FASTBERT_INT8_LAYOUT", "packed" if path == "packed" else "plain")
@@ -259,8 +261,8 @@ def test_one_cpp_call_per_layer_gives_the_same_bits(saved, path, family, monkeyp
         config = transformers.MPNetConfig(**TINY)
         torch.manual_seed(0)
         model = fastbert.MPNetModel(fastbert.MPNetConfig(**config.to_dict())).eval().quantize_("int8")
-    ran = []  # per layer: whether it ran as one call
-    real = int8.cpp_int8_layer
+    ran = []  # per forward: whether its layers ran as one call
+    real = stack.int8_stack
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -269,13 +271,18 @@ def test_one_cpp_call_per_layer_gives_the_same_bits(saved, path, family, monkeyp
 
     dims = {m.weight.dim() for m in model.modules() if isinstance(m, Int8Linear)}
     assert dims == ({4} if path == "packed" else {2})
-    monkeypatch.setattr(int8, "cpp_int8_layer", spy)
+    monkeypatch.setattr(stack, "int8_stack", spy)
     ids, mask = _batch(3)
     with torch.no_grad(), gemm.forced(None if path == "packed" else path):
-        one_call = model(ids, mask).last_hidden_state
-        assert ran and all(ran)
+        model(ids, mask)  # the first call measures what it must
+        ran.clear()
+        one_call = model(ids, mask, output_hidden_states=True)
+        assert ran == [True]
         monkeypatch.setattr(int8, "CPP_LAYER_PATHS", {})
         ran.clear()
-        python = model(ids, mask).last_hidden_state
-        assert ran and not any(ran)
-    assert torch.equal(one_call, python), (one_call - python).abs().max().item()
+        python = model(ids, mask, output_hidden_states=True)
+        assert ran == [False]
+    assert len(one_call.hidden_states) == len(python.hidden_states) == model.config.num_hidden_layers + 1
+    for a, b in zip((one_call.last_hidden_state, *one_call.hidden_states),
+                    (python.last_hidden_state, *python.hidden_states)):
+        assert torch.equal(a, b), (a - b).abs().max().item()

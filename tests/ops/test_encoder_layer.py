@@ -104,11 +104,12 @@ def test_refuses_what_it_cannot_take():
 @pytest.mark.parametrize("family", ["bert", "distilbert", "mpnet"])
 def test_models_give_the_same_bits_through_it(family, monkeypatch):
     """A model in inference mode runs each layer in one call (encoder_layer, or once the GEMM paths
-    are measured the model's own one C++ call); grad mode on, the separate ops. Both must give the
-    same bits, padded (no padding) and packed (padding)."""
+    are measured the model's own one C++ call, or all its layers in one: fastbert.model.stack); grad
+    mode on, the separate ops. Both must give the same bits, padded (no padding) and packed (padding)."""
     import transformers
 
     import fastbert.model.layers as layers
+    import fastbert.model.stack as stack
 
     calls = []  # a layer run in one call: through encoder_layer, or the model's own one C++ call
     real, direct = fastbert.ops.encoder_layer, layers.model_layer
@@ -121,6 +122,15 @@ def test_models_give_the_same_bits_through_it(family, monkeypatch):
         return out
 
     monkeypatch.setattr(layers, "model_layer", spy)
+    whole = stack.float_stack
+
+    def stack_spy(model, count, *args):
+        out = whole(model, count, *args)
+        if out is not None:
+            calls.extend([1] * count)
+        return out
+
+    monkeypatch.setattr(stack, "float_stack", stack_spy)
     small = dict(hidden_size=64, num_attention_heads=4, intermediate_size=96, num_hidden_layers=2, vocab_size=120)
     if family == "distilbert":
         small = dict(dim=64, n_heads=4, hidden_dim=96, n_layers=2, vocab_size=120)

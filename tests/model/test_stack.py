@@ -1,0 +1,241 @@
+"""The encoder's layers in one call of the extension (fastbert.model.stack): bit for bit the layers
+run one at a time, and a plan that never goes stale, whatever changes the modules it was read from."""
+import pytest
+import torch
+from conftest import require
+from torch import nn
+
+import fastbert
+import fastbert.model.stack as stack
+from fastbert.model.layers import BertLayer
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+FAMILIES = {"bert": (transformers.BertConfig, fastbert.BertConfig, fastbert.BertModel, SMALL),
+            "distilbert": (transformers.DistilBertConfig, fastbert.DistilBertConfig, fastbert.DistilBertModel,
+                           dict(vocab_size=120, dim=64, n_layers=2, n_heads=4, hidden_dim=96)),
+            "mpnet": (transformers.MPNetConfig, fastbert.MPNetConfig, fastbert.MPNetModel, SMALL)}
+IDS = torch.randint(5, 120, (3, 12), generator=torch.Generator().manual_seed(3))
+MASKS = {"padded": torch.ones(3, 12, dtype=torch.long),
+         "packed": torch.tensor([[1] * 12, [1] * 7 + [0] * 5, [1] * 2 + [0] * 10])}
+
+
+def _model(family="bert", seed=0):
+    hf_config, config, cls, small = FAMILIES[family]
+    torch.manual_seed(seed)
+    return cls(config(**hf_config(**small).to_dict())).eval()
+
+
+class Spy:
+    """Counts the forwards whose layers ran in one call; `off` runs them one by one instead."""
+
+    def __init__(self, monkeypatch):
+        self.ran, self.off = [], False
+        for name in ("float_stack", "int8_stack"):
+            real = getattr(stack, name)
+
+            def spy(*args, _real=real, **kwargs):
+                out = None if self.off else _real(*args, **kwargs)
+                self.ran.append(out is not None)
+                return out
+
+            monkeypatch.setattr(stack, name, spy)
+
+    def both(self, model, mask="packed", **kwargs):
+        """(the forward with every layer in one call, the forward with the layers one by one)."""
+        with torch.no_grad():
+            self.ran.clear()
+            fast = model(IDS, MASKS[mask], **kwargs)
+            assert self.ran == [True], "the layers did not run in one call"
+            self.off = True
+            try:
+                slow = model(IDS, MASKS[mask], **kwargs)
+            finally:
+                self.off = False
+        return fast, slow
+
+    def check(self, model, mask="packed"):
+        """The one-call forward's output, after checking it equals the layers' one by one."""
+        fast, slow = self.both(model, mask)
+        assert torch.equal(fast.last_hidden_state, slow.last_hidden_state), (
+            (fast.last_hidden_state - slow.last_hidden_state).abs().max().item())
+        return fast.last_hidden_state
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    require("cpp")
+    assert fastbert.backend.cpp_function("encoder_forward") is not None, "the built extension predates encoder_forward"
+    return Spy(monkeypatch)
+
+
+@pytest.mark.parametrize("mask", sorted(MASKS))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_every_layer_in_one_call_gives_the_same_bits(spy, family, mask, quantize):
+    model = _model(family)
+    if quantize:
+        if mask == "padded":
+            pytest.skip("an int8 model runs packed rows whatever the mask: the packed case covers it")
+        model.quantize_(quantize)
+    with torch.no_grad():
+        model(IDS, MASKS[mask])  # the first call measures the GEMM paths
+    fast, slow = spy.both(model, mask, output_hidden_states=True)
+    assert len(fast.hidden_states) == len(slow.hidden_states) == 3
+    for a, b in zip((fast.last_hidden_state, *fast.hidden_states), (slow.last_hidden_state, *slow.hidden_states)):
+        assert torch.equal(a, b), (a - b).abs().max().item()
+
+
+def _layer(model) -> BertLayer:
+    return model.encoder.layer[1]
+
+
+def _fresh(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def _data_query(model):
+    q = _layer(model).attention.self.query
+    q.weight.data = _fresh(q.weight.shape, 1)  # new memory: the joined QKV weight is not its slice any more
+
+
+def _in_place(model):
+    _layer(model).output.dense.weight.mul_(-1.5)
+
+
+def _data_output(model):
+    w = _layer(model).attention.output.dense.weight
+    w.data = _fresh(w.shape, 2)
+
+
+def _copy_query(model):
+    _layer(model).attention.self.value.weight.copy_(_fresh((64, 64), 3))
+
+
+def _load_state(model):
+    model.load_state_dict(_model(seed=7).state_dict())
+
+
+def _load_assign(model):
+    model.load_state_dict(_model(seed=8).state_dict(), assign=True)
+
+
+def _new_module(model):
+    torch.manual_seed(9)
+    _layer(model).intermediate.dense = nn.Linear(64, 96)
+
+
+def _new_parameter(model):
+    _layer(model).attention.output.LayerNorm.weight = nn.Parameter(torch.full((64,), 0.5))
+
+
+def _eps(model):
+    _layer(model).output.LayerNorm.eps = 0.5
+
+
+def _activation(model):
+    _layer(model).intermediate.hidden_act = "gelu_new"
+
+
+def _to_and_back(model):
+    model.to(torch.float64)
+    with torch.no_grad():
+        _layer(model).attention.self.key.weight.mul_(2)
+    model.to(torch.float32)
+
+
+def _swap(model):
+    q = _layer(model).attention.self.query
+    torch.utils.swap_tensors(q.weight, nn.Parameter(_fresh(q.weight.shape, 4)))
+
+
+def _sgd(model):
+    _optimizer_step(model, torch.optim.SGD(model.parameters(), lr=0.5, foreach=False))
+
+
+def _adamw_fused(model):
+    _optimizer_step(model, torch.optim.AdamW(model.parameters(), lr=0.1, fused=True))
+
+
+def _optimizer_step(model, opt):
+    with torch.enable_grad():
+        model.train()
+        model(IDS, MASKS["packed"]).last_hidden_state.square().mean().backward()
+        opt.step()
+        model.eval()
+
+
+def _class_property(model, monkeypatch):
+    monkeypatch.setattr(BertLayer, "ffn_act", property(lambda self: "gelu_new"))
+
+
+CHANGES = [_data_query, _in_place, _data_output, _copy_query, _load_state, _load_assign, _new_module, _new_parameter,
+           _eps, _activation, _to_and_back, _swap, _sgd, _adamw_fused, _class_property]
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=[c.__name__.strip("_") for c in CHANGES])
+def test_the_plan_never_goes_stale(spy, change, monkeypatch):
+    """Each way of changing what the layers hand the extension: the next one-call forward equals
+    the layers run one by one on the changed model, and differs from the forward before."""
+    model = _model()
+    with torch.no_grad():
+        model(IDS, MASKS["packed"])
+    before = spy.check(model)
+    with torch.no_grad():
+        change(model, monkeypatch) if change is _class_property else change(model)
+    after = spy.check(model)
+    assert not torch.equal(before, after), "the change did not change the output: the test would not see a stale plan"
+
+
+def test_the_plan_is_kept_while_nothing_changes(spy):
+    model = _model()
+    with torch.no_grad():
+        model(IDS, MASKS["packed"])
+        model(IDS, MASKS["packed"])
+        kept = model.__dict__["_stack_plan"]
+        model(IDS, MASKS["packed"])
+    assert model.__dict__["_stack_plan"] is kept
+
+
+def test_int8_plan_follows_loads_and_moves(spy):
+    """int8: load_state_dict quantizes into the same tensors (in place); .data on a QKV weight
+    moves it out of the joined tensor; both are what the next one-call forward uses."""
+    model = _model().quantize_("int8")
+    with torch.no_grad():
+        model(IDS, MASKS["packed"])
+    before = spy.check(model)
+    model.load_state_dict(_model(seed=5).state_dict())
+    loaded = spy.check(model)
+    assert not torch.equal(before, loaded)
+    q = _layer(model).attention.self.query
+    q.weight.data = q.weight.flip(0).clone()
+    moved = spy.check(model)
+    assert not torch.equal(loaded, moved)
+
+
+def test_a_forward_hook_on_a_layer_still_runs(spy):
+    model = _model()
+    seen = []
+    _layer(model).register_forward_hook(lambda module, args, out: seen.append(module))
+    with torch.no_grad():
+        model(IDS, MASKS["packed"])
+        spy.ran.clear()
+        model(IDS, MASKS["packed"])
+    assert spy.ran == [False] and len(seen) == 2
+
+
+def test_the_reader_finds_what_getattr_finds():
+    """_Reader's lookup order is nn.Module's: a property, the instance, the class, then parameters,
+    buffers and submodules; a missing name is an AttributeError."""
+    layer = _model().encoder.layer[0]
+    reads = {}
+    r = stack._Reader(layer, reads)
+    assert stack._module(r.ffn_norm) is layer.ffn_norm and r.ffn_act == layer.ffn_act
+    assert r.backend is layer.backend and r.training is layer.training
+    assert r.intermediate.dense.weight is layer.intermediate.dense.weight
+    layer.backend = "torch"
+    assert r.backend == "torch"
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        assert r.nothing is None  # never reached: the read raises
+    assert reads
