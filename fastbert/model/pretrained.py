@@ -13,6 +13,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from fastbert.model import stack
 from fastbert.model.checkpoint import (
     SAFE_WEIGHTS_NAME,
     WEIGHTS_NAME,
@@ -56,6 +57,12 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
 
     def _return_dict(self, return_dict) -> bool:
         return self.config.use_return_dict if return_dict is None else return_dict
+
+    def _apply(self, fn, recurse=True):
+        # to() / half() / cuda(): the plan of the one-call stack (fastbert.model.stack) holds the
+        # layers' tensors, which may be the old ones now: let them go (the next forward reads anew)
+        stack.drop_plans(self)
+        return super()._apply(fn, recurse)
 
     def _run_layer(self, layer, *args):
         """layer(*args) (an encoder layer or one of its methods), or checkpointed: its activations

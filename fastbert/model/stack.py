@@ -159,10 +159,19 @@ def _current(plan: Optional[Plan], layers: tuple) -> bool:
     return True
 
 
+_PLAN_KEYS = ("_stack_plan", "_stack_plan_int8")
+
+
+def drop_plans(model: nn.Module) -> None:
+    """Forget the model's plans (they hold its layers' tensors): to() and the like give it new ones."""
+    for key in _PLAN_KEYS:
+        model.__dict__.pop(key, None)
+
+
 def plan(model: nn.Module, layers: tuple, int8: bool) -> Plan:
     """The plan for the model's layers (all of them, in order): the one kept on the model, or a new
     one where there is none or the kept one was read from something that changed since."""
-    key = "_stack_plan_int8" if int8 else "_stack_plan"
+    key = _PLAN_KEYS[int8]
     kept = model.__dict__.get(key)
     if not _current(kept, layers):
         kept = model.__dict__[key] = _build(layers, int8)
@@ -199,7 +208,7 @@ def _run(model: nn.Module, layers: tuple, int8: bool, count: int, hidden: torch.
         out = call(p, paths)
         if out:
             return out
-        model.__dict__.pop("_stack_plan_int8" if int8 else "_stack_plan", None)
+        model.__dict__.pop(_PLAN_KEYS[int8], None)
     return None
 
 

@@ -237,3 +237,14 @@ def test_the_reader_finds_what_getattr_finds():
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         assert r.nothing is None  # never reached: the read raises
     assert reads
+
+
+def test_to_lets_the_plan_go(spy):
+    """The plan holds the layers' tensors: to() drops it, so no old copy of the weights stays alive."""
+    model = _model().quantize_("int8")
+    with torch.no_grad():
+        model(IDS, MASKS["packed"])
+        model(IDS, MASKS["packed"])
+    assert "_stack_plan_int8" in model.__dict__
+    model.to(torch.float64)
+    assert "_stack_plan_int8" not in model.__dict__
