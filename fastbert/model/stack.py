@@ -115,7 +115,7 @@ def _entry(layer: nn.Module, reads: dict, int8: bool):
     act, linear = r.ffn_act, Int8Linear if int8 else nn.Linear
     out, n1, ffn_in, ffn_out, n2 = r.attention_output, r.attention_norm, r.ffn_input, r.ffn_output, r.ffn_norm
     sa = r.self_attention
-    if (act not in GELU_FORMS or r.training or r.forward.__func__ is not BertLayer.forward
+    if (act not in GELU_FORMS or r.training or getattr(r.forward, "__func__", None) is not BertLayer.forward
             or any(type(_module(m)) is not linear for m in (sa.query, sa.key, sa.value, out, ffn_in, ffn_out))):
         return None
     joined, parts = _joined_parts(sa, int8)

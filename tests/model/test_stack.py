@@ -248,3 +248,21 @@ def test_to_lets_the_plan_go(spy):
     assert "_stack_plan_int8" in model.__dict__
     model.to(torch.float64)
     assert "_stack_plan_int8" not in model.__dict__
+
+
+def test_a_forward_replaced_on_a_layer_still_runs(spy):
+    """A layer whose forward was replaced on the instance (as wrapping libraries do) is run through it."""
+    model = _model()
+    layer, seen = _layer(model), []
+    real = layer.forward
+
+    def wrapped(*args, **kwargs):
+        seen.append(1)
+        return real(*args, **kwargs)
+
+    layer.forward = wrapped
+    with torch.no_grad():
+        model(IDS, MASKS["packed"])
+        spy.ran.clear()
+        model(IDS, MASKS["packed"])
+    assert spy.ran == [False] and len(seen) == 2
