@@ -108,13 +108,19 @@ bool joins_intact(const std::vector<at::Tensor>& t, size_t base) {
   return true;
 }
 
-void check_stack(const char* op, size_t layers, const std::vector<int64_t>& paths,
-                 const std::vector<int64_t>& heads, const std::vector<double>& eps,
-                 const std::vector<std::string>& approximate) {
-  TORCH_CHECK(paths.size() == 4 * layers && heads.size() == layers && eps.size() == 2 * layers &&
-                  approximate.size() == layers,
-              "fastbert._C.", op, ": paths (4 a layer), heads, eps (2 a layer) and approximate must match the ",
-              layers, " layers");
+// Checks that paths (4 a layer), heads, eps (2 a layer) and approximate match the layers; then
+// whether every layer's joined tensors (its tensors after the first `base`) are intact.
+bool stack_ready(const char* op, const std::vector<std::vector<at::Tensor>>& layers, size_t base,
+                 const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
+                 const std::vector<double>& eps, const std::vector<std::string>& approximate) {
+  const size_t n = layers.size();
+  TORCH_CHECK(paths.size() == 4 * n && heads.size() == n && eps.size() == 2 * n && approximate.size() == n,
+              "fastbert._C.", op, ": paths (4 a layer), heads, eps (2 a layer) and approximate must match the ", n,
+              " layers");
+  for (const auto& t : layers) {
+    if (!joins_intact(t, base)) return false;
+  }
+  return true;
 }
 
 std::vector<int64_t> slice4(const std::vector<int64_t>& paths, size_t i) {
@@ -170,20 +176,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_encoder_layer_fo
   return {h2, q2, s2, o2};
 }
 
-}  // namespace fastbert
-
-namespace fastbert {
-
 std::vector<at::Tensor> encoder_forward(const at::Tensor& hidden, const std::vector<std::vector<at::Tensor>>& layers,
                                         const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
                                         const std::vector<double>& eps, const std::vector<std::string>& approximate,
                                         const c10::optional<at::Tensor>& key_mask,
                                         const c10::optional<at::Tensor>& cu_seqlens, int64_t max_seqlen,
                                         const c10::optional<at::Tensor>& rel_bias, bool keep_states) {
-  check_stack("encoder_forward", layers.size(), paths, heads, eps, approximate);
-  for (const auto& t : layers) {
-    if (!joins_intact(t, 12)) return {};
-  }
+  if (!stack_ready("encoder_forward", layers, 12, paths, heads, eps, approximate)) return {};
   std::vector<at::Tensor> out;
   at::Tensor h = hidden;
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -202,10 +201,7 @@ std::vector<at::Tensor> int8_encoder_forward(const at::Tensor& hidden, const at:
                                              const std::vector<std::string>& approximate,
                                              const at::Tensor& cu_seqlens, int64_t max_seqlen,
                                              const c10::optional<at::Tensor>& rel_bias, bool keep_states) {
-  check_stack("int8_encoder_forward", layers.size(), paths, heads, eps, approximate);
-  for (const auto& t : layers) {
-    if (!joins_intact(t, 16)) return {};
-  }
+  if (!stack_ready("int8_encoder_forward", layers, 16, paths, heads, eps, approximate)) return {};
   std::vector<at::Tensor> out;
   at::Tensor h = hidden, q = hq, s = hs, o = ho;
   for (size_t i = 0; i < layers.size(); ++i) {

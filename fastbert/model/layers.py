@@ -9,7 +9,7 @@ from torch import nn
 
 from fastbert import ops, reference
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.stack import one_call_now
+from fastbert.model.stack import layer_tensors, one_call_now
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.encoder_layer import model_layer
 
@@ -280,11 +280,9 @@ class BertLayer(nn.Module, _Backend):
                 and type(self.ffn_output) is nn.Linear)
 
     def _layer_op(self, hidden, w, b, mask, packed, relative_bias) -> torch.Tensor:
-        out, norm1, ffn_in, ffn_out, norm2 = (self.attention_output, self.attention_norm, self.ffn_input,
-                                              self.ffn_output, self.ffn_norm)
-        weights = (w, b, out.weight, out.bias, norm1.weight, norm1.bias, ffn_in.weight, ffn_in.bias, ffn_out.weight,
-                   ffn_out.bias, norm2.weight, norm2.bias)
-        heads, eps, approximate = self.self_attention.num_attention_heads, (norm1.eps, norm2.eps), GELU_FORMS[self.ffn_act]
+        weights = layer_tensors(self, (w, b), int8=False)
+        eps = (self.attention_norm.eps, self.ffn_norm.eps)
+        heads, approximate = self.self_attention.num_attention_heads, GELU_FORMS[self.ffn_act]
         mask, cu, n = (mask, None, None) if packed is None else (None, *packed)
         out = model_layer(hidden, weights, heads, eps, approximate, mask, cu, n, relative_bias, self.backend)
         if out is not None:

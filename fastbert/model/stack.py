@@ -103,6 +103,20 @@ def _joined_parts(sa: _Reader, int8: bool):
     return list(joined), [getattr(m, name) for name in names for m in mods]
 
 
+def layer_tensors(layer, joined, int8: bool) -> list:
+    """A layer's tensors in the order the extension's one-layer call takes them, after its joined
+    QKV tensors `joined`: float (weight, bias) then fastbert.ops.LayerWeights' order; int8 (weight,
+    scale, bias) then each linear layer's int8 weight, scale and bias and each norm's weight and bias."""
+    out, n1, ffn_in, ffn_out, n2 = (layer.attention_output, layer.attention_norm, layer.ffn_input, layer.ffn_output,
+                                    layer.ffn_norm)
+    if int8:
+        return [*joined, out.weight, out.weight_scale, out.bias, n1.weight, n1.bias, ffn_in.weight,
+                ffn_in.weight_scale, ffn_in.bias, ffn_out.weight, ffn_out.weight_scale, ffn_out.bias, n2.weight,
+                n2.bias]
+    return [*joined, out.weight, out.bias, n1.weight, n1.bias, ffn_in.weight, ffn_in.bias, ffn_out.weight,
+            ffn_out.bias, n2.weight, n2.bias]
+
+
 def _entry(layer: nn.Module, reads: dict, int8: bool):
     """(tensors, products, heads, eps1, eps2, form, backend) of one layer, or None where the
     extension's whole layer does not run it: what BertLayer._one_call asks of a float layer that
@@ -119,13 +133,7 @@ def _entry(layer: nn.Module, reads: dict, int8: bool):
             or any(type(_module(m)) is not linear for m in (sa.query, sa.key, sa.value, out, ffn_in, ffn_out))):
         return None
     joined, parts = _joined_parts(sa, int8)
-    if int8:
-        tensors = [*joined, out.weight, out.weight_scale, out.bias, n1.weight, n1.bias, ffn_in.weight,
-                   ffn_in.weight_scale, ffn_in.bias, ffn_out.weight, ffn_out.weight_scale, ffn_out.bias, n2.weight,
-                   n2.bias]
-    else:
-        tensors = [*joined, out.weight, out.bias, n1.weight, n1.bias, ffn_in.weight, ffn_in.bias, ffn_out.weight,
-                   ffn_out.bias, n2.weight, n2.bias]
+    tensors = layer_tensors(r, joined, int8)
     if any(t is None for t in tensors + parts):
         return None
     products = (joined[0], out.weight, ffn_in.weight, ffn_out.weight)
