@@ -56,7 +56,7 @@ inline void accumulate(Vf (&acc)[MR][NR], const float* a, int64_t lda, const flo
 
 // c [MR, NR] (row stride ldc) = MR rows of a . NR rows of b over k (+ bias [NR] when not nullptr).
 // The cache lines of k-values [pf0, pf1) of the next panel's rows (next, NR rows of stride ldb) are
-// prefetched on the way, a line of each row per line of this one (none when next is nullptr).
+// prefetched on the way, spread evenly over the whole of k (none when next is nullptr).
 template <int MR, int NR>
 void tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k, const float* bias, float* c,
           int64_t ldc, const float* next, int64_t pf0, int64_t pf1) {
@@ -68,19 +68,35 @@ void tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k, c
     for (int j = 0; j < NR; ++j) acc[r][j] = vec::set1(0.0f);
   }
   const int64_t kv = k / vec::kWidth * vec::kWidth;
-  const int64_t p0 = next != nullptr ? std::min(pf0, kv) : 0, p1 = next != nullptr ? std::min(pf1, kv) : 0;
-  accumulate(acc, a, lda, b, ldb, 0, p0);
-  for (int64_t i = p0; i < p1; i += kLine) {
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) __builtin_prefetch(next + j * ldb + i);
-    accumulate(acc, a, lda, b, ldb, i, std::min(i + kLine, p1));
+  // The share's lines, NR * per_row of them (row j, line l), taken in order j fastest: `each` a
+  // step of kStep k-values, the last steps taking none.
+  constexpr int64_t kStep = 2 * kLine;
+  const int64_t per_row = next != nullptr && pf1 > pf0 ? (pf1 - pf0 + kLine - 1) / kLine : 0;
+  const int64_t steps = (kv + kStep - 1) / kStep;
+  const int64_t each = steps > 0 ? (NR * per_row + steps - 1) / steps : 0;
+  const float* line = next != nullptr ? next + pf0 : nullptr;
+  int64_t row = 0, left = NR * per_row;
+  for (int64_t i = 0; i < kv; i += kStep) {
+    for (int64_t t = std::min(each, left); t > 0; --t, --left) {
+      __builtin_prefetch(line + row * ldb);
+      if (++row == NR) row = 0, line += kLine;
+    }
+    accumulate(acc, a, lda, b, ldb, i, std::min(i + kStep, kv));
   }
-  accumulate(acc, a, lda, b, ldb, p1, kv);
+  float sums[MR * NR];
+  int q = 0;
+#pragma GCC unroll 8
+  for (; q + 4 <= MR * NR; q += 4) {
+    vec::hsum4(acc[q / NR][q % NR], acc[(q + 1) / NR][(q + 1) % NR], acc[(q + 2) / NR][(q + 2) % NR],
+               acc[(q + 3) / NR][(q + 3) % NR], sums + q);
+  }
+#pragma GCC unroll 4
+  for (; q < MR * NR; ++q) sums[q] = vec::hsum(acc[q / NR][q % NR]);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      float s = vec::hsum(acc[r][j]);
+      float s = sums[r * NR + j];
       for (int64_t i = kv; i < k; ++i) s += a[r * lda + i] * b[j * ldb + i];
       c[r * ldc + j] = bias != nullptr ? s + bias[j] : s;
     }

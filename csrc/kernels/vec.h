@@ -52,6 +52,17 @@ inline Vf vmin(Vf a, Vf b) { return {_mm512_min_ps(a.v, b.v)}; }  // b when a is
 inline Vf vmax(Vf a, Vf b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline Vf vabs(Vf a) { return {_mm512_abs_ps(a.v)}; }
 inline float hsum(Vf a) { return _mm512_reduce_add_ps(a.v); }
+// out[0..3] = hsum(a), hsum(b), hsum(c), hsum(d): halves added across the four, 8 shuffles in all
+inline void hsum4(Vf a, Vf b, Vf c, Vf d, float* out) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a.v, b.v, 0x44), _mm512_shuffle_f32x4(a.v, b.v, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c.v, d.v, 0x44), _mm512_shuffle_f32x4(c.v, d.v, 0xEE));
+  __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));  // 128-bit lane i: 4 partial sums of a, b, c, d
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xB1));
+  alignas(64) float t[16];
+  _mm512_store_ps(t, s);
+  out[0] = t[0], out[1] = t[4], out[2] = t[8], out[3] = t[12];
+}
 inline float hmax(Vf a) { return _mm512_reduce_max_ps(a.v); }
 // lanes of `if_neg` where x < 0, else lanes of `otherwise`
 inline Vf where_negative(Vf x, Vf if_neg, Vf otherwise) {
@@ -87,6 +98,10 @@ inline float hsum(Vf a) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+inline void hsum4(Vf a, Vf b, Vf c, Vf d, float* out) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a.v, b.v), _mm256_hadd_ps(c.v, d.v));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
 inline float hmax(Vf a) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -116,6 +131,7 @@ inline Vf vmin(Vf a, Vf b) { return {a.v < b.v ? a.v : b.v}; }  // b when a is N
 inline Vf vmax(Vf a, Vf b) { return {a.v > b.v ? a.v : b.v}; }
 inline Vf vabs(Vf a) { return {std::fabs(a.v)}; }
 inline float hsum(Vf a) { return a.v; }
+inline void hsum4(Vf a, Vf b, Vf c, Vf d, float* out) { out[0] = a.v, out[1] = b.v, out[2] = c.v, out[3] = d.v; }
 inline float hmax(Vf a) { return a.v; }
 inline Vf where_negative(Vf x, Vf if_neg, Vf otherwise) { return x.v < 0.0f ? if_neg : otherwise; }
 inline Vf recip(Vf d) { return {1.0f / d.v}; }
