@@ -88,12 +88,21 @@ constexpr int kGroupPanels = Scheme::kNv / kVecsPerPanel;  // panels of a column
 constexpr int kGroupCols = kGroupPanels * kPanel;
 constexpr int64_t kMc = 128;  // rows of a packed at a time
 
+// The next column group's lines of b, prefetched a few at each k-group of a tile, so that the
+// memory's stream runs behind every tile of a group, not only behind the first one (which reads b
+// from memory; the others find it in cache).
+struct Ahead {
+  const int8_t* line;  // the next line to prefetch
+  int64_t left;        // lines of this tile's share left
+  int64_t each;        // lines a k-group
+};
+
 // c [M rows, NV vectors of columns] = a (M packed u8 rows, stride lda) . the group's panels of b
 // (panel stride ps) over kq k-groups, the accumulators starting at start [NV * kW]. kTrack: also
 // returns whether b holds a value the scheme is not exact for (the group's first tile).
 template <int M, int NV, bool kTrack>
 bool tile(int64_t kq, const uint8_t* a, int64_t lda, const int8_t* b, int64_t ps, const int32_t* start, int32_t* c,
-          int64_t ldc) {
+          int64_t ldc, Ahead ahead) {
   V acc[M][NV];
   V most = vzero();
 #pragma GCC unroll 3
@@ -103,6 +112,9 @@ bool tile(int64_t kq, const uint8_t* a, int64_t lda, const int8_t* b, int64_t ps
     for (int r = 0; r < M; ++r) acc[r][v] = s;
   }
   for (int64_t q = 0; q < kq; ++q) {
+    for (int64_t t = std::min(ahead.each, ahead.left); t > 0; --t, --ahead.left, ahead.line += 64) {
+      __builtin_prefetch(ahead.line);
+    }
     V bv[NV];
 #pragma GCC unroll 3
     for (int v = 0; v < NV; ++v) {
@@ -126,7 +138,8 @@ bool tile(int64_t kq, const uint8_t* a, int64_t lda, const int8_t* b, int64_t ps
   return !(kTrack && Scheme::exceeds(most, 0));
 }
 
-using Tile = bool (*)(int64_t, const uint8_t*, int64_t, const int8_t*, int64_t, const int32_t*, int32_t*, int64_t);
+using Tile = bool (*)(int64_t, const uint8_t*, int64_t, const int8_t*, int64_t, const int32_t*, int32_t*, int64_t,
+                     Ahead);
 
 template <int P, bool kTrack, int... I>
 constexpr std::array<Tile, sizeof...(I)> tiles_of(std::integer_sequence<int, I...>) {
@@ -172,10 +185,16 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
       const int8_t* b = bp + pg * ps;
       int32_t* st = start + (pg - p0) * kPanel;
       int32_t* cg = c + ic * ldc + pg * kPanel;  // c's row ic, this group's first column
+      // the next group's panels (contiguous after this group's), a share for each tile of this one
+      const int64_t lines = std::min<int64_t>(kGroupPanels, p1 - pg - np) * ps / 64, tiles = ceil_div(rows, kMr);
+      const auto ahead = [&](int64_t ir) {
+        const int64_t t = ir / kMr, l0 = lines * t / tiles, l1 = lines * (t + 1) / tiles;
+        return Ahead{b + np * ps + l0 * 64, l1 - l0, ceil_div(l1 - l0, kq)};
+      };
       int64_t ir = 0;  // packed row
       if (ones) {
         const int64_t mr = std::min<int64_t>(kMr, rows);
-        if (!kTiles[1][np - 1][mr - 1](kq, ap, kp, b, ps, zeros, first, kGroupCols)) return false;
+        if (!kTiles[1][np - 1][mr - 1](kq, ap, kp, b, ps, zeros, first, kGroupCols, ahead(0))) return false;
         for (int64_t j = 0; j < cols; ++j) st[j] = -128 * first[j];
         for (int64_t r = 1; r < mr; ++r) {
           for (int64_t j = 0; j < cols; ++j) cg[(r - 1) * ldc + j] = first[r * kGroupCols + j] + st[j];
@@ -184,7 +203,7 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
       }
       for (; ir < rows; ir += kMr) {
         const int64_t mr = std::min<int64_t>(kMr, rows - ir);
-        kTiles[0][np - 1][mr - 1](kq, ap + ir * kp, kp, b, ps, st, cg + (ir - ones) * ldc, ldc);
+        kTiles[0][np - 1][mr - 1](kq, ap + ir * kp, kp, b, ps, st, cg + (ir - ones) * ldc, ldc, ahead(ir));
       }
     }
   }
