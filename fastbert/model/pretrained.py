@@ -64,6 +64,12 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         stack.drop_plans(self)
         return super()._apply(fn, recurse)
 
+    def _load_from_state_dict(self, *args, **kwargs):
+        # load_state_dict(assign=True) gives the layers new tensors: let the plan's old ones go now,
+        # not at the next forward (in place, the plan would still be current; dropping costs one rebuild)
+        stack.drop_plans(self)
+        return super()._load_from_state_dict(*args, **kwargs)
+
     def _run_layer(self, layer, *args):
         """layer(*args) (an encoder layer or one of its methods), or checkpointed: its activations
         recomputed in the backward (training only)."""

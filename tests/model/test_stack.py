@@ -1,5 +1,8 @@
 """The encoder's layers in one call of the extension (fastbert.model.stack): bit for bit the layers
 run one at a time, and a plan that never goes stale, whatever changes the modules it was read from."""
+import gc
+import weakref
+
 import pytest
 import torch
 from conftest import require
@@ -257,6 +260,22 @@ def test_to_lets_the_plan_go(spy):
     assert "_stack_plan_int8" in model.__dict__
     model.to(torch.float64)
     assert "_stack_plan_int8" not in model.__dict__
+
+
+def test_loading_a_state_dict_lets_the_old_tensors_go(spy):
+    """load_state_dict(assign=True) replaces the weights: the plan that held the old ones is dropped at
+    once, so they are freed before any further forward (and the next forward builds a new plan)."""
+    model = _model()
+    with torch.no_grad():
+        model(IDS, MASKS["packed"])
+    assert "_stack_plan" in model.__dict__
+    old = weakref.ref(_layer(model).intermediate.dense.weight)
+    model.load_state_dict(_model(seed=8).state_dict(), assign=True)
+    gc.collect()
+    assert old() is None and "_stack_plan" not in model.__dict__
+    with torch.no_grad():
+        model(IDS, MASKS["packed"])
+    assert "_stack_plan" in model.__dict__
 
 
 def test_a_forward_replaced_on_a_layer_still_runs(spy):
