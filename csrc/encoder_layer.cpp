@@ -22,6 +22,7 @@
 #include <ATen/ops/_int_mm.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/mm.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include "cpu_ops.h"
 
@@ -35,21 +36,51 @@ enum GemmPath : int64_t {
   kInt8 = 2,      // "fastbert": fastbert's int8 GEMM
   kIntMm = 3,     // "int_mm": torch._int_mm
   kPacked = 4,    // fastbert's int8 GEMM on a packed weight (the weight's only copy: no choice to measure)
+  kOnednn = 5,    // "onednn": oneDNN's inner product on the weight as it is
+  kOnednnPacked = 6,  // "onednn_packed": the same on the weight reordered on this call
+  kMklPacked = 7,     // "mkl_packed": MKL's packed GEMM on the weight packed on this call
 };
+
+bool float_path(int64_t p) { return p == kAddmm || p == kDot || p == kOnednn || p == kOnednnPacked || p == kMklPacked; }
 
 void check_paths(const char* op, const std::vector<int64_t>& paths, bool int8) {
   TORCH_CHECK(paths.size() == 4, "fastbert._C.", op, ": paths must hold one GEMM path per product (4), got ",
               paths.size());
   for (int64_t p : paths) {
-    TORCH_CHECK(int8 ? (p == kInt8 || p == kIntMm || p == kPacked) : (p == kAddmm || p == kDot), "fastbert._C.", op,
+    TORCH_CHECK(int8 ? (p == kInt8 || p == kIntMm || p == kPacked) : float_path(p), "fastbert._C.", op,
                 ": GEMM path ", p, " is not one this layer runs");
   }
 }
 
-// x [rows, in] @ w [out, in]^T (+ bias) on `path`, into the reusing allocator's memory, as
-// fastbert.ops.linear.rows_forward's product.
+// torch's operator `name` called boxed on `args` -> its one tensor. The mkldnn and mkl operators are
+// registered by the torch builds that have those libraries; fastbert.ops.gemm offers their paths only
+// there, so they are looked up (once each) only where a measured choice names them.
+at::Tensor call_op(const char* name, std::vector<c10::IValue> args) {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+  op.callBoxed(&args);
+  return args.at(0).toTensor();
+}
+
+// The mkldnn and mkl paths' products, as fastbert.ops.gemm_paths calls them (torch allocates the output).
+at::Tensor library_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                           int64_t path) {
+  const c10::IValue b = bias.has_value() && bias->defined() ? c10::IValue(*bias) : c10::IValue();
+  if (path == kMklPacked) {
+    const at::Tensor packed = call_op("mkl::_mkl_reorder_linear_weight", {w, x.size(0)});
+    return call_op("mkl::_mkl_linear", {x, packed, w, b, x.size(0)});
+  }
+  const at::Tensor weight = path == kOnednnPacked
+                                ? call_op("mkldnn::_reorder_linear_weight", {w.contiguous(), x.size(0)})
+                                : w;
+  return call_op("mkldnn::_linear_pointwise", {x, weight, b, std::string("none"),
+                                                c10::List<c10::optional<at::Scalar>>(), c10::IValue()});
+}
+
+// x [rows, in] @ w [out, in]^T (+ bias) on `path`, into the reusing allocator's memory (the library
+// paths: into torch's), as fastbert.ops.linear.rows_forward's product.
 at::Tensor float_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                          int64_t path) {
+  if (path == kOnednn || path == kOnednnPacked || path == kMklPacked) return library_product(x, w, bias, path);
   at::Tensor out = detail::empty({x.size(0), w.size(0)}, x.scalar_type());
   if (path == kDot) return f32_dot_gemm(x, w, bias, out);
   if (bias.has_value() && bias->defined()) return at::addmm_out(out, *bias, x, w.t());

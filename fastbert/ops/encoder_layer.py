@@ -15,8 +15,8 @@
 It runs the kernels the separate ops run (fastbert.ops.linear's measured GEMM paths, the fused
 attention, add_layer_norm and bias_gelu), called one after the other after one check of the
 arguments; on the C++ kernels in fp32, once every product's GEMM path is measured and is one the
-extension calls itself (addmm, dot), the whole layer is one call of the extension
-(csrc/encoder_layer.cpp: the GIL released, no Python between the kernels), which a model calls
+extension calls (every fp32 path: addmm, dot, onednn, onednn_packed, mkl_packed), the whole layer is
+one call of the extension (csrc/encoder_layer.cpp: the GIL released, no Python between the kernels), which a model calls
 for its own layers through model_layer, without this op's checks of arguments it made itself. A
 layer made of the separate ops pays each op's checks, backend choice and autograd test, about 20 us
 of Python apiece on the CPU, and the model's Python between them: for one sequence of 20 tokens
@@ -136,7 +136,7 @@ def encoder_layer(hidden: Tensor, weights: LayerWeights, *, heads: int, eps: Tup
 
 
 # the GEMM paths the extension's whole layer runs (csrc/encoder_layer.cpp), by fastbert.ops.gemm's names
-CPP_LAYER_PATHS = {"addmm": 0, "dot": 1}
+CPP_LAYER_PATHS = {"addmm": 0, "dot": 1, "onednn": 5, "onednn_packed": 6, "mkl_packed": 7}
 
 
 def model_layer(hidden: Tensor, weights, heads: int, eps: Tuple[float, float], approximate: str,

@@ -80,11 +80,13 @@ def spy(monkeypatch):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("quantize, mask, path", [(None, "padded", "addmm"), (None, "packed", "addmm"),
-                                                  (None, "packed", "dot"), ("int8", "packed", None)])
+                                                  (None, "packed", "dot"), (None, "packed", "onednn"),
+                                                  (None, "padded", "mkl_packed"), (None, "packed", "onednn_packed"),
+                                                  ("int8", "packed", None)])
 def test_every_layer_in_one_call_gives_the_same_bits(spy, family, mask, quantize, path):
-    """fp32 on padded and packed rows, on both GEMM paths the extension runs; int8 (packed rows
+    """fp32 on padded and packed rows, on every GEMM path the extension runs; int8 (packed rows
     whatever the mask) on packed weights."""
-    if path == "dot" and path not in gemm.candidates("fwd", torch.float32):
+    if path is not None and path not in gemm.candidates("fwd", torch.float32):
         pytest.skip(f"the fp32 GEMM path dot is not used here: {gemm.unavailable().get((path, 'fwd', torch.float32))}")
     model = _model(family)
     if quantize:
