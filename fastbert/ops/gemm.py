@@ -48,7 +48,9 @@ ROLES = ("fwd", "dx", "dw")
 FLOAT_PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed", "dot", "fp32")
 INT8_PATHS = ("fastbert", "int_mm", "onednn_qlinear", "float")
 PATHS = FLOAT_PATHS + INT8_PATHS
-_TIMED_RUNS = 3  # after one untimed run; the minimum is kept
+_TIMED_RUNS = 3  # rounds of timed calls at least, after one untimed call; the minimum is kept
+_MAX_ROUNDS = 9  # rounds at most, for the paths still in contention
+_CONTENDING = 1.15  # a path within this factor of the fastest's time is still in contention
 
 _choices: Dict[tuple, Tuple[str, Dict[str, float]]] = {}
 _probed: Dict[Tuple[str, str, torch.dtype], Optional[str]] = {}  # why a path is not used, or None
@@ -248,17 +250,29 @@ def _forced_choice(forced: str, role: str, dtype: torch.dtype) -> str:
 
 
 def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, float]:
-    """{path: seconds}: the fastest of _TIMED_RUNS calls of each path after one untimed call, the
-    paths taken in turn round after round, so that a drift of the machine's speed hits them alike."""
+    """{path: seconds}: the fastest of each path's timed calls after one untimed call, the paths taken
+    in turn round after round, so that a drift of the machine's speed hits them alike.
+
+    _TIMED_RUNS rounds, then more, up to _MAX_ROUNDS, for the paths still within _CONTENDING of the
+    fastest, while two or more are: the first few calls of a library's kernel on a new shape run
+    slower than its later ones (up to 12% for MKL's after one untimed call), and single calls on a
+    shared machine spread by 20% or more, so that the fastest of three calls ranked paths 5-8% apart
+    at random. A path out of contention keeps the minimum it had."""
     best = {}
     for path in paths:
         run(path)
         best[path] = float("inf")
-    for _ in range(_TIMED_RUNS):
-        for path in paths:
+    timed = list(paths)
+    for done in range(_MAX_ROUNDS):
+        for path in timed:
             t0 = time.perf_counter()
             run(path)
             best[path] = min(best[path], time.perf_counter() - t0)
+        if done + 1 >= _TIMED_RUNS:
+            fastest = min(best[p] for p in timed)
+            timed = [p for p in timed if best[p] <= _CONTENDING * fastest]
+            if len(timed) < 2:
+                break
     return best
 
 
