@@ -89,7 +89,7 @@ print(json.dumps(v))
 
 def encoder(model_dir: str, precision: str):
     """fastbert.SentenceEncoder(model_dir, quantize=...) as the server holds it, after the server's
-    warm-up (a batch of every power-of-two token count up to its default --max-batch-tokens), so that
+    warm-up (a batch in every power-of-two token bucket up to its default --max-batch-tokens), so that
     the first-call costs are paid before timing here too."""
     from fastbert.serve.model import Served
 

