@@ -52,11 +52,13 @@ void check_paths(const char* op, const std::vector<int64_t>& paths, bool int8) {
   }
 }
 
-// torch's operator `name` called boxed on `args` -> its one tensor. The mkldnn and mkl operators are
-// registered by the torch builds that have those libraries; fastbert.ops.gemm offers their paths only
-// there, so they are looked up (once each) only where a measured choice names them.
-at::Tensor call_op(const char* name, std::vector<c10::IValue> args) {
-  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+// torch's operator `name`. The mkldnn and mkl operators are registered by the torch builds that have
+// those libraries; fastbert.ops.gemm offers their paths only there, so each is looked up (once) only
+// where a measured choice names it.
+c10::OperatorHandle torch_op(const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); }
+
+// op called boxed on `args` -> its one tensor
+at::Tensor call_op(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
   op.callBoxed(&args);
   return args.at(0).toTensor();
 }
@@ -66,14 +68,19 @@ at::Tensor library_product(const at::Tensor& x, const at::Tensor& w, const c10::
                            int64_t path) {
   const c10::IValue b = bias.has_value() && bias->defined() ? c10::IValue(*bias) : c10::IValue();
   if (path == kMklPacked) {
-    const at::Tensor packed = call_op("mkl::_mkl_reorder_linear_weight", {w, x.size(0)});
-    return call_op("mkl::_mkl_linear", {x, packed, w, b, x.size(0)});
+    static const c10::OperatorHandle pack = torch_op("mkl::_mkl_reorder_linear_weight");
+    static const c10::OperatorHandle linear = torch_op("mkl::_mkl_linear");
+    const at::Tensor packed = call_op(pack, {w, x.size(0)});
+    return call_op(linear, {x, packed, w, b, x.size(0)});
   }
-  const at::Tensor weight = path == kOnednnPacked
-                                ? call_op("mkldnn::_reorder_linear_weight", {w.contiguous(), x.size(0)})
-                                : w;
-  return call_op("mkldnn::_linear_pointwise", {x, weight, b, std::string("none"),
-                                                c10::List<c10::optional<at::Scalar>>(), c10::IValue()});
+  static const c10::OperatorHandle pointwise = torch_op("mkldnn::_linear_pointwise");
+  at::Tensor weight = w;
+  if (path == kOnednnPacked) {
+    static const c10::OperatorHandle reorder = torch_op("mkldnn::_reorder_linear_weight");
+    weight = call_op(reorder, {w.contiguous(), x.size(0)});
+  }
+  return call_op(pointwise, {x, weight, b, std::string("none"), c10::List<c10::optional<at::Scalar>>(),
+                             c10::IValue()});
 }
 
 // x [rows, in] @ w [out, in]^T (+ bias) on `path`, into the reusing allocator's memory (the library

@@ -255,9 +255,10 @@ def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, flo
 
     _TIMED_RUNS rounds, then more, up to _MAX_ROUNDS, for the paths still within _CONTENDING of the
     fastest, while two or more are: the first few calls of a library's kernel on a new shape run
-    slower than its later ones (up to 12% for MKL's after one untimed call), and single calls on a
-    shared machine spread by 20% or more, so that the fastest of three calls ranked paths 5-8% apart
-    at random. A path out of contention keeps the minimum it had."""
+    slower than its later ones (the fastest of the first three 1-25% above the fastest of thirty,
+    MiniLM's products at 535 rows), and single calls on a shared machine spread by 20% or more, so
+    that the fastest of three calls ranked paths 4-8% apart at random. A path out of contention keeps
+    the minimum it had."""
     best = {}
     for path in paths:
         run(path)
