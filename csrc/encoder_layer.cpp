@@ -41,7 +41,9 @@ enum GemmPath : int64_t {
   kMklPacked = 7,     // "mkl_packed": MKL's packed GEMM on the weight packed on this call
 };
 
-bool float_path(int64_t p) { return p == kAddmm || p == kDot || p == kOnednn || p == kOnednnPacked || p == kMklPacked; }
+// the paths whose product torch's mkldnn and mkl operators make (library_product)
+bool library_path(int64_t p) { return p == kOnednn || p == kOnednnPacked || p == kMklPacked; }
+bool float_path(int64_t p) { return p == kAddmm || p == kDot || library_path(p); }
 
 void check_paths(const char* op, const std::vector<int64_t>& paths, bool int8) {
   TORCH_CHECK(paths.size() == 4, "fastbert._C.", op, ": paths must hold one GEMM path per product (4), got ",
@@ -87,7 +89,7 @@ at::Tensor library_product(const at::Tensor& x, const at::Tensor& w, const c10::
 // paths: into torch's), as fastbert.ops.linear.rows_forward's product.
 at::Tensor float_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                          int64_t path) {
-  if (path == kOnednn || path == kOnednnPacked || path == kMklPacked) return library_product(x, w, bias, path);
+  if (library_path(path)) return library_product(x, w, bias, path);
   at::Tensor out = detail::empty({x.size(0), w.size(0)}, x.scalar_type());
   if (path == kDot) return f32_dot_gemm(x, w, bias, out);
   if (bias.has_value() && bias->defined()) return at::addmm_out(out, *bias, x, w.t());

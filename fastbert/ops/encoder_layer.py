@@ -22,8 +22,8 @@ itself. A layer made of the separate ops pays each op's checks, backend choice a
 about 20 us of Python apiece on the CPU, and the model's Python between them: for one sequence of
 20 tokens that was about a fifth of the forward; for MiniLM's batches of 33 short texts, with
 products on oneDNN's or MKL's paths, the forward ran 8% slower than as one call. The result is bit
-for bit that of the separate ops, on every backend (tests/ops/test_encoder_layer.py). The weights are arguments:
-nothing is derived from them or kept between calls, so nothing can go stale.
+for bit that of the separate ops, on every backend (tests/ops/test_encoder_layer.py). The weights
+are arguments: nothing is derived from them or kept between calls, so nothing can go stale.
 
 Inference only: an input that requires a gradient, with grad mode on, is an error (train with the
 separate ops, which the model does). Under autocast the layer runs through the separate ops, which

@@ -14,10 +14,9 @@ starlette, prometheus_client, orjson).
 Before the port opens, the model runs a batch in every power-of-two token bucket up to
 --max-batch-tokens (at a ragged count such as clients' batches have: Served.warm_up), so the
 first-call costs (the GEMM path timed at the first product of each token bucket) are paid before
-any client's request. The thread that loaded and warmed the model (the
-main one) runs every batch; the HTTP server's event loop runs in a thread of its own (why: the
-docstring of batching.py). SIGTERM (or Ctrl-C) stops taking connections, finishes the requests in
-flight and exits 0.
+any client's request. The thread that loaded and warmed the model (the main one) runs every batch;
+the HTTP server's event loop runs in a thread of its own (why: the docstring of batching.py).
+SIGTERM (or Ctrl-C) stops taking connections, finishes the requests in flight and exits 0.
 """
 from __future__ import annotations
 

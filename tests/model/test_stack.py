@@ -87,7 +87,7 @@ def test_every_layer_in_one_call_gives_the_same_bits(spy, family, mask, quantize
     """fp32 on padded and packed rows, on every GEMM path the extension runs; int8 (packed rows
     whatever the mask) on packed weights."""
     if path is not None and path not in gemm.candidates("fwd", torch.float32):
-        pytest.skip(f"the fp32 GEMM path dot is not used here: {gemm.unavailable().get((path, 'fwd', torch.float32))}")
+        pytest.skip(f"the fp32 GEMM path {path} is not used here: {gemm.unavailable().get((path, 'fwd', torch.float32))}")
     model = _model(family)
     if quantize:
         model.quantize_(quantize)
