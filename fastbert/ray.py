@@ -14,6 +14,17 @@ threads; the output keeps the input's order (Ray Data's preserve_order) and has 
 float32, or int8 with a float32 scale, or the signs packed 8 to a byte), so the vectors are those of
 the single process.
 
+The pool's size (concurrency) defaults to as many actors as the nodes hold (a node of C CPUs holds
+C // threads_per_actor). Ray starts a pool's first actors before the dataset's read tasks and an
+actor never frees its CPUs, so a pool of that size on a dataset still to be read (read_parquet,
+read_json, read_text, or any map before the embedding) would leave the reads no CPU and wait
+forever: such a dataset gets an autoscaling pool instead, which starts with one CPU of each node
+left to the reads and grows to the full size, within Ray Data's resource budget, as the reads end
+(a one-CPU cluster runs one actor that claims no CPU beside the reads). A materialized dataset
+(from_items, from_arrow, ds.materialize(), as `fastbert embed --ray` hands over) has no reads: its
+pool is fixed at the full size. An explicit concurrency is kept, except that one which would take
+the reads' last CPU starts smaller, with a warning, and grows to it.
+
 `fastbert embed ... --ray ADDRESS` (embed_files) writes the same output directory as the single
 process (part-NNNNN.parquet shards and manifest.json, read alike by
 fastbert.corpus.shards.read_embeddings), resumes the same way, and gives the same ids in the same
@@ -41,7 +52,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import List, Optional
+import warnings
+from typing import List, NamedTuple, Optional
 
 import numpy as np
 
@@ -101,10 +113,68 @@ class _Embedder:
         return pa.table(cols)
 
 
-def _cluster_cpus() -> int:
+def _node_cpus() -> List[int]:
+    """The CPUs of each live node of the cluster."""
     import ray
 
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return [int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")]
+
+
+def actors_that_fit(threads: int, spare: int = 0) -> int:
+    """How many actors of `threads` CPUs the cluster's nodes hold, leaving `spare` CPUs free on each node."""
+    return sum(max(0, cpus - spare) // threads for cpus in _node_cpus())
+
+
+class Pool(NamedTuple):
+    """The actor pool map_batches gets: sizes and the CPUs each actor claims from Ray."""
+
+    min_size: int
+    max_size: int
+    cpus_per_actor: float
+
+    def strategy(self):
+        import ray
+
+        if self.min_size == self.max_size:
+            return ray.data.ActorPoolStrategy(size=self.min_size)
+        return ray.data.ActorPoolStrategy(min_size=self.min_size, max_size=self.max_size)
+
+
+def _sizes(concurrency) -> tuple:
+    """(min, max) of an explicit concurrency: an int (a fixed pool) or a (min, max) pair."""
+    if isinstance(concurrency, (tuple, list)) and len(concurrency) == 2:
+        low, high = (int(c) for c in concurrency)
+    elif isinstance(concurrency, (int, np.integer)) and not isinstance(concurrency, bool):
+        low = high = int(concurrency)
+    else:
+        raise ValueError(f"{WHERE}: concurrency must be an int or a (min, max) pair, got {concurrency!r}")
+    if not 1 <= low <= high:
+        raise ValueError(f"{WHERE}: concurrency needs 1 <= min <= max, got {concurrency!r}")
+    return low, high
+
+
+def pool_for(ds, concurrency, threads: int) -> Pool:
+    """The actor pool for embedding `ds`, one that never takes the CPU its read tasks wait for (the
+    module's docstring says why and how): fixed for a materialized dataset; for any other, started
+    with one CPU of each node left free (Ray Data's read and map tasks claim one CPU each) and
+    grown to the full size as the reads end; a warning where an explicit concurrency is cut."""
+    from ray.data.dataset import MaterializedDataset
+
+    fit = max(1, actors_that_fit(threads))
+    low, high = (fit, fit) if concurrency is None else _sizes(concurrency)
+    if isinstance(ds, MaterializedDataset):
+        return Pool(low, high, threads)
+    room = actors_that_fit(threads, spare=1)
+    if room == 0:  # no node holds an actor beside a read task: one actor, claiming what a read task leaves
+        cpus = max(_node_cpus(), default=0)
+        start, claim = 1, (min(threads, cpus - 1) if cpus else threads)  # no CPU yet: the autoscaler adds nodes
+    else:
+        start, claim = min(low, room), threads
+    if concurrency is not None and (start < low or claim < threads):
+        warnings.warn(f"{WHERE}: concurrency={concurrency!r} at {threads} CPU(s) an actor would hold every CPU the "
+                      f"dataset's read tasks wait for, and Ray never frees one: the pool starts with {start} actor(s) "
+                      f"of {claim} CPU(s) and grows to {high} when the reads are done", stacklevel=3)
+    return Pool(start, high, claim)
 
 
 def check_prompt(model_dir: str, prompt_name: Optional[str]) -> None:
@@ -126,9 +196,12 @@ def embed_dataset(ds, model_dir: str, *, text_field: str = "text", id_field: Opt
     """A Ray Dataset of the columns id and embedding (and scale for output_dtype="int8") of `ds`'s
     rows, in their order. id_field: the column holding the ids (None: the column "id"; a dataset
     without one is refused, as Ray Data numbers no rows: add one, or embed files with embed_files,
-    which numbers records by position). concurrency: the actors (default: the cluster's CPUs /
-    threads_per_actor); threads_per_actor: torch threads in each (default 1); rows_per_call: rows
-    handed to an actor at a time, embedded longest first in batches of batch_size (default 32 batches)."""
+    which numbers records by position). concurrency: the actors, an int or a (min, max) pair (default:
+    as many as the nodes hold, each claiming threads_per_actor CPUs; for a dataset that still has
+    to be read, a pool that starts leaving one CPU of each node to the read tasks and grows to that
+    when they are done: a pool holding every CPU would leave the reads waiting forever, see
+    pool_for); threads_per_actor: torch threads in each (default 1); rows_per_call: rows handed to
+    an actor at a time, embedded longest first in batches of batch_size (default 32 batches)."""
     import ray
 
     if output_dtype not in shards.OUTPUT_DTYPES:
@@ -149,11 +222,11 @@ def embed_dataset(ds, model_dir: str, *, text_field: str = "text", id_field: Opt
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
     threads = int(threads_per_actor or 1)
-    actors = int(concurrency or max(1, _cluster_cpus() // threads))
+    pool = pool_for(ds, concurrency, threads)
     ds.context.execution_options.preserve_order = True
     return ds.map_batches(
         _Embedder, batch_format="pyarrow", batch_size=rows_per_call or ROWS_PER_CALL * batch_size,
-        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=threads,
+        compute=pool.strategy(), num_cpus=pool.cpus_per_actor,
         fn_constructor_kwargs=dict(model_dir=os.path.abspath(model_dir), text_field=text_field, id_field=id_column,
                                    batch_size=batch_size, threads=threads, quantize=quantize,
                                    prompt_name=prompt_name, output_dtype=output_dtype))
@@ -275,7 +348,7 @@ def embed_files(args) -> dict:
         ray.data.DataContext.get_current().enable_progress_bars = progress
         threads = int(getattr(args, "ray_threads", None) or os.environ.get("FASTBERT_RAY_THREADS") or 1)
         actors = int(getattr(args, "ray_actors", None) or os.environ.get("FASTBERT_RAY_ACTORS")
-                     or max(1, _cluster_cpus() // threads))
+                     or max(1, actors_that_fit(threads)))
         window = int(getattr(args, "ray_window", None) or max(1, 100_000 // args.shard_size))
         manifest["ray"] = _settings(args, actors, threads)
         dim, tail = None, 0
