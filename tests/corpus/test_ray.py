@@ -1,7 +1,12 @@
 """fastbert.ray on a two-CPU Ray cluster started here: embed_dataset and `fastbert embed --ray local`
-give the single process's ids, in its order, and its embeddings (within 2e-5), in the same format."""
+give the single process's ids, in its order, and its embeddings (within 2e-5), in the same format,
+and finish with the default pool whatever the source: Ray waits forever rather than fail when an
+actor pool holds the CPUs a read task waits for, so each run has a time limit that fails the test."""
+import hashlib
 import json
 import os
+import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -15,6 +20,7 @@ import fastbert.ray  # noqa: E402
 from fastbert import cli  # noqa: E402
 from fastbert.corpus import shards  # noqa: E402
 
+LIMIT_S = 180  # several times a run's wall time on a busy 2-core machine: a run not done by then hung
 WORDS = ("cat dog tree river 한국어 문장 model sentence quick brown fox jumps over lazy night city rain "
          "train station book library").split()
 
@@ -37,6 +43,51 @@ def minilm():
     return str(gt.get_model_path())
 
 
+@pytest.fixture(scope="module")
+def corpus(minilm):
+    """Lines for the sources to read, and their embeddings by the single process."""
+    lines = texts(240, seed=5)
+    return lines, fastbert.SentenceEncoder(minilm).encode(lines)
+
+
+def finish(what, run, limit=LIMIT_S):
+    """run()'s result, run in a thread: a failure saying it hung where it is not done within `limit` seconds."""
+    box = {}
+
+    def target():
+        try:
+            box["result"] = run()
+        except BaseException as e:  # noqa: BLE001 - raised again in the test's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        pytest.fail(f"{what} hung: not done after {limit} s (an actor pool holding the CPUs its read tasks wait for?)")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def collect(out):
+    return pa.concat_tables(list(out.iter_batches(batch_format="pyarrow", batch_size=None)))
+
+
+def check(table, ids, want):
+    assert table.column_names == ["id", "embedding"]
+    assert table.column("id").to_pylist() == ids
+    emb = np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(len(ids), want.shape[1])
+    np.testing.assert_allclose(emb, want, atol=2e-5)
+
+
+def write_jsonl(path, lines):
+    with open(path, "w", encoding="utf-8") as f:
+        for i, t in enumerate(lines):
+            f.write(json.dumps({"doc": f"doc-{i}", "text": t}, ensure_ascii=False) + "\n")
+    return str(path)
+
+
 def test_embed_dataset_keeps_ids_order_and_the_encoders_embeddings(cluster, minilm):
     lines = texts(300)
     want = fastbert.SentenceEncoder(minilm).encode(lines)
@@ -53,7 +104,9 @@ def test_embed_dataset_keeps_ids_order_and_the_encoders_embeddings(cluster, mini
     np.testing.assert_allclose(emb, want, atol=2e-5)
 
 
-def test_fastbert_embed_ray_writes_what_the_single_process_writes(cluster, minilm, tmp_path):
+def test_fastbert_embed_ray_writes_what_the_single_process_writes(cluster, minilm, tmp_path, monkeypatch):
+    monkeypatch.delenv("FASTBERT_RAY_ACTORS", raising=False)  # the default pool: as many actors as CPUs
+    monkeypatch.delenv("FASTBERT_RAY_THREADS", raising=False)
     lines = texts(170, seed=1)
     (tmp_path / "a.txt").write_text("\n".join(lines[:100]) + "\n", encoding="utf-8")
     with open(tmp_path / "b.jsonl", "w", encoding="utf-8") as f:
@@ -63,8 +116,8 @@ def test_fastbert_embed_ray_writes_what_the_single_process_writes(cluster, minil
               "--batch-size", "16", "--on-error", "skip", "--no-progress"]
     single, distributed = str(tmp_path / "single"), str(tmp_path / "ray")
     assert cli.main(common + ["--output", single]) == 0
-    assert cli.main(common + ["--output", distributed, "--ray", "local"]) == 0  # the cluster above, reused
-    assert ray.is_initialized()  # not stopped: this call did not start it
+    assert finish("fastbert embed --ray local", lambda: cli.main(common + ["--output", distributed, "--ray", "local"])) == 0
+    assert ray.is_initialized()  # the cluster above, reused and not stopped: this call did not start it
     (ids, emb), (ray_ids, ray_emb) = shards.read_embeddings(single), shards.read_embeddings(distributed)
     assert ray_ids == ids == [i for i in range(170) if i != 107]  # positions, the bad record skipped
     np.testing.assert_allclose(ray_emb, emb, atol=2e-5)
@@ -74,6 +127,81 @@ def test_fastbert_embed_ray_writes_what_the_single_process_writes(cluster, minil
         assert a[key] == b[key], key
     assert sorted(os.listdir(single)) == sorted(os.listdir(distributed))
 
+
+def test_the_default_pool_leaves_the_read_tasks_a_cpu(cluster, tmp_path, monkeypatch):
+    items = ray.data.from_items([{"text": "a cat", "id": 0}])
+    reads = ray.data.read_json(write_jsonl(tmp_path / "a.jsonl", ["a cat"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fastbert.ray.pool_for(items, None, 1) == (2, 2, 1)  # nothing to read: a fixed pool on both CPUs
+        assert fastbert.ray.pool_for(reads, None, 1) == (1, 2, 1)  # one CPU to the reads, both once they end
+        assert fastbert.ray.pool_for(reads, 1, 1) == (1, 1, 1)
+        assert fastbert.ray.pool_for(reads, (1, 2), 1) == (1, 2, 1)
+        assert fastbert.ray.pool_for(reads, None, 2) == (1, 1, 1)  # two threads on two CPUs: it claims one
+    with pytest.warns(UserWarning, match=r"concurrency=2 .* starts with 1 actor\(s\) of 1 CPU\(s\) and grows to 2"):
+        assert fastbert.ray.pool_for(reads, 2, 1) == (1, 2, 1)
+    for bad in (0, (2, 1), "2", (1, 2, 3)):
+        with pytest.raises(ValueError, match="concurrency"):
+            fastbert.ray.pool_for(reads, bad, 1)
+    monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [16, 16])
+    assert fastbert.ray.pool_for(reads, None, 1) == (30, 32, 1)  # one CPU of each node left to the reads
+    assert fastbert.ray.pool_for(reads, None, 4) == (6, 8, 4)
+    monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [1])
+    assert fastbert.ray.pool_for(reads, None, 1) == (1, 1, 0)  # one CPU: the actor claims none beside the reads
+    assert fastbert.ray.pool_for(items, None, 1) == (1, 1, 1)
+
+
+def test_embed_dataset_finishes_on_read_json_with_the_default_pool(cluster, minilm, corpus, tmp_path):
+    lines, want = corpus
+    path = write_jsonl(tmp_path / "corpus.jsonl", lines)
+    table = finish("embed_dataset over read_json", lambda: collect(fastbert.ray.embed_dataset(
+        ray.data.read_json(path), minilm, text_field="text", id_field="doc", batch_size=16, rows_per_call=40)))
+    check(table, [f"doc-{i}" for i in range(len(lines))], want)
+
+
+def test_embed_dataset_finishes_on_read_parquet_with_the_default_pool(cluster, minilm, corpus, tmp_path):
+    import pyarrow.parquet as pq
+
+    lines, want = corpus
+    (tmp_path / "corpus").mkdir()
+    for part, start in enumerate(range(0, len(lines), 80)):
+        rows = range(start, min(start + 80, len(lines)))
+        pq.write_table(pa.table({"id": pa.array(rows, pa.int64()), "text": [lines[i] for i in rows]}),
+                       tmp_path / "corpus" / f"part-{part}.parquet")
+    table = finish("embed_dataset over read_parquet", lambda: collect(fastbert.ray.embed_dataset(
+        ray.data.read_parquet(str(tmp_path / "corpus")), minilm, batch_size=16, rows_per_call=40)))
+    check(table, list(range(len(lines))), want)
+
+
+def test_embed_dataset_finishes_on_read_text_given_ids_with_the_default_pool(cluster, minilm, corpus, tmp_path):
+    lines, want = corpus
+    (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def run():
+        ds = ray.data.read_text(str(tmp_path / "corpus.txt"))  # one column, text: no ids
+        with pytest.raises(ValueError, match="no column 'id'.*add an id column"):
+            fastbert.ray.embed_dataset(ds, minilm)
+        ds = ds.map(lambda row: {"id": hashlib.sha1(row["text"].encode()).hexdigest(), "text": row["text"]})
+        return collect(fastbert.ray.embed_dataset(ds, minilm, batch_size=16, rows_per_call=40))
+
+    table = finish("embed_dataset over read_text", run)
+    check(table, [hashlib.sha1(t.encode()).hexdigest() for t in lines], want)
+
+
+def test_an_explicit_pool_of_every_cpu_over_reads_starts_smaller_and_finishes(cluster, minilm, corpus, tmp_path):
+    lines, want = corpus
+    path = write_jsonl(tmp_path / "corpus.jsonl", lines)
+
+    def run():
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = fastbert.ray.embed_dataset(ray.data.read_json(path), minilm, text_field="text", id_field="doc",
+                                             batch_size=16, concurrency=2, rows_per_call=40)
+        return [str(w.message) for w in seen], collect(out)
+
+    seen, table = finish("embed_dataset over read_json with concurrency=2", run)
+    assert any("concurrency=2" in m and "grows to 2" in m for m in seen), seen
+    check(table, [f"doc-{i}" for i in range(len(lines))], want)
 
 
 def test_an_actor_loads_its_model_in_the_thread_that_runs_its_calls(minilm, monkeypatch):
