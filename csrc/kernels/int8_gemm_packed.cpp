@@ -9,15 +9,16 @@
 // the weight on every call instead; at a handful of rows that packing costs about as much as the
 // multiply-adds.
 //
-// a is packed per call as u8 (a + 128, k padded); per group of columns (avx512_vnni: up to three
+// a is packed per call as the scheme reads it; per group of columns (avx512_vnni: up to three
 // panels, 3 zmm; avx2: one panel, 2 ymm) the rows in tiles (8 and 6), each k-group one broadcast of
-// a row and one product a vector: vpdpbusd with VNNI; at avx2 vpmaddubsw (u8 x s8 pairs into 16
-// bits) and vpmaddwd by ones, exact while every |b| <= 64 (the range int8 layers take on CPUs without
-// VNNI: fastbert.ops.gemm.int8_weight_range): the first tile of each group checks, and a task whose
-// weight has a larger value runs the plain loop instead. a's +128 adds 128 x b's column sums to every
-// product: a row of ones, in the group's first tile (the one that reads b from memory), gives the
-// sums (block() has how). The threads split the column groups (and the rows, when there are fewer
-// groups than threads, or enough rows for a few tasks a thread: packed_gemm).
+// a row and one product a vector (int8_gemm_schemes.h's Quads). With VNNI, vpdpbusd on a + 128 (u8)
+// and b: a's +128 adds 128 x b's column sums to every product: a row of ones, in the group's first
+// tile (the one that reads b from memory), gives the sums (block() has how). At avx2, |a| times b
+// with a's sign, vpmaddubsw (u8 x s8 pairs into 16 bits) and vpmaddwd by ones: exact for every b
+// but -128 (which int8 layers' symmetric weights never hold): the first tile of each group checks,
+// and a task whose weight holds it runs the plain loop instead. The threads split the column groups
+// (and the rows, when there are fewer groups than threads, or enough rows for a few tasks a thread:
+// packed_gemm).
 // Other levels: the plain loop over the layout, exact, for models whose weight was packed elsewhere;
 // the layout choice (fastbert.ops.int8.int8_layout) measures the packed GEMM against the other paths.
 #include <algorithm>
@@ -68,14 +69,16 @@ void plain_block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int
 }
 
 #if defined(FASTBERT_GEMM_QUADS)
-// int8_gemm.cpp's Quads scheme (int8_gemm_schemes.h: vpdpbusd with VNNI, vpmaddubsw + vpmaddwd at
-// avx2 with the |b| <= 64 check) and its tile: 8 x 3 zmm, or 6 x 2 ymm (one panel)
+// int8_gemm.cpp's Quads scheme (int8_gemm_schemes.h: vpdpbusd on a + 128 with VNNI, vpmaddubsw +
+// vpmaddwd on |a| and the signed b at avx2, with the b != -128 check) and its tile: 8 x 3 zmm, or
+// 6 x 2 ymm (one panel)
 using namespace gemm8;  // NOLINT: the schemes and their vectors
 using Scheme = Quads;
 using V = Vi;
 
-// a + 128 as u8 (x ^ 0x80) for kW * 4 values
+// a as the scheme reads it, for kW * 4 values: a + 128 as u8 (x ^ 0x80) with VNNI, else a itself
 inline V flip(V x) {
+  if constexpr (!Scheme::kColSums) return x;
 #if defined(FASTBERT_VEC_AVX512)
   return _mm512_xor_si512(x, _mm512_set1_epi8(static_cast<char>(0x80)));
 #else
@@ -155,10 +158,11 @@ constexpr std::array<std::array<std::array<Tile, kMr>, kGroupPanels>, 2> kTiles 
     tiles_by_panels<true>(std::make_integer_sequence<int, kGroupPanels>{})};
 
 // rows [m0, m1) x panels [p0, p1) of c on the calling thread; false (c's block partly written) when
-// b holds a value the scheme is not exact for. The first row block's packed rows start with a row
-// of ones (u8 1): the first tile of each column group, the one that reads b from memory, gives b's
-// column sums with its rows, at no pass of their own over b; its real rows are then moved to c less
-// 128 x the sums, where the group's other tiles start their accumulators.
+// b holds a value the scheme is not exact for. With VNNI (a + 128), the first row block's packed
+// rows start with a row of ones (u8 1): the first tile of each column group, the one that reads b
+// from memory, gives b's column sums with its rows, at no pass of their own over b; its real rows
+// are then moved to c less 128 x the sums, where the group's other tiles start their accumulators.
+// At avx2 (a as it is) every tile starts at zero, and the first one only checks b.
 bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t k, int64_t m0, int64_t m1,
            int64_t p0, int64_t p1) {
   const int64_t kq = ceil_div(k, kGroupK), kp = kq * kGroupK, ps = kq * kPanelVec;
@@ -169,15 +173,15 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
   std::fill(zeros, zeros + kGroupCols, 0);
   constexpr int64_t kVecBytes = kW * 4;
   for (int64_t ic = m0; ic < m1; ic += kMc) {
-    const int64_t mb = std::min(kMc, m1 - ic), ones = ic == m0 ? 1 : 0, rows = mb + ones;
+    const int64_t mb = std::min(kMc, m1 - ic), ones = Scheme::kColSums && ic == m0 ? 1 : 0, rows = mb + ones;
     if (ones) std::fill(ap, ap + kp, uint8_t{1});
-    for (int64_t r = 0; r < mb; ++r) {  // a + 128 as u8 (x ^ 0x80), k padded with what b's zeros ignore
+    for (int64_t r = 0; r < mb; ++r) {  // a as the scheme reads it, k padded with what b's zeros ignore
       const int8_t* src = a + (ic + r) * lda;
       uint8_t* dst = ap + (r + ones) * kp;
       int64_t i = 0;
       for (; i + kVecBytes <= k; i += kVecBytes) vstore(dst + i, flip(vload(src + i)));
-      for (; i < k; ++i) dst[i] = static_cast<uint8_t>(src[i]) ^ 0x80u;
-      for (; i < kp; ++i) dst[i] = 0x80u;
+      for (; i < k; ++i) dst[i] = Scheme::to_a(src[i]);
+      for (; i < kp; ++i) dst[i] = 0;
     }
     for (int64_t pg = p0; pg < p1; pg += kGroupPanels) {
       const int np = static_cast<int>(std::min<int64_t>(kGroupPanels, p1 - pg));
@@ -192,7 +196,11 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
         return Ahead{b + np * ps + l0 * 64, l1 - l0, ceil_div(l1 - l0, kq)};
       };
       int64_t ir = 0;  // packed row
-      if (ones) {
+      if (!Scheme::kColSums && ic == m0) {  // the first tile checks b, from zero
+        const int64_t mr = std::min<int64_t>(kMr, rows);
+        if (!kTiles[1][np - 1][mr - 1](kq, ap, kp, b, ps, zeros, cg, ldc, ahead(0))) return false;
+        ir = mr;
+      } else if (ones) {
         const int64_t mr = std::min<int64_t>(kMr, rows);
         if (!kTiles[1][np - 1][mr - 1](kq, ap, kp, b, ps, zeros, first, kGroupCols, ahead(0))) return false;
         for (int64_t j = 0; j < cols; ++j) st[j] = -128 * first[j];
@@ -203,7 +211,8 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
       }
       for (; ir < rows; ir += kMr) {
         const int64_t mr = std::min<int64_t>(kMr, rows - ir);
-        kTiles[0][np - 1][mr - 1](kq, ap + ir * kp, kp, b, ps, st, cg + (ir - ones) * ldc, ldc, ahead(ir));
+        kTiles[0][np - 1][mr - 1](kq, ap + ir * kp, kp, b, ps, Scheme::kColSums ? st : zeros, cg + (ir - ones) * ldc,
+                                  ldc, ahead(ir));
       }
     }
   }
