@@ -1,7 +1,7 @@
 """fastbert's C++ kernels at each instruction-set level this CPU runs, in one process on the same data:
-the fused ops, attention, the int8 GEMM (full-range weights, and weights in [-64, 64], which avx2
-multiplies with vpmaddubsw) and the whole BERT-base encoder (fp32, and int8 on fastbert's own int8
-GEMM, its weights in the range fastbert.ops.gemm.int8_weight_range() picks here), the levels called
+the fused ops, attention, the int8 GEMM (full-range weights, and weights in [-64, 64], the range an
+older avx2 kernel needed) and the whole BERT-base encoder (fp32, and int8 on fastbert's own int8
+GEMM, its weights in [-127, 127]), the levels called
 in turn round after round (fastbert.backend.cpu_capability_scope switches the kernel library).
 torch's own kernels and GEMMs are not capped: in the fp32 encoder only fastbert's kernels change
 with the level.

@@ -16,7 +16,6 @@ from fastbert.bench.workloads import random_transformers_encoder
 from fastbert.dtypes import dtype_name
 from fastbert.ops import gemm
 
-WIDE = "(+-127 weights)"  # the int8 row of a model quantized to the full weight range
 MEASURED = "per-shape"  # the floor variant on fastbert's measured choice of path for each shape
 PACKED = "packed"  # the int8 floor on weights stored packed
 
@@ -46,9 +45,8 @@ def gemm_floor(model, tokens: int, dtype, path: Optional[str] = None):
             return torch.randint(-127, 128, (tokens, n), generator=g, dtype=torch.int8)
 
         def operands(w, b):
-            r = gemm.int8_weight_range()
-            q = fastbert.ops.quantize_weight(w, r)[0]
-            return (fastbert.ops.int8.stored_weight(q, r, layout) if path is None else q), None
+            q = fastbert.ops.quantize_weight(w)[0]
+            return (fastbert.ops.int8.stored_weight(q, layout) if path is None else q), None
 
         def product(x, w, b):
             fastbert.ops.int8_matmul(x, w)
@@ -103,9 +101,6 @@ def encoder_providers(layers: int, dtypes, ids, mask, peers=(), arch: str = "ber
         provs[f"fastbert {tag}"] = (lambda m=fm: m(ids, mask))
         provs.update(floor_providers(fb, tokens, dtype))
         if dtype == torch.int8:  # no transformers int8: its rows are fastbert's, the peers' and the floor
-            if gemm.int8_weight_range() != 127:  # and what the narrower weights this CPU takes gain
-                wide = copy.deepcopy(fb).quantize_("int8", weight_range=127)
-                provs[f"fastbert {tag} {WIDE}"] = (lambda m=wide: m(ids, mask))
             continue
         for impl, hm in hf.items():
             if dtype == torch.float32:

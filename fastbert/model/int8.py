@@ -1,9 +1,11 @@
 """int8 inference for fastbert's BERT: `quantize_("int8")` / `from_pretrained(..., quantize="int8")`.
 
 Every linear layer of the encoder (the QKV projections, the attention output, both FFN layers)
-becomes an Int8Linear: its weight is quantized once, per output channel (to [-127, 127], or to
-[-64, 64] on CPUs that multiply those faster: AVX2 without VNNI; fastbert.ops.gemm.int8_weight_range),
-and the int8 weight and its scales are then the layer's only copy of it (the weight stored packed,
+becomes an Int8Linear: its weight is quantized once, per output channel, to [-weight_range,
+weight_range] (a setting of the quantized model: 127 unless asked otherwise, the same on every CPU;
+the model's `quantization` says it, save_pretrained records it in config.json and from_pretrained
+quantizes a directory so recorded again the same way), and the int8 weight and its scales are then
+the layer's only copy of it (the weight stored packed,
 in the layout fastbert's packed int8 GEMM reads, where fastbert.ops.int8.int8_layout measured that
 faster here: then no call repacks it). Nothing is derived from a
 float weight that could fall behind it: a write into the int8 weight (through .data, copy_) is what
@@ -33,11 +35,14 @@ from torch import nn
 
 from fastbert import ops
 from fastbert.model.config import OTHER_ACTIVATIONS
-from fastbert.ops import gemm
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.reference.int8 import WEIGHT_RANGES
 
 QUANTIZE_MODES = ("int8",)
+DEFAULT_WEIGHT_RANGE = WEIGHT_RANGES[0]
+# the config.json key of a quantized model's settings ({"mode": "int8", "weight_range": 127}); not
+# transformers' quantization_config, which transformers would try to load with a quantizer of its own
+CONFIG_KEY = "fastbert_quantization"
 TRAINING_ERROR = ("fastbert: this model is quantized to int8 for inference; training and gradients need the "
                   "float weights: load it without quantize= (or before quantize_)")
 
@@ -52,17 +57,16 @@ def check_quantize(mode, where: str) -> Optional[str]:
 class Int8Linear(nn.Module):
     """nn.Linear with an int8 weight (per output channel symmetric, in [-weight_range, weight_range];
     `weight_scale` [out], float32) and a float bias, for inference. Built from an nn.Linear, whose
-    bias Parameter it keeps. weight_range: 127 or 64, by default what this CPU multiplies fastest
-    (fastbert.ops.gemm.int8_weight_range). The weight is [out, in], or packed [out / 16, ceil(in / 4),
-    16, 4] where fastbert.ops.int8.int8_layout() measured the packed GEMM faster (`int8_weight()`
-    gives [out, in] either way)."""
+    bias Parameter it keeps. weight_range: 127 or 64. The weight is [out, in], or packed [out / 16,
+    ceil(in / 4), 16, 4] where fastbert.ops.int8.int8_layout() measured the packed GEMM faster (the
+    two give the same products; `int8_weight()` gives [out, in] either way)."""
 
-    def __init__(self, linear: nn.Linear, weight_range: Optional[int] = None):
+    def __init__(self, linear: nn.Linear, weight_range: int = DEFAULT_WEIGHT_RANGE):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight_range = gemm.int8_weight_range() if weight_range is None else weight_range
+        self.weight_range = weight_range
         q, s = ops.quantize_weight(linear.weight, self.weight_range)
-        q = ops.int8.stored_weight(q, self.weight_range)  # packed where measured faster
+        q = ops.int8.stored_weight(q)  # packed where measured faster
         self.register_buffer("weight", q, persistent=False)        # state_dict: see _save_to_state_dict
         self.register_buffer("weight_scale", s, persistent=False)
         self.bias = linear.bias
@@ -123,14 +127,37 @@ class Int8Linear(nn.Module):
         return self
 
 
-def quantize_model(model: nn.Module, mode: str = "int8", weight_range: Optional[int] = None) -> nn.Module:
+def settings(mode: str = "int8", weight_range: Optional[int] = None, where: str = "quantize_") -> dict:
+    """A quantized model's settings, checked, with their defaults: {"mode", "weight_range"} (what
+    CONFIG_KEY holds in config.json). Everything that changes an int8 model's results is here;
+    timings choose only among paths that give the same results."""
+    check_quantize(mode, where)
+    if mode is None:
+        raise ValueError(f"{where}: quantize=None has no settings; choose 'int8'")
+    weight_range = DEFAULT_WEIGHT_RANGE if weight_range is None else weight_range
+    if isinstance(weight_range, bool) or weight_range not in WEIGHT_RANGES:
+        raise ValueError(f"{where}: weight_range must be one of {WEIGHT_RANGES} (default {DEFAULT_WEIGHT_RANGE}), "
+                         f"got {weight_range!r}")
+    return {"mode": mode, "weight_range": int(weight_range)}
+
+
+def recorded(config, where: str) -> Optional[dict]:
+    """The settings a config.json records (CONFIG_KEY), checked; None when it records none."""
+    saved = getattr(config, CONFIG_KEY, None)
+    if saved is None:
+        return None
+    if not isinstance(saved, dict) or set(saved) - {"mode", "weight_range"}:
+        raise ValueError(f"{where}: config.json's {CONFIG_KEY} must be {{'mode': 'int8', 'weight_range': 127 or 64}}, "
+                         f"got {saved!r}")
+    return settings(saved.get("mode"), saved.get("weight_range"), f"{where} (config.json's {CONFIG_KEY})")
+
+
+def quantize_model(model: nn.Module, mode: str = "int8", weight_range: Optional[int] = None) -> dict:
     """Turn every encoder linear layer of `model` (a fastbert class of the family: the linear_slots()
     of each of its encoder layers, BertLayer's or ModernBertEncoderLayer's) into an Int8Linear, in
-    place, its weights in [-weight_range, weight_range] (None: what this CPU multiplies fastest)."""
-    check_quantize(mode, f"{type(model).__name__}.quantize_")
-    if weight_range is not None and weight_range not in WEIGHT_RANGES:
-        raise ValueError(f"{type(model).__name__}.quantize_: weight_range must be one of {WEIGHT_RANGES} or None, "
-                         f"got {weight_range!r}")
+    place, its weights in [-weight_range, weight_range] (None: DEFAULT_WEIGHT_RANGE). Returns the
+    settings (settings())."""
+    chosen = settings(mode, weight_range, f"{type(model).__name__}.quantize_")
     if not hasattr(torch, "_int_mm"):
         raise RuntimeError("fastbert: int8 inference needs torch._int_mm (torch >= 2.4)")
     for layer in model.modules():
@@ -138,9 +165,14 @@ def quantize_model(model: nn.Module, mode: str = "int8", weight_range: Optional[
             continue
         for owner, name in layer.linear_slots():
             linear = getattr(owner, name)
-            if not isinstance(linear, Int8Linear):
-                setattr(owner, name, Int8Linear(linear, weight_range))
-    return model
+            if isinstance(linear, Int8Linear):
+                if linear.weight_range != chosen["weight_range"]:
+                    raise ValueError(f"{type(model).__name__}.quantize_: the model is quantized with weight_range="
+                                     f"{linear.weight_range} already; load it again to quantize with "
+                                     f"weight_range={chosen['weight_range']}")
+            else:
+                setattr(owner, name, Int8Linear(linear, chosen["weight_range"]))
+    return chosen
 
 
 def _joined(owner, name: str, parts: List[torch.Tensor]) -> torch.Tensor:

@@ -23,7 +23,7 @@ from fastbert.model.checkpoint import (
     resolve_load_dtype,
 )
 from fastbert.model.config import BertConfig
-from fastbert.model.int8 import check_quantize, quantize_model
+from fastbert.model.int8 import CONFIG_KEY, check_quantize, quantize_model, recorded
 from fastbert.model.layers import BertLMPredictionHead, _Backend
 from fastbert.model.model_utils import ModelUtilsMixin
 
@@ -53,6 +53,7 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         _patch_trainer()
 
     quantized: Optional[str] = None  # "int8" after quantize_("int8")
+    quantization: Optional[dict] = None  # its settings: {"mode": "int8", "weight_range": 127} (fastbert.model.int8)
     gradient_checkpointing: bool = False  # set by gradient_checkpointing_enable() on the base model
 
     def _return_dict(self, return_dict) -> bool:
@@ -80,12 +81,12 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
     def quantize_(self, mode: str = "int8", *, weight_range: Optional[int] = None) -> "BertPreTrainedModel":
         """Quantize the encoder's linear layers in place for inference: "int8" (per-channel int8
         weights, per-token int8 activations, int32 accumulation; fastbert.model.int8). weight_range:
-        the weights' int8 range, 127 or 64 (None: what this CPU multiplies fastest,
-        fastbert.ops.gemm.int8_weight_range()). Returns self."""
-        quantize_model(self, mode, weight_range)
+        the weights' int8 range, 127 (None: the default) or 64, the same on every CPU; `quantization`
+        then holds the settings, which save_pretrained records. Returns self."""
+        chosen = quantize_model(self, mode, weight_range)
         for m in self.modules():
             if isinstance(m, BertPreTrainedModel):
-                m.quantized = mode  # the wrapped BertModel of a task model too
+                m.quantized, m.quantization = mode, dict(chosen)  # the wrapped BertModel of a task model too
         return self.eval()
 
     def train(self, mode: bool = True):
@@ -154,6 +155,9 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         config["architectures"] = [type(self).__name__]
         config["dtype"] = str(self.dtype).replace("torch.", "")
         config.pop("torch_dtype", None)
+        config.pop(CONFIG_KEY, None)
+        if self.quantization is not None:  # the dequantized weights, and how to quantize them again the same way
+            config[CONFIG_KEY] = dict(self.quantization)
         type(self.config)(**config).save_pretrained(directory)
         state = self.state_dict() if state_dict is None else state_dict
         # copies: safetensors refuses tensors that share memory (the QKV projections are slices of one)
@@ -188,7 +192,10 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         an error that names it. Old checkpoints (LayerNorm gamma/beta, position_ids buffers, with or
         without the "bert." prefix) load too. A checkpoint that lacks encoder weights, or holds encoder
         weights this architecture has no place for, is an error naming them; a new head's missing
-        weights and another head's left-over ones are named in a warning.
+        weights and another head's left-over ones are named in a warning. A directory saved from a
+        quantized model (config.json's fastbert_quantization) loads quantized again with the settings
+        it records, whether or not quantize="int8" is given (fastbert_quantization=None loads the
+        dequantized weights as a float model).
         """
         check_quantize(quantize, f"{cls.__name__}.from_pretrained")
         init_kwargs = {}
@@ -200,7 +207,10 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         if not os.path.isdir(path):
             raise FileNotFoundError(f"fastbert: {path} is not a directory (expected config.json and model weights)")
         config = cls.config_class.from_pretrained(path) if config is None else cls.config_class(**config.to_dict())
+        if CONFIG_KEY in kwargs:  # fastbert_quantization=None: a quantized model's directory loaded as floats
+            setattr(config, CONFIG_KEY, kwargs.pop(CONFIG_KEY))
         apply_config_overrides(config, kwargs, f"{cls.__name__}.from_pretrained")
+        saved = recorded(config, f"{cls.__name__}.from_pretrained")  # a quantized model's settings, checked first
         dtype = resolve_load_dtype(dtype, torch_dtype, config)
         with _without_init():  # every weight the checkpoint holds is about to be overwritten
             model = cls(config, **init_kwargs)
@@ -220,8 +230,8 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         model.set_backend(backend)
         model.name_or_path = path
         model.eval()
-        if quantize is not None:
-            model.quantize_(quantize)
+        if quantize is not None or saved is not None:
+            model.quantize_(quantize or saved["mode"], weight_range=saved["weight_range"] if saved else None)
         return (model, info) if output_loading_info else model
 
     def load_transformers_state_dict(self, state: Dict[str, torch.Tensor], source: str = "state dict",

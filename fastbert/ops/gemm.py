@@ -41,7 +41,6 @@ import torch
 from fastbert import backend as _backend
 from fastbert.ops import gemm_paths
 from fastbert.ops.gemm_paths import Alloc
-from fastbert.reference.int8 import WEIGHT_RANGES
 
 Tensor = torch.Tensor
 ROLES = ("fwd", "dx", "dw")
@@ -343,40 +342,6 @@ def _timing_operands(role: str, a: Tensor, b: Tensor) -> Tuple[Tensor, Tensor]:
     return (a, b) if a.shape[0] <= TIMING_TOKENS else (a[:TIMING_TOKENS], b)
 
 
-_weight_ranges: Dict[tuple, Tuple[int, Dict[int, float]]] = {}
-WEIGHT_RANGE_GAIN = 1.2  # how much faster 64-range weights must multiply for int8 layers to take them
-
-
-def int8_weight_range() -> int:
-    """The range [-R, R] that int8 layers quantize their weights to here: 127, or 64 where fastbert's
-    int8 GEMM multiplies weights in [-64, 64] at least WEIGHT_RANGE_GAIN times as fast (a CPU without
-    VNNI: its u8 x s8 instruction, vpmaddubsw, adds pairs of products into 16 bits and is exact only
-    for such weights; with VNNI, or at the scalar level, both run alike and the finer 127 is kept).
-    Measured once per (kernel level, threads) on a BERT-base-sized product, the two in turn;
-    `weight_ranges()` has the timings. FASTBERT_INT8_WEIGHT_RANGE=127 or 64 pins it."""
-    pinned = os.environ.get("FASTBERT_INT8_WEIGHT_RANGE")
-    if pinned:
-        if pinned not in {str(r) for r in WEIGHT_RANGES}:
-            raise ValueError(f"fastbert: FASTBERT_INT8_WEIGHT_RANGE={pinned!r}: choose "
-                             + " or ".join(str(r) for r in WEIGHT_RANGES))
-        return int(pinned)
-    if not _probe("fastbert", "fwd", torch.int8):
-        return 127
-    key = _here()
-    if key not in _weight_ranges:
-        g = torch.Generator().manual_seed(0)
-        a = torch.randint(-127, 128, (512, 768), generator=g, dtype=torch.int8)
-        weights = {r: torch.randint(-r, r + 1, (768, 768), generator=g, dtype=torch.int8) for r in WEIGHT_RANGES}
-        timings = _time_paths(list(weights), lambda r: gemm_paths.fastbert_int8(a, weights[r], None, None))
-        _weight_ranges[key] = (64 if timings[127] >= WEIGHT_RANGE_GAIN * timings[64] else 127, timings)
-    return _weight_ranges[key][0]
-
-
-def weight_ranges() -> Dict[tuple, Tuple[int, Dict[int, float]]]:
-    """{(threads, kernel level): (int8 weight range chosen, {range: seconds timed})}."""
-    return dict(_weight_ranges)
-
-
 _said: Dict[torch.dtype, bool] = {}
 
 
@@ -414,7 +379,6 @@ def reset() -> None:
     _choices.clear()
     _probed.clear()
     _said.clear()
-    _weight_ranges.clear()
     _slow.clear()
     from fastbert.ops import int8  # its measured weight layout (int8 imports this module)
 

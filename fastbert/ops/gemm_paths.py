@@ -20,11 +20,11 @@ and for int8 inference (a and b int8, role fwd, no bias: the int32 accumulator a
 dequantization the consuming op applies, see fastbert.ops.int8):
 
     fastbert       fastbert's own int8 GEMM (csrc/kernels/int8_gemm.cpp) at the kernels' level:
-                   vpdpbusd with VNNI; at avx2 vpmaddubsw (u8 x s8 pairs into 16 bits) where every
-                   |weight| <= 64, else (and at avx512) int16 pairs into int32 with vpmaddwd; exact
-                   on every CPU (AVX2's u8 x s8 instruction saturates on larger weights, which is
-                   why oneDNN's path below fails its probe on CPUs without VNNI).
-                   int8_weight_range() says which weights int8 layers take here
+                   vpdpbusd with VNNI; at avx2 vpmaddubsw (u8 x s8 pairs into 16 bits) on |a| and
+                   the weight with a's sign, which no pair of products overflows unless a weight is
+                   -128 (then, and at avx512, int16 pairs into int32 with vpmaddwd); exact on every
+                   CPU (AVX2's u8 x s8 instruction saturates on a + 128 against larger weights,
+                   which is why oneDNN's path below fails its probe on CPUs without VNNI)
     int_mm         torch._int_mm (oneDNN's s8 x s8 -> s32 matmul on x86); also what torchao's int8
                    dynamic-activation / int8-weight linear calls on the CPU
     onednn_qlinear torch.ops.onednn.qlinear_pointwise on a weight prepacked on every call, with the

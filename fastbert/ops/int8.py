@@ -90,8 +90,7 @@ def quantize_rows(x: Tensor, *, backend: Optional[str] = None) -> Tuple[Tensor, 
 
 def quantize_weight(weight: Tensor, qmax: int = 127) -> Tuple[Tensor, Tensor]:
     """weight [out, in] float -> (q int8 [out, in], scale float32 [out]), per output channel, symmetric,
-    q in [-qmax, qmax]: 127, or 64 (what int8 layers take where fastbert.ops.gemm.int8_weight_range()
-    says so)."""
+    q in [-qmax, qmax]: 127, or 64 (fastbert.reference.int8.WEIGHT_RANGES)."""
     check_float("quantize_weight", "weight", weight)
     if weight.dim() != 2:
         raise ValueError(f"fastbert.ops.quantize_weight: weight must be 2-D [out, in], got {tuple(weight.shape)}")
@@ -108,8 +107,7 @@ def int8_layout() -> str:
     """How int8 layers store their weights here: "packed", the layout of fastbert's packed int8 GEMM
     (csrc/kernels/int8_gemm_packed.cpp: read as it lies, nothing packed on any call; the layer's only
     copy), or "plain" [out, in], which fastbert.ops.gemm's measured paths take. Measured once per
-    (threads, kernel level) on a BERT-base-sized weight in int8_weight_range() (layers quantized to
-    another range keep the plain layout), at 32 and 512 rows (a short query and a batch): the packed
+    (threads, kernel level) on a BERT-base-sized weight in [-127, 127], at 32 and 512 rows (a short query and a batch): the packed
     GEMM against the path fastbert.ops.gemm.product() measured fastest; packed where it is faster by
     the geometric mean of the two ratios (layout_of; 512 rows are not timed where packed is
     SLOW_INT8 times slower at 32: a level without the packed micro-kernel). `int8_layouts()` has the
@@ -126,7 +124,7 @@ def int8_layout() -> str:
     key = gemm._here()
     if key not in _layouts:
         g = torch.Generator().manual_seed(0)
-        r = gemm.int8_weight_range()  # the weights int8 layers take here
+        r = ref.WEIGHT_RANGES[0]
         w = torch.randint(-r, r + 1, (768, 768), generator=g, dtype=torch.int8)
         wp = ref.pack_weight(w)
         timed: Dict[int, Dict[str, float]] = {}
@@ -150,13 +148,11 @@ def layout_of(timed: Dict[int, Dict[str, float]]) -> str:
     return "packed" if ratio ** (1 / len(timed)) <= 1.0 else "plain"
 
 
-def stored_weight(q: Tensor, weight_range: int, layout: Optional[str] = None) -> Tensor:
-    """An int8 weight [out, in] of range `weight_range` as int8 layers keep it here: packed
-    (pack_int8_weight) where the layout (None: int8_layout(), measured) is "packed", out is a
-    multiple of 16, q is on the CPU and weight_range is the range the packed kernel is exact for
-    here (int8_weight_range()); else q itself."""
-    if (q.shape[0] % ref.PANEL == 0 and q.device.type == "cpu" and weight_range == gemm.int8_weight_range()
-            and (layout or int8_layout()) == "packed"):
+def stored_weight(q: Tensor, layout: Optional[str] = None) -> Tensor:
+    """An int8 weight [out, in] as int8 layers keep it here: packed (pack_int8_weight) where the
+    layout (None: int8_layout(), measured) is "packed", out is a multiple of 16 and q is on the CPU;
+    else q itself. Either gives the same products (every int8 GEMM path is exact)."""
+    if q.shape[0] % ref.PANEL == 0 and q.device.type == "cpu" and (layout or int8_layout()) == "packed":
         return pack_int8_weight(q)
     return q
 

@@ -9,9 +9,10 @@ asymmetrically about the row's midpoint:
                        s = r / 127,  q = round((x - o) * (127 / r))              x ~ q * s + o
 
 (round half to even, in fp32; a constant row has s = 0, q = 0 and o its value). Q, the weight's
-range, is 127, or 64 where the CPU multiplies such weights faster (fastbert.ops.gemm.int8_weight_range:
-AVX2 without VNNI, whose u8 x s8 instruction adds pairs of products into 16 bits, exact while 255 x
-64 x 2 fits). The activation's midpoint matters: a LayerNorm's output rows are far from centred on 0
+range, is a setting of the quantized model (quantize_("int8", weight_range=...)): 127 unless asked
+otherwise, on every CPU, since every kernel level multiplies such weights exactly and at its full
+speed; 64 is kept for models quantized so before (accuracy in benchmarks/RESULTS.md). The
+activation's midpoint matters: a LayerNorm's output rows are far from centred on 0
 (its bias has a few large entries), and spending the 8 bits on [min, max] instead of [-max|x|,
 max|x|] roughly halves the error on MiniLM's sentence embeddings (benchmarks/RESULTS.md). Quantized
 activations carry one extra row of ones, so that the int8 GEMM
@@ -47,12 +48,12 @@ def quantize_rows(x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     return q, half / 127.0, offset
 
 
-WEIGHT_RANGES = (127, 64)
+WEIGHT_RANGES = (127, 64)  # the first is the default
 
 
 def quantize_weight(w: Tensor, qmax: int = 127) -> Tuple[Tensor, Tensor]:
     """w [out, in] float -> (q int8 [out, in], scale float32 [out]), per output channel, symmetric,
-    q in [-qmax, qmax]: 127, or 64 (the range that AVX2's u8 x s8 instruction multiplies exactly)."""
+    q in [-qmax, qmax]: 127, or 64."""
     v = w.float()
     amax = v.abs().amax(dim=-1)
     inv = torch.where(amax > 0, torch.full_like(amax, float(qmax)) / amax, torch.zeros_like(amax))

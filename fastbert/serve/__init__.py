@@ -81,7 +81,7 @@ def main(argv=None) -> int:
                     backend=args.backend)
     loaded = time.perf_counter() - t0
     batches = served.warm_up(args.max_batch_tokens)
-    print(f"{PROG}: {served.kind} model {args.model} ({served.dtype}{', int8' if args.quantize else ''}) loaded in "
+    print(f"{PROG}: {served.kind} model {args.model} ({served.dtype}{', int8' if served.quantize else ''}) loaded in "
           f"{loaded:.1f} s, warmed up in {time.perf_counter() - t0 - loaded:.1f} s ({batches} batches up to "
           f"{args.max_batch_tokens} tokens)", file=sys.stderr, flush=True)
     app = App(served, max_batch_tokens=args.max_batch_tokens, max_concurrent_requests=args.max_concurrent_requests,
