@@ -80,7 +80,8 @@ class Served:
             self.max_input_length = self.cross.max_length
         self.model.eval()
         self.dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
-        self.quantize = quantize
+        # as loaded: a directory saved from a quantized model is quantized again by its config.json
+        self.quantize, self.quantization = self.model.quantized, self.model.quantization
 
     @property
     def labels(self) -> List[str]:
