@@ -97,13 +97,22 @@ class Served:
                                  "(send truncate: true to cut it)")
         return [Row(list(e.ids), list(e.type_ids), skip) for e in encodings]
 
+    @property
+    def prompts(self) -> List[str]:
+        """The names of the model's prompts (prompt_name's values)."""
+        return sorted(self.encoder.prompts) if self.kind == EMBED else []
+
+    def _prompt(self, prompt_name: Optional[str]):
+        """(prompt, tokens the pooling skips) of a prompt name; InputError for a name the model lacks."""
+        try:
+            return self.encoder.prompt(prompt_name)
+        except ValueError as e:
+            raise InputError(str(e).split(": ", 1)[-1]) from None
+
     def text_rows(self, texts: Sequence[str], truncate: bool, prompt_name: Optional[str] = None) -> List[Row]:
         """Rows of texts to embed (with the model's prompt), or of texts to classify."""
         if self.kind == EMBED:
-            try:
-                prompt, skip = self.encoder.prompt(prompt_name)
-            except ValueError as e:
-                raise InputError(str(e).split(": ", 1)[-1]) from None
+            prompt, skip = self._prompt(prompt_name)
             texts = [prompt + t for t in texts]
             if self.encoder.do_lower_case:
                 texts = [t.lower() for t in texts]
@@ -121,7 +130,7 @@ class Served:
         if prompt_name is not None:
             if self.kind != EMBED:
                 raise InputError("prompt_name applies to embedding models only")
-            prompt = self.encoder.prompt(prompt_name)[0]
+            prompt = self._prompt(prompt_name)[0]
             texts = [prompt + t for t in texts]
         out = []
         for text, e in zip(texts, self.tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)):

