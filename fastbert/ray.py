@@ -15,15 +15,17 @@ float32, or int8 with a float32 scale, or the signs packed 8 to a byte), so the 
 the single process.
 
 The pool's size (concurrency) defaults to as many actors as the nodes hold (a node of C CPUs holds
-C // threads_per_actor). Ray starts a pool's first actors before the dataset's read tasks and an
-actor never frees its CPUs, so a pool of that size on a dataset still to be read (read_parquet,
-read_json, read_text, or any map before the embedding) would leave the reads no CPU and wait
-forever: such a dataset gets an autoscaling pool instead, which starts with one CPU of each node
-left to the reads and grows to the full size, within Ray Data's resource budget, as the reads end
-(a one-CPU cluster runs one actor that claims no CPU beside the reads). A materialized dataset
+C // threads_per_actor), each claiming threads_per_actor CPUs from Ray. Ray starts a pool's actors
+before the dataset's read tasks and an actor never frees what it claims, so on a dataset still to
+be read (read_parquet, read_json, read_text, or any map before the embedding) such a pool would
+leave the reads no CPU and wait forever. There the actors claim less: together all but one CPU of
+each node (two actors of 0.5 CPU on a 2-CPU machine, one of no CPU on a 1-CPU machine), so a read
+task always finds a CPU; each actor still runs threads_per_actor torch threads, which share the
+cores with the reads while these last and have every core once they end. A materialized dataset
 (from_items, from_arrow, ds.materialize(), as `fastbert embed --ray` hands over) has no reads: its
-pool is fixed at the full size. An explicit concurrency is kept, except that one which would take
-the reads' last CPU starts smaller, with a warning, and grows to it.
+actors claim their threads' CPUs. An explicit concurrency (an int, or a (min, max) pair for Ray
+Data's autoscaling pool) is kept, its actors' claims cut the same way, with a warning, where they
+would take the reads' last CPU.
 
 `fastbert embed ... --ray ADDRESS` (embed_files) writes the same output directory as the single
 process (part-NNNNN.parquet shards and manifest.json, read alike by
@@ -120,13 +122,13 @@ def _node_cpus() -> List[int]:
     return [int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")]
 
 
-def actors_that_fit(threads: int, spare: int = 0) -> int:
-    """How many actors of `threads` CPUs the cluster's nodes hold, leaving `spare` CPUs free on each node."""
-    return sum(max(0, cpus - spare) // threads for cpus in _node_cpus())
+def actors_that_fit(threads: int) -> int:
+    """How many actors of `threads` CPUs the cluster's nodes hold."""
+    return sum(cpus // threads for cpus in _node_cpus())
 
 
 class Pool(NamedTuple):
-    """The actor pool map_batches gets: sizes and the CPUs each actor claims from Ray."""
+    """The actor pool map_batches gets: its sizes and the CPUs each actor claims from Ray."""
 
     min_size: int
     max_size: int
@@ -136,7 +138,9 @@ class Pool(NamedTuple):
         import ray
 
         if self.min_size == self.max_size:
-            return ray.data.ActorPoolStrategy(size=self.min_size)
+            # one call at a time an actor: with two in flight, the first actor up takes two of a small
+            # dataset's few calls while another waits idle (an autoscaling pool needs two to grow)
+            return ray.data.ActorPoolStrategy(size=self.min_size, max_tasks_in_flight_per_actor=1)
         return ray.data.ActorPoolStrategy(min_size=self.min_size, max_size=self.max_size)
 
 
@@ -154,27 +158,25 @@ def _sizes(concurrency) -> tuple:
 
 
 def pool_for(ds, concurrency, threads: int) -> Pool:
-    """The actor pool for embedding `ds`, one that never takes the CPU its read tasks wait for (the
-    module's docstring says why and how): fixed for a materialized dataset; for any other, started
-    with one CPU of each node left free (Ray Data's read and map tasks claim one CPU each) and
-    grown to the full size as the reads end; a warning where an explicit concurrency is cut."""
+    """The actor pool for embedding `ds`, one that never holds the CPU its read tasks wait for (the
+    module's docstring says why): for a dataset still to be read, the actors together claim at most
+    all but one CPU of each node, so by pigeonhole some node always has a whole CPU free for a read
+    task (Ray Data's read and map tasks claim one each); a warning where an explicit concurrency's
+    claims are cut."""
     from ray.data.dataset import MaterializedDataset
 
-    fit = max(1, actors_that_fit(threads))
+    nodes = _node_cpus()
+    fit = max(1, sum(cpus // threads for cpus in nodes))
     low, high = (fit, fit) if concurrency is None else _sizes(concurrency)
-    if isinstance(ds, MaterializedDataset):
+    if isinstance(ds, MaterializedDataset) or not any(nodes):  # nothing to read, or no CPU yet to leave
         return Pool(low, high, threads)
-    room = actors_that_fit(threads, spare=1)
-    if room == 0:  # no node holds an actor beside a read task: one actor, claiming what a read task leaves
-        cpus = max(_node_cpus(), default=0)
-        start, claim = 1, (min(threads, cpus - 1) if cpus else threads)  # no CPU yet: the autoscaler adds nodes
-    else:
-        start, claim = min(low, room), threads
-    if concurrency is not None and (start < low or claim < threads):
+    spare = sum(max(0, cpus - 1) for cpus in nodes)
+    claim = min(threads, math.floor(spare / high * 10_000) / 10_000)  # Ray counts CPUs in steps of 1e-4
+    if concurrency is not None and claim < threads:
         warnings.warn(f"{WHERE}: concurrency={concurrency!r} at {threads} CPU(s) an actor would hold every CPU the "
-                      f"dataset's read tasks wait for, and Ray never frees one: the pool starts with {start} actor(s) "
-                      f"of {claim} CPU(s) and grows to {high} when the reads are done", stacklevel=3)
-    return Pool(start, high, claim)
+                      f"dataset's read tasks wait for, and Ray never frees one: each actor claims {claim:g} CPU(s) "
+                      f"instead (and still runs {threads} thread(s))", stacklevel=3)
+    return Pool(low, high, claim)
 
 
 def check_prompt(model_dir: str, prompt_name: Optional[str]) -> None:
@@ -197,11 +199,11 @@ def embed_dataset(ds, model_dir: str, *, text_field: str = "text", id_field: Opt
     rows, in their order. id_field: the column holding the ids (None: the column "id"; a dataset
     without one is refused, as Ray Data numbers no rows: add one, or embed files with embed_files,
     which numbers records by position). concurrency: the actors, an int or a (min, max) pair (default:
-    as many as the nodes hold, each claiming threads_per_actor CPUs; for a dataset that still has
-    to be read, a pool that starts leaving one CPU of each node to the read tasks and grows to that
-    when they are done: a pool holding every CPU would leave the reads waiting forever, see
-    pool_for); threads_per_actor: torch threads in each (default 1); rows_per_call: rows handed to
-    an actor at a time, embedded longest first in batches of batch_size (default 32 batches)."""
+    as many as the nodes hold, each claiming threads_per_actor CPUs, except on a dataset still to be
+    read, where together they claim all but one CPU of each node: a pool holding every CPU would
+    leave the read tasks waiting forever; the module's docstring says more); threads_per_actor:
+    torch threads in each (default 1); rows_per_call: rows handed to an actor at a time, embedded
+    longest first in batches of batch_size (default 32 batches)."""
     import ray
 
     if output_dtype not in shards.OUTPUT_DTYPES:
@@ -338,6 +340,8 @@ def embed_files(args) -> dict:
         raise ValueError("--shard-size and --batch-size must be >= 1")
     check_prompt(args.model, args.prompt_name)
     manifest = shards.start(args.output, settings_of(args), overwrite=args.overwrite)
+    if manifest["complete"]:
+        return manifest  # the finished run: nothing to do, nothing rewritten, no cluster started
     begin = shards.next_position(manifest)
     skipped = readers.Skipped() if args.on_error == "skip" else None
     progress = not args.no_progress

@@ -133,22 +133,27 @@ def test_the_default_pool_leaves_the_read_tasks_a_cpu(cluster, tmp_path, monkeyp
     reads = ray.data.read_json(write_jsonl(tmp_path / "a.jsonl", ["a cat"]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert fastbert.ray.pool_for(items, None, 1) == (2, 2, 1)  # nothing to read: a fixed pool on both CPUs
-        assert fastbert.ray.pool_for(reads, None, 1) == (1, 2, 1)  # one CPU to the reads, both once they end
-        assert fastbert.ray.pool_for(reads, 1, 1) == (1, 1, 1)
-        assert fastbert.ray.pool_for(reads, (1, 2), 1) == (1, 2, 1)
+        assert fastbert.ray.pool_for(items, None, 1) == (2, 2, 1)  # nothing to read: each actor claims its CPU
+        assert fastbert.ray.pool_for(reads, None, 1) == (2, 2, 0.5)  # together one CPU: the other is the reads'
         assert fastbert.ray.pool_for(reads, None, 2) == (1, 1, 1)  # two threads on two CPUs: it claims one
-    with pytest.warns(UserWarning, match=r"concurrency=2 .* starts with 1 actor\(s\) of 1 CPU\(s\) and grows to 2"):
-        assert fastbert.ray.pool_for(reads, 2, 1) == (1, 2, 1)
+        assert fastbert.ray.pool_for(reads, 1, 1) == (1, 1, 1)
+    with pytest.warns(UserWarning, match=r"concurrency=2 .* each actor claims 0.5 CPU\(s\) instead"):
+        assert fastbert.ray.pool_for(reads, 2, 1) == (2, 2, 0.5)
+    with pytest.warns(UserWarning, match=r"concurrency=\(1, 2\) .* 0.5 CPU"):
+        assert fastbert.ray.pool_for(reads, (1, 2), 1) == (1, 2, 0.5)
     for bad in (0, (2, 1), "2", (1, 2, 3)):
         with pytest.raises(ValueError, match="concurrency"):
             fastbert.ray.pool_for(reads, bad, 1)
     monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [16, 16])
-    assert fastbert.ray.pool_for(reads, None, 1) == (30, 32, 1)  # one CPU of each node left to the reads
-    assert fastbert.ray.pool_for(reads, None, 4) == (6, 8, 4)
+    assert fastbert.ray.pool_for(reads, None, 1) == (32, 32, 0.9375)  # one CPU of each node left to the reads
+    assert fastbert.ray.pool_for(reads, None, 4) == (8, 8, 3.75)
+    monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [3])
+    assert fastbert.ray.pool_for(reads, None, 1) == (3, 3, 0.6666)  # rounded down to Ray's CPU step
     monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [1])
     assert fastbert.ray.pool_for(reads, None, 1) == (1, 1, 0)  # one CPU: the actor claims none beside the reads
     assert fastbert.ray.pool_for(items, None, 1) == (1, 1, 1)
+    monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [0])  # no CPU yet (a cluster still scaling up)
+    assert fastbert.ray.pool_for(reads, None, 1) == (1, 1, 1)
 
 
 def test_embed_dataset_finishes_on_read_json_with_the_default_pool(cluster, minilm, corpus, tmp_path):
@@ -188,7 +193,7 @@ def test_embed_dataset_finishes_on_read_text_given_ids_with_the_default_pool(clu
     check(table, [hashlib.sha1(t.encode()).hexdigest() for t in lines], want)
 
 
-def test_an_explicit_pool_of_every_cpu_over_reads_starts_smaller_and_finishes(cluster, minilm, corpus, tmp_path):
+def test_an_explicit_pool_of_every_cpu_over_reads_claims_less_and_finishes(cluster, minilm, corpus, tmp_path):
     lines, want = corpus
     path = write_jsonl(tmp_path / "corpus.jsonl", lines)
 
@@ -200,7 +205,7 @@ def test_an_explicit_pool_of_every_cpu_over_reads_starts_smaller_and_finishes(cl
         return [str(w.message) for w in seen], collect(out)
 
     seen, table = finish("embed_dataset over read_json with concurrency=2", run)
-    assert any("concurrency=2" in m and "grows to 2" in m for m in seen), seen
+    assert any("concurrency=2" in m and "claims 0.5 CPU" in m for m in seen), seen
     check(table, [f"doc-{i}" for i in range(len(lines))], want)
 
 
