@@ -11,8 +11,9 @@ shard. Memory holds a few shards' texts and embeddings, whatever the corpus size
 input's order. Killed at any moment, the same command continues after the last complete shard,
 and the result is the same, row for row, as a run that was never stopped (bit for bit when both
 processes run the same GEMM paths, which FASTBERT_GEMM pins; else within float rounding) (readers.py: records and
-their positions; shards.py: the shards and the manifest). --ray runs the same job on a Ray cluster
-(fastbert.ray).
+their positions; shards.py: the shards and the manifest). Run again once finished, with the same
+settings, it succeeds and changes nothing (a scheduler's retry, a pipeline run again); with other
+settings it is refused. --ray runs the same job on a Ray cluster (fastbert.ray).
 """
 from __future__ import annotations
 
@@ -165,6 +166,8 @@ def run(args) -> dict:
     encoder.model.eval()
     prompt, skip = encoder.prompt(args.prompt_name)
     manifest = shards.start(args.output, settings_of(args), overwrite=args.overwrite)
+    if manifest["complete"]:
+        return manifest  # the finished run: nothing to do, nothing rewritten
     begin = shards.next_position(manifest)
     total = readers.count_records(args.input)
     skipped = readers.Skipped() if args.on_error == "skip" else None
@@ -199,6 +202,12 @@ def main(argv=None) -> int:
 
     args = build_parser().parse_args(argv)
     model_directory(args.model)  # named before the inputs are read, here or on a cluster
+    readers.check_inputs(args.input)
+    done = shards.finished(args.output, settings_of(args), overwrite=args.overwrite)
+    if done is not None:  # a retry or re-run of a command that finished: it succeeds and changes nothing
+        print(f"{PROG}: {args.output} already holds the finished run ({done['rows']} rows); nothing to do "
+              "(--overwrite starts over)", file=sys.stderr)
+        return 0
     t0 = time.perf_counter()
     if args.ray is not None:
         from fastbert.ray import embed_files

@@ -6,7 +6,8 @@ never leaves a partial shard that looks complete.
 
 A shard is written to a temporary name and renamed when complete; the manifest (also replaced
 whole) lists only renamed shards, each with the input positions it covers. A resumed run removes
-whatever the manifest does not list and continues at the position after its last shard.
+whatever the manifest does not list and continues at the position after its last shard; on a
+finished run it does nothing and rewrites nothing.
 
 Embedding columns by --output-dtype:
     float32   embedding fixed_size_list<float32>[dim]
@@ -97,23 +98,39 @@ def write_manifest(directory: str, manifest: dict) -> None:
     os.replace(tmp, path)
 
 
+def _same_settings(directory: str, manifest: dict, settings: dict) -> None:
+    """OutputError when the run in `directory` was written with other settings."""
+    if manifest["settings"] != settings:
+        changed = sorted(k for k in set(settings) | set(manifest["settings"])
+                         if settings.get(k) != manifest["settings"].get(k))
+        raise OutputError(f"{directory} holds a run with other settings ({', '.join(changed)}); use another "
+                          "--output, or --overwrite to start over")
+
+
+def finished(directory: str, settings: dict, *, overwrite: bool = False) -> Optional[dict]:
+    """The manifest of the finished run `directory` holds when it was written with these settings;
+    None when it holds no finished run (or overwrite, which starts over); OutputError when it holds
+    a run with other settings. Reads only: a finished command run again changes nothing."""
+    manifest = None if overwrite else read_manifest(directory)
+    if manifest is None:
+        return None
+    _same_settings(directory, manifest, settings)
+    return manifest if manifest.get("complete") else None
+
+
 def start(directory: str, settings: dict, *, overwrite: bool = False) -> dict:
     """The manifest to continue: a new one, or the one in `directory` when it was written with the
-    same settings (its unlisted files removed); OutputError when the settings differ or the run is
-    complete (unless overwrite, which starts over)."""
-    os.makedirs(directory, exist_ok=True)
+    same settings (its unlisted files removed); a finished run's as it is, nothing written or
+    removed (manifest["complete"]: nothing is left to do); OutputError when the settings differ
+    (unless overwrite, which starts over)."""
     manifest = None if overwrite else read_manifest(directory)
     if manifest is not None:
-        if manifest["settings"] != settings:
-            changed = sorted(k for k in set(settings) | set(manifest["settings"])
-                             if settings.get(k) != manifest["settings"].get(k))
-            raise OutputError(f"{directory} holds a run with other settings ({', '.join(changed)}); use another "
-                              "--output, or --overwrite to start over")
+        _same_settings(directory, manifest, settings)
         if manifest.get("complete"):
-            raise OutputError(f"{directory} already holds the finished run ({manifest['rows']} rows); "
-                              "--overwrite starts over")
+            return manifest
     else:
         manifest = {"format": FORMAT, "version": 1, "settings": settings, "shards": [], "rows": 0, "complete": False}
+    os.makedirs(directory, exist_ok=True)
     listed = {s["file"] for s in manifest["shards"]} | {MANIFEST}
     for name in os.listdir(directory):
         if (name.startswith("part-") or name.endswith(".tmp")) and name not in listed:

