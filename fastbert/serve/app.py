@@ -11,6 +11,10 @@ answering with Starlette's Request and Response (create_app says why not its rou
                           "truncate": false} -> [{"score", "label"}] per input, best first
     POST /tokenize       {"inputs": str | [str], "add_special_tokens": true, "prompt_name": null}
     GET  /health, /info, /metrics
+    GET  /openapi.json, /docs   the description of the routes this server answers (fastbert.serve.openapi)
+
+ROUTES is the one table of the routes: what each takes (its body's fields, fastbert.serve.fields),
+answers and needs. The bodies are checked through it and the description is made from it.
 
 Errors are text-embeddings-inference's {"error": ..., "error_type": ...} (OpenAI's {"error":
 {"message", "type", "code"}} on /v1/embeddings): 400 an empty input, 401 a wrong or missing API key,
@@ -23,19 +27,23 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from fastbert.serve.batching import Batcher, Overloaded
+from fastbert.serve.fields import BOOL, PREDICT_INPUTS, PROMPT, STRING, TEXTS, Field, FieldError, int_up_to, one_of, read
 from fastbert.serve.metrics import Metrics
 from fastbert.serve.model import CLASSIFY, EMBED, RERANK, InputError, Served
+from fastbert.serve.openapi import STATUSES, Route, describe, docs_page, openai_style
 
 
 class Refused(Exception):
-    def __init__(self, status: int, message: str, error_type: str):
+    """A request answered with an error: its status and message (the error type follows from the status)."""
+
+    def __init__(self, status: int, message: str):
         super().__init__(message)
-        self.status, self.message, self.error_type = status, message, error_type
+        self.status, self.message, self.error_type = status, message, STATUSES[status][0]
 
 
 def _json_response(value: Any, status: int = 200):
@@ -44,15 +52,6 @@ def _json_response(value: Any, status: int = 200):
 
     return Response(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
                     media_type="application/json")
-
-
-def _field(body: dict, name: str, kind, default):
-    value = body.get(name, default)
-    if value is None and default is None:
-        return None
-    if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
-        raise Refused(422, f"`{name}` must be {kind.__name__ if kind is not str else 'a string'}", "Validation")
-    return value
 
 
 class App:
@@ -70,34 +69,41 @@ class App:
         self.max_client_batch_size = max_client_batch_size
         self.api_key = api_key
         self.model_id = model_id or served.path
+        # the bounds of the bodies' fields that belong to this server and model
+        self.limits: Dict[str, Any] = {"max_client_batch_size": max_client_batch_size, "prompts": served.prompts}
+        if served.kind == EMBED:
+            self.limits["dim"] = served.encoder.dim
+        self._description: Optional[dict] = None
 
     # ---- request parsing
 
-    async def _body(self, request) -> dict:
+    async def args(self, request, fields) -> Dict[str, Any]:
+        """The values of the body's fields (defaults filled in); Refused 422 for a body that is not
+        a JSON object of them."""
         import orjson
 
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as e:
-            raise Refused(422, f"the body is not valid JSON ({e})", "Validation") from None
+            raise Refused(422, f"the body is not valid JSON ({e})") from None
         if not isinstance(body, dict):
-            raise Refused(422, "the body must be a JSON object", "Validation")
-        return body
+            raise Refused(422, "the body must be a JSON object")
+        try:
+            return read(body, fields, self.limits)
+        except FieldError as e:
+            raise Refused(422, str(e)) from None
 
-    def _texts(self, body: dict, name: str) -> List[str]:
-        value = body.get(name)
+    def _texts(self, value, name: str) -> List[str]:
         texts = [value] if isinstance(value, str) else value
-        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise Refused(422, f"`{name}` must be a string or a list of strings", "Validation")
         self._count(len(texts), name)
         return texts
 
     def _count(self, n: int, name: str) -> None:
         if n == 0:
-            raise Refused(400, f"`{name}` cannot be empty", "Empty")
+            raise Refused(400, f"`{name}` cannot be empty")
         if n > self.max_client_batch_size:
             raise Refused(413, f"batch size {n} > maximum allowed batch size {self.max_client_batch_size} "
-                               "(--max-client-batch-size)", "Validation")
+                               "(--max-client-batch-size)")
 
     async def _run(self, rows, finish=None):
         """The model's outputs of the rows, or finish(outputs): the torch work runs in the model's
@@ -105,72 +111,54 @@ class App:
         try:
             future = self.batcher.submit(rows, finish)
         except Overloaded as e:
-            raise Refused(429, f"Model is overloaded: {e}", "Overloaded") from None
+            raise Refused(429, f"Model is overloaded: {e}") from None
         try:
             return await future
         except Exception as e:  # noqa: BLE001 - a failed batch: this request fails, the server goes on
-            raise Refused(500, f"the model failed on this batch ({type(e).__name__}: {e})", "Backend") from None
+            raise Refused(500, f"the model failed on this batch ({type(e).__name__}: {e})") from None
 
-    def _needs(self, *kinds: str) -> None:
-        if self.served.kind not in kinds:
+    def needs(self, route: Route) -> None:
+        """Refused 404 when the served model does not answer the route."""
+        if not route.answers(self.served.kind):
             raise Refused(404, f"this server runs {_a(self.served.kind)} model; the route needs "
-                               f"{' or '.join(map(_a, kinds))} model", "Validation")
+                               f"{' or '.join(map(_a, route.models))} model")
 
-    # ---- routes
+    # ---- routes: each takes the values of its body's fields (ROUTES)
 
-    async def embed(self, request):
-        self._needs(EMBED)
-        body = await self._body(request)
-        texts = self._texts(body, "inputs")
-        rows = self.served.text_rows(texts, _field(body, "truncate", bool, False), _field(body, "prompt_name", str, None))
-        normalize = _field(body, "normalize", bool, True)
+    async def embed(self, args):
+        rows = self.served.text_rows(self._texts(args["inputs"], "inputs"), args["truncate"], args["prompt_name"])
+        normalize = args["normalize"]
         return _json_response(await self._run(rows, lambda out: _normalized(out, None, normalize)))
 
-    async def openai_embeddings(self, request):
-        self._needs(EMBED)
-        body = await self._body(request)
-        texts = self._texts(body, "input")
-        fmt = _field(body, "encoding_format", str, "float")
-        if fmt not in ("float", "base64"):
-            raise Refused(422, f"`encoding_format` must be float or base64, got {fmt!r}", "Validation")
-        dims = _field(body, "dimensions", int, None)
-        if dims is not None and not 1 <= dims <= self.served.encoder.dim:
-            raise Refused(422, f"`dimensions` must be in 1..{self.served.encoder.dim}, got {dims}", "Validation")
-        rows = self.served.text_rows(texts, _field(body, "truncate", bool, False), _field(body, "prompt_name", str, None))
+    async def openai_embeddings(self, args):
+        rows = self.served.text_rows(self._texts(args["input"], "input"), args["truncate"], args["prompt_name"])
+        dims, fmt = args["dimensions"], args["encoding_format"]
         out = await self._run(rows, lambda out: _normalized(out, dims, True))
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v}
                 for i, v in enumerate(out)]
         tokens = sum(len(r) for r in rows)
-        return _json_response({"object": "list", "data": data, "model": _field(body, "model", str, self.model_id),
+        model = self.model_id if args["model"] is None else args["model"]
+        return _json_response({"object": "list", "data": data, "model": model,
                                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
-    async def rerank(self, request):
-        self._needs(RERANK)
-        body = await self._body(request)
-        query = _field(body, "query", str, None)
-        if query is None:
-            raise Refused(422, "`query` must be a string", "Validation")
-        texts = self._texts(body, "texts")
-        rows = self.served.pair_rows([(query, t) for t in texts], _field(body, "truncate", bool, False))
-        raw = _field(body, "raw_scores", bool, False)
+    async def rerank(self, args):
+        texts = self._texts(args["texts"], "texts")
+        rows = self.served.pair_rows([(args["query"], t) for t in texts], args["truncate"])
+        raw = args["raw_scores"]
         scores = await self._run(rows, lambda out: self.served.scores(out, raw)[:, 0].tolist())
         order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep the texts' order
-        with_text = _field(body, "return_text", bool, False)
+        with_text = args["return_text"]
         return _json_response([dict(index=i, score=scores[i], **({"text": texts[i]} if with_text else {}))
                                for i in order])
 
-    async def predict(self, request):
-        self._needs(RERANK, CLASSIFY)
-        body = await self._body(request)
-        inputs, single = _predict_inputs(body.get("inputs"))
+    async def predict(self, args):
+        inputs, single = _predict_inputs(args["inputs"])
         self._count(len(inputs), "inputs")
-        truncate = _field(body, "truncate", bool, False)
-        pairs = [x for x in inputs if isinstance(x, list)]
-        if pairs and len(pairs) != len(inputs):
-            raise Refused(422, "`inputs` must be all texts or all pairs of texts", "Validation")
+        truncate = args["truncate"]
+        pairs = isinstance(inputs[0], list)  # all pairs or all texts (PREDICT_INPUTS)
         rows = (self.served.pair_rows(inputs, truncate) if pairs else self.served.text_rows(inputs, truncate))
-        raw = _field(body, "raw_scores", bool, False)
+        raw = args["raw_scores"]
         scores = await self._run(rows, lambda out: self.served.scores(out, raw).tolist())
         labels = self.served.labels
         answers = []
@@ -178,18 +166,16 @@ class App:
             answers.append(sorted(({"score": s, "label": labels[k]} for k, s in enumerate(row)), key=lambda d: -d["score"]))
         return _json_response(answers[0] if single else answers)
 
-    async def tokenize(self, request):
-        body = await self._body(request)
-        texts = self._texts(body, "inputs")
-        return _json_response(self.served.tokens(texts, _field(body, "add_special_tokens", bool, True),
-                                                 _field(body, "prompt_name", str, None)))
+    async def tokenize(self, args):
+        texts = self._texts(args["inputs"], "inputs")
+        return _json_response(self.served.tokens(texts, args["add_special_tokens"], args["prompt_name"]))
 
-    async def health(self, request):
+    async def health(self, args):
         from starlette.responses import Response
 
         return Response(status_code=200)
 
-    async def info(self, request):
+    async def info(self, args):
         import fastbert
 
         served = self.served
@@ -206,10 +192,28 @@ class App:
             "tokenization_workers": 1, "version": fastbert.__version__, "router": "fastbert",
         })
 
-    async def metrics_page(self, request):
+    async def metrics_page(self, args):
         from starlette.responses import Response
 
         return Response(self.metrics.text(), media_type="text/plain; version=0.0.4")
+
+    def description(self) -> dict:
+        """The OpenAPI document of the routes this server answers (made once)."""
+        if self._description is None:
+            import fastbert
+
+            self._description = describe(ROUTES, kind=self.served.kind, limits=self.limits,
+                                         api_key=self.api_key is not None, model_id=self.model_id,
+                                         version=fastbert.__version__)
+        return self._description
+
+    async def openapi(self, args):
+        return _json_response(self.description())
+
+    async def docs(self, args):
+        from starlette.responses import HTMLResponse
+
+        return HTMLResponse(docs_page(self.description()))
 
 
 def _normalized(out: np.ndarray, dims: Optional[int], normalize: bool) -> np.ndarray:
@@ -227,22 +231,82 @@ def _a(word: str) -> str:
 
 
 def _predict_inputs(value):
-    """(inputs: texts or [a, b] pairs, whether one input was sent), as text-embeddings-inference reads
-    /predict's inputs: a string or a list of exactly two strings is one input."""
+    """(inputs: texts or [a, b] pairs, whether one input was sent) of /predict's checked `inputs`, as
+    text-embeddings-inference reads them: a string or a list of exactly two strings is one input."""
     if isinstance(value, str):
         return [value], True
-    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+    if len(value) == 2 and all(isinstance(v, str) for v in value):
         return [list(value)], True
-    if isinstance(value, list) and all(isinstance(v, str) or (isinstance(v, list) and len(v) == 2 and
-                                                              all(isinstance(s, str) for s in v)) for v in value):
-        return list(value), False
-    raise Refused(422, "`inputs` must be a text, a pair of texts, or a list of texts or of pairs", "Validation")
+    return list(value), False
 
 
-ROUTES = [("/embed", "POST", "embed"), ("/v1/embeddings", "POST", "openai_embeddings"), ("/rerank", "POST", "rerank"),
-          ("/predict", "POST", "predict"), ("/tokenize", "POST", "tokenize"), ("/health", "GET", "health"),
-          ("/info", "GET", "info"), ("/metrics", "GET", "metrics_page")]
-OPEN_ROUTES = ("/health",)  # answered without the API key (load balancers' probes)
+# ---- the route table: the bodies' fields (checked and described alike) and the answers' schemas
+
+_HANGUL = "한국어 문장을 임베딩합니다"
+_TRUNCATE = Field("truncate", BOOL, False, "cut an input longer than the model takes instead of answering 413")
+_PROMPT = Field("prompt_name", PROMPT, None, "one of the model's prompts (config_sentence_transformers.json), "
+                "put before each text")
+_RAW = Field("raw_scores", BOOL, False, "the logits instead of the model's activation of them")
+_TEXTS_EXAMPLES = ("What is Deep Learning?", ["안녕하세요 세계", "Deep Learning is a kind of machine learning"])
+
+EMBED_BODY = (Field("inputs", TEXTS, doc="the text or texts to embed", examples=_TEXTS_EXAMPLES),
+              Field("normalize", BOOL, True, "L2-normalize each embedding"), _TRUNCATE, _PROMPT)
+OPENAI_BODY = (Field("input", TEXTS, doc="the text or texts to embed", examples=_TEXTS_EXAMPLES),
+               Field("model", STRING, None, "any name, answered back (default: the server's --model-id)"),
+               Field("encoding_format", one_of("float", "base64"), "float",
+                     "base64: each embedding's little-endian float32 bytes in base64"),
+               Field("dimensions", int_up_to("dim"), None, "the first N dimensions of each embedding, renormalized"),
+               _TRUNCATE, _PROMPT)
+RERANK_BODY = (Field("query", STRING, doc="the query", examples=("딥러닝이란 무엇인가요?",)),
+               Field("texts", TEXTS, doc="the texts to rank against the query",
+                     examples=([_HANGUL, "Deep Learning is a kind of machine learning"],)),
+               _RAW, Field("return_text", BOOL, False, "each answer carries its text"), _TRUNCATE)
+PREDICT_BODY = (Field("inputs", PREDICT_INPUTS, doc="a text, a pair of texts (one input), or a list of texts or of pairs",
+                      examples=(_HANGUL, ["딥러닝이란 무엇인가요?", _HANGUL], [["a question", "an answer"]])),
+                _RAW, _TRUNCATE)
+TOKENIZE_BODY = (Field("inputs", TEXTS, doc="the text or texts to tokenize", examples=_TEXTS_EXAMPLES),
+                 Field("add_special_tokens", BOOL, True, "the model's special tokens ([CLS], [SEP]) included"),
+                 _PROMPT)
+
+_NUMBERS = {"type": "array", "items": {"type": "number"}}
+_OPENAI_DATA = {"type": "object", "required": ["object", "index", "embedding"],
+                "properties": {"object": {"const": "embedding"}, "index": {"type": "integer"},
+                               "embedding": {"oneOf": [_NUMBERS, {"type": "string", "contentEncoding": "base64"}]}}}
+_OPENAI_ANSWER = {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+    "object": {"const": "list"}, "data": {"type": "array", "items": _OPENAI_DATA}, "model": {"type": "string"},
+    "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+              "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}}}
+_RANKS = {"type": "array", "items": {"type": "object", "required": ["index", "score"], "properties": {
+    "index": {"type": "integer"}, "score": {"type": "number"}, "text": {"type": "string"}}}}
+_LABELS = {"type": "array", "items": {"type": "object", "required": ["score", "label"],
+                                      "properties": {"score": {"type": "number"}, "label": {"type": "string"}}}}
+_TOKEN = {"type": "object", "required": ["id", "text", "special", "start", "stop"], "properties": {
+    "id": {"type": "integer"}, "text": {"type": "string"}, "special": {"type": "boolean"},
+    "start": {"type": ["integer", "null"]}, "stop": {"type": ["integer", "null"]}}}
+_INFO = {"type": "object", "required": ["model_id", "model_type", "max_input_length", "max_client_batch_size", "version"],
+         "properties": {"model_id": {"type": "string"}, "model_dtype": {"type": "string"}, "model_type": {"type": "object"},
+                        "max_input_length": {"type": "integer"}, "max_batch_tokens": {"type": "integer"},
+                        "max_concurrent_requests": {"type": "integer"}, "max_client_batch_size": {"type": "integer"},
+                        "version": {"type": "string"}}}
+
+ROUTES = [
+    Route("/embed", "POST", "embed", "Embed texts (text-embeddings-inference's /embed)",
+          {"type": "array", "items": _NUMBERS}, body=EMBED_BODY, models=(EMBED,), runs_model=True),
+    Route("/v1/embeddings", "POST", "openai_embeddings", "Embed texts (OpenAI's embeddings API)", _OPENAI_ANSWER,
+          body=OPENAI_BODY, models=(EMBED,), runs_model=True),
+    Route("/rerank", "POST", "rerank", "Score texts against a query, best first", _RANKS, body=RERANK_BODY,
+          models=(RERANK,), runs_model=True),
+    Route("/predict", "POST", "predict", "Every label's score of a text or pair of texts, best first (a list of "
+          "inputs: one list per input)", {"anyOf": [_LABELS, {"type": "array", "items": _LABELS}]}, body=PREDICT_BODY,
+          models=(RERANK, CLASSIFY), runs_model=True),
+    Route("/tokenize", "POST", "tokenize", "The tokens of texts, with their character offsets",
+          {"type": "array", "items": {"type": "array", "items": _TOKEN}}, body=TOKENIZE_BODY),
+    Route("/health", "GET", "health", "An empty 200 once the model is loaded", media_type=None, open=True),
+    Route("/info", "GET", "info", "The model and the server's settings", _INFO),
+    Route("/metrics", "GET", "metrics_page", "Prometheus metrics", media_type="text/plain"),
+    Route("/openapi.json", "GET", "openapi", "This description (OpenAPI 3.1)", {"type": "object"}, open=True),
+    Route("/docs", "GET", "docs", "This description as a page", media_type="text/html", open=True),
+]
 
 
 def create_app(app: App):
@@ -257,11 +321,11 @@ def create_app(app: App):
     from starlette.requests import ClientDisconnect, Request
 
     handlers = {}
-    for path, method, name in ROUTES:
-        handlers[path, method] = _endpoint(app, path, getattr(app, name))
-        if method == "GET":
-            handlers[path, "HEAD"] = handlers[path, method]
-    allowed = {path: sorted(m for p, m in handlers if p == path) for path, _, _ in ROUTES}
+    for route in ROUTES:
+        handlers[route.path, route.method] = _endpoint(app, route)
+        if route.method == "GET":
+            handlers[route.path, "HEAD"] = handlers[route.path, route.method]
+    allowed = {route.path: sorted(m for p, m in handlers if p == route.path) for route in ROUTES}
 
     async def asgi(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -272,10 +336,10 @@ def create_app(app: App):
         handler = handlers.get((path, method))
         if handler is None and path in allowed:
             takes = ", ".join(allowed[path])
-            response = _error(path, 405, f"{method} {path}: the route takes {takes}", "Validation")
+            response = _error(path, 405, f"{method} {path}: the route takes {takes}")
             response.headers["allow"] = takes
         elif handler is None:
-            response = _error(path, 404, f"no route {path}", "Validation")
+            response = _error(path, 404, f"no route {path}")
         else:
             try:
                 response = await handler(Request(scope, receive))
@@ -286,27 +350,31 @@ def create_app(app: App):
     return asgi
 
 
-def _endpoint(app: App, path: str, handler):
-    """handler(request) with the API key check, the routes' errors and the request metrics."""
+def _endpoint(app: App, route: Route):
+    """The route's handler, given its body's values, with the API key check, the route's errors and
+    the request metrics."""
     from starlette.requests import ClientDisconnect
+
+    handler, path = getattr(app, route.handler), route.path
 
     async def endpoint(request):
         t0 = time.perf_counter()
         try:
-            if app.api_key is not None and path not in OPEN_ROUTES:
+            if app.api_key is not None and not route.open:
                 if request.headers.get("authorization", "") != f"Bearer {app.api_key}":
-                    raise Refused(401, "Unauthorized: a wrong or missing API key", "Unauthorized")
-            response = await handler(request)
+                    raise Refused(401, "Unauthorized: a wrong or missing API key")
+            app.needs(route)
+            response = await handler(await app.args(request, route.body) if route.body else {})
         except InputError as e:
-            response = _error(path, 413, str(e), "Validation")
+            response = _error(path, 413, str(e))
         except Refused as e:
-            response = _error(path, e.status, e.message, e.error_type)
+            response = _error(path, e.status, e.message)
         except ClientDisconnect:
             raise
         except Exception as e:  # noqa: BLE001 - a defect: logged whole, answered 500, the server goes on
             logging.getLogger("uvicorn.error").exception("%s failed", path)
             first = (str(e).strip().splitlines() or [""])[0]  # one line; the log has the rest
-            response = _error(path, 500, f"internal error ({type(e).__name__}: {first})", "Backend")
+            response = _error(path, 500, f"internal error ({type(e).__name__}: {first})")
         app.metrics.answered(path, response.status_code, time.perf_counter() - t0)
         return response
     return endpoint
@@ -324,8 +392,8 @@ async def _lifespan(receive, send, stop) -> None:
             return
 
 
-def _error(path: str, status: int, message: str, error_type: str):
-    if path.startswith("/v1/"):
+def _error(path: str, status: int, message: str):
+    error_type = STATUSES[status][0]
+    if openai_style(path):
         return _json_response({"error": {"message": message, "type": error_type, "code": status}}, status)
     return _json_response({"error": message, "error_type": error_type}, status)
-

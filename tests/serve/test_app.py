@@ -5,6 +5,7 @@ answered 500 and counted, and the next request is answered; the lifespan's shutd
 batcher."""
 import asyncio
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ class StandIn:
     """What App reads of a served model: one embedding of ones a text; the text "boom" is a defect."""
 
     kind, path = EMBED, "stand-in"
+    encoder, prompts = SimpleNamespace(dim=4), []
 
     def text_rows(self, texts, truncate, prompt_name=None):
         if "boom" in texts:
