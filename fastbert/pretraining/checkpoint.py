@@ -244,10 +244,7 @@ class TrainerCheckpoints:
         r = self.cfg.resume
         if r is None:
             if not self.cfg.overwrite and os.path.isdir(self.ckpt_dir) and read_manifest(self.ckpt_dir):
-                raise TrainError(
-                    f"{self.cfg.out_dir} holds checkpoints of an earlier run; pass --resume to continue it or "
-                    "--overwrite to start over"
-                )
+                return self._finished_run()
             return None
         if r == "auto":
             try:
@@ -268,16 +265,39 @@ class TrainerCheckpoints:
             return path
         return r
 
+    def _finished_run(self) -> str:
+        """Without --resume, in an output directory that holds checkpoints: the latest, when it is
+        the last step of a run with these settings (the command run again, which then finds its
+        work done); TrainError otherwise: an unfinished run is continued with --resume, and any run
+        there is replaced only with --overwrite."""
+        try:
+            path = find_latest(self.ckpt_dir)
+            state = load_checkpoint(path) if path else None
+        except CheckpointError:
+            state = None  # not a finished run; --resume names the fault
+        if state is None or int(state["step"]) < int(state.get("total_steps") or 0):
+            raise TrainError(f"{self.cfg.out_dir} holds checkpoints of an earlier run; pass --resume to continue it or "
+                             "--overwrite to start over")
+        differ = self._differences(state)
+        if differ:
+            raise TrainError(f"{self.cfg.out_dir} holds the finished run of other settings ({differ}); use another "
+                             "--out, or --overwrite to start over")
+        return path
+
+    def _differences(self, state: Dict[str, Any]) -> str:
+        """The settings of this run that differ from the checkpoint's, on one line ('' when none)."""
+        saved, now = state["run"], self.run_state()
+        diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+        return "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in diff)
+
     def restore(self, path: str) -> None:
         try:
             state = load_checkpoint(path)
         except CheckpointError as e:
             raise TrainError(f"cannot resume: {e}") from None
-        saved, now = state["run"], self.run_state()
-        diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-        if diff:
-            detail = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in diff)
-            raise TrainError(f"cannot resume from {path}: the run's settings differ ({detail})")
+        differ = self._differences(state)
+        if differ:
+            raise TrainError(f"cannot resume from {path}: the run's settings differ ({differ})")
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])

@@ -152,6 +152,10 @@ def _prepare(args, info) -> str:
             f"cannot resume: {data_dir} is missing or was prepared with other data settings than these; resume with "
             "the options of the original run"
         )
+    if not args.overwrite and os.path.isfile(os.path.join(args.out, "checkpoints", "checkpoints.json")):
+        # refused before the run's data is prepared again over it
+        raise PrepareError(f"{args.out} holds checkpoints and {data_dir} is missing or was prepared with other data "
+                           "settings than these; use another --out, or --overwrite to start over")
     if info.is_main:
         from fastbert.data import default_corpus
 

@@ -194,6 +194,8 @@ class Trainer(TrainerCheckpoints):
         cfg, info = self.cfg, self.info
         t_start = time.perf_counter()
         path = self._start()
+        if path is not None and self.step >= self.total_steps and self._in_output(path):
+            return self._already_finished(path)
         logger = JsonlLog(os.path.join(cfg.out_dir, "log.jsonl"), info.is_main, self.step if path else None)
         self._write_run_json()
         self._announce()
@@ -224,6 +226,17 @@ class Trainer(TrainerCheckpoints):
             shutil.rmtree(self.ckpt_dir)
         barrier(info)
         return path
+
+    def _in_output(self, path: str) -> bool:
+        return os.path.dirname(os.path.abspath(path)) == os.path.abspath(self.ckpt_dir)
+
+    def _already_finished(self, path: str) -> TrainResult:
+        """The output directory holds the last step of this run: nothing to train, nothing written
+        (a scheduler's retry after a kill that landed after the last checkpoint, a pipeline run again)."""
+        self.print(f"{self.cfg.out_dir} already holds the finished run (step {self.step} of {self.total_steps}); "
+                   "nothing to do (--overwrite starts over)")
+        return TrainResult(step=self.step, total_steps=self.total_steps, first_eval=self.first_eval,
+                           last_eval=self.last_eval, checkpoint=path, out_dir=self.cfg.out_dir)
 
     def _write_run_json(self) -> None:
         if self.info.is_main:

@@ -104,12 +104,45 @@ def test_resume_with_nothing_to_resume_is_an_error(tiny_data, tmp_path):
 
 def test_changed_settings_are_refused_on_resume_and_old_runs_kept(tiny_data, tmp_path):
     out = str(tmp_path / "run")
-    train(tiny_config(tiny_data, out, max_steps=2))
+    assert train(tiny_config(tiny_data, out, max_steps=2, stop_after=1)).interrupted
     with pytest.raises(TrainError, match="lr: checkpoint 0.001, now 0.002"):
         train(tiny_config(tiny_data, out, max_steps=2, lr=2e-3, resume="auto"))
     with pytest.raises(TrainError, match="--resume .* --overwrite"):
         train(tiny_config(tiny_data, out, max_steps=2))
     assert train(tiny_config(tiny_data, out, max_steps=1, overwrite=True)).step == 1
+
+
+def _files(directory):
+    """{path: (bytes, mtime in ns)} of every file under `directory`."""
+    out = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, directory)] = (f.read(), os.stat(path).st_mtime_ns)
+    return out
+
+
+def test_a_finished_run_run_again_succeeds_and_changes_nothing(tiny_data, tmp_path):
+    """A scheduler's retry after a kill that landed after the last checkpoint, or a pipeline run
+    again, with or without --resume: nothing trained, not a byte nor an mtime changed; other
+    settings are refused and --overwrite starts over."""
+    out = str(tmp_path / "run")
+    first = train(tiny_config(tiny_data, out, max_steps=2, plot=True))
+    before = _files(out)
+    assert "checkpoints/step-00000002.pt" in before and "model.safetensors" in before and "log.jsonl" in before
+    for resume in (None, "auto"):
+        printed = []
+        again = train(tiny_config(tiny_data, out, max_steps=2, plot=True, resume=resume), print_fn=printed.append)
+        assert printed == [f"{out} already holds the finished run (step 2 of 2); nothing to do (--overwrite starts over)"]
+        assert again.step == 2 and again.losses == [] and again.checkpoint == first.checkpoint
+        assert again.first_eval == first.first_eval and again.last_eval == first.last_eval
+        assert _files(out) == before
+    with pytest.raises(TrainError, match=r"holds the finished run of other settings \(lr: checkpoint 0.001, now 0.002\); "
+                                         "use another --out, or --overwrite to start over"):
+        train(tiny_config(tiny_data, out, max_steps=2, lr=2e-3))
+    assert _files(out) == before
+    assert train(tiny_config(tiny_data, out, max_steps=2, overwrite=True)).losses == first.losses  # starts over
 
 
 def test_max_seq_length_beyond_max_position_embeddings_is_an_error(tiny_data, tmp_path):
@@ -178,6 +211,24 @@ def test_pretrain_cli_prepares_a_corpus_reuses_it_and_reports(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "reusing" in captured.out
     assert captured.err.startswith("fastbert pretrain: error: cannot resume") and os.path.basename(ckpt_file) in captured.err
+
+
+def test_pretrain_cli_run_again_on_a_finished_run_exits_0_and_changes_nothing(tiny_data, tmp_path, capsys):
+    from fastbert import cli
+
+    out = str(tmp_path / "run")
+    args = ["pretrain", "--data", tiny_data, "--out", out, "--max-steps", "2", "--save-every", "0", *TINY_ARGS]
+    assert cli.main(args) == 0
+    before = _files(out)
+    capsys.readouterr()
+    assert cli.main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"{out} already holds the finished run (step 2 of 2); nothing to do (--overwrite starts over)" in printed
+    assert _files(out) == before
+    assert cli.main([*args, "--seed", "1"]) == 2  # other settings: one line, nothing touched
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "holds the finished run of other settings (seed: checkpoint 0, now 1)" in err[0]
+    assert _files(out) == before
 
 
 def test_pretrain_cli_bad_input(tmp_path, capsys):
