@@ -231,6 +231,25 @@ def test_pretrain_cli_run_again_on_a_finished_run_exits_0_and_changes_nothing(ti
     assert _files(out) == before
 
 
+def test_pretrain_cli_refuses_other_data_settings_before_preparing_over_a_run(tmp_path, capsys):
+    from pretraining_helpers import small_documents
+
+    from fastbert import cli
+    from fastbert.data.corpus import write_documents
+
+    corpus = str(tmp_path / "corpus.txt")
+    write_documents(small_documents(30)(), corpus)
+    out = str(tmp_path / "run")
+    args = ["pretrain", "--corpus", corpus, "--out", out, "--max-steps", "1", "--save-every", "0", *TINY_ARGS]
+    assert cli.main(args) == 0
+    before = _files(out)
+    capsys.readouterr()
+    assert cli.main([*args, "--dupe-factor", "2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "was prepared with other data settings than these; use another --out, or --overwrite" in err[0]
+    assert _files(out) == before
+
+
 def test_pretrain_cli_bad_input(tmp_path, capsys):
     from fastbert import cli
 
