@@ -212,7 +212,20 @@ void register_runtime(py::module_& m) {
         "library's kernels stand over the ones below). Loads each library once.");
   m.def("kernel_level", &fastbert::kernel_level, "The level of the kernels in use (\"\" before use_kernels).");
   m.def("release_cached_memory", &fastbert::detail::release_cached_memory,
-        "Unmap the freed large-output mappings the kernels keep for reuse (at most 64 of them, 1 GiB in all).");
+        "Unmap the freed large-output mappings the kernels keep for reuse (at most 64 of them, 1 GiB in all, and "
+        "never more bytes than were ever in use at once).");
+  m.def(
+      "cached_memory",
+      [] {
+        const std::array<int64_t, 3> s = fastbert::detail::cached_memory();
+        py::dict d;
+        d["cached"] = s[0];
+        d["in_use"] = s[1];
+        d["peak_in_use"] = s[2];
+        return d;
+      },
+      "The large-output allocator's bytes: {cached (kept for reuse), in_use, peak_in_use (the most in use at "
+      "once: the bound of the cached ones)}; zeros where it is off.");
   m.def(
       "empty", [](std::vector<int64_t> sizes, at::ScalarType dtype) { return fastbert::detail::empty(sizes, dtype); },
       py::arg("sizes"), py::arg("dtype"),

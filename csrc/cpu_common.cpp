@@ -6,6 +6,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -33,12 +34,17 @@ namespace {
 // the heap: at 4096 x 768 fp32 (12 MiB) one run pays 3 ms a call on top of a 0.8 ms kernel, the next
 // none; at 4096 x 3072 (48 MiB) every call pays about 12 ms against 3 ms of kernel. The allocator here
 //   - maps 2 MiB aligned with MADV_HUGEPAGE (transparent huge pages: one fault per 2 MiB), and
-//   - keeps freed mappings (at most kCacheEntries, kCacheBytes in all) and hands one out again
-//     to a request of the same size, as a training or inference loop makes, or of up to 2x
-//     smaller: those are neither faulted nor zeroed again. A sentence-encoding loop over batches
-//     sorted by length makes a few sizes per batch and dozens in all, hence 64 entries (with 16,
-//     fastbert's linear layers and ops evicted each other's mappings). Freshly mapped huge pages
-//     can also be slow on a VM whose host reclaims free guest memory; reused ones are not.
+//   - keeps freed mappings and hands one out again to a request of the same size, as a training
+//     or inference loop makes, or of up to 2x smaller: those are neither faulted nor zeroed again.
+//     A sentence-encoding loop over batches sorted by length makes a few sizes per batch and
+//     dozens in all, hence up to 64 entries (with 16, fastbert's linear layers and ops evicted each
+//     other's mappings). The kept bytes are bounded by the most bytes the process ever had in use
+//     from this allocator at once (and by kCacheBytes): a loop whose largest step needs P bytes
+//     keeps at most P for the steps after it, however many sizes it meets, so a server or a corpus
+//     job that sees every batch shape holds no more than its largest batch needs twice over (in use
+//     and kept), instead of growing towards kCacheBytes with each new shape. The oldest go first.
+//     Freshly mapped huge pages can also be slow on a VM whose host reclaims free guest memory;
+//     reused ones are not.
 // Smaller outputs keep torch's allocator. This is on when malloc is glibc's (jemalloc / tcmalloc
 // keep large blocks for reuse themselves); FASTBERT_THP=0 in the environment turns it off,
 // FASTBERT_THP=1 on. fastbert._C.release_cached_memory() unmaps the kept mappings.
@@ -65,6 +71,11 @@ class HugePageAllocator final : public c10::Allocator {
     Mapping m{nullptr, len};
     if (!take(len, &m)) m.base = map(len);
     if (m.base == nullptr) return c10::GetCPUAllocator()->allocate(n);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_bytes_ += m.len;
+      peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+    }
     return {m.base, new Mapping(m), &release, c10::Device(c10::DeviceType::CPU)};
   }
 
@@ -78,8 +89,15 @@ class HugePageAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(mu_);
       drop.swap(cache_);
       cached_bytes_ = 0;
+      peak_live_bytes_ = live_bytes_;  // the bound starts again from what is in use now
     }
     for (const Mapping& m : drop) munmap(m.base, m.len);
+  }
+
+  // (bytes kept for reuse, bytes handed out and not yet freed, the most ever handed out at once)
+  std::array<size_t, 3> stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {cached_bytes_, live_bytes_, peak_live_bytes_};
   }
 
  private:
@@ -122,10 +140,12 @@ class HugePageAllocator final : public c10::Allocator {
     HugePageAllocator* self = get();
     {
       std::lock_guard<std::mutex> lock(self->mu_);
-      if (m->len <= kCacheBytes) {
+      self->live_bytes_ -= m->len;
+      const size_t bound = std::min(kCacheBytes, self->peak_live_bytes_);
+      if (m->len <= bound) {
         // make room: the oldest entries go first
         while (!self->cache_.empty() &&
-               (self->cache_.size() >= kCacheEntries || self->cached_bytes_ + m->len > kCacheBytes)) {
+               (self->cache_.size() >= kCacheEntries || self->cached_bytes_ + m->len > bound)) {
           munmap(self->cache_.front().base, self->cache_.front().len);
           self->cached_bytes_ -= self->cache_.front().len;
           self->cache_.erase(self->cache_.begin());
@@ -141,6 +161,8 @@ class HugePageAllocator final : public c10::Allocator {
   std::mutex mu_;
   std::vector<Mapping> cache_;  // oldest first
   size_t cached_bytes_ = 0;
+  size_t live_bytes_ = 0;       // handed out, not yet freed
+  size_t peak_live_bytes_ = 0;  // the most ever handed out at once: the cache's bound
 };
 
 // Only glibc's malloc unmaps large blocks on free; an allocator such as jemalloc or tcmalloc
@@ -205,6 +227,15 @@ at::Tensor zeros(at::IntArrayRef sizes, at::ScalarType dtype) {
 void release_cached_memory() {
 #if defined(FASTBERT_HUGE_ALLOC)
   HugePageAllocator::get()->release_cached();
+#endif
+}
+
+std::array<int64_t, 3> cached_memory() {
+#if defined(FASTBERT_HUGE_ALLOC)
+  const std::array<size_t, 3> s = HugePageAllocator::get()->stats();
+  return {static_cast<int64_t>(s[0]), static_cast<int64_t>(s[1]), static_cast<int64_t>(s[2])};
+#else
+  return {0, 0, 0};
 #endif
 }
 

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Optional.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -222,6 +223,9 @@ std::pair<at::Tensor, at::Tensor> empty_output_pair(const at::Tensor& x);
 
 // Unmaps the large-output mappings kept for reuse (see cpu_common.cpp).
 void release_cached_memory();
+// The mapping allocator's bytes: kept for reuse, in use, the most ever in use at once (the bound of
+// the kept ones); zeros where it is off.
+std::array<int64_t, 3> cached_memory();
 
 }  // namespace detail
 }  // namespace fastbert

@@ -29,13 +29,17 @@ def test_empty_gives_a_usable_contiguous_tensor(ext, shape, dtype):
     t.resize_(0)  # its storage is resizable like any CPU tensor's
 
 
-def test_freed_large_blocks_serve_requests_up_to_twice_smaller(ext):
+def _require_mapping_allocator():
     import os
     import platform
     import sys
 
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc" or os.environ.get("FASTBERT_THP") == "0":
         pytest.skip("large outputs come from the mapping allocator only on Linux with glibc's malloc")
+
+
+def test_freed_large_blocks_serve_requests_up_to_twice_smaller(ext):
+    _require_mapping_allocator()
     big = ext.empty([1024, 4096], torch.float32)  # 16 MiB
     ptr = big.data_ptr()
     big.fill_(1)
@@ -48,6 +52,31 @@ def test_freed_large_blocks_serve_requests_up_to_twice_smaller(ext):
     del again
     much_smaller = ext.empty([1024, 1100], torch.float32)  # 4.3 MiB: under half of it, a mapping of its own
     assert much_smaller.data_ptr() != ptr
+
+
+def test_the_kept_mappings_never_outgrow_the_most_ever_in_use(ext):
+    """A loop that meets a new size at every step (a server seeing every batch shape) keeps at most
+    the bytes its largest step had in use at once, not a mapping per size up to the 1 GiB cap."""
+    _require_mapping_allocator()
+    mib = 1 << 20
+    base = ext.cached_memory()["in_use"]  # what other tests' live tensors hold
+    step = [ext.empty([8 * mib], torch.uint8), ext.empty([10 * mib], torch.uint8)]  # the largest step: 18 MiB
+    assert ext.cached_memory()["in_use"] == base + 18 * mib
+    assert ext.cached_memory()["peak_in_use"] >= base + 18 * mib
+    del step
+    largest = 0
+    for size in range(8, 90):  # 82 sizes of 4..44.5 MiB, one at a time: a new size at every step
+        t = ext.empty([size * mib // 2 + 4096], torch.uint8)
+        t.fill_(1)
+        largest = max(largest, -(-t.numel() // (2 * mib)) * 2 * mib)  # in whole 2 MiB pages
+        del t
+        stats = ext.cached_memory()
+        assert stats["in_use"] == base and stats["cached"] <= stats["peak_in_use"], stats
+    stats = ext.cached_memory()
+    assert stats["peak_in_use"] == base + max(18 * mib, largest)
+    assert 0 < stats["cached"] <= base + largest < 64 * mib  # not the 82 sizes' 2 GiB, nor the 1 GiB cap
+    ext.release_cached_memory()
+    assert ext.cached_memory()["cached"] == 0 and ext.cached_memory()["peak_in_use"] == base
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -40,11 +40,24 @@ An int8 weight stored packed (fastbert.ops.int8.int8_layout) has no choice: fast
 GEMM (csrc/kernels/int8_gemm_packed.cpp) reads it as it lies."""
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import torch
 
 from fastbert import backend as _backend
+
+# oneDNN keeps every primitive it creates, one per shape, in a cache of 1024 by default, each with
+# its own compiled kernel, and torch's oneDNN linear (ideep) keeps another 1024 of its own
+# (LRU_CACHE_CAPACITY): the onednn paths in a loop whose row count changes at every batch (a
+# sentence encoder's, a server's) add to both at every batch, and the process grows with every
+# batch shape it meets until they are full (hundreds of MiB; benchmarks/RESULTS.md). A batch reuses
+# its own few primitives across its layers; what a later batch could reuse is rare and cheap to
+# build again. Both capacities are read once, at the first primitive: a value the user set, or a
+# primitive created before fastbert was imported, keeps its own.
+ONEDNN_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+for _name in ONEDNN_CACHES:
+    os.environ.setdefault(_name, "64")
 
 Tensor = torch.Tensor
 Alloc = Optional[Callable[[], Tensor]]
