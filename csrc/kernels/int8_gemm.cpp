@@ -10,8 +10,8 @@
 // A micro-panel is packed when the first row block needs it (while it is in L1) and read from
 // L2 by the later ones. Nothing is kept between calls: the weight is packed on every call.
 // How k-values are multiplied (the scheme: int8_gemm_schemes.h) depends on the level: VNNI's
-// vpdpbusd; at avx2 vpmaddubsw on |a| and b with a's sign where no b is -128 (any symmetric int8
-// weight), else vpmaddwd on int16 pairs, as at avx512; SSE2 pmaddwd from plain C++ at the scalar level.
+// vpdpbusd; at avx2 vpmaddubsw where every |b| <= 64 (weights quantized with weight_range=64), else
+// vpmaddwd on int16 pairs, as at avx512; SSE2 pmaddwd from plain C++ at the scalar level.
 // Threads: the output in a grid of (row range x column range) tasks, at most one per thread, each
 // packing its own rows of a and columns of b; the grid is the one whose largest task (multiply-adds
 // plus packing) is cheapest: small m splits the columns, large m either way.

@@ -11,7 +11,7 @@
 //
 // a is packed per call as the scheme reads it; per group of columns (avx512_vnni: up to three
 // panels, 3 zmm; avx2: one panel, 2 ymm) the rows in tiles (8 and 6), each k-group one broadcast of
-// a row and one product a vector (int8_gemm_schemes.h's Quads). With VNNI, vpdpbusd on a + 128 (u8)
+// a row and one product a vector (int8_gemm_schemes.h's Quads and Signs). With VNNI, vpdpbusd on a + 128 (u8)
 // and b: a's +128 adds 128 x b's column sums to every product: a row of ones, in the group's first
 // tile (the one that reads b from memory), gives the sums (block() has how). At avx2, |a| times b
 // with a's sign, vpmaddubsw (u8 x s8 pairs into 16 bits) and vpmaddwd by ones: exact for every b
@@ -68,12 +68,16 @@ void plain_block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int
   }
 }
 
-#if defined(FASTBERT_GEMM_QUADS)
-// int8_gemm.cpp's Quads scheme (int8_gemm_schemes.h: vpdpbusd on a + 128 with VNNI, vpmaddubsw +
-// vpmaddwd on |a| and the signed b at avx2, with the b != -128 check) and its tile: 8 x 3 zmm, or
+#if defined(FASTBERT_GEMM_VNNI) || defined(FASTBERT_GEMM_SIGNS)
+// int8_gemm_schemes.h's Quads with VNNI (vpdpbusd on a + 128), its Signs at avx2 (vpmaddubsw +
+// vpmaddwd on |a| and b with a's sign, with the b != -128 check), and their tile: 8 x 3 zmm, or
 // 6 x 2 ymm (one panel)
 using namespace gemm8;  // NOLINT: the schemes and their vectors
+#if defined(FASTBERT_GEMM_VNNI)
 using Scheme = Quads;
+#else
+using Scheme = Signs;
+#endif
 using V = Vi;
 
 // a as the scheme reads it, for kW * 4 values: a + 128 as u8 (x ^ 0x80) with VNNI, else a itself

@@ -3,14 +3,18 @@
 //
 //   Pairs  a and b widened to int16, pairs of products into int32 (vpmaddwd + vpaddd): exact for
 //          any int8 operands. avx2: ymm, 6 x 16 tile; avx512: zmm, 12 x 32.
-//   Quads  four products a lane into int32, a as u8 times b as s8. avx512_vnni: (a + 128) x b, one
-//          vpdpbusd, exact for any b, the accumulators starting at -128 x the column sums of b
-//          (computed while packing); zmm, 8 x 48. avx2: |a| x (b with a's sign) (vpabsb, vpsignb),
-//          vpmaddubsw (pairs of u8 x s8 products into saturating int16) + vpmaddwd by ones +
-//          vpaddd: every pair fits int16 (128 x 127 x 2 = 32512) for any a and any b but -128 (whose
-//          negation wraps), so full-range weights ([-127, 127]) multiply at this scheme's speed;
-//          packing checks the bound, and a task whose b holds -128 runs Pairs instead; ymm, 6 x 16.
-//          (avx512 without VNNI could do the same on zmm, with a mask for the sign; it runs Pairs.)
+//   Quads  (a + 128) as u8 x b as s8, four products a lane into int32, the accumulators starting at
+//          -128 x the column sums of b (computed while packing). avx512_vnni: one vpdpbusd, exact
+//          for any b; zmm, 8 x 48. avx2: vpmaddubsw (pairs of u8 x s8 products into saturating
+//          int16) + vpmaddwd by ones + vpaddd, exact while every |b| <= 64 (255 x 64 x 2 = 32640
+//          fits int16; weights quantized with weight_range=64); packing checks the bound, and a
+//          task whose b exceeds it runs Pairs instead; ymm, 6 x 16. (avx512 without VNNI could do
+//          the same on zmm; it runs Pairs.)
+//   Signs  avx2, the packed GEMM's (int8_gemm_packed.cpp: no pass over b to check it first): |a| as
+//          u8 x b with a's sign (vpabsb, vpsignb), vpmaddubsw + vpmaddwd by ones + vpaddd: every
+//          pair fits int16 (128 x 127 x 2 = 32512) for any a and any b but -128 (whose negation
+//          wraps), so full-range weights are exact; one more instruction per product than Quads
+//          (about as fast as Pairs on a Zen 3: benchmarks/RESULTS.md); ymm, 6 x 16.
 //   scalar level: Pairs in plain C++ (a and b as int16 rows, dot products that the compiler turns
 //          into SSE2 pmaddwd reductions), 3 x 3.
 #pragma once
@@ -119,24 +123,41 @@ struct Quads {
   static Vi dot(Vi acc, Vi a, Vi b) { return _mm512_dpbusd_epi32(acc, a, b); }
   static Vi track(Vi most, Vi) { return most; }  // exact for any b
   static bool exceeds(Vi, int) { return false; }
+#else
+  // 12 accumulators, 2 of b, a, ones and a product: one more than the 16 ymm registers, and one
+  // accumulator goes to the stack; 5 rows (no spill) and the ones as vpmaddwd's memory operand
+  // measured the same
+  static constexpr int kNv = 2, kMr = 6;
+  static Vi dot(Vi acc, Vi a, Vi b) { return vadd(acc, madd16(maddubs(a, b), vset1(0x00010001))); }
+  // exact while every |b| <= 64: `most` gathers |b| of each byte lane as b is packed
+  static Vi track(Vi most, Vi units) { return abs8_max(most, units); }
+  static bool exceeds(Vi most, int tail) { return std::max(max_u8(most), tail) > 64; }
+#endif
+  static constexpr int64_t kKc = 1024, kPackB = 8;
   static constexpr bool kColSums = true;
   static AT to_a(int8_t x) { return static_cast<AT>(x ^ 0x80); }  // a + 128
-#else
-  // 12 accumulators, 2 of b, a, |a|, the signed b and a product: more than the 16 ymm registers, and
-  // the compiler keeps a few on the stack
+  static Vi load_units(const int8_t* p) { return vload(p); }     // kW * kGroup k-values
+};
+#endif
+
+#if !defined(FASTBERT_VEC_AVX512)
+#define FASTBERT_GEMM_SIGNS 1
+struct Signs {
+  using AT = uint8_t;  // a's bits as they are: dot() takes its size and sign
+  using BT = int8_t;
+  static constexpr int kGroup = 4;
   static constexpr int kNv = 2, kMr = 6;
   // a . b = |a| . (b with a's sign): vpsignb gives -b where a < 0 and 0 where a == 0
   static Vi dot(Vi acc, Vi a, Vi b) {
     return vadd(acc, madd16(maddubs(_mm256_abs_epi8(a), _mm256_sign_epi8(b, a)), vset1(0x00010001)));
   }
-  // exact while no b is -128: `most` gathers |b| of each byte lane (|-128| is 128 as u8) as b is packed
+  // exact while no b is -128: `most` gathers |b| of each byte lane (|-128| is 128 as u8)
   static Vi track(Vi most, Vi units) { return abs8_max(most, units); }
   static bool exceeds(Vi most, int tail) { return std::max(max_u8(most), tail) > 127; }
-  static constexpr bool kColSums = false;
-  static AT to_a(int8_t x) { return static_cast<AT>(x); }  // a as it is; dot() takes its sign and size
-#endif
   static constexpr int64_t kKc = 1024, kPackB = 8;
-  static Vi load_units(const int8_t* p) { return vload(p); }  // kW * kGroup k-values
+  static constexpr bool kColSums = false;
+  static AT to_a(int8_t x) { return static_cast<AT>(x); }
+  static Vi load_units(const int8_t* p) { return vload(p); }
 };
 #endif
 #else
