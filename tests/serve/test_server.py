@@ -129,6 +129,7 @@ def test_routes_answer_as_text_embeddings_inference_and_openai(served, encoder):
     info = httpx.get(served.url + "/info").json()
     assert info["model_type"] == {"embedding": {"pooling": "mean"}} and info["max_input_length"] == 256
     assert info["max_client_batch_size"] == 32 and info["model_dtype"] == "float32"
+    assert info["quantize"] is None and info["quantization"] is None
     tokens = httpx.post(served.url + "/tokenize", json={"inputs": "hello world"}).json()
     assert [t["text"] for t in tokens[0]] == ["[CLS]", "hello", "world", "[SEP]"]
     assert tokens[0][1] == {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
