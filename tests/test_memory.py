@@ -1,12 +1,13 @@
 """The C++ extension's allocator for large CPU outputs (fastbert._C.empty) and the inference
-linear layers that write into it (fastbert.ops.linear)."""
+linear layers that write into it (fastbert.ops.linear); freed heap memory given back to the system
+(fastbert.memory)."""
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import require
 
 from fastbert import backend as fb_backend
-from fastbert import ops
+from fastbert import memory, ops
 from fastbert.ops import gemm
 
 
@@ -94,3 +95,47 @@ def test_inference_linear_into_the_allocator_matches_f_linear(ext, bias, dtype):
     out = ops.linear(xg, w, b)
     out.float().sum().backward()
     assert xg.grad is not None and out.requires_grad
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_trim_gives_the_free_pages_inside_the_heap_back():
+    """200 blocks of 1 MiB freed below one still in use: malloc keeps them resident (only a heap's
+    top goes back by itself); trim_now hands their pages back."""
+    _require_mapping_allocator()  # Linux with glibc's malloc
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.free(libc.malloc(8 << 20))  # a mapped block freed: malloc takes blocks of this size from its heap since
+    blocks = [libc.malloc(1 << 20) for _ in range(200)]
+    for b in blocks:
+        ctypes.memset(b, 1, 1 << 20)
+    for b in blocks[:-1]:
+        libc.free(b)
+    before = _rss_mib()
+    assert memory.trim_now()
+    after = _rss_mib()
+    libc.free(blocks[-1])
+    assert before - after > 100, (before, after)
+
+
+def test_a_trimmer_trims_at_most_once_a_period(monkeypatch):
+    calls = []
+    monkeypatch.setattr(memory, "trim_now", lambda: calls.append(1) or True)
+    clock = [100.0]
+    monkeypatch.setattr(memory.time, "monotonic", lambda: clock[0])
+    trim = memory.Trimmer(every=10.0)
+    assert not trim() and calls == []  # the period counts from its start
+    clock[0] += 9.9
+    assert not trim()
+    clock[0] += 0.2
+    assert trim() and calls == [1]
+    clock[0] += 5
+    assert not trim() and calls == [1]
+    clock[0] += 5
+    assert trim() and calls == [1, 1]

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from fastbert.corpus import readers, shards
+from fastbert.memory import Trimmer
 
 PROG = "fastbert embed"
 _DONE = object()
@@ -177,11 +178,13 @@ def run(args) -> dict:
 
         bar = tqdm(total=total, initial=begin, unit=" text", desc="embed", dynamic_ncols=True, file=sys.stderr)
     writer = _Writer(args.output, manifest, args.output_dtype)
+    trim = Trimmer()  # the heap's free pages back to the system now and then (fastbert.memory)
     try:
         for chunk, n_skipped in _staged(_chunks(args, begin, skipped)):
             if chunk:
                 emb = embed_records(encoder, chunk, prompt, skip, args.batch_size, bar)
                 writer.put(([r.id for r in chunk], emb, chunk[0].position, chunk[-1].position + 1, n_skipped))
+                trim()
             elif n_skipped:
                 manifest["tail_skipped"] = n_skipped
     finally:

@@ -33,6 +33,8 @@ from typing import Any, Callable, Deque, List, Optional, Sequence
 import numpy as np
 import torch
 
+from fastbert.memory import Trimmer
+
 
 class Overloaded(RuntimeError):
     """The queue is full."""
@@ -120,6 +122,7 @@ class Batcher:
     def work(self) -> None:
         """Run batches until stop(): the worker's loop (the batcher's own thread runs it, or the
         caller with thread=False)."""
+        trim = Trimmer()  # the heap's free pages back to the system now and then (fastbert.memory)
         while True:
             jobs = self._take()
             if not jobs:
@@ -130,6 +133,7 @@ class Batcher:
                 with self._cv:
                     self._busy -= len(jobs)
                     self._gauge()
+            trim()
 
     def _batches(self, jobs: List[Job]):
         """Lists of (job, row index), longest rows first, each at most max_batch_tokens real tokens."""
