@@ -89,26 +89,16 @@ def bert_base_dir(workdir: str, minilm: str) -> str:
     return out
 
 
-def _peak_rss_mib(pid: int) -> Optional[float]:
-    """The process's peak resident set so far (VmHWM), MiB; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
 def run_command(argv: List[str], env: Optional[dict] = None) -> Dict[str, float]:
     """Wall seconds and peak RSS (MiB, of that process alone: Ray's actors are not counted) of a command."""
+    from fastbert.memory import resident_mib
+
     err = tempfile.TemporaryFile()
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
     peak = 0.0
     while proc.poll() is None:
-        peak = max(peak, _peak_rss_mib(proc.pid) or 0.0)
+        peak = max(peak, resident_mib(proc.pid, peak=True) or 0.0)
         time.sleep(0.2)
     took = time.perf_counter() - t0
     if proc.returncode != 0:

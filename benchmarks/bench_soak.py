@@ -28,26 +28,15 @@ import sys
 import tempfile
 import threading
 import time
-from typing import List, Optional
+from typing import List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fastbert.bench.report import add_output_options, finish, parser  # noqa: E402
+from fastbert.memory import resident_mib  # noqa: E402
 
 TARGET_GROWTH = 0.05
 WARM_SHARE = 0.2  # the run's first fifth is its warm-up
-
-
-def rss_mib(pid: int) -> Optional[float]:
-    """A process's resident set now (VmRSS), MiB; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 class Sampler(threading.Thread):
@@ -62,7 +51,7 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            mib = rss_mib(self.pid)
+            mib = resident_mib(self.pid)
             if mib is not None:
                 self.samples.append((time.perf_counter() - self.t0, mib))
             self.done.wait(self.interval)

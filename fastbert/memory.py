@@ -17,7 +17,7 @@ import ctypes
 import ctypes.util
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 TRIM_EVERY = 10.0  # seconds between trims at most: a trim costs tens of ms, a tenth of a percent or less
 
@@ -59,3 +59,17 @@ class Trimmer:
             return False
         self.last = now
         return trim_now()
+
+
+def resident_mib(pid: Union[int, str] = "self", peak: bool = False) -> Optional[float]:
+    """A process's resident set now (VmRSS), or its highest so far (VmHWM, peak=True), in MiB, as
+    Linux reports it; None where the process is gone or there is no /proc."""
+    field = "VmHWM:" if peak else "VmRSS:"
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None

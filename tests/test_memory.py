@@ -97,11 +97,6 @@ def test_inference_linear_into_the_allocator_matches_f_linear(ext, bias, dtype):
     assert xg.grad is not None and out.requires_grad
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-
-
 def test_trim_gives_the_free_pages_inside_the_heap_back():
     """200 blocks of 1 MiB freed below one still in use: malloc keeps them resident (only a heap's
     top goes back by itself); trim_now hands their pages back."""
@@ -117,9 +112,9 @@ def test_trim_gives_the_free_pages_inside_the_heap_back():
         ctypes.memset(b, 1, 1 << 20)
     for b in blocks[:-1]:
         libc.free(b)
-    before = _rss_mib()
+    before = memory.resident_mib()
     assert memory.trim_now()
-    after = _rss_mib()
+    after = memory.resident_mib()
     libc.free(blocks[-1])
     assert before - after > 100, (before, after)
 
