@@ -1,0 +1,151 @@
+"""The package's import graph, read from the source as text (nothing imported): import circles and
+private names taken from another module. Every import counts, a function's own included, since a
+deferred import still ties the two modules together.
+
+The circles and private imports that exist today are listed here, so that none is added unnoticed
+and each one removed is struck off the list (the test fails both ways): the list only shrinks."""
+import ast
+import os
+from collections import defaultdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCES = {"fastbert": "fastbert", "fastbert.kernels": "kernels"}  # package -> folder (setup.py's package_dir)
+
+# circles as they stand, each the set of its modules
+KNOWN_CIRCLES = {
+    frozenset({"fastbert.corpus.embed", "fastbert.ray"}),
+    frozenset({"fastbert.hf", "fastbert.model.auto", "fastbert.model.bert", "fastbert.model.distilbert",
+               "fastbert.model.electra", "fastbert.model.heads", "fastbert.model.modernbert",
+               "fastbert.model.modernbert_heads", "fastbert.model.mpnet", "fastbert.model.pretrained",
+               "fastbert.model.roberta"}),
+    frozenset({"fastbert.model.int8", "fastbert.model.layers", "fastbert.model.stack"}),
+    frozenset({"fastbert.ops.gemm", "fastbert.ops.int8"}),
+    frozenset({"fastbert.kernels.report", "fastbert.kernels.report_check"}),
+}
+
+
+def module_files() -> dict:
+    """Every module of the package: its dotted name -> its file."""
+    out = {}
+    for package, folder in SOURCES.items():
+        base = os.path.join(ROOT, folder)
+        for here, dirs, files in os.walk(base):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+            rel = os.path.relpath(here, base)
+            prefix = package if rel == "." else package + "." + rel.replace(os.sep, ".")
+            if "__init__.py" not in files:
+                continue
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    out[prefix if name == "__init__.py" else f"{prefix}.{name[:-3]}"] = os.path.join(here, name)
+    return out
+
+
+def imports(modules: dict) -> dict:
+    """module -> {module it imports: [names it takes from it]} (an empty list: the module itself,
+    imported whole)."""
+    graph = {}
+    for name, path in modules.items():
+        is_package = path.endswith("__init__.py")
+        edges = defaultdict(list)
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in modules:
+                        edges[alias.name]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = name.split(".") if is_package else name.split(".")[:-1]
+                    parts = parts[: len(parts) - node.level + 1]
+                    source = ".".join(parts + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        edges[f"{source}.{alias.name}"]
+                    elif source in modules:
+                        edges[source].append(alias.name)
+        # a module's own package and the packages above it are being imported already when it runs:
+        # taking a name from one of them (fastbert._C, the extension) ties nothing new
+        graph[name] = {m: names for m, names in edges.items() if m != name and not name.startswith(m + ".")}
+    return graph
+
+
+def circles(graph: dict) -> set:
+    """The strongly connected components of more than one module (Tarjan's, iterative)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], set(), [0]
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.add(frozenset(component))
+    return found
+
+
+def private_imports(graph: dict) -> list:
+    """(module, the module it takes from, name) for each private name (one underscore, not a dunder)
+    that a module takes from another."""
+    return sorted((a, b, n) for a, edges in graph.items() for b, names in edges.items()
+                  for n in names if n.startswith("_") and not n.startswith("__"))
+
+
+GRAPH = imports(module_files())
+
+
+def test_the_graph_is_read():
+    # the reader finds the imports it must: a test that could not fail would prove nothing
+    assert "fastbert.ops.gemm" in GRAPH["fastbert.ops.int8"]
+    assert "fastbert.kernels.report_check" in GRAPH["fastbert.kernels.report"]  # `from . import report_check`
+    assert "fastbert.ray" in GRAPH["fastbert.corpus.embed"]  # inside a function
+    assert "_chunks" in GRAPH["fastbert.ray"]["fastbert.corpus.embed"]
+    assert circles({"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}) == {frozenset("abc")}
+
+
+def test_no_import_circle_but_the_known_ones():
+    found = circles(GRAPH)
+    new = [sorted(c) for c in found - KNOWN_CIRCLES]
+    gone = [sorted(c) for c in KNOWN_CIRCLES - found]
+    assert not new, f"new import circles: {new}"
+    assert not gone, f"circles no longer there: strike them off KNOWN_CIRCLES: {gone}"
+
+
+def test_private_names_taken_from_other_modules_do_not_grow():
+    # today's count: each one made public or moved where both modules reach it lowers it
+    found = private_imports(GRAPH)
+    assert len(found) <= KNOWN_PRIVATE_IMPORTS, "\n".join(f"{a} takes {n} from {b}" for a, b, n in found)
+    assert len(found) == KNOWN_PRIVATE_IMPORTS, \
+        f"{len(found)} private imports now, fewer than {KNOWN_PRIVATE_IMPORTS}: lower KNOWN_PRIVATE_IMPORTS"
+
+
+KNOWN_PRIVATE_IMPORTS = 85
