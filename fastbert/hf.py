@@ -18,20 +18,18 @@
     transformers.Trainer.save_model on a fastbert model
         writes what save_pretrained writes (config.json and the weights, which transformers loads),
         not the bare state dict Trainer saves for models that are not transformers' own: fastbert
-        models patch Trainer's saving once transformers' trainer module is loaded.
+        models patch Trainer's saving once transformers' trainer module is loaded
+        (fastbert.model.trainer_save).
 
 transformers is imported only when these functions are called.
 """
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from typing import Optional
 
 import torch
 
-import fastbert
 from fastbert import ops
 
 ATTN_IMPLEMENTATION = "fastbert"
@@ -187,33 +185,3 @@ def _owner(module, dotted: str):
     for p in path:
         module = getattr(module, p)
     return module, attr
-
-
-def patch_trainer_if_loaded() -> None:
-    """Make transformers.Trainer save fastbert models with their save_pretrained, when transformers'
-    trainer module is loaded (cheap otherwise: a dictionary lookup)."""
-    trainer_module = sys.modules.get("transformers.trainer")
-    if trainer_module is None or getattr(trainer_module.Trainer._save, "_fastbert", False):
-        return
-    original = trainer_module.Trainer._save
-
-    def _save(self, output_dir=None, state_dict=None):
-        model = self.model
-        while hasattr(model, "module") and not isinstance(model, fastbert.model.BertPreTrainedModel):
-            model = model.module  # DistributedDataParallel and other wrappers
-        if not isinstance(model, fastbert.model.BertPreTrainedModel):
-            return original(self, output_dir, state_dict)
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.should_save:
-            return None
-        os.makedirs(output_dir, exist_ok=True)
-        model.save_pretrained(output_dir, state_dict=state_dict,
-                              safe_serialization=getattr(self.args, "save_safetensors", True))
-        processing = self.processing_class or getattr(self.data_collator, "tokenizer", None)
-        if processing is not None:
-            processing.save_pretrained(output_dir)
-        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
-        return None
-
-    _save._fastbert = True
-    trainer_module.Trainer._save = _save

@@ -14,10 +14,6 @@ SOURCES = {"fastbert": "fastbert", "fastbert.kernels": "kernels"}  # package -> 
 # circles as they stand, each the set of its modules
 KNOWN_CIRCLES = {
     frozenset({"fastbert.corpus.embed", "fastbert.ray"}),
-    frozenset({"fastbert.hf", "fastbert.model.auto", "fastbert.model.bert", "fastbert.model.distilbert",
-               "fastbert.model.electra", "fastbert.model.heads", "fastbert.model.modernbert",
-               "fastbert.model.modernbert_heads", "fastbert.model.mpnet", "fastbert.model.pretrained",
-               "fastbert.model.roberta"}),
     frozenset({"fastbert.model.int8", "fastbert.model.layers", "fastbert.model.stack"}),
     frozenset({"fastbert.ops.gemm", "fastbert.ops.int8"}),
     frozenset({"fastbert.kernels.report", "fastbert.kernels.report_check"}),

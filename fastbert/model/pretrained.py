@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-import sys
 import warnings
 from typing import Dict, Iterator, Optional
 
@@ -26,13 +25,7 @@ from fastbert.model.config import BertConfig
 from fastbert.model.int8 import CONFIG_KEY, check_quantize, quantize_model, recorded
 from fastbert.model.layers import BertLMPredictionHead, _Backend
 from fastbert.model.model_utils import ModelUtilsMixin
-
-
-def _patch_trainer() -> None:
-    if "transformers.trainer" in sys.modules:
-        from fastbert.hf import patch_trainer_if_loaded
-
-        patch_trainer_if_loaded()
+from fastbert.model.trainer_save import patch_trainer_if_loaded
 
 
 class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
@@ -50,7 +43,7 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
                             f"got {type(config).__name__}")
         self.config = config
         self._backend: Optional[str] = None
-        _patch_trainer()
+        patch_trainer_if_loaded(BertPreTrainedModel)
 
     quantized: Optional[str] = None  # "int8" after quantize_("int8")
     quantization: Optional[dict] = None  # its settings: {"mode": "int8", "weight_range": 127} (fastbert.model.int8)
@@ -90,7 +83,7 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         return self.eval()
 
     def train(self, mode: bool = True):
-        _patch_trainer()  # transformers.Trainer calls train() before it trains and saves
+        patch_trainer_if_loaded(BertPreTrainedModel)  # transformers.Trainer calls train() before it trains and saves
         return super().train(mode)
 
     def post_init(self) -> None:
