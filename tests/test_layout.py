@@ -15,7 +15,6 @@ SOURCES = {"fastbert": "fastbert", "fastbert.kernels": "kernels"}  # package -> 
 KNOWN_CIRCLES = {
     frozenset({"fastbert.corpus.embed", "fastbert.ray"}),
     frozenset({"fastbert.model.int8", "fastbert.model.layers", "fastbert.model.stack"}),
-    frozenset({"fastbert.ops.gemm", "fastbert.ops.int8"}),
     frozenset({"fastbert.kernels.report", "fastbert.kernels.report_check"}),
 }
 

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import warnings
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from fastbert import backend as _backend
-from fastbert.ops import gemm_paths
+from fastbert.ops import gemm_paths, gemm_timing
 from fastbert.ops.gemm_paths import Alloc
 
 Tensor = torch.Tensor
@@ -47,12 +46,8 @@ ROLES = ("fwd", "dx", "dw")
 FLOAT_PATHS = ("addmm", "onednn", "onednn_packed", "mkl_packed", "dot", "fp32")
 INT8_PATHS = ("fastbert", "int_mm", "onednn_qlinear", "float")
 PATHS = FLOAT_PATHS + INT8_PATHS
-_TIMED_RUNS = 3  # rounds of timed calls at least, after one untimed call; the minimum is kept
-_MAX_ROUNDS = 9  # rounds at most, for the paths still in contention
-_CONTENDING = 1.15  # a path within this factor of the fastest's time is still in contention
-
-_choices: Dict[tuple, Tuple[str, Dict[str, float]]] = {}
-_probed: Dict[Tuple[str, str, torch.dtype], Optional[str]] = {}  # why a path is not used, or None
+_choices: Dict[tuple, Tuple[str, Dict[str, float]]] = gemm_timing.cache()
+_probed: Dict[Tuple[str, str, torch.dtype], Optional[str]] = gemm_timing.cache()  # why a path is not used, or None
 _forced: List[Optional[str]] = [None]
 
 
@@ -174,7 +169,7 @@ def unavailable() -> Dict[Tuple[str, str, torch.dtype], str]:
     """{(path, role, dtype): why it is not used} for the paths probed so far (and the int8 paths too
     slow to time at the current threads and kernel level)."""
     out = {k: why for k, why in _probed.items() if why is not None}
-    slow = _slow.get(_here(), {})
+    slow = _slow.get(gemm_timing.here(), {})
     out.update({(p, "fwd", torch.int8): why for p, why in slow.items()})
     return out
 
@@ -191,7 +186,7 @@ def candidates(role: str, dtype: torch.dtype) -> List[str]:
 
 
 SLOW_INT8 = 8.0
-_slow: Dict[tuple, Dict[str, str]] = {}  # (threads, kernel level) -> {int8 path: why it is not timed}
+_slow: Dict[tuple, Dict[str, str]] = gemm_timing.cache()  # (threads, kernel level) -> {int8 path: why it is not timed}
 
 
 def _fast_enough(paths: List[str]) -> List[str]:
@@ -199,21 +194,16 @@ def _fast_enough(paths: List[str]) -> List[str]:
     per (threads, kernel level): the others would cost seconds at the first product of every shape
     and never win it (torch._int_mm runs a scalar loop on CPUs without VNNI, about 50x fastbert's
     kernel on a Zen 3). unavailable() says how much slower the others were."""
-    key = _here()
+    key = gemm_timing.here()
     if key not in _slow:
         g = torch.Generator().manual_seed(0)
         a = torch.randint(-127, 128, (256, 768), generator=g, dtype=torch.int8)
         b = torch.randint(-127, 128, (768, 768), generator=g, dtype=torch.int8)
-        timings = _time_paths(paths, lambda p: _call(p, "fwd", a, b, None, None))
+        timings = gemm_timing.time_paths(paths, lambda p: _call(p, "fwd", a, b, None, None))
         best = min(timings, key=timings.get)
         _slow[key] = {p: f"{t / timings[best]:.0f}x slower than {best} on a [256 x 768] x [768 x 768] product, so not timed"
                       for p, t in timings.items() if t > SLOW_INT8 * timings[best]}
     return [p for p in paths if p not in _slow[key]]
-
-
-def _here() -> Tuple[int, Optional[str]]:
-    """(threads, C++ kernel level): what a measurement of GEMM speed holds for."""
-    return torch.get_num_threads(), _backend.cpu_capability()
 
 
 def _bucket(tokens: int) -> int:
@@ -228,16 +218,16 @@ def _key(role: str, a: Tensor, b: Tensor) -> tuple:
         tokens, n_in, n_out = a.shape[0], b.shape[0], a.shape[1]
     else:
         tokens, n_in, n_out = a.shape[1], b.shape[0], a.shape[0]
-    return _key_of(role, tokens, n_in, n_out, a.dtype, _here())
+    return _key_of(role, tokens, n_in, n_out, a.dtype, gemm_timing.here())
 
 
 def _key_of(role: str, tokens: int, n_in: int, n_out: int, dtype: torch.dtype,
             here: Tuple[int, Optional[str]]) -> tuple:
-    """The key of a product by its sizes, `here` being _here() (read once by a caller with several)."""
+    """The key of a product by its sizes, `here` being gemm_timing.here() (read once by a caller with several)."""
     return (role, _bucket(tokens), n_in, n_out, dtype, *here)
 
 
-def _forced_name() -> Optional[str]:
+def forced_name() -> Optional[str]:
     """The path every product is forced onto (forced() or FASTBERT_GEMM), or None."""
     return _forced[-1] or os.environ.get("FASTBERT_GEMM") or None
 
@@ -248,38 +238,10 @@ def _forced_choice(forced: str, role: str, dtype: torch.dtype) -> str:
     return forced if forced in _paths_for(dtype) and _probe(forced, role, dtype) else _default(dtype)
 
 
-def _time_paths(paths: List[str], run: Callable[[str], Tensor]) -> Dict[str, float]:
-    """{path: seconds}: the fastest of each path's timed calls after one untimed call, the paths taken
-    in turn round after round, so that a drift of the machine's speed hits them alike.
-
-    _TIMED_RUNS rounds, then more, up to _MAX_ROUNDS, for the paths still within _CONTENDING of the
-    fastest, while two or more are: the first few calls of a library's kernel on a new shape run
-    slower than its later ones (the fastest of the first three 1-25% above the fastest of thirty,
-    MiniLM's products at 535 rows), and single calls on a shared machine spread by 20% or more, so
-    that the fastest of three calls ranked paths 4-8% apart at random. A path out of contention keeps
-    the minimum it had."""
-    best = {}
-    for path in paths:
-        run(path)
-        best[path] = float("inf")
-    timed = list(paths)
-    for done in range(_MAX_ROUNDS):
-        for path in timed:
-            t0 = time.perf_counter()
-            run(path)
-            best[path] = min(best[path], time.perf_counter() - t0)
-        if done + 1 >= _TIMED_RUNS:
-            fastest = min(best[p] for p in timed)
-            timed = [p for p in timed if best[p] <= _CONTENDING * fastest]
-            if len(timed) < 2:
-                break
-    return best
-
-
 def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, alloc: Alloc = None) -> Tensor:
     """a @ b^T (+ bias) on the path measured fastest for this role and shape (see the module
     docstring). `alloc`, when given, makes the output for the paths that can write into one."""
-    forced = _forced_name()
+    forced = forced_name()
     if forced is not None:
         if forced not in PATHS:
             raise ValueError(f"fastbert: FASTBERT_GEMM={forced!r} is not a GEMM path; choose from {PATHS}")
@@ -293,7 +255,7 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
         paths = _exact_int8(paths, a, b)
     ta, tb = _timing_operands(role, a, b)
     sliced = ta is not a or tb is not b
-    timings = _time_paths(paths, lambda p: _call(p, role, ta, tb, bias, None if sliced else alloc))
+    timings = gemm_timing.time_paths(paths, lambda p: _call(p, role, ta, tb, bias, None if sliced else alloc))
     best = min(timings, key=timings.get)
     _choices[key] = (best, timings)
     if best in ("float", "fp32"):
@@ -305,18 +267,18 @@ def path_for(role: str, tokens: int, n_in: int, n_out: int, dtype: torch.dtype) 
     """The path product() takes for a product of this role, token count, shape and dtype, when known
     without running one: the forced path, or the one measured for its key; None before the key's
     first product (which measures) or under an unknown forced path (which product() reports)."""
-    forced = _forced_name()
+    forced = forced_name()
     if forced is not None:
         return _forced_choice(forced, role, dtype) if forced in PATHS else None
-    chosen = _choices.get(_key_of(role, tokens, n_in, n_out, dtype, _here()))
+    chosen = _choices.get(_key_of(role, tokens, n_in, n_out, dtype, gemm_timing.here()))
     return None if chosen is None else chosen[0]
 
 
 def layer_paths(rows: int, weights, dtype: torch.dtype, ids: Dict[str, int]) -> Optional[List[int]]:
     """The ids (ids: {path: id}) of the paths that forward products of `rows` rows with these [out, in]
-    weights take, known without running one (path_for's answer for each; _here() read once; an int8
+    weights take, known without running one (path_for's answer for each; gemm_timing.here() read once; an int8
     weight stored packed: "packed"); None while one is not measured yet or is not in ids."""
-    forced, here = _forced_name() is not None, _here()
+    forced, here = forced_name() is not None, gemm_timing.here()
     paths = []
     for w in weights:
         if w.dim() == 4:
@@ -376,13 +338,8 @@ def choices() -> Dict[tuple, Tuple[str, Dict[str, float]]]:
 
 def reset() -> None:
     """Forget the measured choices and probes (they are measured again at the next product)."""
-    _choices.clear()
-    _probed.clear()
+    gemm_timing.forget()  # the paths' choices and probes, and int8's weight layout
     _said.clear()
-    _slow.clear()
-    from fastbert.ops import int8  # its measured weight layout (int8 imports this module)
-
-    int8._layouts.clear()
 
 
 @contextlib.contextmanager

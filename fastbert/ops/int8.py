@@ -30,7 +30,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fastbert import backend as _backend
-from fastbert.ops import gemm
+from fastbert.ops import gemm, gemm_timing
 from fastbert.ops._common import fused_op
 from fastbert.ops.checks import check_approximate, check_float, check_tensor, where_of
 from fastbert.reference import int8 as ref
@@ -100,7 +100,7 @@ def quantize_weight(weight: Tensor, qmax: int = 127) -> Tuple[Tensor, Tensor]:
 
 
 INT8_LAYOUTS = ("packed", "plain")
-_layouts: Dict[tuple, Tuple[str, Dict[int, Dict[str, float]]]] = {}
+_layouts: Dict[tuple, Tuple[str, Dict[int, Dict[str, float]]]] = gemm_timing.cache()
 
 
 def int8_layout() -> str:
@@ -119,9 +119,9 @@ def int8_layout() -> str:
             raise ValueError(f"fastbert: FASTBERT_INT8_LAYOUT={pinned!r}: choose " + " or ".join(INT8_LAYOUTS))
         return pinned
     packed_gemm = _backend.cpp_function("int8_gemm_packed")
-    if gemm._forced_name() is not None or packed_gemm is None:
+    if gemm.forced_name() is not None or packed_gemm is None:
         return "plain"
-    key = gemm._here()
+    key = gemm_timing.here()
     if key not in _layouts:
         g = torch.Generator().manual_seed(0)
         r = ref.WEIGHT_RANGES[0]
@@ -131,7 +131,7 @@ def int8_layout() -> str:
         for rows in (32, 512):
             a = torch.randint(-r, r + 1, (rows + 1, 768), generator=g, dtype=torch.int8)
             gemm.product("fwd", a, w)  # the plain layout's path measured first
-            timed[rows] = gemm._time_paths(
+            timed[rows] = gemm_timing.time_paths(
                 ["packed", "plain"], lambda p, a=a: packed_gemm(a, wp) if p == "packed" else gemm.product("fwd", a, w))
             if timed[rows]["packed"] > gemm.SLOW_INT8 * timed[rows]["plain"]:
                 break  # a level without the packed micro-kernel (its plain loop): not worth timing more

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import assert_within_bound, run_with_grads
 
 import fastbert
-from fastbert.ops import gemm
+from fastbert.ops import gemm, gemm_timing
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -77,10 +77,10 @@ def test_autocast_casts_as_f_linear_does():
 
 
 def test_paths_in_contention_are_timed_more_rounds(monkeypatch):
-    """_TIMED_RUNS rounds for every path; then only the paths within _CONTENDING of the fastest, up
-    to _MAX_ROUNDS, while two or more are; each path's fastest call is kept."""
+    """TIMED_RUNS rounds for every path; then only the paths within CONTENDING of the fastest, up
+    to MAX_ROUNDS, while two or more are; each path's fastest call is kept."""
     clock = [0.0]
-    monkeypatch.setattr(gemm.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(gemm_timing.time, "perf_counter", lambda: clock[0])
     # seconds a call: "near" is 10% slower than "fast" at first and as fast from its fifth call on
     # (a library warming up to a shape), "slow" 30% slower throughout
     calls = {"fast": 0, "near": 0, "slow": 0}
@@ -89,14 +89,14 @@ def test_paths_in_contention_are_timed_more_rounds(monkeypatch):
         calls[path] += 1
         clock[0] += {"fast": 1.0, "near": 1.1 if calls["near"] < 5 else 0.99, "slow": 1.3}[path]
 
-    best = gemm._time_paths(list(calls), run)
-    assert calls == {"fast": gemm._MAX_ROUNDS + 1, "near": gemm._MAX_ROUNDS + 1, "slow": gemm._TIMED_RUNS + 1}
+    best = gemm_timing.time_paths(list(calls), run)
+    assert calls == {"fast": gemm_timing.MAX_ROUNDS + 1, "near": gemm_timing.MAX_ROUNDS + 1, "slow": gemm_timing.TIMED_RUNS + 1}
     assert best == pytest.approx({"fast": 1.0, "near": 0.99, "slow": 1.3})
     assert min(best, key=best.get) == "near"  # the fastest of three calls each would have said "fast"
 
     calls.update(fast=0, near=0, slow=0)
-    gemm._time_paths(["fast", "slow"], run)  # one path left in contention: no more rounds
-    assert calls["fast"] == calls["slow"] == gemm._TIMED_RUNS + 1
+    gemm_timing.time_paths(["fast", "slow"], run)  # one path left in contention: no more rounds
+    assert calls["fast"] == calls["slow"] == gemm_timing.TIMED_RUNS + 1
 
 
 def test_the_chosen_path_is_the_fastest_timed():
@@ -127,7 +127,7 @@ def test_a_large_product_is_timed_on_its_first_tokens(role, monkeypatch):
     assert key[1] == 256 and chosen == min(timings, key=timings.get)
     timed = {"fwd": (64, 48), "dx": (64, 80), "dw": (80, 64)}[role]
     assert all(shape[0] == torch.Size(timed) for shape in seen[:-1])
-    assert (gemm._TIMED_RUNS + 1) * len(timings) + 1 <= len(seen) <= (gemm._MAX_ROUNDS + 1) * len(timings) + 1
+    assert (gemm_timing.TIMED_RUNS + 1) * len(timings) + 1 <= len(seen) <= (gemm_timing.MAX_ROUNDS + 1) * len(timings) + 1
     assert seen[-1] == (a.shape, b.shape)
 
 
@@ -199,7 +199,7 @@ def test_fp32_winning_the_measured_choice_is_said_once(monkeypatch, dtype, winne
             run(p)
         return {p: 0.001 if p == winner else 0.002 for p in paths}
 
-    monkeypatch.setattr(gemm, "_time_paths", timings)
+    monkeypatch.setattr(gemm_timing, "time_paths", timings)
     g = torch.Generator().manual_seed(3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
