@@ -11,7 +11,7 @@
 //
 // A model's whole stack of layers is one call too (encoder_forward, int8_encoder_forward): each
 // layer's tensors as the one-layer call takes them, followed by the parts of its joined tensors
-// (the QKV projections' weights, biases, scales, which fastbert.model.layers._share_storage made
+// (the QKV projections' weights, biases, scales, which fastbert.model.layers.share_storage made
 // slices of one tensor each). The parts are checked to be those slices still, every layer's before
 // any runs; where one is not, the call returns no tensor and the caller joins them again.
 #include <cmath>
@@ -127,7 +127,7 @@ at::Tensor attend(const at::Tensor& qkv, int64_t batch, int64_t seq, int64_t hea
 }
 
 // Whether the parts following layer tensors t[0..base) are still the consecutive slices of t[0],
-// t[1], ... (three parts each) that _share_storage made them: fastbert.model.layers._views_of's test.
+// t[1], ... (three parts each) that share_storage made them: fastbert.model.layers.views_of's test.
 bool joins_intact(const std::vector<at::Tensor>& t, size_t base) {
   if (t.size() < base || (t.size() - base) % 3 != 0) return false;
   for (size_t j = 0; base + 3 * j < t.size(); ++j) {

@@ -269,10 +269,10 @@ def _unwrap(error: BaseException) -> BaseException:
 
 def _windows(args, begin: int, skipped, window: int):
     """Lists of (records, skipped since the last) of at most `window` shards each."""
-    from fastbert.corpus.embed import _chunks
+    from fastbert.corpus.embed import record_chunks
 
     group = []
-    for chunk, n_skipped in _chunks(args, begin, skipped):
+    for chunk, n_skipped in record_chunks(args, begin, skipped):
         group.append((chunk, n_skipped))
         if len(group) == window:
             yield group

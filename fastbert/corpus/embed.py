@@ -68,7 +68,7 @@ def settings_of(args) -> dict:
             "prompt_name": args.prompt_name, "shard_size": args.shard_size}
 
 
-def _chunks(args, start: int, skipped: Optional[readers.Skipped]):
+def record_chunks(args, start: int, skipped: Optional[readers.Skipped]):
     """Lists of shard_size records from position `start`, with the skipped count since the last."""
     chunk: List[readers.Record] = []
     before = 0
@@ -180,7 +180,7 @@ def run(args) -> dict:
     writer = _Writer(args.output, manifest, args.output_dtype)
     trim = Trimmer()  # the heap's free pages back to the system now and then (fastbert.memory)
     try:
-        for chunk, n_skipped in _staged(_chunks(args, begin, skipped)):
+        for chunk, n_skipped in _staged(record_chunks(args, begin, skipped)):
             if chunk:
                 emb = embed_records(encoder, chunk, prompt, skip, args.batch_size, bar)
                 writer.put(([r.id for r in chunk], emb, chunk[0].position, chunk[-1].position + 1, n_skipped))

@@ -25,7 +25,7 @@ from fastbert.model.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from fastbert.model.layers import BertEmbeddings, BertLayer, RenamedSelfAttention, _activation
+from fastbert.model.layers import BertEmbeddings, BertLayer, RenamedSelfAttention, bias_activation
 from fastbert.model.pretrained import BertPreTrainedModel
 
 
@@ -160,7 +160,7 @@ class DistilBertForMaskedLM(_DistilBertHead, BertForMaskedLM):
 
     def _lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         t, ln = self.vocab_transform, self.vocab_layer_norm
-        h = _activation(ops.linear(hidden, t.weight), t.bias, self.config.activation, None)
+        h = bias_activation(ops.linear(hidden, t.weight), t.bias, self.config.activation, None)
         return self.vocab_projector(F.layer_norm(h, h.shape[-1:], ln.weight, ln.bias, ln.eps))
 
 

@@ -22,10 +22,10 @@ from fastbert.model.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    _Head,
-    _output,
+    TaskModel,
+    task_output,
 )
-from fastbert.model.layers import BertEmbeddings, _activation, _Backend
+from fastbert.model.layers import BackendMixin, BertEmbeddings, bias_activation
 from fastbert.model.outputs import ElectraForPreTrainingOutput
 from fastbert.model.roberta import FirstTokenClassifier
 
@@ -52,7 +52,7 @@ class ElectraModel(BertModel):
         return hidden if project is None else ops.linear(hidden, project.weight, project.bias)
 
 
-class ElectraGeneratorPredictions(nn.Module, _Backend):
+class ElectraGeneratorPredictions(nn.Module, BackendMixin):
     """dense (hidden -> embedding_size), exact GELU (fused), LayerNorm."""
 
     def __init__(self, config: ElectraConfig):
@@ -65,7 +65,7 @@ class ElectraGeneratorPredictions(nn.Module, _Backend):
         return F.layer_norm(h, h.shape[-1:], self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps)
 
 
-class ElectraDiscriminatorPredictions(nn.Module, _Backend):
+class ElectraDiscriminatorPredictions(nn.Module, BackendMixin):
     """dense, the config's activation, dense_prediction to one logit a token."""
 
     def __init__(self, config: ElectraConfig):
@@ -75,7 +75,7 @@ class ElectraDiscriminatorPredictions(nn.Module, _Backend):
         self.hidden_act = config.hidden_act
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = _activation(ops.linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
+        h = bias_activation(ops.linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
         return self.dense_prediction(h).squeeze(-1)
 
 
@@ -111,7 +111,7 @@ class ElectraForQuestionAnswering(_ElectraHead, BertForQuestionAnswering):
     pass
 
 
-class ElectraForPreTraining(_ElectraHead, _Head):
+class ElectraForPreTraining(_ElectraHead, TaskModel):
     """ELECTRA's discriminator: a logit a token, replaced (1) or original (0). labels [batch, seq]:
     binary cross-entropy over the real tokens (attention_mask), as transformers computes it."""
 
@@ -133,7 +133,7 @@ class ElectraForPreTraining(_ElectraHead, _Head):
                 loss = F.binary_cross_entropy_with_logits(logits[active].float(), labels[active].float())
             else:
                 loss = F.binary_cross_entropy_with_logits(logits.reshape(-1).float(), labels.reshape(-1).float())
-        return _output(ElectraForPreTrainingOutput, self._return_dict(return_dict), out, loss=loss, logits=logits)
+        return task_output(ElectraForPreTrainingOutput, self._return_dict(return_dict), out, loss=loss, logits=logits)
 
 
 ELECTRA_CLASSES = (ElectraModel, ElectraForPreTraining, ElectraForMaskedLM, ElectraForSequenceClassification,

@@ -23,7 +23,7 @@ from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.ops.masking import IGNORE_INDEX
 
 
-def _real_token_head(head, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+def real_token_head(head, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """head(hidden) [batch, seq, ...], computed at real tokens only when the batch has padding
     (zeros at padded positions). The MLM head's vocabulary GEMM on padded rows is wasted work, and
     its LayerNorm turns the all-zero padded rows of last_hidden_state (with a zero dense bias, as
@@ -45,20 +45,20 @@ def labelled_rows(hidden: torch.Tensor, labels: torch.Tensor):
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, sel), flat.index_select(0, sel)
 
 
-def _ce(logits: torch.Tensor, labels: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def cross_entropy_loss(logits: torch.Tensor, labels: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Mean cross-entropy over the labelled positions (fp32), or None without labels."""
     if labels is None:
         return None
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
 
-def _output(cls, return_dict: bool, encoded, **fields):
+def task_output(cls, return_dict: bool, encoded, **fields):
     """The head's output with the encoder's hidden_states / attentions (when they were asked for)."""
     out = cls(**fields, hidden_states=encoded.hidden_states, attentions=encoded.attentions)
     return out if return_dict else out.to_tuple()
 
 
-class _Head(BertPreTrainedModel):
+class TaskModel(BertPreTrainedModel):
     """A task model: the family's encoder (model_class, under base_model_prefix) and a head."""
 
     model_class = BertModel
@@ -82,7 +82,7 @@ def classifier_dropout(config) -> float:
     return config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
 
 
-def _sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """transformers' rule: regression for one label, else single- or multi-label by the labels' dtype
     (the choice is stored in config.problem_type)."""
     problem = config.problem_type
@@ -99,11 +99,11 @@ def _sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Te
             return F.mse_loss(logits.squeeze(), labels.squeeze())
         return F.mse_loss(logits, labels)
     if problem == "single_label_classification":
-        return _ce(logits, labels)
+        return cross_entropy_loss(logits, labels)
     return F.binary_cross_entropy_with_logits(logits, labels)
 
 
-class _TiedMLMHead(_Head):
+class _TiedMLMHead(TaskModel):
     """A model whose MLM decoder is the word-embedding matrix (one parameter, as transformers ties it)."""
 
     output_embeddings = "cls.predictions.decoder"
@@ -132,12 +132,12 @@ class BertForPreTraining(_TiedMLMHead):
                 return_dict=None):
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
                            output_attentions, output_hidden_states)
-        scores = _real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
+        scores = real_token_head(self.cls.predictions, out.last_hidden_state, attention_mask)
         nsp = self.cls.seq_relationship(out.pooler_output)
         loss = None
         if labels is not None and next_sentence_label is not None:
-            loss = _ce(scores, labels) + _ce(nsp, next_sentence_label)
-        return _output(BertForPreTrainingOutput, self._return_dict(return_dict), out, loss=loss,
+            loss = cross_entropy_loss(scores, labels) + cross_entropy_loss(nsp, next_sentence_label)
+        return task_output(BertForPreTrainingOutput, self._return_dict(return_dict), out, loss=loss,
                        prediction_logits=scores, seq_relationship_logits=nsp)
 
 
@@ -168,14 +168,14 @@ class BertForMaskedLM(_TiedMLMHead):
             # the vocabulary product at the labelled tokens only (XLM-R's is 250,002 wide): logits [labelled, vocab]
             rows, targets = labelled_rows(out.last_hidden_state, labels)
             scores = self._lm_logits(rows)
-            loss = _ce(scores, targets)
+            loss = cross_entropy_loss(scores, targets)
         else:
-            scores = _real_token_head(self._lm_logits, out.last_hidden_state, attention_mask)
-            loss = _ce(scores, labels)
-        return _output(MaskedLMOutput, self._return_dict(return_dict), out, loss=loss, logits=scores)
+            scores = real_token_head(self._lm_logits, out.last_hidden_state, attention_mask)
+            loss = cross_entropy_loss(scores, labels)
+        return task_output(MaskedLMOutput, self._return_dict(return_dict), out, loss=loss, logits=scores)
 
 
-class _Classifier(_Head):
+class _Classifier(TaskModel):
     """BertModel, then dropout (classifier_dropout, else hidden_dropout_prob) and a linear layer to
     num_labels: on the pooled output for sequences, on every token for tokens."""
 
@@ -201,7 +201,7 @@ class _Classifier(_Head):
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, head_mask,
                            output_attentions, output_hidden_states)
         logits = self._logits(getattr(out, self.features))
-        return _output(self.output_class, self._return_dict(return_dict), out, loss=self._loss(logits, labels),
+        return task_output(self.output_class, self._return_dict(return_dict), out, loss=self._loss(logits, labels),
                        logits=logits)
 
 
@@ -214,7 +214,7 @@ class BertForSequenceClassification(_Classifier):
     pooled_only = True
 
     def _loss(self, logits, labels):
-        return None if labels is None else _sequence_classification_loss(self.config, logits, labels)
+        return None if labels is None else sequence_classification_loss(self.config, logits, labels)
 
 
 class BertForTokenClassification(_Classifier):
@@ -223,10 +223,10 @@ class BertForTokenClassification(_Classifier):
     output_class, features = TokenClassifierOutput, "last_hidden_state"
 
     def _loss(self, logits, labels):
-        return _ce(logits, labels)
+        return cross_entropy_loss(logits, labels)
 
 
-class BertForQuestionAnswering(_Head):
+class BertForQuestionAnswering(TaskModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -256,5 +256,5 @@ class BertForQuestionAnswering(_Head):
                 F.cross_entropy(start_logits.float(), start_positions, ignore_index=ignored)
                 + F.cross_entropy(end_logits.float(), end_positions, ignore_index=ignored)
             ) / 2
-        return _output(QuestionAnsweringModelOutput, self._return_dict(return_dict), out, loss=loss,
+        return task_output(QuestionAnsweringModelOutput, self._return_dict(return_dict), out, loss=loss,
                        start_logits=start_logits, end_logits=end_logits)

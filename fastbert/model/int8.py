@@ -177,13 +177,13 @@ def quantize_model(model: nn.Module, mode: str = "int8", weight_range: Optional[
 
 def _joined(owner, name: str, parts: List[torch.Tensor]) -> torch.Tensor:
     """One tensor whose consecutive slices `parts` are (made so now when they are not)."""
-    from fastbert.model.layers import _share_storage, _views_of
+    from fastbert.model.layers import share_storage, views_of
 
     key = "_int8_joined_" + name
     joined = owner.__dict__.get(key)
-    if not _views_of(joined, parts):
+    if not views_of(joined, parts):
         with torch.no_grad():
-            joined = _share_storage(parts)
+            joined = share_storage(parts)
         owner.__dict__[key] = joined
     return joined
 
@@ -223,7 +223,7 @@ def int8_layer(layer, hidden: torch.Tensor, hq, attend, quantize_out: bool):
 CPP_LAYER_PATHS = {"fastbert": 2, "int_mm": 3, "packed": 4}
 
 
-class _InferenceOnly(torch.autograd.Function):
+class InferenceOnly(torch.autograd.Function):
     """run(hidden) with no backward: a gradient through the int8 encoder is an error naming the fix."""
 
     @staticmethod
@@ -286,7 +286,7 @@ def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], b
         h, states, probs = run_layers(layers, h, step, padded, output_hidden_states, bool(output_attentions))
         return (padded(h), *(states or ()), *(probs or ()))
 
-    out = _InferenceOnly.apply(rows, run) if torch.is_grad_enabled() and rows.requires_grad else run(rows)
+    out = InferenceOnly.apply(rows, run) if torch.is_grad_enabled() and rows.requires_grad else run(rows)
     n_states = len(layers) if output_hidden_states else 0
     states = (hidden, *out[1:1 + n_states]) if output_hidden_states else None
     probs = tuple(out[1 + n_states:]) if output_attentions else None

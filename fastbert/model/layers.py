@@ -14,7 +14,7 @@ from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.encoder_layer import model_layer
 
 
-class _Backend:
+class BackendMixin:
     """Mixin: the fastbert.ops backend a module's ops run on (None: automatic), set model-wide."""
 
     backend: Optional[str] = None
@@ -26,7 +26,7 @@ def _plain_embedding(module: nn.Module) -> bool:
             and not module.sparse)
 
 
-class BertEmbeddings(nn.Module, _Backend):
+class BertEmbeddings(nn.Module, BackendMixin):
     """Word + position + token type embeddings, LayerNorm, dropout; `width` wide (ELECTRA's
     embedding_size; the hidden size otherwise). Positions count 0, 1, ... unless given."""
 
@@ -73,7 +73,7 @@ def embed_words(emb: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     return emb(input_ids)
 
 
-def _share_storage(params) -> torch.Tensor:
+def share_storage(params) -> torch.Tensor:
     """Move the parameters' values into one new tensor (their concatenation along dim 0) and make
     each parameter a view of its slice; returns the concatenation. The Parameter objects stay the
     same (optimizers keep them); only their .data is rebound."""
@@ -85,8 +85,8 @@ def _share_storage(params) -> torch.Tensor:
     return fused
 
 
-def _views_of(fused: Optional[torch.Tensor], params) -> bool:
-    """Whether every parameter is still the contiguous slice of `fused` that _share_storage made it:
+def views_of(fused: Optional[torch.Tensor], params) -> bool:
+    """Whether every parameter is still the contiguous slice of `fused` that share_storage made it:
     then `fused` holds their current values, however they were written (in place by any optimizer,
     through .data, copy_, load_state_dict). A parameter given new memory (to(), .data = ..., assign)
     fails the check."""
@@ -120,15 +120,15 @@ class BertSelfAttention(nn.Module):
         """The three projections as one [3 * hidden, hidden] GEMM. Under autograd (and while
         torch.compile traces) the concatenation is part of the graph. For inference the three
         weights (and biases) are views into one tensor, which is then the concatenation itself: no
-        copy, and nothing that can fall behind the parameters (see _views_of)."""
+        copy, and nothing that can fall behind the parameters (see views_of)."""
         weights = (self.query.weight, self.key.weight, self.value.weight)
         biases = (self.query.bias, self.key.bias, self.value.bias)
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in weights + biases)):
             return torch.cat(weights), torch.cat(biases)
         w, b = self._fused
-        if not (_views_of(w, weights) and _views_of(b, biases)):
+        if not (views_of(w, weights) and views_of(b, biases)):
             with torch.no_grad():
-                self._fused = (_share_storage(weights), _share_storage(biases))
+                self._fused = (share_storage(weights), share_storage(biases))
         return self._fused
 
 
@@ -194,13 +194,13 @@ def _dropout_p(module: nn.Module, p: float) -> float:
     return p if module.training else 0.0
 
 
-def _activation(x: torch.Tensor, bias: torch.Tensor, act: str, backend) -> torch.Tensor:
+def bias_activation(x: torch.Tensor, bias: torch.Tensor, act: str, backend) -> torch.Tensor:
     if act in GELU_FORMS:
         return ops.bias_gelu(x, bias, GELU_FORMS[act], backend=backend)
     return OTHER_ACTIVATIONS[act](x + bias)
 
 
-class BertLayer(nn.Module, _Backend):
+class BertLayer(nn.Module, BackendMixin):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.attention = BertAttention(config)
@@ -297,7 +297,7 @@ class BertLayer(nn.Module, _Backend):
         attn = ops.linear(ctx, dense.weight, dense.bias)
         h1 = ops.add_layer_norm(attn, hidden, ln.weight, ln.bias, ln.eps,
                                 dropout_p=_dropout_p(self, self.attention_dropout_p), backend=self.backend)
-        inter = _activation(ops.linear(h1, self.ffn_input.weight), self.ffn_input.bias, self.ffn_act, self.backend)
+        inter = bias_activation(ops.linear(h1, self.ffn_input.weight), self.ffn_input.bias, self.ffn_act, self.backend)
         dense, ln = self.ffn_output, self.ffn_norm
         out = ops.linear(inter, dense.weight, dense.bias)
         return ops.add_layer_norm(out, h1, ln.weight, ln.bias, ln.eps,
@@ -406,7 +406,7 @@ class BertPooler(nn.Module):
         return self.activation(self.dense(hidden[:, 0]))
 
 
-class BertPredictionHeadTransform(nn.Module, _Backend):
+class BertPredictionHeadTransform(nn.Module, BackendMixin):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
@@ -414,7 +414,7 @@ class BertPredictionHeadTransform(nn.Module, _Backend):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = _activation(ops.linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
+        h = bias_activation(ops.linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
         return F.layer_norm(h, h.shape[-1:], self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps)
 
 

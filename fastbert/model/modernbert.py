@@ -47,7 +47,7 @@ from torch import nn
 from fastbert import ops, reference
 from fastbert.model.checks import check_id_tensor, check_input_shape
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
-from fastbert.model.layers import _Backend, embed_words
+from fastbert.model.layers import BackendMixin, embed_words
 from fastbert.model.masks import attention_masks
 from fastbert.model.model_utils import trunc_normal_
 from fastbert.model.modernbert_int8 import encode_int8
@@ -91,7 +91,7 @@ def add_norm_sum(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, backe
     return ops.add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, return_sum=True, backend=backend)
 
 
-class ModernBertEmbeddings(nn.Module, _Backend):
+class ModernBertEmbeddings(nn.Module, BackendMixin):
     """tok_embeddings, LayerNorm (norm), dropout (drop)."""
 
     def __init__(self, config: ModernBertConfig):
@@ -106,7 +106,7 @@ class ModernBertEmbeddings(nn.Module, _Backend):
         return self.drop(add_norm(self.norm, words, None, self.backend))
 
 
-class ModernBertAttention(nn.Module, _Backend):
+class ModernBertAttention(nn.Module, BackendMixin):
     """Wqkv (one [3 hidden, hidden] projection), attention with the layer's rotary embedding (and
     window, in a sliding layer), Wo, dropout (out_drop)."""
 
@@ -166,7 +166,7 @@ class ModernBertAttention(nn.Module, _Backend):
         return ops.attention_weights(q, k, v, bias, dropout_p=dropout_p)
 
 
-class ModernBertMLP(nn.Module, _Backend):
+class ModernBertMLP(nn.Module, BackendMixin):
     """Wi to [input, gate], act(input) * gate (one fused GeGLU for the GELU forms), dropout (drop), Wo."""
 
     def __init__(self, config: ModernBertConfig):
@@ -186,7 +186,7 @@ class ModernBertMLP(nn.Module, _Backend):
         return ops.linear(self.drop(h), self.Wo.weight, self.Wo.bias)
 
 
-class ModernBertEncoderLayer(nn.Module, _Backend):
+class ModernBertEncoderLayer(nn.Module, BackendMixin):
     """attn_norm (Identity in layer 0), attn, mlp_norm, mlp: h + attn(attn_norm(h)), then + mlp(mlp_norm(.))."""
 
     def __init__(self, config: ModernBertConfig, layer_idx: int):

@@ -16,8 +16,8 @@ from torch import nn
 
 from fastbert import ops
 from fastbert.model.config import ModernBertConfig
-from fastbert.model.heads import _ce, _output, _real_token_head, _sequence_classification_loss
-from fastbert.model.layers import _Backend
+from fastbert.model.heads import cross_entropy_loss, real_token_head, sequence_classification_loss, task_output
+from fastbert.model.layers import BackendMixin
 from fastbert.model.modernbert import ModernBertModel, ModernBertPreTrainedModel, activation, add_norm
 from fastbert.model.outputs import (
     MaskedLMOutput,
@@ -27,7 +27,7 @@ from fastbert.model.outputs import (
 )
 
 
-class ModernBertPredictionHead(nn.Module, _Backend):
+class ModernBertPredictionHead(nn.Module, BackendMixin):
     """dense, classifier_activation, norm."""
 
     def __init__(self, config: ModernBertConfig):
@@ -100,8 +100,9 @@ class ModernBertForMaskedLM(_ModernBertHead):
             labels = flat[picked]
             logits = self._lm_logits(hidden.reshape(flat.shape[0], -1)[picked])
         else:
-            logits = _real_token_head(self._lm_logits, hidden, attention_mask)
-        return _output(MaskedLMOutput, self._return_dict(return_dict), out, loss=_ce(logits, labels), logits=logits)
+            logits = real_token_head(self._lm_logits, hidden, attention_mask)
+        return task_output(MaskedLMOutput, self._return_dict(return_dict), out, loss=cross_entropy_loss(logits, labels),
+                           logits=logits)
 
 
 class _Classifier(_ModernBertHead):
@@ -124,8 +125,8 @@ class ModernBertForSequenceClassification(_Classifier):
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, output_attentions,
                            output_hidden_states, head_mask)
         logits = self._logits(self._pool(out.last_hidden_state, attention_mask))
-        loss = None if labels is None else _sequence_classification_loss(self.config, logits, labels)
-        return _output(SequenceClassifierOutput, self._return_dict(return_dict), out, loss=loss, logits=logits)
+        loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
+        return task_output(SequenceClassifierOutput, self._return_dict(return_dict), out, loss=loss, logits=logits)
 
     def _pool(self, hidden: torch.Tensor, attention_mask) -> torch.Tensor:
         """classifier_pooling "cls": the first token's hidden state; "mean": the mean over the real tokens."""
@@ -146,8 +147,8 @@ class ModernBertForTokenClassification(_Classifier):
         """-> .loss (mean cross-entropy over the labelled tokens), .logits [batch, seq, num_labels]."""
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, output_attentions,
                            output_hidden_states, head_mask)
-        logits = _real_token_head(self._logits, out.last_hidden_state, attention_mask)
-        return _output(TokenClassifierOutput, self._return_dict(return_dict), out, loss=_ce(logits, labels),
+        logits = real_token_head(self._logits, out.last_hidden_state, attention_mask)
+        return task_output(TokenClassifierOutput, self._return_dict(return_dict), out, loss=cross_entropy_loss(logits, labels),
                        logits=logits)
 
 
@@ -168,7 +169,7 @@ class ModernBertForQuestionAnswering(_Classifier):
             end = end_positions.reshape(-1).clamp(0, ignored)
             loss = (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
                     + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
-        return _output(QuestionAnsweringModelOutput, self._return_dict(return_dict), out, loss=loss,
+        return task_output(QuestionAnsweringModelOutput, self._return_dict(return_dict), out, loss=loss,
                        start_logits=start_logits, end_logits=end_logits)
 
 

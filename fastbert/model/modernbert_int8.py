@@ -33,7 +33,7 @@ from torch import nn
 
 from fastbert import ops
 from fastbert.model.config import OTHER_ACTIVATIONS
-from fastbert.model.int8 import TRAINING_ERROR, _InferenceOnly
+from fastbert.model.int8 import TRAINING_ERROR, InferenceOnly
 from fastbert.ops.bias_gelu import GELU_FORMS
 
 
@@ -114,7 +114,7 @@ def encode_int8(model, hidden: torch.Tensor, mask: Optional[torch.Tensor], packe
             probs.append(p)
         return (*outs, *(probs if want_probs else ()))
 
-    out = _InferenceOnly.apply(rows, run) if torch.is_grad_enabled() and rows.requires_grad else run(rows)
+    out = InferenceOnly.apply(rows, run) if torch.is_grad_enabled() and rows.requires_grad else run(rows)
     n_out = len(layers) if want_states else 1
     probs = tuple(out[n_out:]) if want_probs else None
     return out[n_out - 1], ((to_output(hidden), *out[:n_out]) if want_states else None), probs

@@ -23,7 +23,7 @@ from fastbert.model.checkpoint import (
 )
 from fastbert.model.config import BertConfig
 from fastbert.model.int8 import CONFIG_KEY, check_quantize, quantize_model, recorded
-from fastbert.model.layers import BertLMPredictionHead, _Backend
+from fastbert.model.layers import BackendMixin, BertLMPredictionHead
 from fastbert.model.model_utils import ModelUtilsMixin
 from fastbert.model.trainer_save import patch_trainer_if_loaded
 
@@ -119,7 +119,7 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
             raise ValueError(f"fastbert: unknown backend {backend!r}; choose one of {BACKENDS} or None")
         self._backend = backend
         for m in self.modules():
-            if isinstance(m, _Backend):
+            if isinstance(m, BackendMixin):
                 m.backend = backend
         return self
 

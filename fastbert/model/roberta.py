@@ -28,7 +28,7 @@ from fastbert.model.heads import (
     BertForTokenClassification,
     classifier_dropout,
 )
-from fastbert.model.layers import BertEmbeddings, _Backend
+from fastbert.model.layers import BackendMixin, BertEmbeddings
 
 
 class RobertaEmbeddings(BertEmbeddings):
@@ -71,7 +71,7 @@ class FirstTokenClassificationHead(nn.Module):
         return self.out_proj(x)
 
 
-class RobertaLMHead(nn.Module, _Backend):
+class RobertaLMHead(nn.Module, BackendMixin):
     """dense, exact GELU (fused), layer_norm, decoder (its bias is `bias`, as in transformers)."""
 
     def __init__(self, config: RobertaConfig):

@@ -12,7 +12,7 @@ its modules once and kept in a Plan on the model. The plan can never be stale:
   the way (a new submodule, Parameter or buffer, load_state_dict(assign=True), to() giving buffers
   new tensors, a new eps, train()) makes it rebuild;
 - the QKV projections' joined tensors (their weights, biases, scales made slices of one tensor):
-  the extension checks that the parts are still those slices (what layers._views_of checks) before
+  the extension checks that the parts are still those slices (what layers.views_of checks) before
   it runs a layer, and returns nothing where one is not (.data = ..., to()); the plan is then rebuilt,
   which joins them again;
 - writes in place (copy_, optimizers fused or not, load_state_dict) and .data on any other tensor

@@ -31,9 +31,9 @@ import torch.nn.functional as F
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import seed_tensor
 from fastbert.ops.attention_fused import run_fused, torch_keep_mask
 from fastbert.ops.checks import check_device, check_float, check_mask, check_tensor
+from fastbert.ops.common import seed_tensor
 
 TRITON_HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # what the Triton kernels compile for
 MAX_HEAD_DIM = 256  # the cpp backend
@@ -211,7 +211,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     return (out, keep) if return_dropout_mask else out
 
 
-def _check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
+def check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
     check_tensor(op, "cu_seqlens", cu_seqlens)
     if cu_seqlens.dtype != torch.int32:
         raise TypeError(f"fastbert.ops.{op}: cu_seqlens must be int32, got {cu_seqlens.dtype}")
@@ -251,7 +251,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     """
     op = "varlen_attention"
     _check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]")
-    _check_cu_seqlens(op, cu_seqlens, max_seqlen, q)
+    check_cu_seqlens(op, cu_seqlens, max_seqlen, q)
     backend = _backend.resolve(backend, q)
     scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, max_seqlen)
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None

@@ -12,7 +12,7 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import fused_op, needs_grad, seed_int
+from fastbert.ops.common import fused_op, needs_grad, seed_int
 
 Tensor = torch.Tensor
 Tensors3 = Tuple[Tensor, Tensor, Tensor]
@@ -48,7 +48,7 @@ def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, rope_cos, 
 
 
 @fused_op("attention_fwd", _fake_fwd)
-def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], scale: float, dropout_p: float,
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], scale: float, dropout_p: float,
                    seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor], rope_sin: Optional[Tensor],
                    window: int, rel_bias: Optional[Tensor], backend: str) -> Tensors3:
     out, lse, keep = _backend.impl(backend, "attention").attention_forward(
@@ -78,7 +78,7 @@ def _fake_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, re
 
 
 @fused_op("varlen_attention_fwd", _fake_varlen_fwd)
-def _varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float,
+def varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float,
                           dropout_p: float, seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor],
                           rope_sin: Optional[Tensor], window: int, rel_bias: Optional[Tensor],
                           backend: str) -> Tensors3:
@@ -173,8 +173,8 @@ def _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed
                backend):
     extra = (*rope, window, rel_bias, backend)
     if cu_seqlens is None:
-        return _attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, *extra)
-    return _varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, *extra)
+        return attention_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, *extra)
+    return varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, *extra)
 
 
 def run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window, rel_bias,

@@ -11,8 +11,8 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import as_rows, fused_op, needs_grad
 from fastbert.ops.checks import check_approximate, check_float, check_vector
+from fastbert.ops.common import as_rows, fused_op, needs_grad
 
 # transformers' hidden_act names of the GELU forms -> `approximate` of bias_gelu ("none": exact erf)
 GELU_FORMS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
@@ -23,7 +23,7 @@ def _fake_fwd(x, bias, approximate, backend):
 
 
 @fused_op("bias_gelu_fwd", _fake_fwd)
-def _bias_gelu_fwd(x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
+def bias_gelu_fwd(x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
     # x: [rows, hidden] contiguous, bias: [hidden] -> y: [rows, hidden] in x.dtype
     return _backend.impl(backend, "bias_gelu").bias_gelu_forward(x, bias, approximate)
 
@@ -45,7 +45,7 @@ class BiasGeluFunction(torch.autograd.Function):
     def forward(ctx, x, bias, approximate, backend):
         ctx.save_for_backward(x, bias)
         ctx.approximate, ctx.backend = approximate, backend
-        return _bias_gelu_fwd(x, bias, approximate, backend)
+        return bias_gelu_fwd(x, bias, approximate, backend)
 
     @staticmethod
     def backward(ctx, dy):
@@ -75,4 +75,4 @@ def bias_gelu(
     rows, bias = as_rows(x), bias.contiguous()
     if needs_grad(x, bias):
         return BiasGeluFunction.apply(rows, bias, approximate, backend).view(x.shape)
-    return _bias_gelu_fwd(rows, bias, approximate, backend).view(x.shape)
+    return bias_gelu_fwd(rows, bias, approximate, backend).view(x.shape)

@@ -38,11 +38,11 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert.ops import gemm
-from fastbert.ops.attention import _check_cu_seqlens, attention, varlen_attention
-from fastbert.ops.attention_fused import _attention_fwd, _varlen_attention_fwd
-from fastbert.ops.bias_gelu import _bias_gelu_fwd, bias_gelu
+from fastbert.ops.attention import attention, check_cu_seqlens, varlen_attention
+from fastbert.ops.attention_fused import attention_fwd, varlen_attention_fwd
+from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_fwd
 from fastbert.ops.checks import check_approximate, check_device, check_float, check_mask, check_tensor
-from fastbert.ops.layer_norm import MAX_HIDDEN, _add_layer_norm_fwd, add_layer_norm
+from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm, add_layer_norm_fwd
 from fastbert.ops.linear import linear, rows_forward
 
 Tensor = torch.Tensor
@@ -118,7 +118,7 @@ def encoder_layer(hidden: Tensor, weights: LayerWeights, *, heads: int, eps: Tup
     if packed:
         if attention_mask is not None:
             raise ValueError(f"fastbert.ops.{OP}: give attention_mask (padded rows) or cu_seqlens (packed), not both")
-        _check_cu_seqlens(OP, cu_seqlens, max_seqlen, hidden)
+        check_cu_seqlens(OP, cu_seqlens, max_seqlen, hidden)
         mask, positions = None, max_seqlen
     else:
         mask = None if attention_mask is None else _padding_mask(attention_mask, hidden)
@@ -176,19 +176,19 @@ def _fused(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, m
     extra = (None, None, -1, rel, backend)  # no rotary tables, no window
     if cu_seqlens is not None:
         q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
-        ctx = _varlen_attention_fwd(q, k, v, cu_seqlens.contiguous(), max_seqlen, 1.0 / math.sqrt(d), 0.0, None, False,
+        ctx = varlen_attention_fwd(q, k, v, cu_seqlens.contiguous(), max_seqlen, 1.0 / math.sqrt(d), 0.0, None, False,
                                     *extra)[0].view(-1, h)
     else:
         bsz, seq = hidden.shape[:2]
         q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
-        ctx = _attention_fwd(q, k, v, mask, 1.0 / math.sqrt(d), 0.0, None, False, *extra)[0]
+        ctx = attention_fwd(q, k, v, mask, 1.0 / math.sqrt(d), 0.0, None, False, *extra)[0]
         ctx = ctx.transpose(1, 2).reshape(-1, h)
     attn = rows_forward(ctx, w.out_weight, w.out_bias)
-    h1 = _add_layer_norm_fwd(attn, x, w.norm1_weight.contiguous(), w.norm1_bias.contiguous(), float(eps[0]), 0.0, None,
+    h1 = add_layer_norm_fwd(attn, x, w.norm1_weight.contiguous(), w.norm1_bias.contiguous(), float(eps[0]), 0.0, None,
                              backend)[0]
-    inter = _bias_gelu_fwd(rows_forward(h1, w.ffn_in_weight, None), w.ffn_in_bias.contiguous(), approximate, backend)
+    inter = bias_gelu_fwd(rows_forward(h1, w.ffn_in_weight, None), w.ffn_in_bias.contiguous(), approximate, backend)
     out = rows_forward(inter, w.ffn_out_weight, w.ffn_out_bias)
-    y = _add_layer_norm_fwd(out, h1, w.norm2_weight.contiguous(), w.norm2_bias.contiguous(), float(eps[1]), 0.0, None,
+    y = add_layer_norm_fwd(out, h1, w.norm2_weight.contiguous(), w.norm2_bias.contiguous(), float(eps[1]), 0.0, None,
                             backend)[0]
     return y.view(hidden.shape)
 

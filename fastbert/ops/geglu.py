@@ -13,8 +13,8 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import as_rows, fused_op, needs_grad
 from fastbert.ops.checks import check_approximate, check_float
+from fastbert.ops.common import as_rows, fused_op, needs_grad
 
 
 def _fake_fwd(x, approximate, backend):

@@ -31,8 +31,8 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert.ops import gemm, gemm_timing
-from fastbert.ops._common import fused_op
 from fastbert.ops.checks import check_approximate, check_float, check_tensor, where_of
+from fastbert.ops.common import fused_op
 from fastbert.reference import int8 as ref
 
 Tensor = torch.Tensor

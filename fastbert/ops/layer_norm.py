@@ -15,8 +15,8 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert import reference
-from fastbert.ops._common import as_rows, fused_op, needs_grad, seed_int, seed_tensor
 from fastbert.ops.checks import check_device, check_float, check_vector
+from fastbert.ops.common import as_rows, fused_op, needs_grad, seed_int, seed_tensor
 
 Tensor = torch.Tensor
 MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
@@ -28,7 +28,7 @@ def _fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
 
 
 @fused_op("add_layer_norm_fwd", _fake_fwd)
-def _add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
+def add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
                         dropout_p: float, seed: Optional[Tensor], backend: str) -> Tuple[Tensor, Tensor, Tensor]:
     # x, residual: [rows, hidden]; weight, bias: [hidden] (bias None: none); seed: int64 [1] on the CPU
     # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
@@ -47,7 +47,7 @@ def _fake_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
 def _add_layer_norm_sum_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
                             dropout_p: float, seed: Optional[Tensor],
                             backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    # as _add_layer_norm_fwd -> (y, mean, rstd, s), s = dropout(x) + residual [rows, hidden] in x.dtype
+    # as add_layer_norm_fwd -> (y, mean, rstd, s), s = dropout(x) + residual [rows, hidden] in x.dtype
     return tuple(
         _backend.impl(backend, "layer_norm").add_layer_norm_forward(
             x, residual, weight, bias, eps, dropout_p, seed_int(seed), return_sum=True
@@ -84,7 +84,7 @@ def _dropout_keep_mask(seed: Tensor, rows: int, cols: int, p: float, device: tor
 class AddLayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
-        y, mean, rstd = _add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
+        y, mean, rstd = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
         ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
         ctx.dropout_p, ctx.backend, ctx.has_bias = dropout_p, backend, bias is not None
         return y
@@ -170,7 +170,7 @@ def add_layer_norm(
         return y.view(x.shape), s.view(x.shape)
     if grad:
         return AddLayerNormFunction.apply(*args, backend).view(x.shape)
-    return _add_layer_norm_fwd(*args, backend)[0].view(x.shape)
+    return add_layer_norm_fwd(*args, backend)[0].view(x.shape)
 
 
 def _check_inputs(x, residual, weight, bias, eps, dropout_p) -> Tuple[Tensor, Tensor]:
