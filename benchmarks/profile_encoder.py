@@ -15,7 +15,7 @@ allocation in Python). The first call (the GEMM paths measured for each new shap
 the work itself, unmoved by other processes on a shared machine (with more threads it would count
 the pool's threads spinning while they wait).
 Once every GEMM path of a layer is measured and is one the extension's whole-layer call runs
-(csrc/encoder_layer.cpp), all the layers are one C++ call (fastbert.model.stack), on a line of its
+(csrc/encoder_layer.cpp), all the layers are one C++ call (fastbert.ops.encoder.encoder_stack), on a line of its
 own, their GEMMs and kernels within it. --python-layer calls each layer's kernels from Python one by
 one instead, each on its own line; --separate-ops runs each layer as the separate ops.
 """
@@ -34,8 +34,8 @@ import fastbert.hf
 from fastbert import ops
 from fastbert.bench.report import header
 from fastbert.bench.workloads import WORKLOADS, make_batch, random_transformers_encoder
-from fastbert.model import bert, int8, layers, stack
-from fastbert.ops import gemm
+from fastbert.model import bert, layers
+from fastbert.ops import encoder, gemm
 
 OPS = ("embedding", "encoder_layer", "linear", "add_layer_norm", "bias_gelu", "attention", "varlen_attention", "unpad", "pad",
        "quantize_rows", "int8_matmul", "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm")
@@ -77,8 +77,8 @@ def instrument(clock) -> Timers:
     timers = Timers(clock)
     for name in OPS:
         timers.wrap(ops, name, name)
-    timers.wrap(stack, "float_stack", "every fp32 layer, one C++ call")
-    timers.wrap(stack, "int8_stack", "every int8 layer, one C++ call")
+    timers.wrap(encoder, "encoder_stack", "every fp32 layer, one C++ call")
+    timers.wrap(encoder, "int8_encoder_stack", "every int8 layer, one C++ call")
     timers.wrap(bert, "check_inputs", "input checks")
     timers.wrap(bert, "attention_masks", "attention_masks")
     call = gemm._call
@@ -125,10 +125,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.separate_ops:
         layers.BertLayer._one_call = lambda self: False
-        stack.float_stack = lambda *args: None
+        encoder.encoder_stack = lambda *args, **kwargs: None
     if args.python_layer:  # no GEMM path is one the C++ layer runs: each layer falls back to Python
-        sys.modules["fastbert.ops.encoder_layer"].CPP_LAYER_PATHS = {}
-        int8.CPP_LAYER_PATHS = {}
+        encoder.FLOAT_LAYER_PATHS = {}
+        encoder.INT8_LAYER_PATHS = {}
     header(" ".join(["python", "benchmarks/profile_encoder.py", *(sys.argv[1:] if argv is None else argv)]))
     model = fastbert.hf.from_transformers(random_transformers_encoder(args.layers)).eval()
     if args.quantize:

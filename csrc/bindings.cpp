@@ -138,8 +138,11 @@ void register_int8(py::module_& m) {
         "output a dot product of a row of a and a row of b (for few rows of a); into `out` when given.");
 }
 
-// A whole encoder layer for inference, float and int8 (fastbert.ops.encoder_layer, fastbert.model.int8).
+// A whole encoder layer and a model's stack of them for inference, float and int8 (fastbert.ops.encoder).
 void register_layers(py::module_& m) {
+  m.def("gemm_path_ids", &fastbert::gemm_path_ids,
+        "[(name, id, int8)]: the GEMM paths the layers below run, by fastbert.ops.gemm's names, and the id each "
+        "takes in `paths`.");
   m.def("encoder_layer_forward", &fastbert::encoder_layer_forward, py::arg("hidden"), py::arg("weights"),
         py::arg("paths"), py::arg("heads"), py::arg("eps1"), py::arg("eps2"), py::arg("approximate"),
         py::arg("key_mask") = py::none(), py::arg("cu_seqlens") = py::none(), py::arg("max_seqlen") = 0,

@@ -110,10 +110,12 @@ at::Tensor f32_dot_gemm(const at::Tensor& a, const at::Tensor& b, const c10::opt
                         const c10::optional<at::Tensor>& out);
 
 // encoder_layer.cpp: one post-LN encoder layer for inference in one call, on the GEMM paths given
-// (0 addmm, 1 dot; int8: 2 fastbert, 3 int_mm, 4 packed), bit for bit the separate ops' result. Float: hidden
+// (the ids of gemm_path_ids()), bit for bit the separate ops' result. Float: hidden
 // [batch, seq, h] (key_mask or none) or packed [tokens, h] (cu_seqlens); weights: the 12 tensors of
 // fastbert.ops.LayerWeights. int8: packed rows with their quantized rows (hq, hs, ho); weights: 16
 // (see the definition) -> (out, and its quantized rows when quantize_out).
+// The GEMM paths the layers run: (fastbert.ops.gemm's name, the id a layer takes, whether it is int8's).
+std::vector<std::tuple<std::string, int64_t, bool>> gemm_path_ids();
 at::Tensor encoder_layer_forward(const at::Tensor& hidden, const std::vector<at::Tensor>& w,
                                  const std::vector<int64_t>& paths, int64_t heads, double eps1, double eps2,
                                  const std::string& approximate, const c10::optional<at::Tensor>& key_mask,

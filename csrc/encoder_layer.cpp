@@ -1,6 +1,6 @@
 // One post-LN encoder layer for inference in one call, in float (fastbert.ops.encoder_layer's fused
-// path) and in int8 (fastbert.model.int8's layer): the host functions the separate ops' launchers
-// call, in the same order with the same arguments, so the result is bit for bit theirs, with no
+// path) and in int8 (fastbert.ops.encoder's int8_qkv, the attention, int8_layer_rest): the host
+// functions the separate ops' launchers call, in the same order with the same arguments, so the result is bit for bit theirs, with no
 // Python between them and the GIL released for the whole layer. For one short sequence the Python
 // between about ten small kernels a layer cost as much as the kernels.
 //
@@ -11,7 +11,7 @@
 //
 // A model's whole stack of layers is one call too (encoder_forward, int8_encoder_forward): each
 // layer's tensors as the one-layer call takes them, followed by the parts of its joined tensors
-// (the QKV projections' weights, biases, scales, which fastbert.model.layers.share_storage made
+// (the QKV projections' weights, biases, scales, which fastbert.model.joined.share_storage made
 // slices of one tensor each). The parts are checked to be those slices still, every layer's before
 // any runs; where one is not, the call returns no tensor and the caller joins them again.
 #include <cmath>
@@ -29,7 +29,8 @@
 namespace fastbert {
 namespace {
 
-// The GEMM paths a layer runs (fastbert.ops.gemm's names)
+// The GEMM paths a layer runs (fastbert.ops.gemm's names). fastbert.ops.encoder.GEMM_PATH_IDS is the one
+// Python table of them, checked against gemm_path_ids() below by tests/ops/test_encoder.py.
 enum GemmPath : int64_t {
   kAddmm = 0,     // "addmm": torch.addmm / torch.mm
   kDot = 1,       // "dot": fastbert's fp32 dot-product GEMM
@@ -53,6 +54,19 @@ void check_paths(const char* op, const std::vector<int64_t>& paths, bool int8) {
                 ": GEMM path ", p, " is not one this layer runs");
   }
 }
+
+}  // namespace
+
+std::vector<std::tuple<std::string, int64_t, bool>> gemm_path_ids() {
+  const std::vector<std::pair<const char*, GemmPath>> named = {
+      {"addmm", kAddmm},   {"dot", kDot},         {"fastbert", kInt8},          {"int_mm", kIntMm},
+      {"packed", kPacked}, {"onednn", kOnednn}, {"onednn_packed", kOnednnPacked}, {"mkl_packed", kMklPacked}};
+  std::vector<std::tuple<std::string, int64_t, bool>> out;
+  for (const auto& [name, id] : named) out.emplace_back(name, id, !float_path(id));
+  return out;
+}
+
+namespace {
 
 // torch's operator `name`. The mkldnn and mkl operators are registered by the torch builds that have
 // those libraries; fastbert.ops.gemm offers their paths only there, so each is looked up (once) only
@@ -127,7 +141,7 @@ at::Tensor attend(const at::Tensor& qkv, int64_t batch, int64_t seq, int64_t hea
 }
 
 // Whether the parts following layer tensors t[0..base) are still the consecutive slices of t[0],
-// t[1], ... (three parts each) that share_storage made them: fastbert.model.layers.views_of's test.
+// t[1], ... (three parts each) that share_storage made them: fastbert.model.joined.views_of's test.
 bool joins_intact(const std::vector<at::Tensor>& t, size_t base) {
   if (t.size() < base || (t.size() - base) % 3 != 0) return false;
   for (size_t j = 0; base + 3 * j < t.size(); ++j) {

@@ -14,7 +14,6 @@ SOURCES = {"fastbert": "fastbert", "fastbert.kernels": "kernels"}  # package -> 
 # circles as they stand, each the set of its modules
 KNOWN_CIRCLES = {
     frozenset({"fastbert.corpus.embed", "fastbert.ray"}),
-    frozenset({"fastbert.model.int8", "fastbert.model.layers", "fastbert.model.stack"}),
     frozenset({"fastbert.kernels.report", "fastbert.kernels.report_check"}),
 }
 
@@ -144,3 +143,18 @@ def test_private_names_taken_from_other_modules_do_not_grow():
 
 
 KNOWN_PRIVATE_IMPORTS = 63
+
+
+def test_the_model_reaches_the_kernels_only_through_ops():
+    """fastbert.model hands its layers' weights to fastbert.ops (fastbert.ops.encoder owns how they
+    run); no model module calls the extension or imports a backend's kernels itself."""
+    files = {name: path for name, path in module_files().items() if name.startswith("fastbert.model")}
+    assert "fastbert.model.bert" in files
+    for name, path in files.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        called = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        called |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        assert not called & {"cpp_function", "cpp_extension", "_C"}, f"{name} calls the extension itself"
+        assert not {m for m in GRAPH[name] if m.startswith(("fastbert.kernels", "fastbert._C"))}, \
+            f"{name} imports kernels itself"

@@ -8,23 +8,29 @@ same forward arguments and output field names. Inside, every layer runs through 
 
 A batch with padding runs packed (varlen attention over the real tokens only); a batch without
 padding, or any batch under torch.compile, runs padded. Every path and precision (fp32 / bf16
-packed, padded, int8) and every family walks the layers in the one loop of layers.run_layers.
+packed, padded, int8) and every family walks the layers in the one loop of BertModel._layers;
+how each layer runs (one call of the extension, the kernels one by one, int8) is fastbert.ops.encoder's.
 Both give the same values at real tokens; hidden states at padded positions are not defined
 (fastbert leaves them zero on the packed path).
 """
 from __future__ import annotations
 
+import functools
+from typing import Optional
+
 import torch
 
 from fastbert import ops
-from fastbert.model import stack
+from fastbert.model import stack_plan
 from fastbert.model.checks import check_input_shape, check_inputs
-from fastbert.model.config import BertConfig
-from fastbert.model.int8 import encode_int8
-from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler, run_layers
+from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
+from fastbert.model.int8 import TRAINING_ERROR, InferenceOnly
+from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler
 from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.pretrained import BertPreTrainedModel
+from fastbert.ops import encoder
+from fastbert.ops.bias_gelu import GELU_FORMS
 
 
 class BertModel(BertPreTrainedModel):
@@ -84,14 +90,8 @@ class BertModel(BertPreTrainedModel):
         first_only = (_pooled_only and not self.quantized and cfg.num_hidden_layers > 0
                       and not explicit and not output_hidden_states and not compiling
                       and (key_mask is None or bool(key_mask[:, 0].all())))
-        if self.quantized:
-            hidden, states, probs = encode_int8(self, hidden, key_mask, bias, scales, output_hidden_states,
-                                                output_attentions, rel)
-        elif self.unpad_inputs and key_mask is not None and not compiling and not explicit and not bool(key_mask.all()):
-            hidden, states, probs = self._encode_packed(hidden, key_mask, scales, output_hidden_states, first_only, rel)
-        else:
-            hidden, states, probs = self._encode_padded(hidden, key_mask, bias, scales, output_hidden_states,
-                                                        output_attentions, first_only, rel)
+        hidden, states, probs = self._encode(hidden, key_mask, bias, scales, bool(output_hidden_states),
+                                             bool(output_attentions), first_only, rel)
         pooled = self.pooler(hidden) if self.pooler is not None else None
         out = BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=pooled, hidden_states=states,
                                          attentions=probs)
@@ -111,58 +111,124 @@ class BertModel(BertPreTrainedModel):
         (MPNet's, made once a forward from its bucket table), or None: the families without one."""
         return None
 
-    def _encode_packed(self, hidden, key_mask, scales, output_hidden_states, first_only=False, rel=None):
-        """Unpad once, every layer on the real tokens (varlen attention), pad once; with first_only,
-        the last layer at each sequence's first token only (-> [batch, 1, hidden]); rel: the
-        relative position bias or None."""
-        bsz, seq = key_mask.shape
-        h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
-        layers, last = self._layer_plan(scales, first_only)
+    def _encode(self, hidden, key_mask, bias, scales, want_states: bool, want_probs: bool, first_only: bool, rel):
+        """The encoder's layers on the embeddings' output hidden [batch, seq, width] -> (the last
+        hidden state, the hidden states (hidden, then each layer's output) or None, each layer's
+        attention probabilities or None). Unpad once, the layers (BertModel._layers), pad once.
 
-        def step(layer, h, scale):
-            return self._run_layer(layer, h, None, (cu_seqlens, max_seqlen), None, scale, False, rel)
-
-        def to_output(h):
-            return ops.pad(h, indices, bsz, seq)
-
-        h, states = self._run_stack(layers, h, None, (cu_seqlens, max_seqlen), rel, to_output, output_hidden_states,
-                                    step)
-        if last is not None:
-            return (self._run_layer(last[0].first_tokens, h, key_mask, (indices, cu_seqlens), last[1], rel)[:, None],
-                    None, None)
-        out = states[-1] if states else ops.pad(h, indices, bsz, seq)
-        return out, None if states is None else (hidden, *states), None
-
-    def _encode_padded(self, hidden, key_mask, bias, scales, output_hidden_states, output_attentions,
-                       first_only=False, rel=None):
-        layers, last = self._layer_plan(scales, first_only)
-        want_probs = bool(output_attentions)
-
-        def step(layer, h, scale):
-            return self._run_layer(layer, h, key_mask, None, bias, scale, want_probs, rel)
-
-        if bias is None and not want_probs:
-            out, states = self._run_stack(layers, hidden, key_mask, None, rel, lambda h: h, output_hidden_states, step)
-            probs = None
+        The layers run packed on the real tokens (varlen attention) where the batch has padding and
+        nothing asks for the padded explicit path (an additive mask, the probabilities; torch.compile
+        tracing, whose shapes may not depend on values; unpad_inputs False); int8 layers run packed
+        whenever no additive mask, probabilities or head mask ask for that path. first_only: the last
+        layer at each sequence's first token only (-> [batch, 1, width])."""
+        bsz, seq, width = hidden.shape
+        int8 = self.quantized is not None
+        if int8 and self.training:
+            raise RuntimeError(TRAINING_ERROR)
+        explicit = bias is not None or want_probs
+        if int8:
+            pack = not explicit and all(s is None for s in scales)
+            unpad = pack and key_mask is not None and not bool(key_mask.all())
         else:
-            out, states, probs = run_layers(layers, hidden, step, lambda h: h, output_hidden_states, want_probs)
-        if last is not None:
-            return self._run_layer(last[0].first_tokens, out, key_mask, None, last[1], rel)[:, None], None, None
-        return out, None if states is None else (hidden, *states), None if probs is None else tuple(probs)
+            unpad = pack = (self.unpad_inputs and key_mask is not None and not torch.compiler.is_compiling()
+                            and not explicit and not bool(key_mask.all()))
+        indices = cu_seqlens = None
+        if unpad:
+            rows, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
+        elif pack:  # int8 with no padding: every row real
+            rows, max_seqlen = hidden.reshape(-1, width), seq
+            cu_seqlens = torch.arange(0, (bsz + 1) * seq, seq, dtype=torch.int32, device=hidden.device)
+        else:
+            rows = hidden.reshape(-1, width) if int8 else hidden
+        first = (key_mask, None if indices is None else (indices, cu_seqlens)) if first_only else None
+        run = functools.partial(self._layers, mask=None if pack else key_mask,
+                                packed=(cu_seqlens, max_seqlen) if pack else None, bias=bias, scales=scales, rel=rel,
+                                want_states=want_states, want_probs=want_probs, first=first, shape=(bsz, seq, width))
+        if int8 and torch.is_grad_enabled() and rows.requires_grad:
+            out = InferenceOnly.apply(rows, run)  # no gradient through int8 layers: its backward names the fix
+        else:
+            out = run(rows)
+        if first_only:
+            return out[0][:, None], None, None
+        n_states = len(self.layers) if want_states else 0
+        states = [ops.pad(h, indices, bsz, seq) if indices is not None else h.view(bsz, seq, width)
+                  for h in out[1:1 + n_states]]
+        last = states[-1] if states else (ops.pad(out[0], indices, bsz, seq) if indices is not None
+                                          else out[0].view(bsz, seq, width))
+        return (last, (hidden, *states) if want_states else None,
+                tuple(out[1 + n_states:]) if want_probs else None)
 
-    def _run_stack(self, layers, h, mask, packed, rel, to_output, output_hidden_states, step):
-        """-> (the last h, [to_output(h) after each layer] or None): the (layer, head scale) pairs in
-        one call of the extension where it runs them all (fastbert.model.stack), else one by one."""
-        outs = None
-        if all(scale is None for _, scale in layers):
-            outs = stack.float_stack(self, len(layers), h, mask, packed, rel, bool(output_hidden_states))
-        if outs is None:
-            h, states, _ = run_layers(layers, h, step, to_output, output_hidden_states, False)
-            return h, states
-        return outs[-1], [to_output(o) for o in outs] if output_hidden_states else None
-
-    def _layer_plan(self, scales, first_only: bool):
-        """(the (layer, head scale) pairs run on every token, the last pair when first_only runs it
-        at the first tokens alone, else None)."""
+    def _layers(self, h, *, mask, packed, bias, scales, rel, want_states: bool, want_probs: bool, first, shape):
+        """The loop over the layers, for every path and precision: h [batch, seq, width] (mask: bool
+        [batch, seq] or None), the packed rows [tokens, width] (packed = (cu_seqlens, max_seqlen)),
+        or int8's padded rows [batch * seq, width] (shape: [batch, seq, width]). All of them in one
+        call of the extension where it runs them (fastbert.ops.encoder's stacks), else one by one:
+        training, forward hooks, head_mask, attention probabilities, a path or precision the
+        extension does not run. first = (key_mask, (indices, cu_seqlens) of the packed rows or None):
+        the last layer runs at each sequence's first token only. -> (the last h, each layer's h
+        (want_states), each layer's probabilities (want_probs))."""
+        int8 = self.quantized is not None
         pairs = list(zip(self.layers, scales))
-        return (pairs[:-1], pairs[-1]) if first_only else (pairs, None)
+        last = pairs.pop() if first is not None else None
+        hq = ops.quantize_rows(h) if int8 else None  # the layer input's quantized rows, made by the layer before
+        outs = None
+        if (bias is None and not want_probs and all(s is None for _, s in pairs)
+                and (packed is not None or not int8)):
+            outs = self._stack(h, hq, mask, packed, rel, len(pairs), want_states)
+        if outs is not None:
+            h, states, probs = outs[-1], (outs if want_states else []), []
+        else:
+            states, probs = [], []
+            for i, (layer, scale) in enumerate(pairs):
+                if int8:
+                    h, hq, p = self._int8_layer(layer, h, hq, mask, packed, bias, scale, want_probs, rel, shape,
+                                                quantize_out=i < len(pairs) - 1)
+                else:
+                    h, p = self._run_layer(layer, h, mask, packed, bias, scale, want_probs, rel)
+                if want_states:
+                    states.append(h)
+                if want_probs:
+                    probs.append(p)
+        if last is not None:
+            h = self._run_layer(last[0].first_tokens, h, first[0], first[1], last[1], rel)
+        return (h, *states, *probs)
+
+    def _stack(self, h, hq, mask, packed, rel, count: int, keep_states: bool) -> Optional[list]:
+        """The first `count` layers in one call of the extension (hq: h's quantized rows for int8
+        layers, else None) -> [the last output] (keep_states: every layer's), or None where it does
+        not run them here; their tensors read once and kept (fastbert.model.stack_plan)."""
+        int8 = hq is not None
+        layers = tuple(self.layers)
+        if (count < 1 or not encoder.stack_applies(h, int8, mask)
+                or (not int8 and (not encoder.inference_now() or stack_plan.hooked(layers[:count])))):
+            return None
+        cu, n = (None, 0) if packed is None else (packed[0], int(packed[1]))
+        for _ in range(2):
+            p = stack_plan.plan(self, layers, int8)
+            if not p.runs:
+                return None
+            args = (p.tensors[:count], p.products[:count], p.heads[:count], p.eps[:2 * count], p.forms[:count],
+                    p.backends)
+            if int8:
+                out = encoder.int8_encoder_stack(h, hq, *args, cu, n, rel, keep_states)
+            else:
+                out = encoder.encoder_stack(h, *args, mask=mask, cu_seqlens=cu, max_seqlen=n, rel=rel,
+                                            keep_states=keep_states)
+            if out is None or out:
+                return out
+            stack_plan.drop_plans(self, int8)  # a joined tensor's parts moved: the next plan joins them again
+        return None
+
+    def _int8_layer(self, layer, h, hq, mask, packed, bias, scale, want_probs: bool, rel, shape, quantize_out: bool):
+        """One int8 layer on rows h [rows, width] and hq, their quantized rows, around the layer's
+        own attention -> (its output rows, their quantized rows (empty unless quantize_out), its
+        attention probabilities or None)."""
+        w = layer.weights()
+        qkv = encoder.int8_qkv(hq, w, h.dtype)
+        ctx, p = layer.attend(qkv, h.shape if packed is not None else shape, mask, packed, bias, scale, want_probs,
+                              rel)
+        act = layer.ffn_act
+        h, hq = encoder.int8_layer_rest(ctx.reshape(-1, h.shape[-1]), h, w,
+                                        (layer.attention_norm.eps, layer.ffn_norm.eps),
+                                        GELU_FORMS[act] if act in GELU_FORMS else OTHER_ACTIVATIONS[act], quantize_out)
+        return h, hq, p

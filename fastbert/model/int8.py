@@ -28,14 +28,12 @@ error that names the fix (load without quantize=).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import nn
 
 from fastbert import ops
-from fastbert.model.config import OTHER_ACTIVATIONS
-from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.reference.int8 import WEIGHT_RANGES
 
 QUANTIZE_MODES = ("int8",)
@@ -175,54 +173,6 @@ def quantize_model(model: nn.Module, mode: str = "int8", weight_range: Optional[
     return chosen
 
 
-def _joined(owner, name: str, parts: List[torch.Tensor]) -> torch.Tensor:
-    """One tensor whose consecutive slices `parts` are (made so now when they are not)."""
-    from fastbert.model.layers import share_storage, views_of
-
-    key = "_int8_joined_" + name
-    joined = owner.__dict__.get(key)
-    if not views_of(joined, parts):
-        with torch.no_grad():
-            joined = share_storage(parts)
-        owner.__dict__[key] = joined
-    return joined
-
-
-def qkv_int8(sa) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weight int8 [3h, h], scale [3h], bias [3h]) of the three projections, as one tensor each."""
-    mods = (sa.query, sa.key, sa.value)
-    return (_joined(sa, "weight", [m.weight for m in mods]), _joined(sa, "scale", [m.weight_scale for m in mods]),
-            _joined(sa, "bias", [m.bias for m in mods]))
-
-
-def int8_layer(layer, hidden: torch.Tensor, hq, attend, quantize_out: bool):
-    """One encoder layer on rows: hidden [rows, h] float and hq = its quantized rows (q, scale,
-    offset); attend(qkv [rows, 3h] float) -> (context [rows, h], probabilities or None) is the
-    layer's attention. -> (hidden, its quantized rows (empty unless quantize_out), probabilities)."""
-    w, ws, b = qkv_int8(layer.self_attention)
-    q, s, o = hq
-    ctx, probs = attend(ops.int8_dequantize(ops.int8_matmul(q, w), s, o, ws, b, hidden.dtype))
-    q, s, o = ops.quantize_rows(ctx)
-    d, ln = layer.attention_output, layer.attention_norm
-    h1, q, s, o = ops.int8_add_layer_norm(ops.int8_matmul(q, d.weight), s, o, d.weight_scale, d.bias, hidden,
-                                          ln.weight, ln.bias, ln.eps)
-    d, act_name = layer.ffn_input, layer.ffn_act
-    acc = ops.int8_matmul(q, d.weight)
-    if act_name in GELU_FORMS:
-        q, s, o = ops.int8_bias_gelu(acc, s, o, d.weight_scale, d.bias, GELU_FORMS[act_name])
-    else:
-        act = OTHER_ACTIVATIONS[act_name]
-        q, s, o = ops.quantize_rows(act(ops.int8_dequantize(acc, s, o, d.weight_scale, d.bias, hidden.dtype)))
-    d, ln = layer.ffn_output, layer.ffn_norm
-    h2, q, s, o = ops.int8_add_layer_norm(ops.int8_matmul(q, d.weight), s, o, d.weight_scale, d.bias, h1,
-                                          ln.weight, ln.bias, ln.eps, quantize=quantize_out)
-    return h2, (q, s, o), probs
-
-
-# the int8 GEMM paths the extension's whole layer runs (csrc/encoder_layer.cpp), by fastbert.ops.gemm's names
-CPP_LAYER_PATHS = {"fastbert": 2, "int_mm": 3, "packed": 4}
-
-
 class InferenceOnly(torch.autograd.Function):
     """run(hidden) with no backward: a gradient through the int8 encoder is an error naming the fix."""
 
@@ -233,61 +183,3 @@ class InferenceOnly(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(TRAINING_ERROR)
-
-
-def encode_int8(model, hidden: torch.Tensor, key_mask: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                scales, output_hidden_states: bool, output_attentions: bool,
-                relative_bias: Optional[torch.Tensor] = None):
-    """BertModel's encoder on int8: (last hidden [batch, seq, h], hidden states or None, attentions or None).
-    Packed on the real tokens (varlen attention), unless an additive mask, attention probabilities
-    or a head mask ask for the padded explicit path; relative_bias (MPNet's) is added in every layer."""
-    from fastbert.model.layers import run_layers
-    from fastbert.model.stack import int8_stack
-
-    if model.training:
-        raise RuntimeError(TRAINING_ERROR)
-    bsz, seq, width = hidden.shape
-    explicit = bias is not None or bool(output_attentions) or any(s is not None for s in scales)
-    indices, packed = None, None
-    if not explicit:
-        if key_mask is not None and not bool(key_mask.all()):
-            rows, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
-        else:
-            rows = hidden.reshape(-1, width)
-            cu_seqlens = torch.arange(0, (bsz + 1) * seq, seq, dtype=torch.int32, device=hidden.device)
-            max_seqlen = seq
-        packed = (cu_seqlens, max_seqlen)
-    else:
-        rows = hidden.reshape(-1, width)
-    shape = rows.shape if packed is not None else hidden.shape
-    layers = list(zip(model.layers, scales))
-
-    def padded(h):
-        return ops.pad(h, indices, bsz, seq) if indices is not None else h.view(bsz, seq, width)
-
-    def run(h):
-        carry = [ops.quantize_rows(h)]  # the layer input's quantized rows, made by the layer before
-        if packed is not None and all(s is None for s in scales):  # every layer in one call of the extension
-            outs = int8_stack(model, h, carry[0], packed, relative_bias, bool(output_hidden_states))
-            if outs is not None:
-                return (padded(outs[-1]), *(padded(o) for o in outs if output_hidden_states))
-
-        def step(layer, h, scale):
-            last = layer is layers[-1][0]
-
-            def attend(qkv):
-                ctx, p = layer.attend(qkv, shape, key_mask, packed, bias, scale, bool(output_attentions),
-                                      relative_bias)
-                return ctx.reshape(-1, width), p
-
-            h, carry[0], p = int8_layer(layer, h, carry[0], attend, quantize_out=not last)
-            return h, p
-
-        h, states, probs = run_layers(layers, h, step, padded, output_hidden_states, bool(output_attentions))
-        return (padded(h), *(states or ()), *(probs or ()))
-
-    out = InferenceOnly.apply(rows, run) if torch.is_grad_enabled() and rows.requires_grad else run(rows)
-    n_states = len(layers) if output_hidden_states else 0
-    states = (hidden, *out[1:1 + n_states]) if output_hidden_states else None
-    probs = tuple(out[1 + n_states:]) if output_attentions else None
-    return out[0], states, probs

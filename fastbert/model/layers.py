@@ -1,7 +1,7 @@
 """The encoder's layers on fastbert.ops, with transformers' module and parameter names."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -9,9 +9,10 @@ from torch import nn
 
 from fastbert import ops, reference
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.stack import layer_tensors, one_call_now
+from fastbert.model.int8 import Int8Linear
+from fastbert.model.joined import joined, share_storage, views_of
 from fastbert.ops.bias_gelu import GELU_FORMS
-from fastbert.ops.encoder_layer import model_layer
+from fastbert.ops.encoder import Int8LayerWeights, LayerWeights, inference_now, layer_forward
 
 
 class BackendMixin:
@@ -73,37 +74,6 @@ def embed_words(emb: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     return emb(input_ids)
 
 
-def share_storage(params) -> torch.Tensor:
-    """Move the parameters' values into one new tensor (their concatenation along dim 0) and make
-    each parameter a view of its slice; returns the concatenation. The Parameter objects stay the
-    same (optimizers keep them); only their .data is rebound."""
-    fused = torch.cat([p.detach() for p in params])
-    start = 0
-    for p in params:
-        p.data = fused[start:start + p.shape[0]]
-        start += p.shape[0]
-    return fused
-
-
-def views_of(fused: Optional[torch.Tensor], params) -> bool:
-    """Whether every parameter is still the contiguous slice of `fused` that share_storage made it:
-    then `fused` holds their current values, however they were written (in place by any optimizer,
-    through .data, copy_, load_state_dict). A parameter given new memory (to(), .data = ..., assign)
-    fails the check."""
-    if fused is None:
-        return False
-    start = fused.data_ptr()
-    row = fused.stride(0) * fused.element_size()
-    device, dtype, tail = fused.device, fused.dtype, fused.shape[1:]  # read once: each read makes an object
-    for p in params:
-        shape = p.shape
-        if (p.data_ptr() != start or shape[1:] != tail or p.dtype != dtype or p.device != device
-                or not p.is_contiguous()):
-            return False
-        start += shape[0] * row
-    return start == fused.data_ptr() + fused.shape[0] * row
-
-
 class BertSelfAttention(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -130,6 +100,16 @@ class BertSelfAttention(nn.Module):
             with torch.no_grad():
                 self._fused = (share_storage(weights), share_storage(biases))
         return self._fused
+
+    def joined_qkv(self) -> tuple:
+        """The three projections' tensors, each kind joined into one: (weight, bias) as qkv_weight()
+        gives them; once quantized (Int8Linear), (int8 weight, scale, bias)."""
+        mods = (self.query, self.key, self.value)
+        if isinstance(mods[0], Int8Linear):
+            return (joined(self, "int8_weight", [m.weight for m in mods]),
+                    joined(self, "int8_scale", [m.weight_scale for m in mods]),
+                    joined(self, "int8_bias", [m.bias for m in mods]))
+        return self.qkv_weight()
 
 
 class RenamedSelfAttention(BertSelfAttention):
@@ -264,31 +244,38 @@ class BertLayer(nn.Module, BackendMixin):
         multiplies each head's output; relative_bias [heads, 2n - 1] (n >= seq; MPNet's relative
         position bias) is added to the scaled scores by distance, as ops.attention takes it.
         -> (hidden, probabilities [batch, heads, seq, seq] or None)."""
-        w, b = self.self_attention.qkv_weight()
         if bias is None and head_scale is None and not want_probs and self._one_call():
-            return self._layer_op(hidden, w, b, mask, packed, relative_bias), None
-        qkv = ops.linear(hidden, w, b)
+            mask, cu, n = (mask, None, None) if packed is None else (None, *packed)
+            out = layer_forward(hidden, self.weights(), self.self_attention.num_attention_heads,
+                                (self.attention_norm.eps, self.ffn_norm.eps), GELU_FORMS[self.ffn_act], mask, cu, n,
+                                relative_bias, self.backend)
+            return out, None
+        qkv = ops.linear(hidden, *self.self_attention.qkv_weight())
         ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs, relative_bias)
         return self.feed_forward(ctx, hidden), probs
 
     def _one_call(self) -> bool:
-        """Whether the layer runs as one ops.encoder_layer call (the same kernels, without each op's
-        Python): inference (grad mode off, eval, not while torch.compile traces or under autocast,
-        whose casts the separate ops make), float linear layers, a GELU feed-forward. (A model's
-        stack of such layers runs in one call: fastbert.model.stack.)"""
-        return (one_call_now() and not self.training and self.ffn_act in GELU_FORMS
+        """Whether the layer takes fastbert.ops.encoder's inference route (the same kernels, without
+        each op's Python): inference (grad mode off, eval, not while torch.compile traces or under
+        autocast, whose casts the separate ops make), float linear layers, a GELU feed-forward."""
+        return (inference_now() and not self.training and self.ffn_act in GELU_FORMS
                 and type(self.ffn_output) is nn.Linear)
 
-    def _layer_op(self, hidden, w, b, mask, packed, relative_bias) -> torch.Tensor:
-        weights = layer_tensors(self, (w, b), int8=False)
-        eps = (self.attention_norm.eps, self.ffn_norm.eps)
-        heads, approximate = self.self_attention.num_attention_heads, GELU_FORMS[self.ffn_act]
-        mask, cu, n = (mask, None, None) if packed is None else (None, *packed)
-        out = model_layer(hidden, weights, heads, eps, approximate, mask, cu, n, relative_bias, self.backend)
-        if out is not None:
-            return out
-        return ops.encoder_layer(hidden, weights, heads=heads, eps=eps, approximate=approximate, attention_mask=mask,
-                                 cu_seqlens=cu, max_seqlen=n, relative_bias=relative_bias, backend=self.backend)
+    def weights(self) -> Union[LayerWeights, Int8LayerWeights]:
+        """The layer's tensors as fastbert.ops.encoder takes them: LayerWeights, or Int8LayerWeights
+        once its linear layers are Int8Linear."""
+        return self.weights_with(self.self_attention.joined_qkv())
+
+    def weights_with(self, qkv: tuple) -> Union[LayerWeights, Int8LayerWeights]:
+        """weights(), the joined QKV tensors `qkv` given (self_attention.joined_qkv())."""
+        out, n1, ffn_in, ffn_out, n2 = (self.attention_output, self.attention_norm, self.ffn_input, self.ffn_output,
+                                        self.ffn_norm)
+        if len(qkv) == 3:
+            return Int8LayerWeights(*qkv, out.weight, out.weight_scale, out.bias, n1.weight, n1.bias, ffn_in.weight,
+                                    ffn_in.weight_scale, ffn_in.bias, ffn_out.weight, ffn_out.weight_scale,
+                                    ffn_out.bias, n2.weight, n2.bias)
+        return LayerWeights(*qkv, out.weight, out.bias, n1.weight, n1.bias, ffn_in.weight, ffn_in.bias, ffn_out.weight,
+                            ffn_out.bias, n2.weight, n2.bias)
 
     def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The layer after its attention: output projection of the context ctx, add & LayerNorm
@@ -373,21 +360,6 @@ class BertLayer(nn.Module, BackendMixin):
         if head_scale is not None:
             ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1, 1)
         return ctx.transpose(1, 2).reshape(bsz, seq, heads * d), probs
-
-
-def run_layers(layers, h, step, to_output, want_states: bool, want_probs: bool):
-    """The one walk over the encoder layers, for every family, path and precision: h = step(layer,
-    h, head_scale) -> (h, probabilities or None) for each (layer, head_scale) pair; -> (the last h,
-    [to_output(h) after each layer] or None, [each layer's probabilities] or None)."""
-    states = [] if want_states else None
-    probs = [] if want_probs else None
-    for layer, scale in layers:
-        h, p = step(layer, h, scale)
-        if states is not None:
-            states.append(to_output(h))
-        if probs is not None:
-            probs.append(p)
-    return h, states, probs
 
 
 class BertEncoder(nn.Module):

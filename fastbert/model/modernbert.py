@@ -26,7 +26,7 @@ position_ids are skipped then, as BERT's are), runs padded. The two agree at rea
 zero on the packed path and not defined in general.
 
 Also as for BERT: int8 inference (quantize_("int8"), from_pretrained(quantize="int8"):
-modernbert_int8.py); output_attentions (each layer's probabilities as transformers' eager attention
+ModernBertModel._int8_layer); output_attentions (each layer's probabilities as transformers' eager attention
 gives them, padded rows and the window included: the layers then run padded and spell the attention
 out, ModernBertAttention._spelled_out); bfloat16 models and autocast. Not supported, each a
 NotImplementedError naming it: head_mask (transformers' ModernBERT has none either), position_ids
@@ -47,12 +47,13 @@ from torch import nn
 from fastbert import ops, reference
 from fastbert.model.checks import check_id_tensor, check_input_shape
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
+from fastbert.model.int8 import TRAINING_ERROR, InferenceOnly
 from fastbert.model.layers import BackendMixin, embed_words
 from fastbert.model.masks import attention_masks
 from fastbert.model.model_utils import trunc_normal_
-from fastbert.model.modernbert_int8 import encode_int8
 from fastbert.model.outputs import BaseModelOutput
 from fastbert.model.pretrained import BertPreTrainedModel
+from fastbert.ops import encoder
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.checks import check_ids
 
@@ -296,7 +297,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
         hidden = self.embeddings(input_ids, inputs_embeds)
         if key_mask is not None and not compiling and bool(key_mask.all()):
             key_mask = None
-        encode = functools.partial(encode_int8, self) if self.quantized else self._encode
+        encode = self._encode
         # packed (unpad once, pad once) unless there is no padding, the probabilities are asked for
         # (they are [batch, heads, seq, seq]) or torch.compile traces (the packed shapes depend on values)
         if key_mask is not None and self.unpad_inputs and not want_probs and not compiling:
@@ -310,21 +311,85 @@ class ModernBertModel(ModernBertPreTrainedModel):
 
     def _encode(self, h: torch.Tensor, mask, packed, to_output, want_states: bool, want_probs: bool):
         """(last_hidden_state: to_output of the layers' output after final_norm, the hidden states
-        (to_output of each) or None, the probabilities or None); h: the embeddings' output, rows as
-        in ModernBertAttention.forward."""
-        states = [to_output(h)] if want_states else None
-        probs = [] if want_probs else None
+        (to_output of each: the embeddings' output, then every layer's, the last after final_norm, as
+        transformers gives them) or None, the probabilities or None); h: the embeddings' output, rows
+        as in ModernBertAttention.forward (packed = (cu_seqlens, max_seqlen), or mask for the padded
+        layout). Float and int8 layers alike run in the one loop of _layers."""
+        int8 = self.quantized is not None
+        if int8 and self.training:
+            raise RuntimeError(TRAINING_ERROR)
+        int8 = int8 and len(self.layers) > 0
+        rows = h.reshape(-1, h.shape[-1]) if int8 else h
+        run = functools.partial(self._layers, mask=mask, packed=packed, want_states=want_states,
+                                want_probs=want_probs, shape=h.shape)
+        if int8 and torch.is_grad_enabled() and rows.requires_grad:
+            out = InferenceOnly.apply(rows, run)  # no gradient through int8 layers: its backward names the fix
+        else:
+            out = run(rows)
+        n_out = len(self.layers) + 1 if want_states else 1
+        outs = [to_output(o.view(h.shape)) for o in out[:n_out]]
+        probs = tuple(out[n_out:]) if want_probs else None
+        return outs[-1], (tuple(outs) if want_states else None), probs
+
+    def _layers(self, h: torch.Tensor, *, mask, packed, want_states: bool, want_probs: bool, shape):
+        """The loop over the layers, float or int8 (h then the rows [rows, hidden] of a hidden state
+        of shape `shape`) -> (the output after final_norm, or with want_states: h, then every layer's
+        output, the last after final_norm; then each layer's probabilities when want_probs)."""
+        layers = list(self.layers)
+        int8 = self.quantized is not None and len(layers) > 0
+        states, probs = [h], []
         delta = None
-        for layer in self.layers:
-            h, delta, p = self._run_layer(layer, h, delta, mask, packed, want_probs)
-            if states is not None:
-                states.append(to_output(h + delta))
-            if probs is not None:
-                probs.append(p)
-        out = to_output(self._final_norm(h, delta))
-        if states is not None:
+        xq = ops.quantize_rows(h) if int8 else None  # layer 0's attn_norm is Identity (the embeddings end in a LayerNorm)
+        for i, layer in enumerate(layers):
+            if int8:
+                last = i == len(layers) - 1
+                norm = self.final_norm if last else layers[i + 1].attn_norm
+                y, xq, h, p = self._int8_layer(layer, h, xq, norm, mask, packed, shape, last, want_states, want_probs)
+                state = y if last else h
+            else:
+                h, delta, p = self._run_layer(layer, h, delta, mask, packed, want_probs)
+                state = h + delta if want_states else None
+            if want_states:
+                states.append(state)
+            probs.append(p)
+        out = y if int8 else self._final_norm(h, delta)
+        if want_states:
             states[-1] = out  # transformers gives the last layer's output after final_norm
-        return out, None if states is None else tuple(states), None if probs is None else tuple(probs)
+        return (*(states if want_states else [out]), *(probs if want_probs else ()))
+
+    def _int8_layer(self, layer, stream: torch.Tensor, xq, next_norm: nn.Module, mask, packed, shape, last: bool,
+                    want_sum: bool, want_probs: bool):
+        """One int8 ModernBertEncoderLayer on rows: stream [rows, hidden] and xq, the quantized rows
+        of attn_norm(stream) -> (next_norm(the layer's output) (final_norm's after the last layer),
+        its quantized rows (None after the last), the layer's output (None after the last unless
+        want_sum), probabilities or None). The layer, its linear layers Int8Linear (biases or not):
+
+            qkv   = int8_linear(x_q, Wqkv)                 -> attention (rotary, window) -> ctx
+            m_q, h = int8_add_norm(quantize_rows(ctx), Wo, residual=h, mlp_norm)
+            g     = geglu(int8_linear(m_q, Wi))
+            x_q, h = int8_add_norm(quantize_rows(g), Wo, residual=h, next attn_norm)
+                                          (final_norm after the last layer, whose output it is, unquantized)
+
+        Each int8_add_norm gives the norm and the residual stream from one pass over the
+        accumulator. A fused int8 GeGLU (none exists yet) would spare the float [rows, 2
+        intermediate] and [rows, intermediate] tensors the composed one writes and reads."""
+        attn, mlp = layer.attn, layer.mlp
+        qkv = encoder.int8_linear(xq, attn.Wqkv.weight, attn.Wqkv.weight_scale, attn.Wqkv.bias, stream.dtype)
+        ctx, probs = attn.attend(qkv, stream.shape if packed is not None else shape, mask, packed, want_probs)
+        ctx = ctx.reshape(-1, stream.shape[-1])
+        norm = layer.mlp_norm
+        _, mq, stream = encoder.int8_add_norm(ops.quantize_rows(ctx), attn.Wo.weight, attn.Wo.weight_scale, attn.Wo.bias,
+                                              stream, norm.weight, norm.bias, norm.eps, True, True)
+        g = encoder.int8_linear(mq, mlp.Wi.weight, mlp.Wi.weight_scale, mlp.Wi.bias, stream.dtype)
+        if mlp.act in GELU_FORMS:
+            g = ops.geglu(g, GELU_FORMS[mlp.act], backend=mlp.backend)
+        else:
+            inp, gate = g.chunk(2, dim=-1)
+            g = OTHER_ACTIVATIONS[mlp.act](inp) * gate
+        y, yq, total = encoder.int8_add_norm(ops.quantize_rows(g), mlp.Wo.weight, mlp.Wo.weight_scale, mlp.Wo.bias,
+                                             stream, next_norm.weight, next_norm.bias, next_norm.eps, not last,
+                                             want_sum or not last)
+        return y, yq, total, probs
 
     def _final_norm(self, h: torch.Tensor, delta: Optional[torch.Tensor]) -> torch.Tensor:
         # (the model's backend as set_backend gave it to its modules); no layers: no delta

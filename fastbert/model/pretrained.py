@@ -12,7 +12,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from fastbert.model import stack
+from fastbert.model import stack_plan
 from fastbert.model.checkpoint import (
     SAFE_WEIGHTS_NAME,
     WEIGHTS_NAME,
@@ -53,15 +53,15 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         return self.config.use_return_dict if return_dict is None else return_dict
 
     def _apply(self, fn, recurse=True):
-        # to() / half() / cuda(): the plan of the one-call stack (fastbert.model.stack) holds the
+        # to() / half() / cuda(): the plan of the one-call stack (fastbert.model.stack_plan) holds the
         # layers' tensors, which may be the old ones now: let them go (the next forward reads anew)
-        stack.drop_plans(self)
+        stack_plan.drop_plans(self)
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, *args, **kwargs):
         # load_state_dict(assign=True) gives the layers new tensors: let the plan's old ones go now,
         # not at the next forward (in place, the plan would still be current; dropping costs one rebuild)
-        stack.drop_plans(self)
+        stack_plan.drop_plans(self)
         return super()._load_from_state_dict(*args, **kwargs)
 
     def _run_layer(self, layer, *args):

@@ -5,7 +5,7 @@ from fastbert.ops.attention import attention, varlen_attention
 from fastbert.ops.attention_weights import attention_weights
 from fastbert.ops.bias_gelu import bias_gelu
 from fastbert.ops.embedding import embedding
-from fastbert.ops.encoder_layer import LayerWeights, encoder_layer
+from fastbert.ops.encoder import LayerWeights, encoder_layer
 from fastbert.ops.geglu import geglu
 from fastbert.ops.int8 import (
     int8_add_layer_norm,

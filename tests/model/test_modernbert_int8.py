@@ -1,4 +1,4 @@
-"""ModernBERT's int8 inference (quantize="int8", fastbert.model.modernbert_int8): close to the same
+"""ModernBERT's int8 inference (quantize="int8", ModernBertModel._int8_layer): close to the same
 model in fp32; every layer exactly the int8 rule (its GEMMs' inputs quantized per row, its weights per
 channel, everything else in float), checked layer by layer against the fp32 layer with the rule
 applied by hand; the never-stale guarantees; checkpoints transformers loads; bf16; the padded and

@@ -281,12 +281,10 @@ def test_sentence_encoder_and_encode_cli_take_quantize(minilm, tmp_path):
 @pytest.mark.parametrize("family", ["bert", "mpnet"])
 def test_one_cpp_call_for_all_layers_gives_the_same_bits(saved, path, family, monkeypatch):
     """Once its GEMM paths are known, the int8 encoder on packed rows runs as one call of the
-    extension (fastbert.model.stack, csrc/encoder_layer.cpp): bit for bit the layers' kernels called
+    extension (fastbert.ops.encoder.int8_encoder_stack, csrc/encoder_layer.cpp): bit for bit the layers' kernels called
     one by one from Python, every hidden state too, with MPNet's relative bias; on plain weights (a
     measured path, forced here) and packed ones."""
-    import fastbert.model.int8 as int8
-    import fastbert.model.stack as stack
-    from fastbert.ops import gemm
+    from fastbert.ops import encoder, gemm
 
     require("cpp")
     assert fastbert.backend.cpp_function("int8_encoder_forward") is not None, (
@@ -301,7 +299,7 @@ def test_one_cpp_call_for_all_layers_gives_the_same_bits(saved, path, family, mo
         torch.manual_seed(0)
         model = fastbert.MPNetModel(fastbert.MPNetConfig(**config.to_dict())).eval().quantize_("int8")
     ran = []  # per forward: whether its layers ran as one call
-    real = stack.int8_stack
+    real = encoder.int8_encoder_stack
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -310,14 +308,14 @@ def test_one_cpp_call_for_all_layers_gives_the_same_bits(saved, path, family, mo
 
     dims = {m.weight.dim() for m in model.modules() if isinstance(m, Int8Linear)}
     assert dims == ({4} if path == "packed" else {2})
-    monkeypatch.setattr(stack, "int8_stack", spy)
+    monkeypatch.setattr(encoder, "int8_encoder_stack", spy)
     ids, mask = _batch(3)
     with torch.no_grad(), gemm.forced(None if path == "packed" else path):
         model(ids, mask)  # the first call measures what it must
         ran.clear()
         one_call = model(ids, mask, output_hidden_states=True)
         assert ran == [True]
-        monkeypatch.setattr(int8, "CPP_LAYER_PATHS", {})
+        monkeypatch.setattr(encoder, "INT8_LAYER_PATHS", {})
         ran.clear()
         python = model(ids, mask, output_hidden_states=True)
         assert ran == [False]

@@ -1,8 +1,7 @@
-"""fastbert.ops.encoder_layer: one post-LN encoder layer in one call. On each backend it must give
+"""fastbert.ops.encoder_layer (fastbert.ops.encoder): one post-LN encoder layer in one call. On each backend it must give
 bit for bit what the separate ops give for the same layer (it calls the same kernels), padded and
 packed, with MPNet's relative bias and both GELU forms; the models running it must give bit for bit
 what they gave through the separate ops; and its checks must refuse what the kernels cannot take."""
-import sys
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from conftest import device_for, require
 
 import fastbert
 from fastbert import reference
-from fastbert.ops.encoder_layer import LayerWeights, _separate_ops, encoder_layer
+from fastbert.ops.encoder import LayerWeights, _separate_ops, encoder_layer
 
 
 def weights(hidden, ffn, g, dtype=torch.float32, device="cpu"):
@@ -104,33 +103,24 @@ def test_refuses_what_it_cannot_take():
 @pytest.mark.parametrize("family", ["bert", "distilbert", "mpnet"])
 def test_models_give_the_same_bits_through_it(family, monkeypatch):
     """A model in inference mode runs each layer in one call (encoder_layer, or once the GEMM paths
-    are measured the model's own one C++ call, or all its layers in one: fastbert.model.stack); grad
+    are measured the model's own one C++ call, or all its layers in one: fastbert.ops.encoder); grad
     mode on, the separate ops. Both must give the same bits, padded (no padding) and packed (padding)."""
     import transformers
 
     import fastbert.model.layers as layers
-    import fastbert.model.stack as stack
+    from fastbert.ops import encoder
 
-    calls = []  # a layer run in one call: through encoder_layer, or the model's own one C++ call
-    real, direct = fastbert.ops.encoder_layer, layers.model_layer
-    monkeypatch.setattr(fastbert.ops, "encoder_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = []  # a layer run on the inference route: one by one (layer_forward), or all in one call
+    real, whole = layers.layer_forward, encoder.encoder_stack
+    monkeypatch.setattr(layers, "layer_forward", lambda *a: calls.append(1) or real(*a))
 
-    def spy(*args):
-        out = direct(*args)
+    def stack_spy(hidden, tensors, *args, **kwargs):
+        out = whole(hidden, tensors, *args, **kwargs)
         if out is not None:
-            calls.append(1)
+            calls.extend([1] * len(tensors))
         return out
 
-    monkeypatch.setattr(layers, "model_layer", spy)
-    whole = stack.float_stack
-
-    def stack_spy(model, count, *args):
-        out = whole(model, count, *args)
-        if out is not None:
-            calls.extend([1] * count)
-        return out
-
-    monkeypatch.setattr(stack, "float_stack", stack_spy)
+    monkeypatch.setattr(encoder, "encoder_stack", stack_spy)
     small = dict(hidden_size=64, num_attention_heads=4, intermediate_size=96, num_hidden_layers=2, vocab_size=120)
     if family == "distilbert":
         small = dict(dim=64, n_heads=4, hidden_dim=96, n_layers=2, vocab_size=120)
@@ -162,8 +152,9 @@ def test_one_cpp_call_gives_the_same_bits(path, monkeypatch):
     assert cpp_function("encoder_layer_forward") is not None, "the built extension predates encoder_layer_forward"
     if path not in gemm.candidates("fwd", torch.float32):
         pytest.skip(f"the fp32 GEMM path {path} is not used here: {gemm.unavailable().get((path, 'fwd', torch.float32))}")
-    module = sys.modules["fastbert.ops.encoder_layer"]  # fastbert.ops.encoder_layer is also the function
-    runs = dict(module.CPP_LAYER_PATHS)
+    from fastbert.ops import encoder as module
+
+    runs = dict(module.FLOAT_LAYER_PATHS)
     assert path in runs
     calls = []
     real = cpp_function("encoder_layer_forward")
@@ -185,11 +176,28 @@ def test_one_cpp_call_gives_the_same_bits(path, monkeypatch):
             calls.clear()
             got = encoder_layer(rows, w, heads=heads, eps=(1e-12, 1e-5), backend="cpp", **kw)
             assert calls == [1], kw
-            monkeypatch.setattr(module, "CPP_LAYER_PATHS", {})  # no path it runs: the kernels one by one
+            monkeypatch.setattr(module, "FLOAT_LAYER_PATHS", {})  # no path it runs: the kernels one by one
             want = encoder_layer(rows, w, heads=heads, eps=(1e-12, 1e-5), backend="cpp", **kw)
-            monkeypatch.setattr(module, "CPP_LAYER_PATHS", runs)
+            monkeypatch.setattr(module, "FLOAT_LAYER_PATHS", runs)
             assert calls == [1] and torch.equal(got, want), (path, sorted(kw))
-        monkeypatch.setattr(module, "CPP_LAYER_PATHS", {p: i for p, i in runs.items() if p != path})
+        monkeypatch.setattr(module, "FLOAT_LAYER_PATHS", {p: i for p, i in runs.items() if p != path})
         calls.clear()
         encoder_layer(x, w, heads=heads, eps=(1e-12, 1e-5), backend="cpp")
         assert calls == []
+
+
+def test_the_gemm_path_ids_are_the_extensions():
+    """fastbert.ops.encoder.GEMM_PATH_IDS, the one table of the GEMM paths the extension's layers
+    run, is the extension's own (its GemmPath enum, as gemm_path_ids() lists it): the same names and
+    ids, the int8 ones INT8_PATHS; and each is a path fastbert.ops.gemm knows."""
+    from fastbert.backend import cpp_function
+    from fastbert.ops import encoder, gemm
+
+    require("cpp")
+    listed = cpp_function("gemm_path_ids")
+    assert listed is not None, "the built extension predates gemm_path_ids"
+    table = listed()
+    assert {name: i for name, i, _ in table} == encoder.GEMM_PATH_IDS
+    assert {name for name, _, int8 in table if int8} == set(encoder.INT8_PATHS)
+    assert set(encoder.FLOAT_LAYER_PATHS) | set(encoder.INT8_LAYER_PATHS) == set(encoder.GEMM_PATH_IDS)
+    assert set(encoder.GEMM_PATH_IDS) - {"packed"} <= set(gemm.PATHS)  # "packed": the weight's layout, not a choice

@@ -1,0 +1,377 @@
+"""How an encoder's layers run for inference: every route, in one place.
+
+    encoder_layer(hidden, weights, *, heads, eps, ...)      the public op: one post-LN layer (checked)
+    layer_forward(hidden, weights, ...)                     a model's own layer, unchecked: one C++ call,
+                                                            else the kernels one by one, tried once
+    encoder_stack(hidden, layers, ...)                      a model's float32 layers, all in one C++ call
+    int8_encoder_stack(hidden, hq, layers, ...)             its int8 layers, all in one C++ call
+    int8_qkv(hq, weights), int8_layer_rest(ctx, ...)        one int8 layer, around the model's attention
+    GEMM_PATH_IDS                                           the GEMM paths the C++ layers run, by id
+
+One post-LN encoder layer (BERT's and its family's):
+
+    qkv = hidden @ Wqkv^T + bqkv                      one GEMM for the three projections
+    ctx = attention(q, k, v)                          padding mask, or packed sequences; MPNet's relative bias
+    h1  = layer_norm(ctx @ Wo^T + bo + hidden)        fused add + LayerNorm
+    out = layer_norm(gelu(h1 @ Wi^T + bi) @ Wf^T + bf + h1)
+
+    encoder_layer(hidden, weights, *, heads, eps, approximate="none", attention_mask=None,
+                  cu_seqlens=None, max_seqlen=None, relative_bias=None, backend=None)
+        hidden:  [batch, seq, hidden] (attention_mask [batch, seq] or None) or the packed rows
+                 [tokens, hidden] (cu_seqlens int32 [batch + 1], max_seqlen)
+        weights: LayerWeights (the twelve tensors, in the order of its fields)
+        returns: the layer's output, hidden's shape and dtype
+
+It runs the kernels the separate ops run (fastbert.ops.linear's measured GEMM paths, the fused
+attention, add_layer_norm and bias_gelu), called one after the other after one check of the
+arguments; on the C++ kernels in fp32, once every product's GEMM path is measured and is one the
+extension runs (GEMM_PATH_IDS), the whole layer is one call of the extension
+(csrc/encoder_layer.cpp: the GIL released, no Python between the kernels). A model's layers take
+the same route without the checks (layer_forward; the extension's functions check what they read),
+and a model's whole stack of layers is one call too (encoder_stack, int8_encoder_stack), bit for bit
+the layers called one at a time. Each op's checks, backend choice and autograd test cost Python
+time on every call, which for short inputs is a large share of a layer (benchmarks/RESULTS.md has
+the figures). The result is bit for bit that of the separate ops, on every backend
+(tests/ops/test_encoder.py). The weights are arguments: nothing is derived from them or kept
+between calls, so nothing here can go stale (a model that keeps its layers' weight lists between
+calls keeps them current itself: fastbert.model.stack_plan).
+
+Inference only: an input that requires a gradient, with grad mode on, is an error (train with the
+separate ops, which the model does). Under autocast the layer runs through the separate ops, which
+cast as autocast does.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+
+from fastbert import backend as _backend
+from fastbert.ops import gemm
+from fastbert.ops.attention import attention, check_cu_seqlens, varlen_attention
+from fastbert.ops.attention_fused import attention_fwd, varlen_attention_fwd
+from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_fwd
+from fastbert.ops.checks import check_approximate, check_device, check_float, check_mask, check_tensor
+from fastbert.ops.int8 import int8_add_layer_norm, int8_bias_gelu, int8_dequantize, int8_matmul, quantize_rows
+from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm, add_layer_norm_fwd
+from fastbert.ops.linear import linear, rows_forward
+
+Tensor = torch.Tensor
+OP = "encoder_layer"
+
+
+class LayerWeights(NamedTuple):
+    """The parameters of one post-LN encoder layer (hidden H, intermediate F)."""
+
+    qkv_weight: Tensor      # [3H, H]: query, key and value stacked
+    qkv_bias: Tensor        # [3H]
+    out_weight: Tensor      # [H, H]: the attention's output projection
+    out_bias: Tensor        # [H]
+    norm1_weight: Tensor    # [H]: the LayerNorm after the attention
+    norm1_bias: Tensor      # [H]
+    ffn_in_weight: Tensor   # [F, H]
+    ffn_in_bias: Tensor     # [F]
+    ffn_out_weight: Tensor  # [H, F]
+    ffn_out_bias: Tensor    # [H]
+    norm2_weight: Tensor    # [H]: the LayerNorm after the feed-forward block
+    norm2_bias: Tensor      # [H]
+
+
+
+class Int8LayerWeights(NamedTuple):
+    """The parameters of one post-LN encoder layer quantized to int8 (fastbert.model.int8): each
+    product's int8 weight ([out, in], or packed [out / 16, in / 4, 16, 4]), its per-channel float32
+    scale and its float bias; the norms float."""
+
+    qkv_weight: Tensor
+    qkv_scale: Tensor
+    qkv_bias: Tensor
+    out_weight: Tensor
+    out_scale: Tensor
+    out_bias: Tensor
+    norm1_weight: Tensor
+    norm1_bias: Tensor
+    ffn_in_weight: Tensor
+    ffn_in_scale: Tensor
+    ffn_in_bias: Tensor
+    ffn_out_weight: Tensor
+    ffn_out_scale: Tensor
+    ffn_out_bias: Tensor
+    norm2_weight: Tensor
+    norm2_bias: Tensor
+
+
+# The GEMM paths the extension's layers run (csrc/encoder_layer.cpp's GemmPath), by fastbert.ops.gemm's
+# names, and the id each takes there: the one table of them (tests/ops/test_encoder.py checks it against
+# the extension's gemm_path_ids()). A product on a path not here runs its layer from Python.
+GEMM_PATH_IDS = {"addmm": 0, "dot": 1, "fastbert": 2, "int_mm": 3, "packed": 4, "onednn": 5, "onednn_packed": 6,
+                 "mkl_packed": 7}
+INT8_PATHS = ("fastbert", "int_mm", "packed")
+FLOAT_LAYER_PATHS = {name: i for name, i in GEMM_PATH_IDS.items() if name not in INT8_PATHS}
+INT8_LAYER_PATHS = {name: GEMM_PATH_IDS[name] for name in INT8_PATHS}
+
+
+def inference_now() -> bool:
+    """Whether a layer may take the inference routes now: grad mode off, not while torch.compile
+    traces, no autocast (whose casts the separate ops make)."""
+    return (not torch.is_grad_enabled() and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+            and not torch.is_autocast_enabled("cuda"))
+
+def _check(hidden: Tensor, w: LayerWeights, heads: int, packed: bool) -> None:
+    check_float(OP, "hidden", hidden)
+    if hidden.dim() != (2 if packed else 3):
+        layout = "[tokens, hidden] with cu_seqlens" if packed else "[batch, seq, hidden]"
+        raise ValueError(f"fastbert.ops.{OP}: hidden must be {layout}, got shape {tuple(hidden.shape)}")
+    h = hidden.shape[-1]
+    if not isinstance(heads, int) or heads < 1 or h % heads:
+        raise ValueError(f"fastbert.ops.{OP}: heads must be an int >= 1 dividing the hidden size {h}, got {heads!r}")
+    if h > MAX_HIDDEN:
+        raise ValueError(f"fastbert.ops.{OP}: hidden size {h} is above the supported maximum {MAX_HIDDEN}")
+    f = w.ffn_in_weight.shape[0] if isinstance(w.ffn_in_weight, Tensor) and w.ffn_in_weight.dim() == 2 else -1
+    shapes = {"qkv_weight": (3 * h, h), "qkv_bias": (3 * h,), "out_weight": (h, h), "out_bias": (h,),
+              "norm1_weight": (h,), "norm1_bias": (h,), "ffn_in_weight": (f, h), "ffn_in_bias": (f,),
+              "ffn_out_weight": (h, f), "ffn_out_bias": (h,), "norm2_weight": (h,), "norm2_bias": (h,)}
+    for name, t in zip(LayerWeights._fields, w):
+        check_float(OP, name, t)
+        if tuple(t.shape) != shapes[name]:
+            raise ValueError(f"fastbert.ops.{OP}: {name} has shape {tuple(t.shape)}; for hidden size {h} it must be "
+                             f"{shapes[name]}")
+        if t.dtype != hidden.dtype and not (name.startswith("norm") and t.dtype == torch.float32):
+            raise TypeError(f"fastbert.ops.{OP}: {name} has dtype {t.dtype} but hidden has dtype {hidden.dtype}")
+        check_device(OP, name, t, hidden, like="hidden")
+    if torch.is_grad_enabled() and (hidden.requires_grad or any(t.requires_grad for t in w)):
+        raise RuntimeError(f"fastbert.ops.{OP} runs inference only, and an input requires a gradient: run it under "
+                           "torch.no_grad() / torch.inference_mode(), or train with the separate ops")
+
+
+def _padding_mask(attention_mask, hidden: Tensor) -> Tensor:
+    """attention_mask [batch, seq] as the bool mask the attention kernels take."""
+    check_tensor(OP, "attention_mask", attention_mask)
+    if tuple(attention_mask.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(f"fastbert.ops.{OP}: attention_mask has shape {tuple(attention_mask.shape)}; it must be "
+                         f"[batch, seq] = {tuple(hidden.shape[:2])}")
+    check_device(OP, "attention_mask", attention_mask, hidden, like="hidden")
+    return check_mask(OP, "attention_mask", attention_mask).contiguous()
+
+
+def encoder_layer(hidden: Tensor, weights: LayerWeights, *, heads: int, eps: Tuple[float, float],
+                  approximate: str = "none", attention_mask: Optional[Tensor] = None,
+                  cu_seqlens: Optional[Tensor] = None, max_seqlen: Optional[int] = None,
+                  relative_bias: Optional[Tensor] = None, backend: Optional[str] = None) -> Tensor:
+    """A post-LN encoder layer's output for `hidden` (see the module docstring). eps: the two
+    LayerNorms' epsilons; approximate: the GELU form ("none": erf, "tanh"); relative_bias
+    [heads, 2n - 1]: added to the scaled scores by distance, as ops.attention takes it."""
+    weights = LayerWeights(*weights)
+    packed = cu_seqlens is not None
+    _check(hidden, weights, heads, packed)
+    check_approximate(OP, approximate)
+    backend = _backend.resolve(backend, hidden)
+    if packed:
+        if attention_mask is not None:
+            raise ValueError(f"fastbert.ops.{OP}: give attention_mask (padded rows) or cu_seqlens (packed), not both")
+        check_cu_seqlens(OP, cu_seqlens, max_seqlen, hidden)
+        mask, positions = None, max_seqlen
+    else:
+        mask = None if attention_mask is None else _padding_mask(attention_mask, hidden)
+        positions = hidden.shape[1]
+    if relative_bias is not None:
+        check_float(OP, "relative_bias", relative_bias)
+        check_device(OP, "relative_bias", relative_bias, hidden, like="hidden")
+        n2 = relative_bias.shape[-1]
+        if relative_bias.dim() != 2 or relative_bias.shape[0] != heads or n2 % 2 == 0 or (n2 + 1) // 2 < positions:
+            raise ValueError(f"fastbert.ops.{OP}: relative_bias must be [heads, 2n - 1] with heads = {heads} and "
+                             f"n >= {positions}, got shape {tuple(relative_bias.shape)}")
+    return layer_forward(hidden, weights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, relative_bias, backend)
+
+
+def layer_forward(hidden: Tensor, weights: Sequence[Tensor], heads: int, eps: Tuple[float, float], approximate: str,
+                  mask: Optional[Tensor], cu_seqlens: Optional[Tensor], max_seqlen: Optional[int],
+                  rel: Optional[Tensor], backend: Optional[str]) -> Tensor:
+    """encoder_layer's result without its checks of the arguments: encoder_layer's route after
+    them, and a model's for its own layers (the kernels check what they read). mask: bool [batch,
+    seq] or None. On the C++ kernels in fp32 the layer is one call of the extension where every
+    product's GEMM path is measured and is one it runs, else the kernels one by one from here; the
+    separate ops on the torch backend, under autocast and for an empty input."""
+    backend = _backend.resolve(backend, hidden)
+    if backend == "torch" or torch.is_autocast_enabled(hidden.device.type) or hidden.numel() == 0:
+        return _separate_ops(hidden, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel,
+                             backend)
+    if backend == "cpp" and hidden.dtype == torch.float32 and not torch.compiler.is_compiling():
+        paths = gemm.layer_paths(hidden.numel() // hidden.shape[-1], (weights[0], weights[2], weights[6], weights[8]),
+                                 torch.float32, FLOAT_LAYER_PATHS)
+        if paths is not None:
+            return _backend.cpp_function("encoder_layer_forward")(
+                hidden, list(weights), paths, heads, float(eps[0]), float(eps[1]), approximate, key_mask=mask,
+                cu_seqlens=cu_seqlens, max_seqlen=max_seqlen or 0, rel_bias=rel)
+    return _kernels(hidden, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
+
+
+def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend) -> Tensor:
+    """The kernels of the separate ops, called straight one after the other."""
+    h = hidden.shape[-1]
+    d = h // heads
+    x = hidden.reshape(-1, h)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    qkv = rows_forward(x, w.qkv_weight, w.qkv_bias)
+    extra = (None, None, -1, rel, backend)  # no rotary tables, no window
+    if cu_seqlens is not None:
+        q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
+        ctx = varlen_attention_fwd(q, k, v, cu_seqlens.contiguous(), max_seqlen, 1.0 / math.sqrt(d), 0.0, None, False,
+                                    *extra)[0].view(-1, h)
+    else:
+        bsz, seq = hidden.shape[:2]
+        q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
+        keys = None if mask is None else mask.contiguous()
+        ctx = attention_fwd(q, k, v, keys, 1.0 / math.sqrt(d), 0.0, None, False, *extra)[0]
+        ctx = ctx.transpose(1, 2).reshape(-1, h)
+    attn = rows_forward(ctx, w.out_weight, w.out_bias)
+    h1 = add_layer_norm_fwd(attn, x, w.norm1_weight.contiguous(), w.norm1_bias.contiguous(), float(eps[0]), 0.0, None,
+                             backend)[0]
+    inter = bias_gelu_fwd(rows_forward(h1, w.ffn_in_weight, None), w.ffn_in_bias.contiguous(), approximate, backend)
+    out = rows_forward(inter, w.ffn_out_weight, w.ffn_out_bias)
+    y = add_layer_norm_fwd(out, h1, w.norm2_weight.contiguous(), w.norm2_bias.contiguous(), float(eps[1]), 0.0, None,
+                            backend)[0]
+    return y.view(hidden.shape)
+
+
+def _separate_ops(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend):
+    """The same layer through the public ops (the torch backend's path, and autocast's)."""
+    h = hidden.shape[-1]
+    d = h // heads
+    qkv = linear(hidden, w.qkv_weight, w.qkv_bias)
+    if cu_seqlens is not None:
+        q, k, v = qkv.view(-1, 3, heads, d).unbind(1)
+        ctx = varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=backend, relative_bias=rel).reshape(hidden.shape)
+    else:
+        bsz, seq = hidden.shape[:2]
+        q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+        ctx = attention(q, k, v, mask, backend=backend, relative_bias=rel).transpose(1, 2).reshape(hidden.shape)
+    h1 = add_layer_norm(linear(ctx, w.out_weight, w.out_bias), hidden, w.norm1_weight, w.norm1_bias, eps[0],
+                        backend=backend)
+    inter = bias_gelu(linear(h1, w.ffn_in_weight), w.ffn_in_bias, approximate, backend=backend)
+    return add_layer_norm(linear(inter, w.ffn_out_weight, w.ffn_out_bias), h1, w.norm2_weight, w.norm2_bias, eps[1],
+                          backend=backend)
+
+
+def stack_paths(products: Sequence[Tuple[Tensor, ...]], rows: int, dtype: torch.dtype,
+                ids: dict) -> Optional[List[int]]:
+    """The 4 GEMM paths of each layer whose product weights (QKV, attention output, FFN in and out)
+    `products` lists, in `ids` (fastbert.ops.gemm.layer_paths once per distinct set of weight
+    shapes), or None while one is not measured yet or is not one the extension runs."""
+    known, out = {}, []
+    for weights in products:
+        shapes = tuple(w.shape for w in weights)
+        paths = known.get(shapes)
+        if paths is None:
+            paths = known[shapes] = gemm.layer_paths(rows, weights, dtype, ids)
+            if paths is None:
+                return None
+        out.extend(paths)
+    return out
+
+
+def stack_applies(hidden: Tensor, int8: bool, mask: Optional[Tensor] = None) -> bool:
+    """Whether a model's stack of layers may run in one call of the extension (encoder_stack,
+    int8_encoder_stack) on this input, as far as it shows before the layers are read: the
+    extension built, CPU tensors (float32 ones for the float stack, a bool mask), not while
+    torch.compile traces."""
+    return (_backend.cpp_function("int8_encoder_forward" if int8 else "encoder_forward") is not None
+            and hidden.device.type == "cpu" and hidden.numel() > 0 and not torch.compiler.is_compiling()
+            and (int8 or (hidden.dtype == torch.float32 and (mask is None or mask.dtype == torch.bool))))
+
+
+def _runs_stack(hidden: Tensor, int8: bool, mask: Optional[Tensor], layers: Sequence, backends) -> bool:
+    return (len(layers) > 0 and stack_applies(hidden, int8, mask)
+            and all(_backend.resolve(b, hidden) == "cpp" for b in backends))
+
+
+def encoder_stack(hidden: Tensor, layers: Sequence[List[Tensor]], products: Sequence[Tuple[Tensor, ...]],
+                  heads: Sequence[int], eps: Sequence[float], forms: Sequence[str], backends, *,
+                  mask: Optional[Tensor] = None, cu_seqlens: Optional[Tensor] = None, max_seqlen: int = 0,
+                  rel: Optional[Tensor] = None, keep_states: bool = False) -> Optional[List[Tensor]]:
+    """A model's float32 layers in one call of the extension, each as layer_forward's one call would
+    run it: hidden [batch, seq, h] with mask (bool [batch, seq]) or None, or packed rows [tokens, h]
+    with cu_seqlens and max_seqlen. layers[i]: layer i's LayerWeights then the parts of its joined
+    QKV weight and bias (checked to be their slices still); products[i]: its 4 product weights;
+    heads, forms: one a layer; eps: two a layer; backends: the layers' backend settings.
+    -> [the last output] (keep_states: every layer's); [] where a joined tensor's parts are not its
+    slices any more (join them again and call once more); None where this call does not run them
+    here (not float32 on the C++ kernels, a GEMM path not measured or not one it runs)."""
+    if not _runs_stack(hidden, False, mask, layers, backends):
+        return None
+    paths = stack_paths(products, hidden.numel() // hidden.shape[-1], torch.float32, FLOAT_LAYER_PATHS)
+    if paths is None:
+        return None
+    return _backend.cpp_function("encoder_forward")(hidden, list(layers), paths, list(heads), list(eps), list(forms),
+                                                    mask, cu_seqlens, max_seqlen, rel, keep_states)
+
+
+def int8_encoder_stack(hidden: Tensor, hq: Tuple[Tensor, Tensor, Tensor], layers: Sequence[List[Tensor]],
+                       products: Sequence[Tuple[Tensor, ...]], heads: Sequence[int], eps: Sequence[float],
+                       forms: Sequence[str], backends, cu_seqlens: Tensor, max_seqlen: int,
+                       rel: Optional[Tensor] = None, keep_states: bool = False) -> Optional[List[Tensor]]:
+    """A model's int8 layers in one call of the extension, on packed rows hidden [tokens, h] and
+    hq, their quantized rows: each layer what int8_qkv, the varlen attention and int8_layer_rest
+    give. layers[i]: layer i's Int8LayerWeights then the parts of its joined QKV weight, scale and
+    bias; the rest and the results as encoder_stack's."""
+    if not _runs_stack(hidden, True, None, layers, backends):
+        return None
+    paths = stack_paths(products, hq[0].shape[0], torch.int8, INT8_LAYER_PATHS)
+    if paths is None:
+        return None
+    return _backend.cpp_function("int8_encoder_forward")(hidden, *hq, list(layers), paths, list(heads), list(eps),
+                                                         list(forms), cu_seqlens.contiguous(), int(max_seqlen), rel,
+                                                         keep_states)
+
+
+def int8_qkv(hq: Tuple[Tensor, Tensor, Tensor], w: Int8LayerWeights, dtype: torch.dtype) -> Tensor:
+    """An int8 layer's QKV projection [rows, 3h] in `dtype`, of its input's quantized rows hq =
+    (q, scale, offset)."""
+    q, s, o = hq
+    return int8_dequantize(int8_matmul(q, w.qkv_weight), s, o, w.qkv_scale, w.qkv_bias, dtype)
+
+
+def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple[float, float],
+                    activation: Union[str, Callable[[Tensor], Tensor]], quantize_out: bool):
+    """An int8 layer after its attention: ctx [rows, h] the attention's context, hidden [rows, h]
+    the layer's input; activation: a GELU form ("none", "tanh"; fused with the bias and the
+    quantization) or a function of float rows. -> (the layer's output [rows, h], its quantized rows
+    (q, scale, offset), empty unless quantize_out)."""
+    q, s, o = quantize_rows(ctx)
+    h1, q, s, o = int8_add_layer_norm(int8_matmul(q, w.out_weight), s, o, w.out_scale, w.out_bias, hidden,
+                                      w.norm1_weight, w.norm1_bias, eps[0])
+    acc = int8_matmul(q, w.ffn_in_weight)
+    if isinstance(activation, str):
+        q, s, o = int8_bias_gelu(acc, s, o, w.ffn_in_scale, w.ffn_in_bias, activation)
+    else:
+        q, s, o = quantize_rows(activation(int8_dequantize(acc, s, o, w.ffn_in_scale, w.ffn_in_bias, hidden.dtype)))
+    h2, q, s, o = int8_add_layer_norm(int8_matmul(q, w.ffn_out_weight), s, o, w.ffn_out_scale, w.ffn_out_bias, h1,
+                                      w.norm2_weight, w.norm2_bias, eps[1], quantize=quantize_out)
+    return h2, (q, s, o)
+
+
+def int8_linear(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tensor, bias: Optional[Tensor],
+                dtype: torch.dtype) -> Tensor:
+    """An int8 linear layer (weight int8, per-channel scale, float bias or None) of the quantized
+    rows xq = (q, scale, offset), as float rows of `dtype`."""
+    q, s, o = xq
+    return int8_dequantize(int8_matmul(q, weight), s, o, scale, bias, dtype)
+
+
+def int8_add_norm(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tensor, bias: Optional[Tensor],
+                  stream: Tensor, norm_weight: Tensor, norm_bias: Optional[Tensor], eps: float, quantize: bool,
+                  want_sum: bool):
+    """A pre-LN layer's tail on int8 (ModernBERT's): a = the int8 linear layer of xq -> (norm(stream +
+    a), its quantized rows (when `quantize`, else None), stream + a (when want_sum, else None): the
+    residual stream, from the same pass over the accumulator). Biases None: zeros."""
+    q, s, o = xq
+    width = stream.shape[-1]
+    bias = torch.zeros(width, dtype=stream.dtype, device=stream.device) if bias is None else bias
+    if norm_bias is None:
+        norm_bias = torch.zeros(width, dtype=norm_weight.dtype, device=norm_weight.device)
+    y, *rest = int8_add_layer_norm(int8_matmul(q, weight), s, o, scale, bias, stream, norm_weight, norm_bias, eps,
+                                   quantize=quantize, return_sum=want_sum)
+    total = rest.pop() if want_sum else None
+    return y, (tuple(rest) if quantize else None), total
