@@ -63,11 +63,11 @@ def attention_map(model, tokenizer, text: str, layer: Optional[int] = None, head
 
 def draw(probs: torch.Tensor, tokens: List[str], path: str, layers: List[int], heads: List[int]) -> None:
     """A grid of maps (probs [len(layers), len(heads), tokens, tokens]) labelled with the tokens, to `path`."""
-    from fastbert.plotting import pyplot, text_fonts
+    from fastbert.plotting import missing, pyplot, text_fonts
 
-    plt = pyplot(what="no attention map drawn")
-    if plt is None:
-        raise RuntimeError("drawing needs matplotlib: pip install matplotlib")
+    plt = pyplot(quiet=True)
+    if plt is None:  # the map is what was asked for: an error, in the one line that says how to draw it
+        raise RuntimeError(missing(os.path.basename(path)))
     with text_fonts(tokens):  # Hangul tokens drawn in a font that has them
         _draw_grid(plt, probs, tokens, path, layers, heads)
 
