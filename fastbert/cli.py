@@ -1,77 +1,16 @@
-"""The `fastbert` command.
+"""The `fastbert` command (the console entry point): it finds the command and runs it.
 
-Every error a command reports is one line on stderr, `fastbert <command>: error: <message>`, and a
-non-zero exit: 2 for usage errors (CommandParser, the parser every command uses) and for the input
-errors a command returns 2 for, 1 for anything else that fails while running (FASTBERT_DEBUG=1 shows
-the traceback). `report` writes that line, and only it.
+The commands are fastbert.commands' modules, each imported only when it runs; every error a
+command reports is one line on stderr and a non-zero exit (fastbert.commands says which).
 """
 from __future__ import annotations
 
-import argparse
 import os
-import re
 import sys
 
-COMMANDS = {
-    "selfcheck": ("fastbert.selfcheck", "check every fused op on every backend here against the fp64 reference"),
-    "encode": ("fastbert.sentence", "embed lines of text with a sentence-transformers model (.npy out)"),
-    "rerank": ("fastbert.cross_encoder", "rank lines of text against a query with a cross-encoder (JSON lines out)"),
-    "prepare": ("fastbert.data.prepare", "text files -> vocabulary -> pretraining data on disk (BERT's MLM + NSP pairs, "
-                                         "or XLM-R's MLM sequences with --model-type xlm-roberta)"),
-    "pretrain": ("fastbert.pretraining.pretrain",
-                 "pretrain BERT (MLM + NSP) or XLM-R (MLM) on the fused ops; no arguments: the built-in demo"),
-    "embed": ("fastbert.corpus.embed", "embed a corpus (text, JSON Lines, Parquet) into Parquet shards; resumable, "
-                                       "--ray for a cluster"),
-    "serve": ("fastbert.serve", "serve embeddings, reranking or classification over HTTP (text-embeddings-inference's "
-                                "and OpenAI's routes, dynamic batching; needs the serve extra)"),
-    "attention-map": ("fastbert.maps", "draw what each layer and head attends to in a text (PNG)"),
-    "bench": ("fastbert.bench.encoder:quick",
-              "time the encoder against transformers and the GEMM floor (about a minute); --peers adds "
-              "ONNX Runtime, OpenVINO, CTranslate2 and torch.compile; --quantize int8 times int8 inference"),
-}
-PROG = "fastbert"
-# what messages carry in front of their text that the error line already says: "error: ", and where
-# they come from ("fastbert: ", "fastbert prepare: ", "fastbert.SentenceEncoder.encode: ")
-_PREFIX = re.compile(r"^(?:error:\s*|fastbert(?:\.[\w.]+| (?:" + "|".join(map(re.escape, COMMANDS)) + r"))?:\s+)+")
+from fastbert.commands import COMMANDS, PROG, message, report
 
-
-def message(error) -> str:
-    """The first line of an exception's (or a string's) text, without a leading "error: " or
-    "fastbert...: "; an exception with no text: its class name."""
-    lines = str(error).strip().splitlines()
-    text = _PREFIX.sub("", lines[0]).strip() if lines else ""
-    return text or (type(error).__name__ if isinstance(error, BaseException) else "error")
-
-
-def report(prog: str, error) -> None:
-    """The one line a command's error is: `<prog>: error: <message>` on stderr (prog: "fastbert
-    <command>", or "fastbert" for the command line itself)."""
-    print(f"{prog}: error: {message(error)}", file=sys.stderr, flush=True)
-
-
-class CommandParser(argparse.ArgumentParser):
-    """argparse's parser, with a usage error as one line on stderr (no usage block) and exit 2;
-    --help prints the full help, as argparse's."""
-
-    def error(self, text: str):
-        report(self.prog, text)
-        self.exit(2)
-
-
-def model_directory(path: str) -> str:
-    """path, when it is a directory; else FileNotFoundError naming it as the model directory."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"model directory {path} does not exist")
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory {path} is not a directory")
-    return path
-
-
-def input_file(path: str, what: str = "input file") -> str:
-    """path ('-': standard input), when it is a file; else FileNotFoundError naming it."""
-    if path != "-" and not os.path.isfile(path):
-        raise FileNotFoundError(f"{what} {path} " + ("is a directory" if os.path.isdir(path) else "does not exist"))
-    return path
+__all__ = ["COMMANDS", "PROG", "main", "message", "report"]
 
 
 def _usage(out) -> None:
@@ -82,7 +21,7 @@ def _usage(out) -> None:
 
 
 def main(argv=None) -> int:
-    """Run a subcommand; its errors are one line on stderr (see the module docstring)."""
+    """Run a subcommand; its errors are one line on stderr (see fastbert.commands)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         _usage(sys.stdout)
@@ -93,10 +32,9 @@ def main(argv=None) -> int:
     import importlib
 
     name = argv[0]
-    module_name, _, function = COMMANDS[name][0].partition(":")
     try:
-        module = importlib.import_module(module_name)
-        return int(getattr(module, function or "main")(argv[1:]) or 0)
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(argv[1:]) or 0)
     except KeyboardInterrupt:
         print(f"{PROG} {name}: interrupted", file=sys.stderr)
         return 130

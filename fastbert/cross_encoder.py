@@ -15,14 +15,13 @@ batched longest first and returned in the order given.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
 
-from fastbert.sentence import activation, load_tokenizer, longest_first, pad_batch, read_json, read_lines
+from fastbert.sentence import activation, load_tokenizer, longest_first, pad_batch, read_json
 from fastbert.sentence import max_length as max_length_of
 
 WHERE = "fastbert.CrossEncoder"
@@ -106,23 +105,3 @@ class CrossEncoder:
                 r["text"] = documents[r["corpus_id"]]
         return out
 
-
-def main(argv=None) -> int:
-    from fastbert.cli import CommandParser, input_file, model_directory
-
-    ap = CommandParser(prog="fastbert rerank", description="Rank lines of text against a query with a cross-encoder.")
-    ap.add_argument("model", help="a CrossEncoder directory (config.json, weights, tokenizer.json)")
-    ap.add_argument("--query", "-q", required=True)
-    ap.add_argument("--input", "-i", default="-", help="a text file, one document per line ('-': standard input)")
-    ap.add_argument("--top-k", type=int, default=None, help="print the best K (default: all)")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--backend", default=None, choices=["triton", "cpp", "torch"])
-    ap.add_argument("--quantize", default=None, choices=["int8"])
-    args = ap.parse_args(argv)
-    model_directory(args.model)  # named before the input is read or the model loaded
-    docs = read_lines(input_file(args.input))
-    ce = CrossEncoder(args.model, backend=args.backend, quantize=args.quantize)
-    for r in ce.rank(args.query, docs, top_k=args.top_k, return_documents=True, batch_size=args.batch_size,
-                     show_progress_bar=True):
-        print(json.dumps(r, ensure_ascii=False))
-    return 0

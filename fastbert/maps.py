@@ -12,15 +12,13 @@ picture is a grid, a row per layer and a column per head, each map labelled with
 """
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from typing import List, Optional, Tuple
 
 import torch
 
 
-def _encode(tokenizer, text: str) -> Tuple[List[int], List[str]]:
+def encode_text(tokenizer, text: str) -> Tuple[List[int], List[str]]:
     """(ids, token strings) of `text` with the special tokens, from a transformers tokenizer or a
     `tokenizers.Tokenizer`."""
     if not isinstance(text, str) or not text.strip():
@@ -33,7 +31,9 @@ def _encode(tokenizer, text: str) -> Tuple[List[int], List[str]]:
     return [enc.ids[i] for i in real], [enc.tokens[i] for i in real]
 
 
-def _select(probs: torch.Tensor, layer: Optional[int], head: Optional[int]) -> torch.Tensor:
+def select(probs: torch.Tensor, layer: Optional[int], head: Optional[int]) -> torch.Tensor:
+    """probs [layers, heads, tokens, tokens] narrowed to one layer and / or head; a ValueError naming
+    one the model does not have."""
     layers, heads = probs.shape[:2]
     for name, value, n in (("layer", layer, layers), ("head", head, heads)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n):
@@ -48,7 +48,7 @@ def _select(probs: torch.Tensor, layer: Optional[int], head: Optional[int]) -> t
 def attention_map(model, tokenizer, text: str, layer: Optional[int] = None, head: Optional[int] = None) -> torch.Tensor:
     """The attention probabilities of `text`: float32 [layers, heads, tokens, tokens] on the CPU;
     `layer` and / or `head` select one (see the module docstring)."""
-    ids, _ = _encode(tokenizer, text)
+    ids, _ = encode_text(tokenizer, text)
     bert = getattr(model, "base_model", model)
     was_training = bert.training
     bert.eval()
@@ -58,16 +58,16 @@ def attention_map(model, tokenizer, text: str, layer: Optional[int] = None, head
     finally:
         bert.train(was_training)
     probs = torch.stack([a[0] for a in out.attentions]).float().cpu()
-    return _select(probs, layer, head)
+    return select(probs, layer, head)
 
 
 def draw(probs: torch.Tensor, tokens: List[str], path: str, layers: List[int], heads: List[int]) -> None:
     """A grid of maps (probs [len(layers), len(heads), tokens, tokens]) labelled with the tokens, to `path`."""
-    from fastbert.plotting import pyplot, text_fonts
+    from fastbert.plotting import missing, pyplot, text_fonts
 
-    plt = pyplot(what="no attention map drawn")
-    if plt is None:
-        raise RuntimeError("drawing needs matplotlib: pip install matplotlib")
+    plt = pyplot(quiet=True)
+    if plt is None:  # the map is what was asked for: an error, in the one line that says how to draw it
+        raise RuntimeError(missing(os.path.basename(path)))
     with text_fonts(tokens):  # Hangul tokens drawn in a font that has them
         _draw_grid(plt, probs, tokens, path, layers, heads)
 
@@ -94,46 +94,3 @@ def _draw_grid(plt, probs, tokens, path, layers, heads) -> None:
     plt.close(fig)
     os.replace(tmp, path)
 
-
-def _load_tokenizer(path: str):
-    file = os.path.join(path, "tokenizer.json")
-    if os.path.isfile(file):
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(file)
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise FileNotFoundError(f"{path} has no tokenizer.json (and transformers is not installed)") from None
-    return AutoTokenizer.from_pretrained(path)
-
-
-def main(argv=None) -> int:
-    from fastbert.cli import CommandParser, model_directory
-
-    ap = CommandParser(prog="fastbert attention-map", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a BERT directory in transformers' format, with its tokenizer")
-    ap.add_argument("--text", required=True)
-    ap.add_argument("-o", "--output", required=True, help="the PNG to write")
-    ap.add_argument("--layer", type=int, default=None, help="draw this layer only (default: every layer)")
-    ap.add_argument("--head", type=int, default=None, help="draw this head only (default: every head)")
-    args = ap.parse_args(argv)
-    model_directory(args.model)  # named before the model package is imported
-    from fastbert.model import BertModel
-
-    model = BertModel.from_pretrained(args.model)
-    tokenizer = _load_tokenizer(args.model)
-    probs = attention_map(model, tokenizer, args.text)
-    _select(probs, args.layer, args.head)  # a bad layer / head is an error before anything is drawn
-    layers = list(range(probs.shape[0])) if args.layer is None else [args.layer]
-    heads = list(range(probs.shape[1])) if args.head is None else [args.head]
-    _, tokens = _encode(tokenizer, args.text)
-    draw(probs[layers][:, heads], tokens, args.output, layers, heads)
-    print(f"wrote {args.output}: {len(layers)} layer(s) x {len(heads)} head(s), {len(tokens)} tokens", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    from fastbert.cli import main as cli_main
-
-    sys.exit(cli_main(["attention-map", *sys.argv[1:]]))

@@ -1,11 +1,15 @@
 """matplotlib for every figure fastbert draws (benchmark charts, training curves, attention maps),
 and fonts for the text on them.
 
+Drawing is the `plot` extra (pip install "fastbert[plot]": matplotlib and koreanize-matplotlib's
+font); nothing else in fastbert needs it. Without it `pyplot()` is None and says in one line how to
+get it: pretraining trains and writes its logs without its curves, an attention map is an error.
+
 matplotlib's default font (DejaVu Sans) has no Hangul: Korean tokens and labels would come out as
 empty boxes. `text_fonts(texts)` finds a font with Hangul when the texts hold any and sets it, for
 the figure drawn inside the block only, after DejaVu Sans in the family list, so Latin text keeps
 its look and every Hangul glyph comes from the other font (matplotlib falls back glyph by glyph).
-Where it looks, in order: the NanumGothic that fastbert's install brings (the font file of the
+Where it looks, in order: the NanumGothic that the plot extra brings (the font file of the
 koreanize-matplotlib package, used without importing that package, which would restyle every
 figure of the process), then fonts the system has (Noto Sans CJK, Nanum, Malgun Gothic,
 AppleGothic, UnDotum, Baekmuk). Without one: a single warning naming the fix.
@@ -22,10 +26,17 @@ from typing import Iterable, Optional
 SYSTEM_HANGUL_FONTS = ("Noto Sans CJK KR", "Noto Sans KR", "Noto Sans CJK JP", "NanumGothic", "NanumBarunGothic",
                        "Malgun Gothic", "AppleGothic", "Apple SD Gothic Neo", "UnDotum", "Baekmuk Gulim")
 _found: list = []  # [font family name or None] once looked for
+PLOT_EXTRA = 'pip install "fastbert[plot]"'
 
 
-def pyplot(quiet: bool = False, what: str = "no plot written"):
-    """matplotlib.pyplot on the Agg backend, or None (saying so on stderr unless quiet) without matplotlib."""
+def missing(what: str) -> str:
+    """The line that says how to draw `what` (a file name) where matplotlib is not installed."""
+    return f"drawing {what} needs the plot extra: {PLOT_EXTRA}"
+
+
+def pyplot(quiet: bool = False, what: str = "the figure"):
+    """matplotlib.pyplot on the Agg backend, or None without matplotlib (saying in one line on stderr,
+    unless quiet, how to get it for drawing `what`)."""
     try:
         import matplotlib
 
@@ -33,7 +44,7 @@ def pyplot(quiet: bool = False, what: str = "no plot written"):
         import matplotlib.pyplot as plt
     except ImportError:
         if not quiet:
-            print(f"matplotlib is not installed: {what} (pip install matplotlib)", file=sys.stderr)
+            print(f"fastbert: {missing(what)}", file=sys.stderr, flush=True)
         return None
     return plt
 
@@ -79,8 +90,8 @@ def text_fonts(texts: Iterable[str]):
     name = hangul_font()
     if name is None:
         warnings.warn("fastbert: no font with Hangul found, Korean text will show as boxes: pip install "
-                      "koreanize-matplotlib (NanumGothic, a fastbert dependency) or install a Noto Sans CJK font",
-                      stacklevel=2)
+                      f"koreanize-matplotlib (NanumGothic; the plot extra has it: {PLOT_EXTRA}) or install a Noto "
+                      "Sans CJK font", stacklevel=2)
         return contextlib.nullcontext()
     family = ["DejaVu Sans", name]
     return matplotlib.rc_context({"font.family": family, "font.sans-serif": family})

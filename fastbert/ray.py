@@ -59,7 +59,7 @@ from typing import List, NamedTuple, Optional
 
 import numpy as np
 
-from fastbert.corpus import readers, shards
+from fastbert.corpus import job, readers, shards
 from fastbert.memory import Trimmer
 
 WHERE = "fastbert.ray"
@@ -98,8 +98,6 @@ class _Embedder:
     def __call__(self, batch):
         import pyarrow as pa
 
-        from fastbert.corpus.embed import embed_records
-
         if self.encoder is None:
             self._load()
         texts = batch.column(self.text_field).to_pylist()
@@ -110,7 +108,7 @@ class _Embedder:
                 what = "empty" if isinstance(text, str) else f"{type(text).__name__}, not a string"
                 raise ValueError(f"{WHERE}: the text of id {ident!r} is {what}")
             records.append(readers.Record(ident, text, 0))
-        emb = (embed_records(self.encoder, records, self.prompt, self.skip, self.batch_size) if records
+        emb = (job.embed_records(self.encoder, records, self.prompt, self.skip, self.batch_size) if records
                else np.zeros((0, self.encoder.dim), np.float32))
         cols = shards.columns(ids, emb, self.output_dtype)
         cols["id"] = batch.column(self.id_field)  # the ids as given, their type kept
@@ -267,12 +265,10 @@ def _unwrap(error: BaseException) -> BaseException:
     return error
 
 
-def _windows(args, begin: int, skipped, window: int):
+def _windows(run: job.Run, window: int):
     """Lists of (records, skipped since the last) of at most `window` shards each."""
-    from fastbert.corpus.embed import record_chunks
-
     group = []
-    for chunk, n_skipped in record_chunks(args, begin, skipped):
+    for chunk, n_skipped in run.chunks():
         group.append((chunk, n_skipped))
         if len(group) == window:
             yield group
@@ -305,12 +301,13 @@ def _embed_window(records: List[readers.Record], args, actors: int, threads: int
         raise RuntimeError(f"{WHERE}: {at} rows came back of {len(records)}")
 
 
-def _write_window(args, manifest: dict, group, parts) -> tuple:
-    """Each shard of the window written as soon as its rows are back; (dim or None, skipped after the last shard)."""
-    pending, have, dim, tail = [], 0, None, 0
+def _write_window(run: job.Run, group, parts) -> Optional[int]:
+    """Each shard of the window written as soon as its rows are back; the embeddings' width (None:
+    no rows in this window)."""
+    pending, have, dim = [], 0, None
     for chunk, n_skipped in group:
         if not chunk:
-            tail += n_skipped
+            run.skipped_after_last(n_skipped)
             continue
         while have < len(chunk):
             part = next(parts)
@@ -318,11 +315,10 @@ def _write_window(args, manifest: dict, group, parts) -> tuple:
             have += len(part)
         emb = np.concatenate(pending) if len(pending) > 1 else pending[0]
         dim = emb.shape[1]
-        shards.add_shard(args.output, manifest, shards.columns([r.id for r in chunk], emb[:len(chunk)], args.output_dtype),
-                         first_position=chunk[0].position, next_position=chunk[-1].position + 1, skipped=n_skipped)
+        run.add_shard([r.id for r in chunk], emb[:len(chunk)], chunk[0].position, chunk[-1].position + 1, n_skipped)
         rest = emb[len(chunk):]
         pending, have = ([rest] if len(rest) else []), len(rest)
-    return dim, tail
+    return dim
 
 
 def _settings(args, actors: int, threads: int) -> dict:
@@ -330,23 +326,16 @@ def _settings(args, actors: int, threads: int) -> dict:
 
 
 def embed_files(args) -> dict:
-    """`fastbert embed ... --ray ADDRESS`: args as fastbert.corpus.embed's parser gives them (plus,
-    optionally, ray_actors, ray_threads and ray_window: actors, torch threads per actor, shards per
-    window; the environment variables FASTBERT_RAY_ACTORS and FASTBERT_RAY_THREADS set the first two
-    for the command line); writes args.output as the single process does and returns the final manifest."""
-    from fastbert.corpus.embed import settings_of
-
-    readers.check_inputs(args.input)
-    if not os.path.isdir(args.model):
-        raise FileNotFoundError(f"model directory {args.model} does not exist")
-    if args.shard_size < 1 or args.batch_size < 1:
-        raise ValueError("--shard-size and --batch-size must be >= 1")
+    """`fastbert embed ... --ray ADDRESS`: args as `fastbert embed`'s parser gives them
+    (fastbert.commands.embed; plus, optionally, ray_actors, ray_threads and ray_window: actors, torch
+    threads per actor, shards per window; the environment variables FASTBERT_RAY_ACTORS and
+    FASTBERT_RAY_THREADS set the first two for the command line); writes args.output as the single
+    process does (the job of fastbert.corpus.job) and returns the final manifest."""
+    job.check(args)
     check_prompt(args.model, args.prompt_name)
-    manifest = shards.start(args.output, settings_of(args), overwrite=args.overwrite)
-    if manifest["complete"]:
-        return manifest  # the finished run: nothing to do, nothing rewritten, no cluster started
-    begin = shards.next_position(manifest)
-    skipped = readers.Skipped() if args.on_error == "skip" else None
+    run = job.start(args)
+    if run.done:
+        return run.manifest  # the finished run: nothing to do, nothing rewritten, no cluster started
     progress = not args.no_progress
     started = connect(args.ray, progress)
     try:
@@ -357,25 +346,19 @@ def embed_files(args) -> dict:
         actors = int(getattr(args, "ray_actors", None) or os.environ.get("FASTBERT_RAY_ACTORS")
                      or max(1, actors_that_fit(threads)))
         window = int(getattr(args, "ray_window", None) or max(1, 100_000 // args.shard_size))
-        manifest["ray"] = _settings(args, actors, threads)
-        dim, tail = None, 0
-        for group in _windows(args, begin, skipped, window):
+        run.manifest["ray"] = _settings(args, actors, threads)
+        dim = None
+        for group in _windows(run, window):
             records = [r for chunk, _ in group for r in chunk]
             try:
-                got, skipped_after = _write_window(args, manifest, group, _embed_window(records, args, actors, threads))
+                got = _write_window(run, group, _embed_window(records, args, actors, threads))
             except Exception as e:  # noqa: BLE001 - the actor's own error, not Ray's wrapping of it
                 raise _unwrap(e) from None
-            dim, tail = got or dim, tail + skipped_after
+            dim = got or dim
     finally:
         if started:
             ray.shutdown()
-    manifest["skipped"] = sum(s["skipped"] for s in manifest["shards"]) + tail
-    if skipped is not None:
-        manifest["skipped_examples"] = skipped.examples
-    manifest["complete"] = True
-    manifest["dim"] = dim if dim is not None else _dim(args.model)
-    shards.write_manifest(args.output, manifest)
-    return manifest
+    return run.finish(dim if dim is not None else _dim(args.model))
 
 
 def _dim(model_dir: str) -> int:

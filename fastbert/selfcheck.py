@@ -11,8 +11,6 @@ their int8 outputs dequantized.
 """
 from __future__ import annotations
 
-import contextlib
-import sys
 from typing import Callable, Iterator, List, Sequence, Tuple
 
 import torch
@@ -414,37 +412,3 @@ def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
         return encoder_layer_rows(shape, dtype, backend, device, _mixed_mask(shape[0], shape[1], g), g, bound_check)
     raise ValueError(f"fastbert selfcheck: unknown op {op!r}")
 
-
-def main(argv=None) -> int:
-    import argparse
-
-    from tqdm import tqdm
-
-    from fastbert.cli import CommandParser
-
-    ap = CommandParser(prog="fastbert selfcheck", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    args = ap.parse_args(argv)
-    device = args.device
-    if device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: no CUDA device is available here")
-    levels = fb_backend.cpu_capabilities() if device == "cpu" else []
-    print(f"fastbert {fastbert.__version__}, torch {torch.__version__}, device {device}, "
-          f"backends {available_backends(device)}, C++ kernel levels {levels} (running: {fb_backend.cpu_capability()}, "
-          f"CPU: {', '.join(fb_backend.cpu_features()) or 'no AVX2'})")
-    todo = [(b, level, op, shape, dtype) for b in available_backends(device) + ["auto"]
-            for level in (levels or [None] if b in ("cpp", "auto") else [None])
-            for op, shape, dtype in cases(device, b == "triton" and device == "cpu") if b in op_backends(op, device)]
-    failures, lines = 0, []
-    for b, level, op, shape, dtype in tqdm(todo, desc="selfcheck", file=sys.stderr):
-        with fb_backend.cpu_capability_scope(level) if level else contextlib.nullcontext():
-            rows = check_case(op, shape, dtype, b, device)
-        tag = b if level is None else f"{b}@{level}"
-        for name, ok, err, bound in rows:
-            failures += not ok
-            lines.append(f"{tag:<19}{op:<24}{str(shape):<18}{str(dtype)[6:]:<10}{name:<17}{err:>11.2e}"
-                         f"{bound:>11.2e}  " + ("ok" if ok else "FAIL"))
-    print(f"{'backend':<19}{'op':<24}{'shape':<18}{'dtype':<10}{'tensor':<17}{'max err':>11}{'bound':>11}")
-    print("\n".join(lines))
-    print(f"{len(lines) - failures} passed, {failures} failed")
-    return 1 if failures else 0

@@ -34,6 +34,7 @@ GEMM floor.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 from typing import List
@@ -157,16 +158,12 @@ def run(workloads, dtypes, layers, rounds, minilm_sentences=1000, minilm_batch=6
     return rows
 
 
-def quick(argv=None):
-    """`fastbert bench`: the var128 workload with 2 layers in fp32, about a minute on 2 cores
-    (`fastbert bench --peers` adds the peers that are installed)."""
-    return main(argv, defaults=dict(workloads="var128", dtypes="float32", layers=2, rounds=3), prog="fastbert bench")
-
-
-def main(argv=None, defaults=None, prog=None):
+def main(argv=None, defaults=None, prog=None, parser_class=argparse.ArgumentParser):
+    """The benchmark's command line: defaults (workloads, dtypes, layers, rounds) replace the full
+    run's; prog and parser_class are those of the command that runs it (`fastbert bench`)."""
     d = dict(workloads="var128,full128,var512,minilm", dtypes="float32,bfloat16", layers=12, rounds=3)
     d.update(defaults or {})
-    ap = parser(__doc__, prog)
+    ap = parser(__doc__, prog, parser_class)
     ap.add_argument("--workloads", default=d["workloads"], help=f"comma-separated, of {list(WORKLOADS) + ['minilm']}")
     ap.add_argument("--dtypes", default=d["dtypes"])
     ap.add_argument("--layers", type=int, default=d["layers"], help="encoder layers of the base-size model")

@@ -2,12 +2,14 @@
 marked, each bar labelled with its ratio to transformers."""
 from __future__ import annotations
 
+import os
+
 from fastbert.bench.report import save_figure
 from fastbert.plotting import pyplot
 
 
 def plot(rows, path):
-    plt = pyplot()
+    plt = pyplot(what=os.path.basename(path))
     if plt is None:
         return
     rows = [r for r in rows if not r.get("skipped")]  # a peer not timed has no bar

@@ -14,15 +14,10 @@ import torch
 from fastbert.bench.timing import machine_info
 
 
-def parser(doc: str, prog: Optional[str] = None) -> argparse.ArgumentParser:
-    """A benchmark's argument parser, its module docstring as the description; under a `fastbert`
-    command (prog "fastbert bench"), the command line's parser, whose usage errors are one line."""
-    cls = argparse.ArgumentParser
-    if prog is not None and prog.startswith("fastbert "):
-        from fastbert.cli import CommandParser
-
-        cls = CommandParser
-    return cls(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str, prog: Optional[str] = None, parser_class=argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A benchmark's argument parser, its module docstring as the description; a `fastbert` command
+    (`fastbert bench`) passes its own parser_class, whose usage errors are one line."""
+    return parser_class(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_device_options(ap: argparse.ArgumentParser, budget: float) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
 import warnings
 from typing import Callable, Iterable, List, Optional, Sequence
@@ -352,38 +351,3 @@ def prepare_from_args(args, out_dir: str, *, corpus=None, documents=None, progre
         model_type=args.model_type,
     )
 
-
-def build_parser() -> argparse.ArgumentParser:
-    from fastbert.cli import CommandParser
-
-    p = CommandParser(
-        prog="fastbert prepare",
-        description="Turn text files into pretraining data on disk (memory-mapped shards): MLM + NSP pairs for BERT, "
-                    "or MLM sequences for XLM-RoBERTa (--model-type).",
-    )
-    p.add_argument("corpus", nargs="+", help="text files or directories")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_data_arguments(p)
-    return p
-
-
-def main(argv=None) -> int:
-    from fastbert.cli import report
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        index = prepare_from_args(args, args.out, corpus=args.corpus, progress=not args.no_progress)
-    except (PrepareError, ValueError, FileNotFoundError) as e:
-        report(parser.prog, e)
-        return 2
-    print(f"prepared {args.out}")
-    print(format_summary(index))
-    return 0
-
-
-if __name__ == "__main__":
-    from fastbert.cli import main as cli_main
-
-    sys.exit(cli_main(["prepare", *sys.argv[1:]]))

@@ -8,11 +8,10 @@
     checkpoint.py      atomic, verified checkpoints; what the Trainer saves and resumes from
     logs.py            log.jsonl, the held-out table, curves.png
     trainer.py         the loop: accumulation, clipping, autocast, DDP, evaluation, the time limit
-    pretrain.py        `fastbert pretrain`
 
 The data it reads is made by fastbert.data (corpus, vocab, instances, shards, `fastbert prepare`).
 
-Command line: `fastbert prepare --help`, `fastbert pretrain --help`.
+Command line (fastbert.commands.prepare and .pretrain): `fastbert prepare --help`, `fastbert pretrain --help`.
 """
 from fastbert.data.prepare import prepare_data
 from fastbert.pretraining.trainer import TrainConfig, Trainer, TrainResult, train

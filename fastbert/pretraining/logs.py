@@ -73,9 +73,9 @@ def format_eval_table(first: Optional[Dict[str, float]], last: Optional[Dict[str
 
 
 def plot_curves(log_path: str, png_path: str, quiet: bool = False) -> bool:
-    """Loss, accuracy and learning-rate curves from log.jsonl; False (with a message unless quiet)
-    when matplotlib is not installed."""
-    plt = pyplot(quiet, what="curves not drawn")
+    """Loss, accuracy and learning-rate curves from log.jsonl; False when matplotlib is not installed
+    (with the one line that says how to get it, unless quiet: the run goes on without its curves)."""
+    plt = pyplot(quiet, what=os.path.basename(png_path))
     if plt is None:
         return False
     recs = JsonlLog(log_path, False, None).records()

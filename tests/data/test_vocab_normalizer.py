@@ -83,7 +83,8 @@ def test_decode_round_trips_in_nfc(s):
 def test_prepare_on_korean_text_and_its_accent_flags(tmp_path, flag, form):
     import json
 
-    from fastbert.data.prepare import build_parser, prepare_from_args
+    from fastbert.commands.prepare import build_parser
+    from fastbert.data.prepare import prepare_from_args
 
     args = build_parser().parse_args(["unused-corpus", "--out", "unused", "--vocab-size", "300", "--min-frequency", "1",
                                       "--max-seq-length", "32", "--dupe-factor", "1", "--eval-fraction", "0.2", *flag])

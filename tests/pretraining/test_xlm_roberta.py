@@ -115,7 +115,7 @@ def test_pretrain_xlm_roberta_on_korean_then_load_in_transformers(tmp_path, caps
 
 
 def _prepare_in_a_process(corpus, out, model_type, hash_seed):
-    code = ("import sys; from fastbert.data.prepare import main; "
+    code = ("import sys; from fastbert.commands.prepare import main; "
             "sys.exit(main(sys.argv[1:]))")
     env = dict(os.environ, PYTHONHASHSEED=str(hash_seed))
     subprocess.run([sys.executable, "-c", code, corpus, "--out", out, "--model-type", model_type, "--vocab-size", "300",

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from fastbert.commands import CommandParser, report
 from fastbert.data.prepare import PrepareError, add_data_arguments, format_summary, prepare_from_args
 from fastbert.pretraining.checkpoint import CheckpointError
 from fastbert.pretraining.config import PRECISIONS, TrainConfig, TrainError
@@ -45,8 +46,6 @@ def _both(key: str, fmt=str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fastbert.cli import CommandParser
-
     p = CommandParser(
         prog="fastbert pretrain",
         description="Pretrain BERT (MLM + NSP), or XLM-RoBERTa (MLM) with --model-type xlm-roberta, on fastbert's "
@@ -236,8 +235,6 @@ def _trained_class(out_dir: str) -> str:
 
 
 def main(argv=None) -> int:
-    from fastbert.cli import report
-
     _passive_openmp(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -282,7 +279,3 @@ def main(argv=None) -> int:
     if result.signal:
         return 128 + int(result.signal)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
