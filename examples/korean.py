@@ -8,7 +8,7 @@
    follows from the premise, contradicts it, or is not settled by it; chance 33%) with BERT's
    recipe (AdamW, warm-up then linear decay), and prints held-out accuracy before and after;
 4. draws the attention of the fine-tuned model on a Korean pair to OUT/attention_ko.png (Hangul
-   labels in the NanumGothic font the install brings).
+   labels in the NanumGothic font the plot extra brings).
 
     python examples/korean.py [--out korean-out] [--pretrain-minutes 2] [--steps 1500]
 """

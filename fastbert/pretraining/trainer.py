@@ -22,7 +22,7 @@ Output directory:
     config.json, model.safetensors, tokenizer files   the model (loads with from_pretrained, fastbert's or transformers')
     checkpoints/step-<n>.pt, checkpoints.json         training state, for --resume
     log.jsonl                                          one JSON object per log window and per evaluation
-    curves.png                                         loss and accuracy curves (when matplotlib is installed)
+    curves.png                                         loss and accuracy curves (with the plot extra)
     run.json                                           the run's settings
 """
 from __future__ import annotations
