@@ -17,6 +17,19 @@ KNOWN_CIRCLES = {
 }
 
 
+# the package's layers, lowest first: a module imports from its own layer and the layers below it,
+# never from one above (the package's __init__, which gathers the public names, stands above them all)
+LAYERS = [
+    ("foundations", ["fastbert.backend", "fastbert.dtypes", "fastbert.memory", "fastbert.reference",
+                     "fastbert.kernels"]),
+    ("ops", ["fastbert.ops", "fastbert.masking"]),
+    ("models and data", ["fastbert.model", "fastbert.data", "fastbert.plotting"]),
+    ("what is built on the models", ["fastbert.hf", "fastbert.sentence", "fastbert.cross_encoder", "fastbert.maps",
+                                     "fastbert.pretraining", "fastbert.selfcheck", "fastbert.selfcheck_layer"]),
+    ("services", ["fastbert.serve", "fastbert.corpus", "fastbert.ray", "fastbert.bench"]),
+    ("the command line", ["fastbert.commands", "fastbert.cli", "fastbert.__main__"]),
+]
+
 def module_files() -> dict:
     """Every module of the package: its dotted name -> its file."""
     out = {}
@@ -168,3 +181,23 @@ def test_the_model_reaches_the_kernels_only_through_ops():
         assert not called & {"cpp_function", "cpp_extension", "_C"}, f"{name} calls the extension itself"
         assert not {m for m in GRAPH[name] if m.startswith(("fastbert.kernels", "fastbert._C"))}, \
             f"{name} imports kernels itself"
+
+
+def layer_of(module: str):
+    """The index in LAYERS of the layer that holds `module` (its longest matching prefix), or None."""
+    found, longest = None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > longest:
+                found, longest = i, len(prefix)
+    return found
+
+
+def test_no_import_runs_back_up_the_layers():
+    assert layer_of("fastbert.ops.encoder") == 1 and layer_of("fastbert.commands.embed") == 5
+    unplaced = sorted(m for m in GRAPH if m != "fastbert" and layer_of(m) is None)
+    assert not unplaced, f"modules in no layer of LAYERS: place them: {unplaced}"
+    up = sorted(f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+                for a, edges in GRAPH.items() if a != "fastbert" for b in edges
+                if b != "fastbert" and layer_of(b) > layer_of(a))
+    assert not up, "imports that run back up:\n" + "\n".join(up)
