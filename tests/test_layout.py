@@ -25,7 +25,7 @@ LAYERS = [
     ("ops", ["fastbert.ops", "fastbert.masking"]),
     ("models and data", ["fastbert.model", "fastbert.data", "fastbert.plotting"]),
     ("what is built on the models", ["fastbert.hf", "fastbert.sentence", "fastbert.cross_encoder", "fastbert.maps",
-                                     "fastbert.pretraining", "fastbert.selfcheck", "fastbert.selfcheck_layer"]),
+                                     "fastbert.pretraining", "fastbert.selfcheck"]),
     ("services", ["fastbert.serve", "fastbert.corpus", "fastbert.ray", "fastbert.bench"]),
     ("the command line", ["fastbert.commands", "fastbert.cli", "fastbert.__main__"]),
 ]

@@ -49,8 +49,7 @@ import torch
 
 from fastbert import backend as _backend
 from fastbert.ops import gemm
-from fastbert.ops.attention import attention, check_cu_seqlens, varlen_attention
-from fastbert.ops.attention_fused import attention_fwd, varlen_attention_fwd
+from fastbert.ops.attention import attention, attention_fwd, check_cu_seqlens, varlen_attention, varlen_attention_fwd
 from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_fwd
 from fastbert.ops.checks import check_approximate, check_device, check_float, check_mask, check_tensor
 from fastbert.ops.int8 import int8_add_layer_norm, int8_bias_gelu, int8_dequantize, int8_matmul, quantize_rows
