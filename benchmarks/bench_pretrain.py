@@ -27,8 +27,8 @@ import sys
 import time
 
 # OpenMP threads that wait by spinning burn the core a descheduled partner needs when the machine is
-# shared (a pretraining step ran 6x slower); sleeping waits cost both contenders the same. This must
-# be set before torch loads the OpenMP runtime. An OMP_WAIT_POLICY already set is kept.
+# shared, so the step waits longer for that partner; sleeping waits cost both contenders the same.
+# This must be set before torch loads the OpenMP runtime. An OMP_WAIT_POLICY already set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402

@@ -6,8 +6,9 @@ benchmark, after warm-up.
         [--threads N] [--clock wall|cpu] [--torch-profiler] [--python-layer]
 
 Timers rather than torch.profiler by default: on a 2-core machine the profiler's per-thread
-bookkeeping inflates every parallel region (a 30 us bias_gelu showed as 5 ms inside the model), so
-its table says more about the profiler than about the model; --torch-profiler prints it as well.
+bookkeeping inflates every parallel region (a short kernel's most: it shows as many times its own
+time inside the model), so its table says more about the profiler than about the model;
+--torch-profiler prints it as well.
 Each line: milliseconds a forward, calls a forward, microseconds a call; "model code outside the
 ops" is the forward's time less the ops' (input checks, masks, the layer loop, views and
 allocation in Python). The first call (the GEMM paths measured for each new shape) is reported apart.

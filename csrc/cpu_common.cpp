@@ -31,8 +31,9 @@ namespace {
 // 128 KiB and moves up to at most 32 MiB with the sizes freed so far) and unmaps it on free, and
 // trims its heap top back to the system beyond a matching trim threshold; such an output is then
 // page-faulted in again, 4 KiB at a time, on every call. Which calls pay depends on the history of
-// the heap: at 4096 x 768 fp32 (12 MiB) one run pays 3 ms a call on top of a 0.8 ms kernel, the next
-// none; at 4096 x 3072 (48 MiB) every call pays about 12 ms against 3 ms of kernel. The allocator here
+// the heap: at 4096 x 768 fp32 (12 MiB) one run pays on every call, the next on none; at 4096 x 3072
+// (48 MiB) every call pays, and the faults take longer than the kernel itself (benchmarks/LOG.md,
+// "Fused ops on the CPU"). The allocator here
 //   - maps 2 MiB aligned with MADV_HUGEPAGE (transparent huge pages: one fault per 2 MiB), and
 //   - keeps freed mappings and hands one out again to a request of the same size, as a training
 //     or inference loop makes, or of up to 2x smaller: those are neither faulted nor zeroed again.

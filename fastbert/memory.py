@@ -8,8 +8,9 @@ own allocator for large outputs, fastbert._C.empty) leaves free blocks spread th
 the process's resident memory creeps up with the shapes it meets: a server under mixed-length
 requests grew from 1,140 to 1,480 MiB over 300 requests while malloc had 149 MiB in use throughout
 (benchmarks/RESULTS.md). malloc_trim(0) hands the free pages inside the heap back (MADV_DONTNEED)
-without moving anything; it walks the free blocks, tens of milliseconds for a heap of that size, so
-a loop calls it at most once every `every` seconds.
+without moving anything; it walks the free blocks, which takes a while on a heap of that size
+(benchmarks/LOG.md, "Memory under a long load: steady after warm-up"), so a loop calls it at most
+once every `every` seconds.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Callable, Optional, Union
 
-TRIM_EVERY = 10.0  # seconds between trims at most: a trim costs tens of ms, a tenth of a percent or less
+TRIM_EVERY = 10.0  # seconds between trims at most: a trim's time (see above) is a small share of that
 
 
 def _malloc_trim() -> Optional[Callable[[int], int]]:

@@ -72,10 +72,9 @@ class _Embedder:
     The model is loaded by the first call, not by the constructor: Ray Data runs an actor's
     constructor in its main thread and its calls in a thread of their own, and torch's OpenMP
     (libgomp) keeps a pool of threads for each thread that starts parallel work. With two pools on
-    the actor's cores every region pays a wake-up (fastbert.serve.batching says more): in an actor
-    of 2 threads on a 2-core Xeon, encoding 512 short texts a call with MiniLM took 1,107 ms (fp32)
-    and 384-395 ms (int8) when the constructor had loaded it, 845 and 341-363 ms when the first
-    call had."""
+    the actor's cores every region pays a wake-up (fastbert.serve.batching says more): an actor of
+    2 threads encoded slower when the constructor had loaded the model than when its first call had
+    (benchmarks/LOG.md, "fastbert.ray: the model loaded in the thread of the actor's calls")."""
 
     def __init__(self, model_dir: str, text_field: str, id_field: str, batch_size: int, threads: int,
                  quantize: Optional[str], prompt_name: Optional[str], output_dtype: str):

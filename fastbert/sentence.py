@@ -168,7 +168,8 @@ def longest_first(model, lengths: Sequence[int], batch_size: int, out: torch.Ten
 
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     # the modules in training mode, put back after; a model already in eval mode (as loaded) is
-    # only read: model.eval() and model.train() set every module, 0.3 ms each on MiniLM
+    # only read: model.eval() and model.train() set every module, a cost a short call would feel
+    # (benchmarks/LOG.md, "fastbert serve: the model in the thread that loaded it")
     training = [m for m in model.modules() if m.training]
     if training:
         model.eval()

@@ -12,9 +12,9 @@
 // count. All math is fp32; fp16 / bf16 inputs are converted to fp32 rows first.
 //
 // The other route the design allowed, one torch SDPA call per unpadded sequence
-// (at::_scaled_dot_product_flash_attention_for_cpu on [1, heads, len, d] slices), took 7.7 ms
-// (2 threads) on a batch of 32 x 12 heads x 128 x 64 fp32 with lengths 16..128, against 12.2 ms for
-// SDPA over the padded batch and 4.2 ms for this kernel.
+// (at::_scaled_dot_product_flash_attention_for_cpu on [1, heads, len, d] slices), was timed on a
+// batch of 32 x 12 heads x 128 x 64 fp32 with lengths 16..128: faster than SDPA over the padded
+// batch, slower than this kernel, so not taken.
 //
 // The forward of a pair is in attention_forward.cpp, the backward in attention_backward.cpp, and
 // what they share (the problem, the GEMM, row helpers, the pair scheduler) in attention_common.h;
@@ -58,12 +58,10 @@ Problem problem_of(const kernels::AttnArgs& a) {
 namespace kernels {
 
 // Measured against torch.nn.functional.scaled_dot_product_attention with the key mask over the
-// padded batch (32 sequences, lengths uniform in 16..128, seq 128, 12 heads, head_dim 64), through
-// fastbert.ops.attention, the two called in turn, medians of 20-40 rounds, 2 threads of the 2-core
-// AVX-512 VM this was written on (a shared machine: under load all times grow 2-5x and the forward
-// ratio drops to about 2x):
-//   fp32 forward   cpp 4.2 ms   SDPA 11.2 ms   2.7x      fp32 fwd+bwd   cpp 15.8 ms   SDPA 43.5 ms   2.8x
-//   bf16 forward   cpp 3.7 ms   SDPA 12.6 ms   3.5x      bf16 fwd+bwd   cpp 13.8 ms   SDPA 154 ms    11x
+// padded batch (32 sequences, lengths uniform in 16..128, seq 128, 12 heads, head_dim 64) by
+// benchmarks/bench_attention.py: faster forward and forward + backward, in fp32 and bf16 (the
+// widest gap in bf16's backward, where SDPA is slowest). Today's ratios: benchmarks/RESULTS.md,
+// "Ops"; the runs: benchmarks/LOG.md, "Attention on the CPU".
 void attention_forward(const AttnArgs& a) {
   dispatch_float(a.dtype, [&](auto tag) { attn::run_forward<decltype(tag)>(a); });
 }

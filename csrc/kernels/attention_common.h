@@ -21,18 +21,13 @@
 // GEMMs: the BLAS sgemm_ that at::native::cpublas::gemm uses for fp32 (MKL here; cpublas::gemm
 // itself is not exported by libtorch_cpu), lent by the host (Host::sgemm), kept on one thread per
 // pair. Measured against the other GEMM ATen exports, at::native::cpublas::brgemm (oneDNN's micro-kernel, JIT-compiled per
-// shape and thread), on one core of the 2-core AVX-512 machine this was written on:
-//   per call, head_dim 64 (S = Q K^T / O = P V):  len 16: brgemm 0.25 / 0.24 us, sgemm 0.44 / 0.30 us
-//                                                 len 72: brgemm 4.4 / 3.7 us,   sgemm 5.0 / 3.9 us
-//                                                 len 128: brgemm 11.2 / 10.9 us, sgemm 12.5 / 11.6 us
-//   whole kernel, 32 x 12 heads x 128 x 64 fp32, lengths 16..128, CPU time per call:
-//                                                 forward brgemm 7.07 ms, sgemm 7.39 ms (K^T packed here;
-//                                                 letting sgemm transpose K instead: 10.3 ms)
-//                                                 backward brgemm 14.4 ms, sgemm 14.8 ms
-// brgemm is 3-5% faster, but every new shape adds a JIT kernel whose small, never-freed
-// allocations land in freed large heap blocks: one pass over the sequence lengths 1..512 grew the
-// process by 0.8 GB (forward) and 1.8 GB (backward) with brgemm, by 16 MB and 7 MB with sgemm,
-// which keeps no per-shape state.
+// shape and thread), on one core of the 2-core AVX-512 machine this was written on, per call at
+// head_dim 64 (S = Q K^T and O = P V, lengths 16 to 128) and over the whole kernel forward and
+// backward (32 x 12 heads x 128 x 64 fp32, lengths 16..128; K^T packed here, which beat letting
+// sgemm transpose K): brgemm is a little faster, but every new shape adds a JIT kernel whose
+// small, never-freed allocations land in freed large heap blocks: one pass over the sequence
+// lengths 1..512 grew the process by 0.8 GB (forward) and 1.8 GB (backward) with brgemm, by 16 MB
+// and 7 MB with sgemm, which keeps no per-shape state.
 
 namespace fastbert {
 namespace attn {
@@ -118,7 +113,7 @@ struct Problem {
 // Block rows for scores of `lp` columns: a multiple of 16 in [kMinBlockRows, 256], about kBlockElems
 // in all. Each block's two GEMMs have the BLAS pack all of K^T (V) again, so a long sequence takes
 // more rows than kBlockElems gives: at 2048 keys, blocks of 16 rows spent as long packing as
-// multiplying.
+// multiplying (benchmarks/LOG.md, "Attention on long sequences").
 inline int64_t block_rows(int64_t lp) {
   return std::clamp<int64_t>(kBlockElems / lp / 16 * 16, kMinBlockRows, 256);
 }

@@ -6,8 +6,9 @@
 // Forward: Phi(x) = 0.5 + x P(x^2) / Q(x^2), P and Q of degree 5 with positive coefficients (a
 // rational minimax fit on [0, 6]: 3e-8 in exact arithmetic, 1.9e-7 absolute in fp32, against 6e-8
 // for torch's 0.5 (1 + erf(x / sqrt 2))), clamped to [0, 1]. That is 22 vector operations, against
-// 31 for the tail formula below: the forward is compute-bound on AVX-512 at BERT sizes, and this
-// makes it about 1.4x faster on one core.
+// 31 for the tail formula below: the forward is compute-bound on AVX-512 at BERT sizes, so fewer
+// operations make it faster (its time per element beside torch's GELU: benchmarks/LOG.md, "Fused
+// ops on the CPU").
 // Backward: Phi'(x) needs exp(-x^2 / 2) anyway, so Phi goes through the tail
 // q(x) = Phi(-|x|) = 0.5 * erfc(|x| / sqrt 2) = 0.5 * exp(-x^2 / 2) * R(a), a = |x| / sqrt 2,
 // where R(a) = exp(a^2) erfc(a) is a degree-8 polynomial in t = 1 / (1 + 0.4 a) (relative error

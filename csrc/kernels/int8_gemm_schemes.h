@@ -14,7 +14,8 @@
 //          u8 x b with a's sign (vpabsb, vpsignb), vpmaddubsw + vpmaddwd by ones + vpaddd: every
 //          pair fits int16 (128 x 127 x 2 = 32512) for any a and any b but -128 (whose negation
 //          wraps), so full-range weights are exact; one more instruction per product than Quads
-//          (about as fast as Pairs on a Zen 3: benchmarks/RESULTS.md); ymm, 6 x 16.
+//          (about as fast as Pairs on a Zen 3: benchmarks/LOG.md, "AVX2's GEMMs with full-range
+//          weights"); ymm, 6 x 16.
 //   scalar level: Pairs in plain C++ (a and b as int16 rows, dot products that the compiler turns
 //          into SSE2 pmaddwd reductions), 3 x 3.
 #pragma once

@@ -379,8 +379,9 @@ std::vector<masking::ChunkResult> mask_rows(const masking::Plan& c, int64_t rows
   using masking::ChunkResult;
   const int64_t seq = c.seq;
   // Fixed chunks of rows (their number depends on the row count only); a task takes whole chunks of
-  // at least kTaskTokens tokens, so a batch below that runs on the calling thread: at ~5 ns a token
-  // it would gain less from a second thread than a parallel region costs when the cores are busy.
+  // at least kTaskTokens tokens, so a batch below that runs on the calling thread: a token's work is
+  // so short that it would gain less from a second thread than a parallel region costs when the
+  // cores are busy.
   // A row's result depends on its own tokens and index only.
   constexpr int64_t kTaskTokens = 32768;
   const int64_t chunk_rows = std::max<int64_t>(1, (rows + 63) / 64);

@@ -45,7 +45,8 @@ void for_each_claimed(int64_t n, const F& f) {
 // are more such ranges than threads, up to kClaimsPerThread a thread are claimed in turn
 // (for_each_claimed): on cores shared with other work (a server's event loop, a neighbour's
 // process) a thread the scheduler holds up then leaves its ranges to the others instead of keeping
-// them waiting at the region's end, which costs twice the time taken. The ranges' bounds depend on
+// them waiting at the region's end (what that costs: benchmarks/LOG.md, "fastbert serve at 64
+// clients: work claimed, not shared out"). The ranges' bounds depend on
 // n, grain and the thread count only, never on which thread runs them.
 template <class F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {

@@ -13,9 +13,9 @@ process also reads its own CPU time, the server's (/proc/PID/stat) and, for fast
 The client speaks HTTP/1.1 itself on asyncio streams (uvloop's loop where it is installed): each
 request's bytes are made once, and an answer is read by its Content-Length (or its chunks). The
 clients share the machine with the server, so what they spend is taken from it: httpx, the client
-used before, spent about 1 ms of CPU on each request (0.45 of a core at 600 requests/s, MiniLM short
-texts at concurrency 64; with one pool shared by all tasks, a whole core), which the servers'
-throughput and every latency paid for on 2 cores.
+used before, spent enough CPU on each request to take a large share of a core at concurrency 64
+(benchmarks/LOG.md, "bench_serve's clients without httpx"), which the servers' throughput and
+every latency paid for on 2 cores.
 
 This file runs as a script (`python -I load.py`, a JSON spec on standard input, a JSON result on
 standard output) and then imports nothing but the standard library (and uvloop), so the client

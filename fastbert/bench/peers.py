@@ -115,8 +115,8 @@ def export_onnx(hf, ids, mask, path: str) -> str:
     does not install), opset 17, inputs input_ids and attention_mask with dynamic batch and sequence
     axes, output last_hidden_state. Traced on (ids, mask), which should hold padding, so that the
     mask's path is the one recorded. The attention is the eager one, on a copy: the graph whose
-    attention ONNX Runtime's BERT optimizer fuses (the sdpa one it leaves unfused, about half as
-    fast); for ModernBERT the eager and the sdpa exports compute the same."""
+    attention ONNX Runtime's BERT optimizer fuses (in the sdpa one it fuses no attention:
+    benchmarks/LOG.md, "Against the engines people deploy"); for ModernBERT the eager and the sdpa exports compute the same."""
     import copy
     import warnings
 

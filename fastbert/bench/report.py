@@ -67,7 +67,8 @@ def command_line(argv: Optional[List[str]] = None, prog: Optional[str] = None) -
 def without_slow_bf16(dtypes: List, names=("bf16", "bfloat16", "torch.bfloat16")) -> List:
     """`dtypes` less bf16 on a CPU without native bf16 (no AVX512_BF16 / AMX, or a kernel level capped
     below avx512), saying why once: its bf16 products run no faster than fp32 there (fastbert runs them
-    in fp32; torch's are several times slower), so a bf16 figure would measure the CPU's lack of it."""
+    in fp32; torch's are several times slower: benchmarks/LOG.md, "bf16 on a CPU without native
+    bf16"), so a bf16 figure would measure the CPU's lack of it."""
     import fastbert.backend
 
     if fastbert.backend.native_bf16() is not False:

@@ -30,8 +30,8 @@ from fastbert.pretraining.trainer import train
 
 DEFAULT_OUT = "fastbert-pretrain-out"
 # Settings that differ between the built-in run (a demo that must finish in minutes on two CPU cores,
-# on a 50k-token corpus: 600 steps took 5.4 min in all on the 2-core machine of benchmarks/RESULTS.md,
-# and the time limit, counted from the start of the command, stops it with a final evaluation and
+# on a 50k-token corpus: its time on the 2-core machines is in benchmarks/RESULTS.md, "Pretraining";
+# the time limit, counted from the start of the command, stops it with a final evaluation and
 # checkpoint on a slower one) and a run on a corpus of one's own; an option given on the command line wins.
 BUILTIN = dict(vocab_size=8000, max_seq_length=64, dupe_factor=10, eval_fraction=0.1, batch_size=64, max_steps=600,
                eval_every=100, time_limit=6.0)
@@ -211,9 +211,9 @@ def _passive_openmp(argv) -> None:
 
     OpenMP threads that finish a parallel region first spin until their partners finish. When the
     cores are shared with other work, a partner is often descheduled, and the spinning thread burns
-    the core that partner needs: on a busy 2-core machine a training step took 4.5 s with 2 spinning
-    threads against 0.75 s with waiting threads that sleep (0.74 s on one thread). The policy is
-    read once, when torch loads the OpenMP runtime, so it can only be set by starting again."""
+    the core that partner needs: on a busy 2-core machine a training step with 2 spinning threads
+    ran several times slower than with waiting threads that sleep, which ran as fast as one thread.
+    The policy is read once, when torch loads the OpenMP runtime, so it can only be set by starting again."""
     if os.environ.get("OMP_WAIT_POLICY") or not hasattr(sys, "orig_argv"):
         return
     from_command_line = argv is None or (sys.argv[1:2] == ["pretrain"] and list(argv) == sys.argv[2:])

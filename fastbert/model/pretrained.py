@@ -283,7 +283,8 @@ _init_skipped = [False]
 def _without_init() -> Iterator[None]:
     """Models built inside skip post_init's random init (their layers keep torch's own): from_pretrained
     builds the model it loads a checkpoint into this way, and runs the init only when the checkpoint
-    leaves weights out. A 256k-token vocabulary's embedding took 17 s to initialize, three times over."""
+    leaves weights out. A 256k-token vocabulary's random init is slow, and it ran three times over
+    (benchmarks/LOG.md, "Loading a 256k-token vocabulary")."""
     before = _init_skipped[0]
     _init_skipped[0] = True
     try:

@@ -18,8 +18,8 @@ def fused_op(name: str, fake):
     """Register `fn` as the torch.library custom op fastbert::<name> (with `fake` for its output
     shapes) and return a caller that goes through the custom op only while torch.compile traces, so
     the graph holds one opaque node, and calls `fn` straight in eager mode, where the custom op's
-    dispatch costs more than a small kernel (about 10 us a call on the CPU). Under torch.profiler the
-    eager call is recorded as fastbert::<name>, so a profile names fastbert's kernels."""
+    dispatch costs more than a small kernel on the CPU. Under torch.profiler the eager call is
+    recorded as fastbert::<name>, so a profile names fastbert's kernels."""
 
     def wrap(fn):
         op = torch.library.custom_op(f"fastbert::{name}", mutates_args=())(fn)

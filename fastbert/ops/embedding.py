@@ -3,11 +3,12 @@ gradient [vocab, hidden] comes from the C++ extension's reusing allocator.
 
 The word-embedding gradient of BERT-base is 30522 x 768 fp32, 94 MB, made afresh at every backward
 (zeros, then the rows of the batch added in). From malloc that block is mapped anew each step and
-page-faulted in 4 KiB at a time: on a 2-core AMD EPYC its zero fill took 123 ms of a fine-tuning
-step (benchmarks/bench_finetune.py under torch.profiler) and 8 ms from reused memory; the whole
-backward of the lookup alone, 24-30 ms against 3-4 ms. The extension keeps freed blocks of 4 MiB and
-more mapped for the next request of that size, so from the second step on the gradient lands in
-memory already faulted in. The values are F.embedding's: the gradient rows of equal ids summed, the padding row zero.
+page-faulted in 4 KiB at a time: its zero fill then takes many times what it takes in reused memory,
+a visible share of a fine-tuning step (benchmarks/bench_finetune.py under torch.profiler:
+benchmarks/LOG.md, "After the measured GEMM paths in training"). The extension keeps freed blocks
+of 4 MiB and more mapped for the next request of that size, so from the second step on the
+gradient lands in memory already faulted in. The values are F.embedding's: the gradient rows of
+equal ids summed, the padding row zero.
 Off the CPU, while compiling, without the extension, when weight needs no gradient, or for other
 dtypes than fp32, bf16 and fp16: F.embedding. (The model calls nn.Embedding itself for a module
 with max_norm, scale_grad_by_freq or sparse set.)

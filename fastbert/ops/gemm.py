@@ -191,9 +191,9 @@ _slow: Dict[tuple, Dict[str, str]] = gemm_timing.cache()  # (threads, kernel lev
 
 def _fast_enough(paths: List[str]) -> List[str]:
     """The int8 paths within SLOW_INT8 of the fastest on a [256 x 768] x [768 x 768] product, timed once
-    per (threads, kernel level): the others would cost seconds at the first product of every shape
-    and never win it (torch._int_mm runs a scalar loop on CPUs without VNNI, about 50x fastbert's
-    kernel on a Zen 3). unavailable() says how much slower the others were."""
+    per (threads, kernel level): the others would slow the first product of every shape and never
+    win it (torch._int_mm runs a scalar loop on CPUs without VNNI: benchmarks/LOG.md, "First call",
+    on a Zen 3). unavailable() says how much slower the others were."""
     key = gemm_timing.here()
     if key not in _slow:
         g = torch.Generator().manual_seed(0)

@@ -13,7 +13,8 @@ Each takes (a, b, bias, alloc); alloc, when not None, makes an output the path m
                    fastest; with many rows a packed kernel wins
     fp32           (bf16 and fp16) the product in fp32 on the fastest fp32 path, operands converted on
                    every call and the result rounded back: on a CPU without native bf16 (no
-                   AVX512_BF16, no AMX) torch's bf16 GEMM is several times slower than fp32; when this
+                   AVX512_BF16, no AMX) torch's bf16 GEMM is several times slower than fp32
+                   (benchmarks/LOG.md, "bf16 on a CPU without native bf16"); when this
                    path wins fastbert says so once (bf16 then saves memory, not time)
 
 and for int8 inference (a and b int8, role fwd, no bias: the int32 accumulator acc = a @ b^T, whose

@@ -30,9 +30,9 @@ def time_paths(paths: List[str], run: Callable[[str], object]) -> Dict[str, floa
 
     TIMED_RUNS rounds, then more, up to MAX_ROUNDS, for the paths still within CONTENDING of the
     fastest, while two or more are: the first few calls of a library's kernel on a new shape run
-    slower than its later ones (the fastest of the first three 1-25% above the fastest of thirty,
-    MiniLM's products at 535 rows), and single calls on a shared machine spread by 20% or more, so
-    that the fastest of three calls ranked paths 4-8% apart at random. A path out of contention keeps
+    slower than its later ones, and single calls on a shared machine spread by more than close paths
+    differ, so that the fastest of three calls ranked such paths at random (benchmarks/LOG.md, "fp32
+    batches: every GEMM path in the one-call layer"). A path out of contention keeps
     the minimum it had."""
     best = {}
     for path in paths:

@@ -6,8 +6,9 @@ own. Under autocast the operands are cast to the autocast dtype first, as autoca
 
 Outputs of 4 MiB or more of the torch.addmm path come from the C++ extension's
 reusing mapping allocator instead of malloc: glibc maps such a block afresh on every call and the
-GEMM then page-faults it in 4 KiB at a time (at 8982 x 1536 fp32 that took 44 ms a call against
-31 ms into a reused buffer; the bias an addmm first copies into its output pays the faults too).
+GEMM then page-faults it in 4 KiB at a time (at 8982 x 1536 fp32 a sizable share of the call:
+benchmarks/LOG.md, "What makes it fast, one choice undone at a time"; the bias an addmm first copies
+into its output pays the faults too).
 Off the CPU, while compiling, for empty inputs and for dtypes other than fp32, bf16 and fp16:
 F.linear.
 """

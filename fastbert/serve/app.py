@@ -315,8 +315,9 @@ def create_app(app: App):
 
     A request is dispatched on its (path, method) from a dict and read and answered with
     Starlette's Request and Response. Starlette's router and middleware stack (the routes' patterns
-    tried in turn, three exception layers) took about a third of the event loop's time per short
-    query (MiniLM at 1,000 requests/s), time the model's threads lose on a machine with few cores.
+    tried in turn, three exception layers) took a large share of the event loop's time per short
+    query (benchmarks/LOG.md, "fastbert serve at 64 clients: work claimed, not shared out, and a
+    shorter request path"), time the model's threads lose on a machine with few cores.
     A route that does not exist is answered 404, a method the route does not take 405, both in the
     route's error form; an unexpected exception is logged with its traceback and answered 500."""
     from starlette.requests import ClientDisconnect, Request

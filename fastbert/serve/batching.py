@@ -5,8 +5,8 @@ The worker takes the jobs waiting, in arrival order, until their real tokens fil
 most that many real tokens (the model runs unpadded, so real tokens are what a batch costs). Each
 job's rows come back in its own order, as one numpy array, and its future is resolved on the event
 loop as soon as its last row has run: one copy a job and one wake-up of the loop for all the jobs a
-batch ends (the worker's time after a batch of 33 one-text embedding jobs, normalizing included,
-went from 0.65 ms with a torch op a row to 0.26 ms). A request waits for no company: whatever
+batch ends (a torch op a row made the worker's time after a batch much longer:
+benchmarks/LOG.md, "the server's worker after a batch"). A request waits for no company: whatever
 arrives while a batch runs joins the next one, and a lone request runs at once.
 
 At most max_concurrent_requests jobs are queued or running; one more is refused at once
@@ -17,9 +17,10 @@ The worker is a thread of the batcher's own, or (thread=False) whichever thread 
 Every torch op of a request runs there, its `finish` (normalizing, scores) included, so that one
 thread alone runs parallel regions: torch's OpenMP (libgomp) keeps a pool of threads for each thread
 that starts one, and once the pools hold more threads than the machine has cores, every pool's
-threads sleep between regions instead of spinning, which costs each region a wake-up (a 20-token
-MiniLM forward took 5.6 ms in a second thread against 3.5 in the one that loaded the model, on 2
-cores). The server runs the model in the thread that loaded and warmed it (fastbert.commands.serve).
+threads sleep between regions instead of spinning, which costs each region a wake-up (on 2 cores a
+short MiniLM forward ran markedly slower in a second thread than in the one that loaded the model:
+benchmarks/LOG.md, "fastbert serve: the model in the thread that loaded it"). The server runs the
+model in the thread that loaded and warmed it (fastbert.commands.serve).
 """
 from __future__ import annotations
 

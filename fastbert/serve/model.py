@@ -166,7 +166,8 @@ class Served:
         now, not by a client; returns the batches run. Each batch holds warm_up_tokens(bucket)
         tokens, a ragged count such as clients' batches have rather than the bucket's power of two:
         the GEMM paths are ranked at the size they are timed at, and their standing moves with the
-        exact count (oneDNN's product within 4% of MKL's at 512 and 600 rows, 5-10% behind at 535)."""
+        exact count (oneDNN's product among the fastest at 512 and 600 rows, behind at 535:
+        benchmarks/LOG.md, "fp32 batches: every GEMM path in the one-call layer")."""
         longest = self.max_input_length
         token = (self.model.config.pad_token_id or 0) + 1  # any id but padding
         bucket, runs = 1, 0
