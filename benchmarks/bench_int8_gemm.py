@@ -14,9 +14,8 @@ import time
 
 import torch
 
-from fastbert import backend
+from fastbert import backend, layouts
 from fastbert.bench.report import add_output_options, finish, parser
-from fastbert.reference import int8 as ref
 
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # (in, out)
 CASES = [(127, "plain"), (127, "packed"), (64, "plain"), (64, "packed")]
@@ -30,10 +29,10 @@ def measure(rows: int, rounds: int, g: torch.Generator) -> list:
         for k, n in SHAPES:
             a = torch.randint(-127, 128, (rows, k), generator=g, dtype=torch.int8)
             w = torch.randint(-r, r + 1, (n, k), generator=g, dtype=torch.int8)
-            got = plain(a, w, None) if layout == "plain" else packed(a, ref.pack_weight(w))
+            got = plain(a, w, None) if layout == "plain" else packed(a, layouts.pack_weight(w))
             if not torch.equal(got.long(), a.long() @ w.long().t()):
                 raise RuntimeError(f"the int8 GEMM is not exact: {layout}, weights in [-{r}, {r}], {rows} rows")
-            work.append((a, w if layout == "plain" else ref.pack_weight(w)))
+            work.append((a, w if layout == "plain" else layouts.pack_weight(w)))
         f = plain if layout == "plain" else packed
         calls[(r, layout)] = (lambda f=f, work=work, layout=layout: [f(a, w, None) if layout == "plain" else f(a, w)
                                                                       for a, w in work])

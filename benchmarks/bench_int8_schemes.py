@@ -4,7 +4,7 @@ back), no int8 kernel involved, so that each scheme is judged on its rounding al
 
 Every linear of every encoder layer (QKV, attention output, FFN1, FFN2) computes
 dequant(quant(x)) @ dequant(quant(w))^T + b. Weights are always per output channel, symmetric
-(fastbert.reference.int8.quantize_weight); activations are quantized per token (per row of the
+(fastbert.layouts.quantize_weight); activations are quantized per token (per row of the
 linear's input; the QKV input once, shared by Q, K and V). The variants:
 
     weights only              activations in fp32
@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from fastbert.bench.accuracy import TARGETS, embedding_agreement, meets_targets
 from fastbert.bench.report import add_output_options, finish, parser, progress_bar
 from fastbert.bench.workloads import real_sentences
-from fastbert.reference.int8 import quantize_rows, quantize_weight
+from fastbert.layouts import quantize_weight
+from fastbert.reference.int8 import quantize_rows
 
 KINDS = ("qkv", "ao", "ffn1", "ffn2")
 

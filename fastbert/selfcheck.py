@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import fastbert
 from fastbert import backend as fb_backend
-from fastbert import reference
+from fastbert import layouts, reference
 
 ATOL = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 Row = Tuple[str, bool, float, float]  # (tensor name, ok, error, bound)
@@ -219,10 +219,10 @@ def _attention_extras(op, shape, dtype, backend, device, g) -> List[Row]:
             return fastbert.ops.attention(q_, k_, v_, mask, rotary_base=10000.0, window=window, **kw) * real
 
         return compare(["out", "dq", "dk", "dv"], fused, ref, [q, k, v], dout, dtype)
-    rel = reference.relative_bias(torch.randn(32, heads, generator=g), seq).to(device, dtype)
+    rel = layouts.relative_bias(torch.randn(32, heads, generator=g), seq).to(device, dtype)
 
     def ref_rel(q_, k_, v_, r_):
-        return reference.attention(q_, k_, v_, mask, p, keep_mask=keep, bias=reference.relative_bias_matrix(r_, seq)) * real
+        return reference.attention(q_, k_, v_, mask, p, keep_mask=keep, bias=layouts.relative_bias_matrix(r_, seq)) * real
 
     def fused_rel(q_, k_, v_, r_):
         return fastbert.ops.attention(q_, k_, v_, mask, relative_bias=r_, **kw) * real
@@ -326,7 +326,7 @@ def _int8(op, shape, backend, device, g) -> List[Row]:
     if op == "quantize_rows":
         got, want = fastbert.ops.quantize_rows(x, **kw), ref.quantize_rows(x)
         return [exact_check(name, a, c) for name, a, c in zip(("q", "scale", "offset"), got, want)]
-    wq, ws = ref.quantize_weight(w)
+    wq, ws = layouts.quantize_weight(w)
     if op == "quantize_weight":
         return [exact_check(name, a, c) for name, a, c in zip(("q", "scale"), fastbert.ops.quantize_weight(w), (wq, ws))]
     xq, xs, xo = ref.quantize_rows(x)
@@ -366,7 +366,6 @@ def _int8_matmul(xq, wq, g) -> List[Row]:
     that would saturate a 16-bit product (-128 * -128 pairs) and on weights in [-64, 64] (AVX2's
     u8 x s8 kernel) at their extremes, exact."""
     from fastbert.ops import gemm
-    from fastbert.reference import int8 as ref
 
     def want(a, b):
         return a.double() @ b.double().t()  # exact: |sums| < 2^53 (and int64 products are CPU-only)
@@ -379,7 +378,7 @@ def _int8_matmul(xq, wq, g) -> List[Row]:
     with gemm.forced("fastbert"):
         cases = (("acc (fastbert)", xq, wq), ("acc -128 x -128", lo, w_lo), ("acc -128 x +-", lo, w_mixed),
                  ("acc 127 x 64", torch.full_like(xq, 127), torch.full_like(wq, 64)),
-                 ("acc x [-64, 64]", xq, ref.quantize_weight(wq.float(), 64)[0]))
+                 ("acc x [-64, 64]", xq, layouts.quantize_weight(wq.float(), 64)[0]))
         for name, a, b in cases:
             rows.append(exact_check(name, fastbert.ops.int8_matmul(a, b).double(), want(a, b)))
     return rows

@@ -20,7 +20,7 @@ KNOWN_CIRCLES = {
 # the package's layers, lowest first: a module imports from its own layer and the layers below it,
 # never from one above (the package's __init__, which gathers the public names, stands above them all)
 LAYERS = [
-    ("foundations", ["fastbert.backend", "fastbert.dtypes", "fastbert.memory", "fastbert.reference",
+    ("foundations", ["fastbert.backend", "fastbert.dtypes", "fastbert.memory", "fastbert.layouts", "fastbert.reference",
                      "fastbert.kernels"]),
     ("ops", ["fastbert.ops", "fastbert.masking"]),
     ("models and data", ["fastbert.model", "fastbert.data", "fastbert.plotting"]),

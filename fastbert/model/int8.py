@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from fastbert import ops
-from fastbert.reference.int8 import WEIGHT_RANGES
+from fastbert.layouts import WEIGHT_RANGES
 
 QUANTIZE_MODES = ("int8",)
 DEFAULT_WEIGHT_RANGE = WEIGHT_RANGES[0]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastbert import ops, reference
+from fastbert import layouts, ops
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
 from fastbert.model.int8 import Int8Linear
 from fastbert.model.joined import joined, share_storage, views_of
@@ -352,7 +352,7 @@ class BertLayer(nn.Module, BackendMixin):
                 bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
                 bias = bias[:, None, None, :]
             if relative_bias is not None:  # spread to [heads, seq, seq] for the explicit path
-                spread = reference.relative_bias_matrix(relative_bias, seq).float()
+                spread = layouts.relative_bias_matrix(relative_bias, seq).float()
                 bias = spread if bias is None else bias + spread
             ctx, probs = ops.attention_weights(q, k, v, bias, dropout_p=p_attn)
         else:

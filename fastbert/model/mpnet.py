@@ -3,7 +3,7 @@
 What differs from BERT, and is all that is written here:
 - a relative position bias: the encoder's relative_attention_bias table [32 buckets, heads], shared
   by every layer, gives each head a bias by the bucketed distance j - i between query i and key j
-  (fastbert.reference.relative_bias, bit for bit transformers' compute_position_bias). It is made
+  (fastbert.layouts.relative_bias, bit for bit transformers' compute_position_bias). It is made
   once a forward, at the padded length, and every layer's attention adds it to its scaled scores
   (BertModel.relative_position_bias: the fused kernels read it by distance, packed and padded; the
   explicit path that returns the probabilities, the int8 path and the first-token shortcut of the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastbert import reference
+from fastbert import layouts
 from fastbert.model.bert import BertModel
 from fastbert.model.config import MPNetConfig
 from fastbert.model.heads import BertForQuestionAnswering, BertForTokenClassification
@@ -108,7 +108,7 @@ class MPNetModel(BertModel):
     def relative_position_bias(self, seq: int) -> torch.Tensor:
         """[heads, 2 seq - 1]: each head's bias at each distance j - i (entry j - i + seq - 1),
         differentiable in the table."""
-        return reference.relative_bias(self.encoder.relative_attention_bias.weight, seq, num_buckets=BUCKETS)
+        return layouts.relative_bias(self.encoder.relative_attention_bias.weight, seq, num_buckets=BUCKETS)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, *, head_mask=None,

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from fastbert import backend as _backend
-from fastbert import reference
+from fastbert import layouts, reference
 from fastbert.ops.checks import check_device, check_float, check_mask, check_tensor
 from fastbert.ops.common import fused_op, needs_grad, seed_int, seed_tensor
 
@@ -342,7 +342,7 @@ def _torch_attention(q, k, v, mask, scale, dropout_p, seed, return_mask, rope=(N
         if dropout_p > 0:
             starts = reference.mask_starts(mask) if mask is not None else None
             keep = torch_keep_mask(seed, q.shape[0], q.shape[1], q.shape[2], dropout_p, starts).to(q.device)
-        bias = None if rel_bias is None else reference.relative_bias_matrix(rel_bias, q.shape[2])
+        bias = None if rel_bias is None else layouts.relative_bias_matrix(rel_bias, q.shape[2])
         out = reference.attention(q, k, v, mask, dropout_p, scale, keep_mask=keep, window=window if window >= 0 else None,
                                   bias=bias)
     elif mask is None:
@@ -384,7 +384,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     grows with the window, not the sequence. None: every key.
     relative_bias: [heads, 2n - 1] (n >= seq), differentiable: entry j - i + n - 1 of head h is added
     to the scaled score of query i and key j (MPNet's relative position bias,
-    fastbert.reference.relative_bias of its bucket table), read by distance inside the kernel,
+    fastbert.layouts.relative_bias of its bucket table), read by distance inside the kernel,
     never spread to [heads, seq, seq].
     Returns [batch, heads, seq, head_dim] in q's dtype (zeros at padded query positions).
     """

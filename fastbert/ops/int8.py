@@ -30,6 +30,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fastbert import backend as _backend
+from fastbert import layouts
 from fastbert.ops import gemm, gemm_timing
 from fastbert.ops.checks import check_approximate, check_float, check_tensor, where_of
 from fastbert.ops.common import fused_op
@@ -90,13 +91,13 @@ def quantize_rows(x: Tensor, *, backend: Optional[str] = None) -> Tuple[Tensor, 
 
 def quantize_weight(weight: Tensor, qmax: int = 127) -> Tuple[Tensor, Tensor]:
     """weight [out, in] float -> (q int8 [out, in], scale float32 [out]), per output channel, symmetric,
-    q in [-qmax, qmax]: 127, or 64 (fastbert.reference.int8.WEIGHT_RANGES)."""
+    q in [-qmax, qmax]: 127, or 64 (fastbert.layouts.WEIGHT_RANGES)."""
     check_float("quantize_weight", "weight", weight)
     if weight.dim() != 2:
         raise ValueError(f"fastbert.ops.quantize_weight: weight must be 2-D [out, in], got {tuple(weight.shape)}")
-    if qmax not in ref.WEIGHT_RANGES:
-        raise ValueError(f"fastbert.ops.quantize_weight: qmax must be one of {ref.WEIGHT_RANGES}, got {qmax!r}")
-    return ref.quantize_weight(weight.detach(), qmax)
+    if qmax not in layouts.WEIGHT_RANGES:
+        raise ValueError(f"fastbert.ops.quantize_weight: qmax must be one of {layouts.WEIGHT_RANGES}, got {qmax!r}")
+    return layouts.quantize_weight(weight.detach(), qmax)
 
 
 INT8_LAYOUTS = ("packed", "plain")
@@ -124,9 +125,9 @@ def int8_layout() -> str:
     key = gemm_timing.here()
     if key not in _layouts:
         g = torch.Generator().manual_seed(0)
-        r = ref.WEIGHT_RANGES[0]
+        r = layouts.WEIGHT_RANGES[0]
         w = torch.randint(-r, r + 1, (768, 768), generator=g, dtype=torch.int8)
-        wp = ref.pack_weight(w)
+        wp = layouts.pack_weight(w)
         timed: Dict[int, Dict[str, float]] = {}
         for rows in (32, 512):
             a = torch.randint(-r, r + 1, (rows + 1, 768), generator=g, dtype=torch.int8)
@@ -152,7 +153,7 @@ def stored_weight(q: Tensor, layout: Optional[str] = None) -> Tensor:
     """An int8 weight [out, in] as int8 layers keep it here: packed (pack_int8_weight) where the
     layout (None: int8_layout(), measured) is "packed", out is a multiple of 16 and q is on the CPU;
     else q itself. Either gives the same products (every int8 GEMM path is exact)."""
-    if q.shape[0] % ref.PANEL == 0 and q.device.type == "cpu" and (layout or int8_layout()) == "packed":
+    if q.shape[0] % layouts.PANEL == 0 and q.device.type == "cpu" and (layout or int8_layout()) == "packed":
         return pack_int8_weight(q)
     return q
 
@@ -164,13 +165,13 @@ def int8_layouts() -> Dict[tuple, Tuple[str, Dict[int, Dict[str, float]]]]:
 
 def pack_int8_weight(q: Tensor) -> Tensor:
     """An int8 weight [out, in] (out a multiple of 16) packed for int8_matmul's packed GEMM:
-    [out / 16, ceil(in / 4), 16, 4] (fastbert.reference.int8.pack_weight has the layout). The packed
+    [out / 16, ceil(in / 4), 16, 4] (fastbert.layouts.pack_weight has the layout). The packed
     tensor can be the weight's only copy: int8_matmul reads it as it lies, nothing derived is kept."""
     check_tensor("pack_int8_weight", "q", q)
-    if q.dtype != torch.int8 or q.dim() != 2 or q.shape[0] % ref.PANEL:
+    if q.dtype != torch.int8 or q.dim() != 2 or q.shape[0] % layouts.PANEL:
         raise ValueError(f"fastbert.ops.pack_int8_weight: needs an int8 [out, in] weight with out a multiple of "
-                         f"{ref.PANEL}, got {q.dtype} {tuple(q.shape)}")
-    return ref.pack_weight(q)
+                         f"{layouts.PANEL}, got {q.dtype} {tuple(q.shape)}")
+    return layouts.pack_weight(q)
 
 
 def unpack_int8_weight(packed: Tensor, in_features: int) -> Tensor:
@@ -179,12 +180,12 @@ def unpack_int8_weight(packed: Tensor, in_features: int) -> Tensor:
         raise ValueError(f"fastbert.ops.unpack_int8_weight: needs a packed int8 weight [out / 16, "
                          f"{(in_features + 3) // 4}, 16, 4] for {in_features} features, got {packed.dtype} "
                          f"{tuple(packed.shape)}")
-    return ref.unpack_weight(packed, in_features)
+    return layouts.unpack_weight(packed, in_features)
 
 
 def int8_out_features(weight: Tensor) -> int:
     """The output features of an int8 weight, [out, in] or packed."""
-    return weight.shape[0] * ref.PANEL if weight.dim() == 4 else weight.shape[0]
+    return weight.shape[0] * layouts.PANEL if weight.dim() == 4 else weight.shape[0]
 
 
 def _alloc(rows: int, cols: int):

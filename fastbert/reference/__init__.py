@@ -10,9 +10,6 @@ from fastbert.reference.attention import (
     attention_dropout_offsets,
     attention_keep_mask,
     mask_starts,
-    relative_bias,
-    relative_bias_matrix,
-    relative_position_buckets,
     varlen_attention,
     window_band,
 )
@@ -46,7 +43,7 @@ __all__ = [
     "check_seed", "dropout_keep_mask", "dropout_threshold", "new_seed", "philox_uint32",
     "bias_gelu", "BiasGelu", "geglu", "GeGLU", "add_layer_norm", "AddLayerNorm", "rotary_tables", "rotate", "rotate_packed",
     "attention", "varlen_attention", "Attention", "window_band", "attention_dropout_offsets", "attention_keep_mask",
-    "mask_starts", "relative_bias", "relative_bias_matrix", "relative_position_buckets",
+    "mask_starts",
     "MAX_DROPOUT_SEQLEN", "mask_tokens", "mlm_draws", "mlm_prediction_count", "mlm_units", "mlm_walk",
     "word_start_table", "word_starts", "MLM_IGNORE_INDEX", "MLM_SELECTIONS",
     "MLM_STREAM_KEY", "MLM_STREAM_OUTCOME", "MLM_STREAM_RANDOM",

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from fastbert.layouts import relative_bias_matrix
 from fastbert.reference.philox import dropout_threshold, philox_uint32
 
 MAX_DROPOUT_SEQLEN = 1 << 16  # attention dropout counters hold a query and a key position in 16 bits each
@@ -126,34 +127,3 @@ class Attention(nn.Module):
     def forward(self, q, k, v, attention_mask=None):
         p = self.dropout_p if self.training else 0.0
         return attention(q, k, v, attention_mask, p, self.scale)
-
-
-def relative_position_buckets(n: int, num_buckets: int = 32, max_distance: int = 128, device=None) -> torch.Tensor:
-    """int64 [2n - 1]: MPNet's (and T5's bidirectional) bucket of each relative position j - i, for
-    j - i = -(n - 1) .. n - 1 (entry j - i + n - 1), as transformers' MPNet computes it: half the
-    buckets per direction, the first half of those exact distances, the rest log-spaced up to
-    max_distance."""
-    n_ = -torch.arange(-(n - 1), n, dtype=torch.long, device=device)  # -(j - i)
-    half = num_buckets // 2
-    ret = (n_ < 0).to(torch.long) * half
-    n_ = n_.abs()
-    max_exact = half // 2
-    large = max_exact + (torch.log(n_.float() / max_exact) / math.log(max_distance / max_exact)
-                         * (half - max_exact)).to(torch.long)
-    large = torch.clamp(large, max=half - 1)
-    return ret + torch.where(n_ < max_exact, n_, large)
-
-
-def relative_bias(table: torch.Tensor, n: int, num_buckets: Optional[int] = None, max_distance: int = 128) -> torch.Tensor:
-    """[heads, 2n - 1]: the bias of each head at each relative position j - i (entry j - i + n - 1),
-    from MPNet's bucket table [num_buckets, heads] (its relative_attention_bias.weight); differentiable
-    in the table. This is what attention(..., relative_bias=...) takes."""
-    buckets = relative_position_buckets(n, num_buckets or table.shape[0], max_distance, table.device)
-    return table.index_select(0, buckets).t().contiguous()
-
-
-def relative_bias_matrix(rel: torch.Tensor, seq: int) -> torch.Tensor:
-    """[heads, seq, seq]: rel [heads, 2n - 1] (n >= seq) spread over (query i, key j) as rel[:, j - i + n - 1]."""
-    n = (rel.shape[-1] + 1) // 2
-    pos = torch.arange(seq, device=rel.device)
-    return rel[:, pos[None, :] - pos[:, None] + n - 1]

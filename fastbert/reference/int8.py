@@ -32,6 +32,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from fastbert.layouts import unpack_weight
+
 Tensor = torch.Tensor
 
 
@@ -48,44 +50,13 @@ def quantize_rows(x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     return q, half / 127.0, offset
 
 
-WEIGHT_RANGES = (127, 64)  # the first is the default
-
-
-def quantize_weight(w: Tensor, qmax: int = 127) -> Tuple[Tensor, Tensor]:
-    """w [out, in] float -> (q int8 [out, in], scale float32 [out]), per output channel, symmetric,
-    q in [-qmax, qmax]: 127, or 64."""
-    v = w.float()
-    amax = v.abs().amax(dim=-1)
-    inv = torch.where(amax > 0, torch.full_like(amax, float(qmax)) / amax, torch.zeros_like(amax))
-    return torch.round(v * inv[:, None]).clamp_(-qmax, qmax).to(torch.int8), amax / float(qmax)
-
-
 def int8_mm(a: Tensor, b: Tensor) -> Tensor:
-    """a [m, k] int8 @ b [n, k]^T int8 -> int32 [m, n], exact (b may be packed: pack_weight)."""
+    """a [m, k] int8 @ b [n, k]^T int8 -> int32 [m, n], exact (b may be packed: fastbert.layouts.pack_weight)."""
     if b.dim() == 4:
         b = unpack_weight(b, a.shape[1])
     if a.device.type == "cpu" and a.shape[1] > 1:  # torch._int_mm (2.13, CPU) is wrong for k = 1
         return torch._int_mm(a, b.t())
     return (a.double() @ b.double().t()).to(torch.int32)  # exact below 2^53
-
-
-PANEL = 16  # output features of a panel of a packed int8 weight
-
-
-def pack_weight(q: Tensor) -> Tensor:
-    """An int8 weight [out, in] (out a multiple of PANEL) in the layout fastbert's packed int8 GEMM
-    reads (csrc/kernels/int8_gemm_packed.cpp): [out / 16, ceil(in / 4), 16, 4], panels of 16 output
-    features, in each one 64-byte vector per 4 input features (zero past `in`)."""
-    out, k = q.shape
-    kq = (k + 3) // 4
-    padded = torch.nn.functional.pad(q, (0, 4 * kq - k)) if 4 * kq != k else q
-    return padded.reshape(out // PANEL, PANEL, kq, 4).permute(0, 2, 1, 3).contiguous()
-
-
-def unpack_weight(packed: Tensor, in_features: int) -> Tensor:
-    """pack_weight's inverse: the int8 weight [out, in_features]."""
-    panels, kq = packed.shape[0], packed.shape[1]
-    return packed.permute(0, 2, 1, 3).reshape(panels * PANEL, 4 * kq)[:, :in_features].contiguous()
 
 
 def dequantize(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor,

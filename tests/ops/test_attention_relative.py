@@ -9,7 +9,7 @@ from conftest import assert_within_bound, device_for
 from test_attention import assert_packed_agrees_with_padded, dtypes_for, padded_case, qkv, run
 
 import fastbert
-from fastbert import reference
+from fastbert import layouts, reference
 
 
 def check_all(tag, op, ref, inputs, dout, dtype, real=None):
@@ -26,7 +26,7 @@ def check_relative(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=
                    holes=False, rotary_base=None):
     q, k, v, dout, mask, keep, g = padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p, left,
                                                holes=holes)
-    rel = reference.relative_bias(torch.randn(32, heads, generator=g), seq + extra).to(q.device, dtype)  # n > seq
+    rel = layouts.relative_bias(torch.randn(32, heads, generator=g), seq + extra).to(q.device, dtype)  # n > seq
     tables = reference.rotary_tables(rotary_base, head_dim, seq, q.device) if rotary_base else None
 
     def op(q_, k_, v_, r_):
@@ -37,7 +37,7 @@ def check_relative(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=
         if tables:
             q_, k_ = (reference.rotate(t, *tables) for t in (q_, k_))
         return reference.attention(q_, k_, v_, mask, dropout_p, keep_mask=keep, window=window,
-                                   bias=reference.relative_bias_matrix(r_, seq))
+                                   bias=layouts.relative_bias_matrix(r_, seq))
 
     tag = f"{backend} relative b{batch} s{seq} d{head_dim} {dtype} p{dropout_p} w{window} rope {rotary_base}"
     check_all(tag, op, ref, [q, k, v, rel], dout, dtype, mask.bool()[:, None, :, None].expand(q.shape))
@@ -72,7 +72,7 @@ def test_relative_bias_varlen_matches_reference_and_padded(backend):
     total, max_seqlen = sum(lengths), max(lengths) + 3
     for dtype in dtypes_for(backend):
         q, k, v = qkv((total, 3, 64), dtype, dev, g)
-        rel = reference.relative_bias(torch.randn(32, 3, generator=g), max_seqlen).to(dev, dtype)
+        rel = layouts.relative_bias(torch.randn(32, 3, generator=g), max_seqlen).to(dev, dtype)
         dout = torch.randn(total, 3, 64, generator=g).to(dev, dtype)
 
         def op(*t):
@@ -83,7 +83,7 @@ def test_relative_bias_varlen_matches_reference_and_padded(backend):
 
         check_all(f"{backend} relative varlen {dtype}", op, ref, [q, k, v, rel], dout, dtype)
     assert_packed_agrees_with_padded(backend, g, make_options=lambda heads, seq, dev: dict(
-        relative_bias=reference.relative_bias(torch.randn(32, heads, generator=g), seq).to(dev)))
+        relative_bias=layouts.relative_bias(torch.randn(32, heads, generator=g), seq).to(dev)))
 
 
 def test_relative_bias_is_mpnet_s():
@@ -93,7 +93,7 @@ def test_relative_bias_is_mpnet_s():
     table = torch.nn.Embedding(32, heads)
     rel = torch.arange(seq)[None, :] - torch.arange(seq)[:, None]
     want = table(mp.MPNetEncoder.relative_position_bucket(rel)).permute(2, 0, 1)
-    got = reference.relative_bias_matrix(reference.relative_bias(table.weight, seq), seq)
+    got = layouts.relative_bias_matrix(layouts.relative_bias(table.weight, seq), seq)
     assert torch.equal(got, want)
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import device_for, require
 
 import fastbert
-from fastbert import reference
+from fastbert import layouts
 from fastbert.ops.encoder import LayerWeights, _separate_ops, encoder_layer
 
 
@@ -37,7 +37,7 @@ def test_same_bits_as_the_separate_ops(backend, approximate):
     mask = torch.ones(3, 11, dtype=torch.bool, device=dev)
     mask[1, 7:] = False
     mask[2, 3:] = False
-    rel = reference.relative_bias(torch.randn(32, heads, generator=g), 11).to(dev)
+    rel = layouts.relative_bias(torch.randn(32, heads, generator=g), 11).to(dev)
     cases = [dict(), dict(attention_mask=mask), dict(attention_mask=mask.long(), relative_bias=rel)]
     with torch.no_grad():
         for kw in cases:
@@ -167,7 +167,7 @@ def test_one_cpp_call_gives_the_same_bits(path, monkeypatch):
     x = torch.randn(3, 11, hidden, generator=g)
     mask = torch.ones(3, 11, dtype=torch.bool)
     mask[1, 7:] = False
-    rel = reference.relative_bias(torch.randn(32, heads, generator=g), 11)
+    rel = layouts.relative_bias(torch.randn(32, heads, generator=g), 11)
     xp, cu, n = packed_case([5, 11, 1], hidden, g)
     cases = [(x, dict()), (x, dict(attention_mask=mask, relative_bias=rel)),
              (xp, dict(cu_seqlens=cu, max_seqlen=n)), (xp, dict(cu_seqlens=cu, max_seqlen=n, relative_bias=rel))]

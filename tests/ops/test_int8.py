@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from conftest import require
 
 import fastbert
+from fastbert import layouts
 from fastbert.ops import gemm
 from fastbert.reference import int8 as ref
 
@@ -277,7 +278,7 @@ def _layer_inputs(rows, k, n, g, acc_dtype=torch.int32):
     x = torch.randn(rows, k, generator=g) + 0.5 * torch.randn(k, generator=g)
     w = torch.randn(n, k, generator=g) * 0.05
     xq, xs, xo = ref.quantize_rows(x)
-    wq, ws = ref.quantize_weight(w)
+    wq, ws = layouts.quantize_weight(w)
     acc = ref.int8_mm(xq, wq).to(acc_dtype)
     bias = torch.randn(n, generator=g) * 0.1
     return acc, xs, xo, ws, bias
