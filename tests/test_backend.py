@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 import torch
-from conftest import require
 
 import fastbert
+from tests.helpers.backends import require
 
 
 def run_python(code, **env):

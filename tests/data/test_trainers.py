@@ -9,10 +9,10 @@ import unicodedata
 
 import pytest
 import torch
-from korean_text import DOCUMENTS
 
 from fastbert.data import trainers
 from fastbert.data import vocab as vocab_mod
+from tests.helpers.korean_text import DOCUMENTS
 
 KOREAN = [s for doc in DOCUMENTS for s in doc]
 ENGLISH = ["The model reads a sentence in both directions.", "Query and passage embeddings are compared.",

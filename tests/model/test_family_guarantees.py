@@ -5,13 +5,14 @@ import copy
 
 import pytest
 import torch
-from conftest import assert_within_bound, require
-from test_autocast import BF16, run
-from test_families import CONFIGS, PREFIX, batch, labels_for, pair
-from test_trainer import TINY as TRAINER_TINY
-from test_trainer import sentiment_rows, tokenizer  # noqa: F401  (the fixture)
 
 import fastbert
+from tests.helpers.autocast import BF16, run
+from tests.helpers.backends import require
+from tests.helpers.bounds import assert_within_bound
+from tests.helpers.families import CONFIGS, PREFIX, batch, labels_for, pair
+from tests.helpers.fine_tuning import TINY as TRAINER_TINY
+from tests.helpers.fine_tuning import sentiment_rows
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
-from conftest import device_for
 
 import fastbert
 from fastbert.model.layers import BertLayer
+from tests.helpers.backends import device_for
 
 CFG = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
            max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)

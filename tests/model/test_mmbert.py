@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import require
-from test_modernbert import check_close, randomize
 
 import fastbert
+from tests.helpers.backends import require
+from tests.helpers.modernbert import check_close, randomize
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
-from test_families import PREFIX, batch, hf_config, labels_for
 
 import fastbert
 import fastbert.hf
+from tests.helpers.families import PREFIX, batch, hf_config, labels_for
 
 transformers = pytest.importorskip("transformers")
 

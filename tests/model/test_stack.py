@@ -5,13 +5,13 @@ import weakref
 
 import pytest
 import torch
-from conftest import require
 from torch import nn
 
 import fastbert
 import fastbert.model.stack as stack
 from fastbert.model.layers import BertLayer
 from fastbert.ops import gemm
+from tests.helpers.backends import require
 
 transformers = pytest.importorskip("transformers")
 

@@ -4,12 +4,12 @@ through y only, through s only, and through both; dropout and no bias too. The d
 unchanged: y is bit for bit the default's, and so are the gradients when only y is used."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for, require
-from test_add_layer_norm import dtypes_for
-from test_add_layer_norm import make_inputs as base_inputs
 
 import fastbert
 from fastbert import reference
+from tests.helpers.backends import device_for, dtypes_for, require
+from tests.helpers.bounds import assert_within_bound
+from tests.helpers.layer_norm import make_inputs as base_inputs
 
 # 2500: the Triton backward takes whole rows without the sum's gradient, two passes with it (above 2048)
 SHAPES_SMALL = [(1, 2), (3, 7), (5, 384), (2, 3, 768), (2, 2500)]

@@ -6,12 +6,11 @@ agree. The Triton kernels skip the key (query) tiles out of every row's window: 
 they never read."""
 import pytest
 import torch
-from conftest import device_for, require
-from test_attention import assert_packed_agrees_with_padded, dtypes_for, mixed_mask, padded_case, qkv
-from test_attention_rotary import compare
 
 import fastbert
 from fastbert import reference
+from tests.helpers.attention import assert_packed_agrees_with_padded, compare, mixed_mask, padded_case, qkv
+from tests.helpers.backends import device_for, dtypes_for, require
 
 
 def check_local(backend, batch, heads, seq, head_dim, dtype, window, seed, dropout_p=0.0, rotary_base=None,

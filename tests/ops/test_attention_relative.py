@@ -5,11 +5,12 @@ scores). Outputs, dq, dk, dv and the bias's own gradient, with the bound of STYL
 with padding (left and right, and holes), dropout, a window and rotary embeddings; packed."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for
-from test_attention import assert_packed_agrees_with_padded, dtypes_for, padded_case, qkv, run
 
 import fastbert
 from fastbert import reference
+from tests.helpers.attention import assert_packed_agrees_with_padded, padded_case, qkv, run
+from tests.helpers.backends import device_for, dtypes_for
+from tests.helpers.bounds import assert_within_bound
 
 
 def check_all(tag, op, ref, inputs, dout, dtype, real=None):

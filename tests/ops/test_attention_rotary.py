@@ -4,11 +4,11 @@ reference attention. Outputs and dq, dk, dv (the gradients of the unrotated q an
 at real-token positions with the bound of STYLE.md lesson 4."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for
-from test_attention import assert_packed_agrees_with_padded, dtypes_for, padded_case, qkv, run
 
 import fastbert
 from fastbert import reference
+from tests.helpers.attention import assert_packed_agrees_with_padded, compare, padded_case, qkv
+from tests.helpers.backends import device_for, dtypes_for
 
 BASES = (10000.0, 160000.0)  # ModernBERT's local and global layers
 
@@ -36,19 +36,6 @@ def check_rotary(backend, batch, heads, seq, head_dim, dtype, dropout_p, seed, b
     real = mask.bool()[:, None, :, None].expand(q.shape)
     tag = f"{backend} rotary {base:g} b{batch} s{seq} d{head_dim} {dtype} p{dropout_p}{' left' if left else ''}"
     compare(tag, op, ref, [q, k, v], dout, dtype, real)
-
-
-def compare(tag, op, ref, inputs, dout, dtype, real=None):
-    """op's output and input gradients against ref's in the same dtype and in fp64 (at `real` positions)."""
-    got = run(op, inputs, dout)
-    same = run(ref, inputs, dout)
-    r64 = run(ref, [t.double() for t in inputs], dout.double())
-    for i, name in enumerate(("out", "dq", "dk", "dv")):
-        a, b, c = ((r[0] if i == 0 else r[1][i - 1]) for r in (got, same, r64))
-        assert torch.isfinite(a).all(), f"{tag} {name}: non-finite values"
-        if real is not None:
-            a, b, c = a[real], b[real], c[real]
-        assert_within_bound(f"{tag} {name}", a, b, c, dtype)
 
 
 @pytest.mark.parametrize("base", BASES)

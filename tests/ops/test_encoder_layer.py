@@ -7,11 +7,11 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import device_for, require
 
 import fastbert
 from fastbert import reference
 from fastbert.ops.encoder_layer import LayerWeights, _separate_ops, encoder_layer
+from tests.helpers.backends import device_for, require
 
 
 def weights(hidden, ffn, g, dtype=torch.float32, device="cpu"):

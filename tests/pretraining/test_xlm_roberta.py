@@ -11,15 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "data"))
-from korean_text import DOCUMENTS  # noqa: E402
-from test_train import TINY_ARGS  # noqa: E402
-
-import fastbert  # noqa: E402
-from fastbert.data.prepare import prepare_data  # noqa: E402
-from fastbert.data.shards import InstanceDataset  # noqa: E402
-from fastbert.pretraining.batches import BatchPlan, make_collator  # noqa: E402
-from fastbert.pretraining.objective import PretrainingObjective, summarize  # noqa: E402
+import fastbert
+from fastbert.data.prepare import prepare_data
+from fastbert.data.shards import InstanceDataset
+from fastbert.pretraining.batches import BatchPlan, make_collator
+from fastbert.pretraining.objective import PretrainingObjective, summarize
+from tests.helpers.korean_text import DOCUMENTS
+from tests.helpers.pretraining import TINY_ARGS
 
 transformers = pytest.importorskip("transformers")
 

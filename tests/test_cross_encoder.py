@@ -5,9 +5,9 @@ import json
 
 import numpy as np
 import pytest
-from st_dirs import KOREAN, reranker_directory
 
 import fastbert
+from tests.helpers.st_dirs import KOREAN, reranker_directory
 
 st = pytest.importorskip("sentence_transformers")
 QUERY = "서울역에서 기차를 탔다"
@@ -73,7 +73,8 @@ def test_a_distilbert_cross_encoder(tmp_path):
     """A DistilBERT reranker (no token types) through CrossEncoder, against transformers' logits."""
     import torch
     import transformers
-    from st_dirs import unigram_tokenizer
+
+    from tests.helpers.st_dirs import unigram_tokenizer
 
     tok = unigram_tokenizer()
     cfg = transformers.DistilBertConfig(vocab_size=len(tok), dim=64, n_layers=2, n_heads=4, hidden_dim=128,

@@ -5,7 +5,9 @@ import math
 
 import pytest
 import torch
-from mlm_checks import (
+
+from fastbert import masking, reference
+from tests.helpers.masking import (
     MASKING_BACKENDS,
     candidates,
     check_invariants,
@@ -13,8 +15,6 @@ from mlm_checks import (
     require_masking,
     small_vocab,
 )
-
-from fastbert import masking, reference
 
 V = 64  # vocabulary of the synthetic batches
 MASK = 4

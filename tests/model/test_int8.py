@@ -4,11 +4,11 @@ explicit attention paths, and the errors for training."""
 import numpy as np
 import pytest
 import torch
-from conftest import require
 
 import fastbert
 from fastbert.bench.accuracy import TARGETS, embedding_agreement, format_figures
 from fastbert.model.int8 import Int8Linear
+from tests.helpers.backends import require
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:fastbert. loading")  # the tiny checkpoint's other heads
