@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from tests.helpers.backends import require  # noqa: E402
 
 
-@pytest.fixture(params=["torch", "cpp", "triton"])
+@pytest.fixture(params=["torch", "cpp", pytest.param("triton", marks=pytest.mark.triton)])
 def backend(request):
     require(request.param)
     return request.param

@@ -43,6 +43,7 @@ def test_import_without_extension_falls_back_to_torch_with_one_warning():
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
+@pytest.mark.triton
 def test_triton_on_cpu_without_interpreter_is_a_clear_error():
     require("triton")
     proc = run_python(

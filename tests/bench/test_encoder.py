@@ -63,6 +63,7 @@ def _installed_peer_output(peer, dtype, tag):
     return provs[f"{peer} {tag}"](), want, mask.bool()
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
 def test_each_installed_peer_computes_the_model(peer):
     got, want, real = _installed_peer_output(peer, torch.float32, "fp32")
@@ -70,6 +71,7 @@ def test_each_installed_peer_computes_the_model(peer):
     assert (got[real] - want[real]).abs().max() < 1e-4
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
 def test_each_installed_int8_peer_computes_the_model(peer):
     if peer == "openvino":  # its int8 is NNCF's quantization of the OpenVINO model
@@ -112,6 +114,7 @@ def test_cpu_capability_reruns_the_benchmark_with_every_library_capped(monkeypat
         timing.run_at_level("avx1024", ["x"])
 
 
+@pytest.mark.peers
 def test_the_exported_models_go_once_the_engines_are_built(monkeypatch):
     """The peers' exports (0.4-1.8 GB each at BERT-base size) are removed when peer_providers
     returns; the engines it built still run."""

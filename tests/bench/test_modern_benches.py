@@ -40,6 +40,7 @@ def test_bench_modernbert_runs_and_agrees_with_transformers(tmp_path, model, cap
     assert "var128" in out and "# var128: " in out and "of the GEMM rate" in out
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("model,layers", [("modernbert", 2), ("mpnet", 1)])
 def test_bench_modernbert_peers_run_the_exported_model_and_agree(tmp_path, monkeypatch, model, layers, capsys):
     """ONNX Runtime and OpenVINO run the model exported once (its temporary directory gone when the
@@ -79,6 +80,7 @@ def test_a_peer_that_disagrees_is_reported_and_not_timed(tmp_path, monkeypatch, 
     assert f"onnxruntime disagrees with {against} on small" in capsys.readouterr().out
 
 
+@pytest.mark.peers
 def test_int8_times_fastbert_and_the_int8_peers_against_transformers_fp32(tmp_path, capsys):
     """--dtype int8: fastbert's int8 model, ONNX Runtime's dynamic quantization of the same export and
     (where openvino and nncf are installed) OpenVINO's NNCF quantization of it, each compared with
@@ -98,6 +100,7 @@ def test_int8_times_fastbert_and_the_int8_peers_against_transformers_fp32(tmp_pa
     assert "fastbert int8's own: small" in out and "vs onnxruntime" in out
 
 
+@pytest.mark.peers
 def test_bf16_runs_the_models_in_bf16_and_skips_onnx_runtime(tmp_path, capsys):
     """--dtype bfloat16: fastbert's and transformers' models in bf16, agreeing within bf16's rounding;
     ONNX Runtime skipped with its reason; OpenVINO at bf16 precision where it loads (a CPU without

@@ -9,6 +9,8 @@ pytest.importorskip("triton")
 
 from fastbert.kernels import report  # noqa: E402
 
+pytestmark = pytest.mark.triton
+
 FIELDS = {"kernel", "arch", "config", "registers", "spill_bytes", "shared_bytes", "tensor_core", "ok", "error"}
 
 

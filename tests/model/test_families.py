@@ -34,6 +34,7 @@ def test_matches_transformers(backend_name, family, name):
     check_against_transformers(backend_name, family, name)
 
 
+@pytest.mark.triton
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_matches_transformers_on_triton(family):
     """One class a family on the Triton kernels (the MLM model: the family's embeddings, the encoder

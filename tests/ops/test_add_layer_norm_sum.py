@@ -169,6 +169,7 @@ def test_compile_fullgraph_matches_eager():
             torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6, msg=through)
 
 
+@pytest.mark.triton
 def test_the_build_report_lists_the_sum_variants_the_launchers_pick():
     pytest.importorskip("triton")
     from fastbert.kernels import layer_norm

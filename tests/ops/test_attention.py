@@ -207,6 +207,7 @@ def test_attention_errors():
         fastbert.ops.attention(q[0], q[0], q[0])
 
 
+@pytest.mark.triton
 def test_attention_triton_head_dim_error():
     pytest.importorskip("triton")
     from fastbert import backend as fb

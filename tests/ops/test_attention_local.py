@@ -87,6 +87,7 @@ def test_local_varlen_matches_reference_and_padded(backend):
     assert_packed_agrees_with_padded(backend, g, make_options=lambda *_: dict(window=window))
 
 
+@pytest.mark.triton
 def test_triton_local_attention_skips_the_tiles_out_of_the_window():
     # NaN in key and value 0: a query tile that visited key 0's tile would get NaN (0 * NaN in
     # p v, even where the window masks the score), and so would the gradients of a key tile that

@@ -34,6 +34,8 @@ from fastbert.serve.openapi import STATUSES, openai_style  # noqa: E402
 from tests.helpers.server import Server, unexpected_lines  # noqa: E402
 from tests.helpers.st_dirs import KOREAN, e5_directory, reranker_directory  # noqa: E402
 
+pytestmark = pytest.mark.serve
+
 EMBED_PATHS = {"/embed", "/v1/embeddings", "/tokenize", "/health", "/info", "/metrics", "/openapi.json", "/docs"}
 RERANK_PATHS = EMBED_PATHS - {"/embed", "/v1/embeddings"} | {"/rerank", "/predict"}
 # schemathesis: the fuzzing phase's examples per route (its examples and boundary-value phases add
