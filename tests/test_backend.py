@@ -166,7 +166,7 @@ def test_a_kernel_library_exports_its_table_alone():
     if shutil.which("nm") is None:
         pytest.skip("nm (binutils) is not installed")
     for level in fastbert.backend.cpu_capabilities():
-        path = fastbert.backend._library(level)
+        path = fastbert.backend.library(level)
         out = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
         names = {line.split()[-1] for line in out.splitlines() if line.strip()}
         assert names - {"_init", "_fini"} == {"fastbert_kernel_table"}, (level, sorted(names)[:20])

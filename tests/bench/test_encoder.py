@@ -32,7 +32,7 @@ def test_a_failing_conversion_is_skipped_with_its_error(monkeypatch, capsys):
     def fails(*args):
         raise RuntimeError("unsupported operator aten::foo\nmore detail")
 
-    monkeypatch.setitem(peers._BUILD, "torch.compile", fails)
+    monkeypatch.setitem(peers.BUILD, "torch.compile", fails)
     provs, skipped = peers.peer_providers(None, None, None, [torch.float32], peers=("torch.compile",))
     assert provs == {}
     assert skipped["torch.compile fp32"] == "conversion failed: RuntimeError: unsupported operator aten::foo"

@@ -322,6 +322,6 @@ def test_patch_runs_a_transformers_modernbert_on_fastbert():
         want = hm(input_ids=ids, attention_mask=mask).logits
         fastbert.patch(hm)
         got = hm(input_ids=ids, attention_mask=mask).logits
-    assert isinstance(hm._fastbert_model, fastbert.ModernBertForSequenceClassification)
-    assert hm._fastbert_model.classifier.weight is hm.classifier.weight
+    assert isinstance(hm.fastbert_model, fastbert.ModernBertForSequenceClassification)
+    assert hm.fastbert_model.classifier.weight is hm.classifier.weight
     check_close({}, "patched logits", got, want)

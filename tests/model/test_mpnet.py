@@ -262,8 +262,8 @@ def test_patch_runs_a_transformers_mpnet_on_fastbert():
         want = hm(input_ids=ids, attention_mask=mask).logits
         fastbert.patch(hm)
         got = hm(input_ids=ids, attention_mask=mask).logits
-    assert isinstance(hm._fastbert_model, fastbert.MPNetForSequenceClassification)
-    assert hm._fastbert_model.classifier.out_proj.weight is hm.classifier.out_proj.weight
+    assert isinstance(hm.fastbert_model, fastbert.MPNetForSequenceClassification)
+    assert hm.fastbert_model.classifier.out_proj.weight is hm.classifier.out_proj.weight
     check_close({}, "patched logits", got, want)
 
 

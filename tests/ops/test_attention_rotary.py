@@ -87,7 +87,7 @@ def test_rotary_tables_first_made_in_inference_mode_still_serve_a_backward(backe
     # inference tensor when a training step later saves it for its backward
     import sys
 
-    sys.modules["fastbert.ops.attention"]._rotary_tables.cache_clear()
+    sys.modules["fastbert.ops.attention"].rotary_tables.cache_clear()
     dev = device_for(backend)
     q = torch.randn(1, 2, 9, 32, device=dev)
     with torch.inference_mode():

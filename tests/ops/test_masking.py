@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from fastbert import backend as fb_backend
 from fastbert import masking, reference
 from tests.helpers.masking import (
     MASKING_BACKENDS,
@@ -386,7 +387,7 @@ def test_no_ordinary_id_left_is_an_error(impl):
 def test_the_kernel_checks_a_direct_call():
     """fastbert._C.mask_tokens rejects bad arguments itself (ValueError / TypeError), never crashes."""
     require_masking("cpp")
-    from fastbert import _C
+    ext = fb_backend.cpp_extension()
 
     ids = torch.tensor([[5, 6, 7]])
     args = lambda **o: dict(dict(input_ids=ids, special_tokens_mask=None, attention_mask=None,  # noqa: E731
@@ -394,12 +395,12 @@ def test_the_kernel_checks_a_direct_call():
                                  mlm_probability=0.15, mask_replace_prob=0.8, random_replace_prob=0.1,
                                  max_predictions=-1, seed=1, bernoulli=False), **o)
     with pytest.raises(ValueError, match="outside"):
-        _C.mask_tokens(**args(input_ids=torch.tensor([[5, 99]])))
+        ext.mask_tokens(**args(input_ids=torch.tensor([[5, 99]])))
     with pytest.raises(TypeError, match="int64"):
-        _C.mask_tokens(**args(input_ids=ids.to(torch.int32)))
+        ext.mask_tokens(**args(input_ids=ids.to(torch.int32)))
     with pytest.raises(ValueError, match="shape"):
-        _C.mask_tokens(**args(attention_mask=torch.ones(1, 2, dtype=torch.bool)))
+        ext.mask_tokens(**args(attention_mask=torch.ones(1, 2, dtype=torch.bool)))
     with pytest.raises(ValueError, match="at most 1"):
-        _C.mask_tokens(**args(mask_replace_prob=0.9, random_replace_prob=0.2))
+        ext.mask_tokens(**args(mask_replace_prob=0.9, random_replace_prob=0.2))
     with pytest.raises(ValueError, match="mask_token_id"):
-        _C.mask_tokens(**args(mask_token_id=V))
+        ext.mask_tokens(**args(mask_token_id=V))

@@ -81,4 +81,4 @@ def test_lifespan_shutdown_stops_the_batcher():
 
     asyncio.run(lifespan())
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
-    assert not app.batcher._thread.is_alive()
+    assert not app.batcher.thread.is_alive()
