@@ -13,6 +13,17 @@ import pytest  # noqa: E402
 from tests.helpers.backends import require  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
+def pytest_collection_modifyitems(items):
+    """@pytest.mark.slow_with("cpp", "triton"): the test's cases whose backend fixture is one of
+    those are slow, the others not."""
+    for item in items:
+        marker = item.get_closest_marker("slow_with")
+        callspec = getattr(item, "callspec", None)
+        if marker is not None and callspec is not None and callspec.params.get("backend") in marker.args:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=["torch", "cpp", pytest.param("triton", marks=pytest.mark.triton)])
 def backend(request):
     require(request.param)

@@ -102,6 +102,7 @@ def test_the_highest_level_the_cpu_runs_is_in_use_unless_capped(monkeypatch):
     assert ("avx2" in levels) == ("avx2" in cpu) and ("avx512" in levels) == ("avx512" in cpu)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cap", ["scalar", "avx2", "avx512", "avx512_vnni", "native"])
 def test_fastbert_cpu_capability_caps_the_level(cap):
     _ext()
@@ -174,6 +175,7 @@ def test_a_kernel_library_exports_its_table_alone():
         assert "torch" not in needed and "c10" not in needed, (level, needed)
 
 
+@pytest.mark.slow
 def test_a_fresh_processes_first_parallel_vector_math_is_accurate():
     # torch's first parallel call of an MKL vector-math function can run one thread's chunk on a
     # low-accuracy kernel (fastbert.backend.VECTOR_MATH); importing fastbert settles MKL's picks first.

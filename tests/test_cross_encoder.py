@@ -33,6 +33,7 @@ def fp64_scores(path):
         return torch.sigmoid(model(**enc).logits[:, 0]).numpy()
 
 
+@pytest.mark.slow
 def test_predict_and_rank_match_sentence_transformers(reranker):
     """fastbert's scores as close to the float64 ones as sentence-transformers' fp32 scores are."""
     want_ce = st.CrossEncoder(reranker, device="cpu")

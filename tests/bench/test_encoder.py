@@ -10,6 +10,7 @@ from fastbert.bench import encoder, peers
 from fastbert.ops import gemm
 
 
+@pytest.mark.slow
 def test_table_names_the_floor_path_and_measures_errors():
     rows = encoder.run(["var128"], [torch.float32], layers=1, rounds=1, progress=False)
     by_name = {r["provider"]: r for r in rows}
@@ -82,6 +83,7 @@ def test_each_installed_int8_peer_computes_the_model(peer):
     assert float(got @ want / got.norm() / want.norm()) > 0.99  # int8: close, not equal
 
 
+@pytest.mark.slow
 def test_the_int8_table_compares_with_fastbert_fp32():
     rows = encoder.run(["var128"], [torch.float32, torch.int8], layers=1, rounds=1, progress=False)
     by_name = {r["provider"]: r for r in rows}
@@ -114,6 +116,7 @@ def test_cpu_capability_reruns_the_benchmark_with_every_library_capped(monkeypat
         timing.run_at_level("avx1024", ["x"])
 
 
+@pytest.mark.slow
 @pytest.mark.peers
 def test_the_exported_models_go_once_the_engines_are_built(monkeypatch):
     """The peers' exports (0.4-1.8 GB each at BERT-base size) are removed when peer_providers

@@ -1,4 +1,5 @@
 """bench_encoder --isolate: each provider timed alone in a child process of its own."""
+import pytest
 import torch
 
 from fastbert.bench.isolated import isolated_times, peer_of
@@ -11,6 +12,7 @@ def test_a_provider_is_timed_in_a_child_with_only_its_own_peer():
     assert peer_of("fastbert fp32") == [] and peer_of("GEMM floor fp32 dot") == []
 
 
+@pytest.mark.slow
 def test_isolated_times_gathers_every_pass_of_every_provider():
     cfg = arch_config("bert", 1)
     ids, mask = make_batch(2, 4, 8, torch.Generator().manual_seed(0), cfg.vocab_size, cfg.pad_token_id)

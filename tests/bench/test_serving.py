@@ -57,6 +57,7 @@ def test_a_window_counts_each_request_by_the_share_of_it_inside():
     assert r["p50_ms"] == pytest.approx(2000.0) and r["p99_ms"] == pytest.approx(4000.0)
 
 
+@pytest.mark.slow
 @pytest.mark.serve
 def test_clients_against_a_real_server_are_all_answered(tmp_path):
     bench = _bench_serve()

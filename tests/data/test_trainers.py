@@ -44,6 +44,7 @@ def _train_in_processes(*seeds: str) -> list:
     return [json.loads(out) for out, _ in outs]
 
 
+@pytest.mark.slow
 def test_trainers_give_the_same_vocabulary_in_every_process():
     runs = _train_in_processes("1", "2")
     assert runs[0]["hash"] == runs[1]["hash"]

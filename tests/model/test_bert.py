@@ -18,6 +18,7 @@ def outputs(out, keys):
     return {k: out[k] for k in keys if getattr(out, k, None) is not None}
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("name", HEADS)
 def test_heads_match_transformers(backend, name):
     dev = device_for(backend)
@@ -29,6 +30,7 @@ def test_heads_match_transformers(backend, name):
     compare(name, hm, fm, ids, mask, tt, extra, torch.float32)
 
 
+@pytest.mark.slow_with("triton")
 def test_question_answering_loss_matches_transformers(backend):
     dev = device_for(backend)
     hm, fm = pair("BertForQuestionAnswering", TINY)
@@ -67,6 +69,7 @@ def weighted_total(model, ids, mask, tt, extra, weights, fastbert_model):
     return got, total
 
 
+@pytest.mark.slow_with("triton")
 def test_half_precision_matches_transformers(backend):
     """fp16 outputs, loss and every parameter's gradient: fastbert's error against transformers in
     float64 is at most twice transformers' own fp16 error (plus the fp16 floor; STYLE.md lesson 4)."""
@@ -108,6 +111,7 @@ def test_half_precision_matches_transformers(backend):
         assert_within_bound(f"fp16 grad {pname}", p.grad, theirs_p[pname].grad, exact_p[pname].grad, torch.float16)
 
 
+@pytest.mark.slow_with("triton")
 def test_padded_and_packed_paths_agree(backend):
     dev = device_for(backend)
     _, fm = pair("BertForMaskedLM", TINY)
@@ -139,6 +143,7 @@ def test_all_padding_row_is_finite(backend):
     assert torch.isfinite(out.prediction_logits).all() and torch.isfinite(out.seq_relationship_logits).all()
 
 
+@pytest.mark.slow_with("triton")
 def test_training_mode_dropout_runs_and_is_seeded(backend):
     dev = device_for(backend)
     cfg = dict(TINY, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)

@@ -27,13 +27,15 @@ def check_against_transformers(backend, family, name):
     compare(name, hm, fm, ids, mask, tt, extra, torch.float32)
 
 
-@pytest.mark.parametrize("backend_name", ["torch", "cpp"])
+# every class on the C++ kernels in the quick loop, on the torch reference layers too in the full suite
+@pytest.mark.parametrize("backend_name", [pytest.param("torch", marks=pytest.mark.slow), "cpp"])
 @pytest.mark.parametrize("family,name", CASES)
 def test_matches_transformers(backend_name, family, name):
     require(backend_name)
     check_against_transformers(backend_name, family, name)
 
 
+@pytest.mark.slow
 @pytest.mark.triton
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_matches_transformers_on_triton(family):
@@ -43,6 +45,7 @@ def test_matches_transformers_on_triton(family):
     check_against_transformers("triton", family, PREFIX[family] + "ForMaskedLM")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["roberta", "electra", "distilbert"])
 def test_question_answering_loss(family):
     hm, fm = pair(family, PREFIX[family] + "ForQuestionAnswering")

@@ -17,6 +17,7 @@ from tests.helpers.fine_tuning import sentiment_rows
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,name", [("xlm-roberta", "XLMRobertaForSequenceClassification"),
                                          ("electra", "ElectraForMaskedLM")])
 def test_torch_compile_fullgraph_like_eager(family, name):
@@ -93,6 +94,7 @@ def test_int8_close_to_fp32_with_transformers_state_dict(family, tmp_path):
     assert torch.nn.functional.cosine_similarity(c, b, dim=-1).min() > 0.99
 
 
+@pytest.mark.slow
 def test_trainer_trains_xlm_roberta_and_saves_what_transformers_loads(tokenizer, tmp_path):  # noqa: F811
     torch.manual_seed(0)
     config = fastbert.XLMRobertaConfig(vocab_size=len(tokenizer), num_labels=2, pad_token_id=0, type_vocab_size=1,

@@ -69,6 +69,7 @@ def assert_same(a, b):
         torch.testing.assert_close(grads_a[name] / scale, g / scale, **tol, msg=name)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("pad", [True, False], ids=["packed", "padded"])
 def test_first_tokens_match_every_token(backend, first_token_calls, pad):
     ours, every = models(backend)
@@ -83,6 +84,7 @@ def test_first_tokens_match_every_token(backend, first_token_calls, pad):
         first_token_calls.clear()
 
 
+@pytest.mark.slow_with("triton")
 def test_first_tokens_under_gradient_checkpointing(backend, first_token_calls):
     ours, every = models(backend)
     ours.gradient_checkpointing_enable()
@@ -91,6 +93,7 @@ def test_first_tokens_under_gradient_checkpointing(backend, first_token_calls):
     assert len(first_token_calls) == 2  # the forward, and its recomputation in the backward
 
 
+@pytest.mark.slow_with("triton")
 def test_outputs_that_need_every_token_run_the_full_layer(backend, first_token_calls):
     ours, every = models(backend)
     batch = inputs(backend)

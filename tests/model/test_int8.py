@@ -56,6 +56,7 @@ def minilm_fp32(minilm):
     return sents, fastbert.SentenceEncoder(minilm).encode(sents, batch_size=64)
 
 
+@pytest.mark.slow
 def test_minilm_sentence_embeddings_keep_their_neighbours(minilm, minilm_fp32):
     """The acceptance figures of int8 against fp32 on 1000 real sentences, with the default settings
     (weights in [-127, 127], the same at every kernel level: CI runs this file at each)."""

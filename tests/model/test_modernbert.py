@@ -289,6 +289,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(monkeypatch):
     assert len(calls) == SMALL["num_hidden_layers"]  # each layer's activations recomputed, once
 
 
+@pytest.mark.slow
 def test_modernbert_base_shape_matches_transformers():
     """ModernBERT-base's configuration (transformers' defaults: hidden 768, 12 heads, 22 layers,
     vocab 50368, local_attention 128, rotary bases 160000 / 10000) with random weights, on a batch

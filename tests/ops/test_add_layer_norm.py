@@ -46,6 +46,7 @@ def check_add_layer_norm(backend, shape, dtype, dropout_p=0.0, param_dtype=None,
     return grads
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_add_layer_norm_matches_reference(backend, dropout_p):
     for i, shape in enumerate(shapes_for(backend)):
@@ -53,6 +54,7 @@ def test_add_layer_norm_matches_reference(backend, dropout_p):
             check_add_layer_norm(backend, shape, dtype, dropout_p, seed=i)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_add_layer_norm_without_bias_matches_reference(backend, dropout_p):
     # ModernBERT's norms have no bias

@@ -71,6 +71,7 @@ def check_sum(backend, shape, dtype, through="both", dropout_p=0.0, bias=True, s
     return outs, grads
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("through", ["both", "y", "s"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_outputs_and_gradients_match_the_reference(backend, dropout_p, through):
@@ -79,6 +80,7 @@ def test_outputs_and_gradients_match_the_reference(backend, dropout_p, through):
             check_sum(backend, shape, dtype, through, dropout_p, seed=i)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("through", ["both", "y", "s"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_without_bias_matches_the_reference(backend, dropout_p, through):

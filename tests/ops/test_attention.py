@@ -55,6 +55,7 @@ def check_attention(backend, batch, heads, seq, head_dim, dtype, dropout_p, seed
         assert_within_bound(f"{tag} {name}", a[real], b[real], c[real], dtype)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_attention_matches_reference(backend, dropout_p):
     for i, seq in enumerate(seqs_for(backend)):
@@ -113,6 +114,7 @@ def test_attention_never_nan(backend, mask_kind):
             assert out.abs().max() == 0 and all(t.abs().max() == 0 for t in grads)
 
 
+@pytest.mark.slow_with("triton")
 def test_varlen_agrees_with_padded(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(21)
@@ -138,6 +140,7 @@ def test_varlen_agrees_with_padded(backend):
                 torch.testing.assert_close(a, pack(b, mask), **tol)
 
 
+@pytest.mark.slow_with("triton")
 def test_varlen_matches_reference(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(4)

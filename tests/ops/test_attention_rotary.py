@@ -38,6 +38,7 @@ def check_rotary(backend, batch, heads, seq, head_dim, dtype, dropout_p, seed, b
     compare(tag, op, ref, [q, k, v], dout, dtype, real)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("base", BASES)
 def test_rotary_attention_matches_reference(backend, base):
     seqs = [7, 33, 64] if backend == "triton" else [7, 33, 64, 130]
@@ -60,6 +61,7 @@ def test_rotary_attention_odd_widths(backend):
         check_rotary(backend, 3, 2, 19, head_dim, torch.float32, 0.0, seed=head_dim, base=BASES[0])
 
 
+@pytest.mark.slow_with("triton")
 def test_rotary_varlen_matches_reference_and_padded(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(8)

@@ -27,6 +27,7 @@ def packed_case(lengths, hidden, g, device="cpu"):
     return torch.randn(sum(lengths), hidden, generator=g).to(device), cu, max(lengths)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_same_bits_as_the_separate_ops(backend, approximate):
     dev = device_for(backend)

@@ -266,6 +266,7 @@ def test_random_replacements_are_uniform_over_the_ordinary_vocabulary(explicit):
     assert chi2 < _chi2_critical(len(ordinary) - 1), chi2
 
 
+@pytest.mark.slow
 def test_reference_statistics():
     """The reference rule on its own, smaller (it loops over rows in Python): ~7e4 candidates; the
     count rule exactly; outcome shares within 5 sd (sd <= 4e-3 for 0.8 and 3e-3 for 0.1 over >= 1e4

@@ -133,6 +133,7 @@ def _prepare_in_a_process(corpus, out, model_type, hash_seed):
     return files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["bert", "xlm-roberta"])
 def test_prepare_gives_the_same_data_on_every_run(tmp_path, model_type):
     """Two processes with different hash seeds: the same vocabulary, the same shards, byte for byte."""

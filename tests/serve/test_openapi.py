@@ -189,6 +189,7 @@ def _error_shape_is_the_routes(path, status, text):
     return set(error) == {"error", "error_type"} and isinstance(error["error"], str) and error["error_type"] == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["minilm", "reranker"])
 def test_fuzzed_requests_get_documented_statuses_and_error_shapes(request, tmp_path, capsys, model):
     pytest.importorskip("schemathesis", reason="the test extra: pip install -e '.[test]'")

@@ -26,7 +26,7 @@ import fastbert  # noqa: E402
 from tests.helpers.server import Server, unexpected_lines  # noqa: E402
 from tests.helpers.st_dirs import KOREAN, reranker_directory  # noqa: E402
 
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
 ENGLISH = ["A man is eating food.", "A man is riding a horse.", "The new movie is awesome.",
            "The cat sits outside.", "A woman is playing violin.", "Two men pushed carts through the woods."]
