@@ -1,6 +1,6 @@
-"""Fixtures shared by the whole suite (helpers are in tests/helpers/). Triton kernels run on the CPU
-through the interpreter when there is no GPU: TRITON_INTERPRET=1 must be set before triton is
-imported, so it is set here, first."""
+"""Fixtures shared by the whole suite and the hook of the slow_with marker (helpers are in
+tests/helpers/). Triton kernels run on the CPU through the interpreter when there is no GPU:
+TRITON_INTERPRET=1 must be set before triton is imported, so it is set here, first."""
 import os
 
 import torch

@@ -65,7 +65,7 @@ def _installed_peer_output(peer, dtype, tag):
 
 
 @pytest.mark.peers
-@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
+@pytest.mark.parametrize("peer", ["onnxruntime", pytest.param("openvino", marks=pytest.mark.slow), "ctranslate2"])
 def test_each_installed_peer_computes_the_model(peer):
     got, want, real = _installed_peer_output(peer, torch.float32, "fp32")
     assert got.shape == want.shape
@@ -73,7 +73,7 @@ def test_each_installed_peer_computes_the_model(peer):
 
 
 @pytest.mark.peers
-@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
+@pytest.mark.parametrize("peer", ["onnxruntime", pytest.param("openvino", marks=pytest.mark.slow), "ctranslate2"])
 def test_each_installed_int8_peer_computes_the_model(peer):
     if peer == "openvino":  # its int8 is NNCF's quantization of the OpenVINO model
         pytest.importorskip("nncf", reason="nncf is not installed (the peers extra: pip install -e .[peers])")
