@@ -59,7 +59,7 @@ LEVELS = ("scalar", "avx2", "avx512", "avx512_vnni", "native")
 FULL_LEVELS = ("scalar", "avx2", "avx512", "native")
 
 
-def _library(level: str) -> Optional[str]:
+def library(level: str) -> Optional[str]:
     """The path of the kernel library of `level`, None when this build has none."""
     try:
         spec = importlib.util.find_spec(f"fastbert._kernels_{level}")
@@ -75,10 +75,10 @@ def _runnable(ext) -> List[str]:
     """The levels this CPU runs and this build has, lowest first ("native" when it was built for a
     CPU like this one: loading it checks); found once."""
     if not _runnable_levels:
-        levels = [lv for lv in ext.cpu_levels() if _library(lv) is not None]
-        if _library("native") is not None:
+        levels = [lv for lv in ext.cpu_levels() if library(lv) is not None]
+        if library("native") is not None:
             try:
-                ext.use_kernels(["native"], [_library("native")])
+                ext.use_kernels(["native"], [library("native")])
                 levels.append("native")
             except RuntimeError as exc:  # built on another machine
                 warnings.warn(f"fastbert: the native kernel library does not run here ({exc})", RuntimeWarning,
@@ -107,7 +107,7 @@ def _use_level(ext, level: str) -> None:
     chain = runnable[:runnable.index(level) + 1]
     first = max(i for i, lv in enumerate(chain) if lv in FULL_LEVELS)
     chain = chain[first:]
-    ext.use_kernels(chain, [_library(lv) for lv in chain])
+    ext.use_kernels(chain, [library(lv) for lv in chain])
 
 
 def cpu_capability() -> Optional[str]:

@@ -128,9 +128,9 @@ def patch(model, backend: Optional[str] = None):
     """Run a model loaded by transformers (a class fastbert has: fastbert.hf.from_transformers) on
     fastbert, in place: model(...) and model.forward(...) run the fastbert model that shares its
     Parameter objects, in the model's train / eval mode, and return the same fields. The model's
-    modules, state_dict and parameters stay what they were. Returns the model (patching twice is
-    the same as once)."""
-    if getattr(model, "_fastbert_model", None) is not None:
+    modules, state_dict and parameters stay what they were; model.fastbert_model is the fastbert
+    model it runs. Returns the model (patching twice is the same as once)."""
+    if getattr(model, "fastbert_model", None) is not None:
         return model
     fm = from_transformers(model, backend)
 
@@ -140,7 +140,7 @@ def patch(model, backend: Optional[str] = None):
             fm.train(model.training)
         return fm(*args, **kwargs)
 
-    object.__setattr__(model, "_fastbert_model", fm)  # not a submodule: no second copy in state_dict()
+    object.__setattr__(model, "fastbert_model", fm)  # not a submodule: no second copy in state_dict()
     model.forward = forward
     return model
 

@@ -1,4 +1,5 @@
-"""Shared test helpers. Triton kernels run on the CPU through the interpreter when there is no GPU:
+"""Fixtures shared by the whole suite and the hook of the slow_with marker (helpers are in
+tests/helpers/). Triton kernels run on the CPU through the interpreter when there is no GPU:
 TRITON_INTERPRET=1 must be set before triton is imported, so it is set here, first."""
 import os
 
@@ -9,79 +10,39 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from fastbert import backend as fb_backend  # noqa: E402
-from fastbert.selfcheck import bound_check, with_grads  # noqa: E402  (the one error bound)
+from tests.helpers.backends import require  # noqa: E402
 
 
-def backend_missing(backend):
-    """Why `backend` cannot run here, or None when it can."""
-    if backend == "cpp" and fb_backend.cpp_extension() is None:
-        return "the C++ extension fastbert._C is not built"
-    if backend == "triton":
-        if not fb_backend.triton_available():
-            return "triton is not installed"
-        if not torch.cuda.is_available() and not fb_backend.triton_interpreting():
-            return "no CUDA device and TRITON_INTERPRET is not 1"
-    return None
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
+def pytest_collection_modifyitems(items):
+    """@pytest.mark.slow_with("cpp", "triton"): the test's cases whose backend fixture is one of
+    those are slow, the others not."""
+    for item in items:
+        marker = item.get_closest_marker("slow_with")
+        callspec = getattr(item, "callspec", None)
+        if marker is not None and callspec is not None and callspec.params.get("backend") in marker.args:
+            item.add_marker(pytest.mark.slow)
 
 
-def require(backend):
-    """Skip when `backend` is unavailable, unless FASTBERT_REQUIRE_ALL_BACKENDS=1 (CI): then fail."""
-    why = backend_missing(backend)
-    if why is None:
-        return
-    if os.environ.get("FASTBERT_REQUIRE_ALL_BACKENDS") == "1":
-        pytest.fail(f"backend {backend!r} is required here but unavailable: {why}")
-    pytest.skip(f"backend {backend!r} unavailable: {why}")
-
-
-def device_for(backend):
-    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
-
-
-def assert_within_bound(name, out, torch_out, ref64, dtype):
-    """err(kernel, fp64 ref) <= 2 * err(torch in the same dtype, fp64 ref) + ATOL[dtype] * scale."""
-    assert out.shape == ref64.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref64.shape)}"
-    assert out.dtype == torch_out.dtype, f"{name}: dtype {out.dtype}, torch gives {torch_out.dtype}"
-    assert torch.isfinite(out).all(), f"{name}: non-finite values"
-    ok, err, bound = bound_check(out, torch_out, ref64, dtype)
-    assert ok, f"{name}: err {err:.3e} > bound {bound:.3e}"
-
-
-def run_with_grads(fn, inputs, grad_out):
-    """Call fn(*inputs) on fresh leaf copies; return (output, [grad of each input])."""
-    out, *grads = with_grads(fn, inputs, grad_out)
-    return out, grads
-
-
-@pytest.fixture(params=["torch", "cpp", "triton"])
+@pytest.fixture(params=["torch", "cpp", pytest.param("triton", marks=pytest.mark.triton)])
 def backend(request):
     require(request.param)
     return request.param
 
 
-# ---------------------------------------------------------------------------------------------
-# pretraining tests (tests/pretraining): one tiny prepared corpus per session, one thread
-
-
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory):
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "pretraining"))
-    from pretraining_helpers import make_tiny_data
-
-    return make_tiny_data(str(tmp_path_factory.mktemp("tiny_data")))
-
-
-@pytest.fixture(autouse=True)
-def _one_thread_in_pretraining_tests(request):
-    """The pretraining models are tiny: one thread runs them as fast as two, and far faster when
-    the cores are shared with other work."""
-    if "pretraining" not in str(request.node.fspath):
-        yield
-        return
+@pytest.fixture
+def one_thread():
+    """Tiny models: one thread runs them as fast as two, and far faster when the cores are shared
+    with other work."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """One tiny prepared corpus per session (the pretraining and prepare tests)."""
+    from tests.helpers.pretraining import make_tiny_data
+
+    return make_tiny_data(str(tmp_path_factory.mktemp("tiny_data")))

@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 import torch
-from conftest import require
 
 import fastbert
+from tests.helpers.backends import require
 
 
 def run_python(code, **env):
@@ -43,6 +43,7 @@ def test_import_without_extension_falls_back_to_torch_with_one_warning():
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
+@pytest.mark.triton
 def test_triton_on_cpu_without_interpreter_is_a_clear_error():
     require("triton")
     proc = run_python(
@@ -101,6 +102,7 @@ def test_the_highest_level_the_cpu_runs_is_in_use_unless_capped(monkeypatch):
     assert ("avx2" in levels) == ("avx2" in cpu) and ("avx512" in levels) == ("avx512" in cpu)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cap", ["scalar", "avx2", "avx512", "avx512_vnni", "native"])
 def test_fastbert_cpu_capability_caps_the_level(cap):
     _ext()
@@ -165,7 +167,7 @@ def test_a_kernel_library_exports_its_table_alone():
     if shutil.which("nm") is None:
         pytest.skip("nm (binutils) is not installed")
     for level in fastbert.backend.cpu_capabilities():
-        path = fastbert.backend._library(level)
+        path = fastbert.backend.library(level)
         out = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
         names = {line.split()[-1] for line in out.splitlines() if line.strip()}
         assert names - {"_init", "_fini"} == {"fastbert_kernel_table"}, (level, sorted(names)[:20])
@@ -173,6 +175,7 @@ def test_a_kernel_library_exports_its_table_alone():
         assert "torch" not in needed and "c10" not in needed, (level, needed)
 
 
+@pytest.mark.slow
 def test_a_fresh_processes_first_parallel_vector_math_is_accurate():
     # torch's first parallel call of an MKL vector-math function can run one thread's chunk on a
     # low-accuracy kernel (fastbert.backend.VECTOR_MATH); importing fastbert settles MKL's picks first.

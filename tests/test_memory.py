@@ -4,11 +4,11 @@ linear layers that write into it (fastbert.ops.linear); freed heap memory given 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import require
 
 from fastbert import backend as fb_backend
 from fastbert import memory, ops
 from fastbert.ops import gemm
+from tests.helpers.backends import require
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import torch
 from fastbert.bench.peers import PEERS
 
 
-def _peer_of(name: str) -> List[str]:
+def peer_of(name: str) -> List[str]:
     # the peer whose provider `name` is ("onnxruntime int8" -> ["onnxruntime"]); none for fastbert's
     return [p for p in PEERS if name.startswith(p + " ")]
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     spec = json.loads(spec)
     data = torch.load(batch)
     dtypes = [getattr(torch, d) for d in spec["dtypes"]]
-    provs, _, skipped = encoder_providers(spec["layers"], dtypes, data["ids"], data["mask"], _peer_of(name),
+    provs, _, skipped = encoder_providers(spec["layers"], dtypes, data["ids"], data["mask"], peer_of(name),
                                           spec["arch"])
     if name not in provs:
         raise SystemExit(f"fastbert bench: no provider {name!r} here ({skipped.get(name, 'unknown')})")

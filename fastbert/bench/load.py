@@ -199,10 +199,10 @@ async def _load(spec: dict) -> dict:
     finally:
         for connection in connections:
             connection.close()
-    return _summary(done, probe, tokens, texts)
+    return summary(done, probe, tokens, texts)
 
 
-def _summary(done: List[tuple], probe: _Probe, tokens: List[int], texts: int) -> dict:
+def summary(done: List[tuple], probe: _Probe, tokens: List[int], texts: int) -> dict:
     w0, w1 = probe.marks[0]["t"], probe.marks[-1]["t"]
     window = w1 - w0
     reqs = toks = 0.0

@@ -259,7 +259,7 @@ class _Skip(Exception):
     """A peer that does not run this dtype (printed as the reason)."""
 
 
-_BUILD = {"onnxruntime": _onnxruntime, "openvino": _openvino, "ctranslate2": _ctranslate2,
+BUILD = {"onnxruntime": _onnxruntime, "openvino": _openvino, "ctranslate2": _ctranslate2,
           "torch.compile": _torch_compile}
 _PACKAGE = {"onnxruntime": "onnxruntime", "openvino": "openvino", "ctranslate2": "ctranslate2", "torch.compile": None}
 
@@ -287,7 +287,7 @@ def _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped) -> None:
         return
     try:
         with torch.no_grad():
-            provs[name] = _BUILD[peer](hf, ids, mask, dtype, workdir)
+            provs[name] = BUILD[peer](hf, ids, mask, dtype, workdir)
     except _Skip as e:
         skipped[name] = str(e)
     except Exception as e:  # a converter that fails on this machine: say so, time the rest

@@ -70,7 +70,7 @@ def _normalizer(lowercase: bool, strip_accents: Optional[bool]):
     return bert
 
 
-def _bert_pipeline(tok, lowercase: bool, strip_accents: Optional[bool] = None):
+def bert_pipeline(tok, lowercase: bool, strip_accents: Optional[bool] = None):
     from tokenizers import decoders, pre_tokenizers
 
     tok.normalizer = _normalizer(lowercase, strip_accents)
@@ -79,7 +79,7 @@ def _bert_pipeline(tok, lowercase: bool, strip_accents: Optional[bool] = None):
     return tok
 
 
-def _unigram_pipeline(tok):
+def unigram_pipeline(tok):
     """XLM-R's pipeline: NFKC with runs of spaces collapsed, whitespace words marked with "▁"."""
     from tokenizers import Regex, decoders, normalizers, pre_tokenizers
 
@@ -117,13 +117,13 @@ def train_wordpiece(
 
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"fastbert: vocab_size {vocab_size} is too small (at least {len(SPECIAL_TOKENS) + 1})")
-    probe = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")), lowercase,
+    probe = bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")), lowercase,
                            strip_accents)
     counts = trainers.count_words(_reading(texts, length, show_progress), probe)
     tokens = trainers.wordpiece_vocab(counts, vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=min_frequency,
                                       limit_alphabet=limit_alphabet, prefix="##")
     model = models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]", continuing_subword_prefix="##")
-    tok = _bert_pipeline(Tokenizer(model), lowercase, strip_accents)
+    tok = bert_pipeline(Tokenizer(model), lowercase, strip_accents)
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok
 
@@ -137,12 +137,12 @@ def train_unigram(texts: Iterable[str], vocab_size: int, *, length: Optional[int
     specials = UNIGRAM_SPECIAL_TOKENS + (UNIGRAM_MASK,)
     if vocab_size < len(specials) + 1:
         raise ValueError(f"fastbert: vocab_size {vocab_size} is too small (at least {len(specials) + 1})")
-    probe = _unigram_pipeline(Tokenizer(models.Unigram()))
+    probe = unigram_pipeline(Tokenizer(models.Unigram()))
     counts = trainers.count_words(_reading(texts, length, show_progress), probe)
     pieces = [(p, s) for p, s in trainers.unigram_pieces(counts, vocab_size, n_special=len(specials)) if p not in specials]
     vocab = [(t, 0.0) for t in UNIGRAM_SPECIAL_TOKENS] + pieces + [(UNIGRAM_MASK, 0.0)]
     unk = UNIGRAM_SPECIAL_TOKENS.index("<unk>")
-    tok = _unigram_pipeline(Tokenizer(models.Unigram(vocab, unk_id=unk, byte_fallback=False)))
+    tok = unigram_pipeline(Tokenizer(models.Unigram(vocab, unk_id=unk, byte_fallback=False)))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in UNIGRAM_SPECIAL_TOKENS]
                            + [AddedToken(UNIGRAM_MASK, lstrip=True, special=True, normalized=False)])
     cls, sep = UNIGRAM_ROLES["[CLS]"], UNIGRAM_ROLES["[SEP]"]
@@ -205,7 +205,7 @@ def load_tokenizer(path: str, *, lowercase: Optional[bool] = None, strip_accents
         unk = "[UNK]" if "[UNK]" in vocab else None
         if unk is None:
             raise ValueError(f"fastbert: vocabulary {path} has no [UNK] token")
-        tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##")), lowercase,
+        tok = bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##")), lowercase,
                              strip_accents)
     check_special_tokens(tok, source=path)
     return tok

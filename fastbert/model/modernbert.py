@@ -352,7 +352,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
             if want_states:
                 states.append(state)
             probs.append(p)
-        out = y if int8 else self._final_norm(h, delta)
+        out = y if int8 else self.apply_final_norm(h, delta)
         if want_states:
             states[-1] = out  # transformers gives the last layer's output after final_norm
         return (*(states if want_states else [out]), *(probs if want_probs else ()))
@@ -391,7 +391,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
                                              want_sum or not last)
         return y, yq, total, probs
 
-    def _final_norm(self, h: torch.Tensor, delta: Optional[torch.Tensor]) -> torch.Tensor:
+    def apply_final_norm(self, h: torch.Tensor, delta: Optional[torch.Tensor]) -> torch.Tensor:
         # (the model's backend as set_backend gave it to its modules); no layers: no delta
         backend = self.embeddings.backend
         return add_norm(self.final_norm, h, None, backend) if delta is None else add_norm(self.final_norm, delta, h, backend)

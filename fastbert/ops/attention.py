@@ -286,7 +286,7 @@ def _rope(op: str, base: Optional[float], backend: str, head_dim: int, positions
     if head_dim % 2:
         raise ValueError(f"fastbert.ops.{op}: rotary embeddings need an even head_dim, got {head_dim}")
     # tables in whole powers of two of rows, so that a few entries serve every length
-    return _rotary_tables(float(base), head_dim, max(64, 1 << max(positions - 1, 0).bit_length()), str(device))
+    return rotary_tables(float(base), head_dim, max(64, 1 << max(positions - 1, 0).bit_length()), str(device))
 
 
 def _check_relative(op: str, rel: Optional[torch.Tensor], q: torch.Tensor, positions: int) -> None:
@@ -310,7 +310,7 @@ def _check_window(op: str, window: Optional[int]) -> int:
 
 
 @functools.lru_cache(maxsize=32)
-def _rotary_tables(base: float, head_dim: int, positions: int, device: str):
+def rotary_tables(base: float, head_dim: int, positions: int, device: str):
     # a pure function of its arguments, never written to: nothing can make an entry stale. Built as
     # normal tensors even when the first call comes under torch.inference_mode(): an inference
     # tensor cached here could never be saved for a backward later

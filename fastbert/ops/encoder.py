@@ -194,7 +194,7 @@ def layer_forward(hidden: Tensor, weights: Sequence[Tensor], heads: int, eps: Tu
     separate ops on the torch backend, under autocast and for an empty input."""
     backend = _backend.resolve(backend, hidden)
     if backend == "torch" or torch.is_autocast_enabled(hidden.device.type) or hidden.numel() == 0:
-        return _separate_ops(hidden, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel,
+        return separate_ops(hidden, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel,
                              backend)
     if backend == "cpp" and hidden.dtype == torch.float32 and not torch.compiler.is_compiling():
         paths = gemm.layer_paths(hidden.numel() // hidden.shape[-1], (weights[0], weights[2], weights[6], weights[8]),
@@ -235,7 +235,7 @@ def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens,
     return y.view(hidden.shape)
 
 
-def _separate_ops(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend):
+def separate_ops(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend):
     """The same layer through the public ops (the torch backend's path, and autocast's)."""
     h = hidden.shape[-1]
     d = h // heads

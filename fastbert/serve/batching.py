@@ -72,10 +72,10 @@ class Batcher:
         self._busy = 0  # jobs taken by the worker and not finished
         self._cv = threading.Condition()
         self._stopping = False
-        self._thread = None
+        self.thread = None
         if thread:
-            self._thread = threading.Thread(target=self.work, name="fastbert-model", daemon=True)
-            self._thread.start()
+            self.thread = threading.Thread(target=self.work, name="fastbert-model", daemon=True)
+            self.thread.start()
 
     @property
     def in_flight(self) -> int:
@@ -102,8 +102,8 @@ class Batcher:
         with self._cv:
             self._stopping = True
             self._cv.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
 
     # ---- the worker
 

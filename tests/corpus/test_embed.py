@@ -46,6 +46,7 @@ def embed(minilm, *args):
     return cli.main(["embed", minilm, "--no-progress", *args])
 
 
+@pytest.mark.slow
 def test_text_jsonl_and_parquet_give_the_encoders_embeddings(minilm, encoder, tmp_path):
     lines = texts(230)
     (tmp_path / "a.txt").write_text("\n".join(lines[:100]) + "\n", encoding="utf-8")
@@ -90,6 +91,7 @@ def _run(args, env=None):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
+@pytest.mark.slow
 def test_killed_with_sigkill_then_resumed_equals_an_uninterrupted_run(minilm, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(texts(1200, seed=1, longest=16)) + "\n", encoding="utf-8")
@@ -170,6 +172,7 @@ def _files(directory):
     return out
 
 
+@pytest.mark.slow
 def test_a_finished_run_run_again_succeeds_and_changes_nothing(minilm, tmp_path, capsys):
     """A scheduler's retry after a kill that landed just after the last shard, or a pipeline run
     again: exit 0, one line, not a byte nor an mtime changed; --ray too, before it joins a cluster."""

@@ -20,6 +20,8 @@ import fastbert.ray  # noqa: E402
 from fastbert import cli  # noqa: E402
 from fastbert.corpus import shards  # noqa: E402
 
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
 LIMIT_S = 180  # several times a run's wall time on a busy 2-core machine: a run not done by then hung
 WORDS = ("cat dog tree river 한국어 문장 model sentence quick brown fox jumps over lazy night city rain "
          "train station book library").split()

@@ -2,11 +2,11 @@
 as fastbert.ops.unpad of the padded one), whole-word masking, determinism and input errors."""
 import pytest
 import torch
-from mlm_checks import check_invariants, require_masking, small_vocab
 
 import fastbert.ops
 from fastbert import masking, reference
 from fastbert.data import PretrainingCollator
+from tests.helpers.masking import check_invariants, require_masking, small_vocab
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,9 @@
 """Reading corpora: both layouts, sentence splitting, and every skipped line counted."""
 import pytest
-from pretraining_helpers import write
 
 from fastbert.data import default_corpus
 from fastbert.data.corpus import CorpusStats, read_documents, sniff_format, split_sentences
+from tests.helpers.pretraining import write
 
 
 def test_split_sentences():

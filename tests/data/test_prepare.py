@@ -4,12 +4,12 @@ import os
 
 import numpy as np
 import pytest
-from pretraining_helpers import write
 
 from fastbert import cli
 from fastbert.data import shards as shards_mod
 from fastbert.data.prepare import PrepareError, prepare_data
 from fastbert.data.shards import InstanceDataset, ShardWriter, read_index, write_index
+from tests.helpers.pretraining import write
 
 TEXT = [
     ["The cat sat on the mat.", "It was a sunny day.", "The dog barked at the cat.", "Then it ran away."],

@@ -9,10 +9,10 @@ import unicodedata
 
 import pytest
 import torch
-from korean_text import DOCUMENTS
 
 from fastbert.data import trainers
 from fastbert.data import vocab as vocab_mod
+from tests.helpers.korean_text import DOCUMENTS
 
 KOREAN = [s for doc in DOCUMENTS for s in doc]
 ENGLISH = ["The model reads a sentence in both directions.", "Query and passage embeddings are compared.",
@@ -44,6 +44,7 @@ def _train_in_processes(*seeds: str) -> list:
     return [json.loads(out) for out, _ in outs]
 
 
+@pytest.mark.slow
 def test_trainers_give_the_same_vocabulary_in_every_process():
     runs = _train_in_processes("1", "2")
     assert runs[0]["hash"] == runs[1]["hash"]
@@ -56,7 +57,7 @@ def test_trainers_give_the_same_vocabulary_in_every_process():
 def _bert_probe(lowercase=True):
     from tokenizers import Tokenizer, models
 
-    return vocab_mod._bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
+    return vocab_mod.bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
 
 
 def test_count_words_streams_and_splits_as_the_pipeline():
@@ -64,7 +65,7 @@ def test_count_words_streams_and_splits_as_the_pipeline():
     assert trainers.count_words(texts, _bert_probe()) == {"hello": 2, ",": 1, "world": 1, "!": 1, "again": 1}
     from tokenizers import Tokenizer, models
 
-    probe = vocab_mod._unigram_pipeline(Tokenizer(models.Unigram()))
+    probe = vocab_mod.unigram_pipeline(Tokenizer(models.Unigram()))
     assert trainers.count_words(["Hello,  world  hello", "ｗｏｒｌｄ"], probe) == {
         "\u2581Hello,": 1, "\u2581world": 2, "\u2581hello": 1}  # cased, NFKC folds the full-width letters
 
@@ -142,7 +143,7 @@ def test_unigram_tokenizer_has_xlmr_ids_and_reads_korean():
 def test_unigram_pieces_keep_characters_and_are_sorted():
     from tokenizers import Tokenizer, models
 
-    counts = trainers.count_words(CORPUS, vocab_mod._unigram_pipeline(Tokenizer(models.Unigram())))
+    counts = trainers.count_words(CORPUS, vocab_mod.unigram_pipeline(Tokenizer(models.Unigram())))
     chars = {ch for w in counts for ch in w}
     pieces = trainers.unigram_pieces(counts, len(chars) + 25, n_special=5)
     names = [p for p, _ in pieces]

@@ -9,6 +9,8 @@ pytest.importorskip("triton")
 
 from fastbert.kernels import report  # noqa: E402
 
+pytestmark = pytest.mark.triton
+
 FIELDS = {"kernel", "arch", "config", "registers", "spill_bytes", "shared_bytes", "tensor_core", "ok", "error"}
 
 
@@ -17,6 +19,7 @@ def quick_records():
     return report.run_report(archs=["sm_80"], quick=True, jobs=2)
 
 
+@pytest.mark.slow
 def test_quick_report_compiles_every_kernel_without_spills(quick_records):
     assert quick_records, "the report compiled nothing"
     for r in quick_records:
@@ -77,6 +80,7 @@ def test_report_lists_every_attention_setting_the_launchers_pick():
                     assert want in listed, want
 
 
+@pytest.mark.slow
 def test_table_and_summary_format(quick_records):
     table = report.format_table(quick_records)
     summary = report.format_summary(quick_records)
@@ -92,6 +96,7 @@ def test_failures_and_spills_fail_the_report():
     assert report.report_failed([good, {"ok": False, "spill_bytes": None}])
 
 
+@pytest.mark.slow
 def test_the_saved_report_check_finds_stale_incomplete_and_untrue_reports(quick_records, tmp_path):
     # the quick records saved as if they were the full report: current, but incomplete; the
     # variants compiled again (the most-register one of each kernel, none at random) as recorded

@@ -5,17 +5,19 @@ import copy
 
 import pytest
 import torch
-from conftest import assert_within_bound, require
-from test_autocast import BF16, run
-from test_families import CONFIGS, PREFIX, batch, labels_for, pair
-from test_trainer import TINY as TRAINER_TINY
-from test_trainer import sentiment_rows, tokenizer  # noqa: F401  (the fixture)
 
 import fastbert
+from tests.helpers.autocast import BF16, run
+from tests.helpers.backends import require
+from tests.helpers.bounds import assert_within_bound
+from tests.helpers.families import CONFIGS, PREFIX, batch, labels_for, pair
+from tests.helpers.fine_tuning import TINY as TRAINER_TINY
+from tests.helpers.fine_tuning import sentiment_rows
 
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,name", [("xlm-roberta", "XLMRobertaForSequenceClassification"),
                                          ("electra", "ElectraForMaskedLM")])
 def test_torch_compile_fullgraph_like_eager(family, name):
@@ -92,6 +94,7 @@ def test_int8_close_to_fp32_with_transformers_state_dict(family, tmp_path):
     assert torch.nn.functional.cosine_similarity(c, b, dim=-1).min() > 0.99
 
 
+@pytest.mark.slow
 def test_trainer_trains_xlm_roberta_and_saves_what_transformers_loads(tokenizer, tmp_path):  # noqa: F811
     torch.manual_seed(0)
     config = fastbert.XLMRobertaConfig(vocab_size=len(tokenizer), num_labels=2, pad_token_id=0, type_vocab_size=1,

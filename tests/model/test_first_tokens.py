@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
-from conftest import device_for
 
 import fastbert
 from fastbert.model.layers import BertLayer
+from tests.helpers.backends import device_for
 
 CFG = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
            max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
@@ -69,6 +69,7 @@ def assert_same(a, b):
         torch.testing.assert_close(grads_a[name] / scale, g / scale, **tol, msg=name)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("pad", [True, False], ids=["packed", "padded"])
 def test_first_tokens_match_every_token(backend, first_token_calls, pad):
     ours, every = models(backend)
@@ -83,6 +84,7 @@ def test_first_tokens_match_every_token(backend, first_token_calls, pad):
         first_token_calls.clear()
 
 
+@pytest.mark.slow_with("triton")
 def test_first_tokens_under_gradient_checkpointing(backend, first_token_calls):
     ours, every = models(backend)
     ours.gradient_checkpointing_enable()
@@ -91,6 +93,7 @@ def test_first_tokens_under_gradient_checkpointing(backend, first_token_calls):
     assert len(first_token_calls) == 2  # the forward, and its recomputation in the backward
 
 
+@pytest.mark.slow_with("triton")
 def test_outputs_that_need_every_token_run_the_full_layer(backend, first_token_calls):
     ours, every = models(backend)
     batch = inputs(backend)

@@ -3,9 +3,9 @@ hidden_states and attentions on the real MiniLM checkpoint against transformers 
 return_dict=False, inputs_embeds, head_mask, bool / int / 3-D / 4-D masks, int32 ids."""
 import pytest
 import torch
-from test_modeling import HEADS, TINY, batch, pair
 
 import fastbert
+from tests.helpers.bert import HEADS, TINY, batch, pair
 
 transformers = pytest.importorskip("transformers")
 

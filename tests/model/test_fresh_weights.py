@@ -113,6 +113,7 @@ def test_to_dtype_and_back(model):
     assert not torch.allclose(infer(model), want32)  # the halved key weight is still there
 
 
+@pytest.mark.slow
 def test_inference_after_training_matches_transformers_on_minilm():
     """The measured failure: one fused AdamW step on the real checkpoint, then inference, against
     transformers loaded with the same weights."""

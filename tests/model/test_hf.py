@@ -57,6 +57,7 @@ def test_real_checkpoint_matches_transformers(minilm):
     torch.testing.assert_close(f.pooler_output, h.pooler_output, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_sentence_encoder_matches_sentence_transformers(minilm):
     st = pytest.importorskip("sentence_transformers")
     sents = real_sentences(240)
@@ -135,6 +136,7 @@ def test_attn_implementation_fastbert_returns_attentions_when_asked(minilm):
     assert not plain.attentions  # the fused path when they are not asked for
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["eval", "train"])
 def test_torch_compile_has_no_graph_breaks(mode):
     for name in ("BertModel", "BertForSequenceClassification", "BertForPreTraining"):
@@ -149,6 +151,7 @@ def test_torch_compile_has_no_graph_breaks(mode):
         assert explained.graph_break_count == 0, (name, mode, explained.break_reasons)
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph_trains_and_infers_like_eager():
     """torch.compile(model, fullgraph=True): a training step's loss and gradients, and the inference
     outputs, equal eager mode's (dropout off, so both draw nothing)."""

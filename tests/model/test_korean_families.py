@@ -3,10 +3,10 @@ of Hangul syllables, model_type "roberta", one token type) and XLM-R with a Unig
 against transformers on the same tokenized Korean sentences, in fp32 and int8."""
 import pytest
 import torch
-from st_dirs import KOREAN, xlmr_checkpoint
 
 import fastbert
 from fastbert.data.vocab import train_wordpiece
+from tests.helpers.st_dirs import KOREAN, xlmr_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

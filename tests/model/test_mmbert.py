@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import require
-from test_modernbert import check_close, randomize
 
 import fastbert
+from tests.helpers.backends import require
+from tests.helpers.modernbert import check_close, randomize
 
 transformers = pytest.importorskip("transformers")
 
@@ -93,6 +93,7 @@ def test_the_config_is_mmbert_base():
     assert hc.rope_parameters["sliding_attention"]["rope_theta"] == 160000.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", ["cpp", "torch"])
 def test_masked_lm_matches_transformers(models, backend_name):
     """Logits over the 256,000-token vocabulary at every real token, and the loss."""
@@ -153,6 +154,7 @@ def _tensor_names(directory):
         return set(f.keys())
 
 
+@pytest.mark.slow
 def test_tied_embeddings_stay_tied_through_checkpoints_both_ways(models, tmp_path):
     """transformers' save -> fastbert's from_pretrained: the decoder is the embedding Parameter;
     fastbert's save writes it once (as transformers does) -> transformers' from_pretrained: nothing

@@ -2,20 +2,22 @@
 model in fp32; every layer exactly the int8 rule (its GEMMs' inputs quantized per row, its weights per
 channel, everything else in float), checked layer by layer against the fp32 layer with the rule
 applied by hand; the never-stale guarantees; checkpoints transformers loads; bf16; the padded and
-explicit paths; and the errors for training. Small random models (test_modernbert's), biases off
+explicit paths; and the errors for training. Small random models (tests.helpers.modernbert's), biases off
 (ModernBERT's default) and on."""
 import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
-from test_modernbert import BIASED, SMALL, _one_thread, inputs, pair  # noqa: F401 (_one_thread: autouse)
 
 import fastbert
 from fastbert.model.int8 import Int8Linear
 from fastbert.reference import int8 as rule
+from tests.helpers.modernbert import BIASED, SMALL, inputs, pair
 
 transformers = pytest.importorskip("transformers")
+# tiny models: one thread runs them as fast as two, and far faster when the cores are shared
+pytestmark = pytest.mark.usefixtures("one_thread")
 CLASSIFIER = "ModernBertForSequenceClassification"
 # int8 against fp32: max abs error relative to fp32's largest value, and the cosine of the two as flat
 # vectors (measured: 0.012 to 0.015 and 0.9999 with weights in [-127, 127], 0.022 to 0.024 and 0.9997 in [-64, 64])
@@ -83,7 +85,7 @@ def layer_errors(int8, fp32, ids, mask, monkeypatch, rule_applied=True):
             patch.setattr(fastbert.ops, "linear", fake_quant_linear)
         for i, layer in enumerate(emu.layers):
             h, delta, _ = layer(states[i], None, mask, None)
-            want = h + delta if i + 1 < len(emu.layers) else emu._final_norm(h, delta)
+            want = h + delta if i + 1 < len(emu.layers) else emu.apply_final_norm(h, delta)
             err = (states[i + 1] - want).abs().amax(-1)[real] / want[real].abs().max()
             errors.append((err.median().item(), err.max().item()))
     return errors

@@ -8,10 +8,10 @@ all-mpnet-base-v2's shape."""
 
 import pytest
 import torch
-from conftest import require
-from test_modernbert import FLOOR, REL, assert_checkpoints_both_ways, assert_paths_agree, check_close
 
 import fastbert
+from tests.helpers.backends import require
+from tests.helpers.modernbert import FLOOR, REL, assert_checkpoints_both_ways, assert_paths_agree, check_close
 
 transformers = pytest.importorskip("transformers")
 
@@ -22,15 +22,8 @@ LENGTHS = (30, 17, 26, 5)  # right padding, mixed lengths (the first row full)
 NAMES = ["MPNetModel", "MPNetForMaskedLM", "MPNetForSequenceClassification", "MPNetForTokenClassification",
          "MPNetForQuestionAnswering"]
 MAIN = {"MPNetModel": "last_hidden_state", "MPNetForQuestionAnswering": "start_logits"}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The models are tiny: one thread runs them as fast as two, and far faster on shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# tiny models: one thread runs them as fast as two, and far faster when the cores are shared
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def randomize(model, seed, scale=0.1):
@@ -269,8 +262,8 @@ def test_patch_runs_a_transformers_mpnet_on_fastbert():
         want = hm(input_ids=ids, attention_mask=mask).logits
         fastbert.patch(hm)
         got = hm(input_ids=ids, attention_mask=mask).logits
-    assert isinstance(hm._fastbert_model, fastbert.MPNetForSequenceClassification)
-    assert hm._fastbert_model.classifier.out_proj.weight is hm.classifier.out_proj.weight
+    assert isinstance(hm.fastbert_model, fastbert.MPNetForSequenceClassification)
+    assert hm.fastbert_model.classifier.out_proj.weight is hm.classifier.out_proj.weight
     check_close({}, "patched logits", got, want)
 
 

@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
-from test_families import PREFIX, batch, hf_config, labels_for
 
 import fastbert
 import fastbert.hf
+from tests.helpers.families import PREFIX, batch, hf_config, labels_for
 
 transformers = pytest.importorskip("transformers")
 
@@ -59,7 +59,7 @@ def test_patch_keeps_outputs_and_parameters(family, name):
 def test_patch_follows_train_and_eval():
     model = loaded("xlm-roberta", "XLMRobertaModel")
     fastbert.patch(model)
-    fm = model._fastbert_model
+    fm = model.fastbert_model
     g = torch.Generator().manual_seed(2)
     ids, mask, _ = batch("xlm-roberta", 2, 8, g)
     model.train()
@@ -90,10 +90,10 @@ def test_patch_transformers(tmp_path):
         other = transformers.AutoModel.from_pretrained(tmp_path / "d")
     finally:
         fastbert.hf.unpatch_transformers()
-    assert isinstance(model._fastbert_model, fastbert.XLMRobertaForSequenceClassification)
-    assert getattr(other, "_fastbert_model", None) is None
+    assert isinstance(model.fastbert_model, fastbert.XLMRobertaForSequenceClassification)
+    assert getattr(other, "fastbert_model", None) is None
     plain = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "x")
-    assert getattr(plain, "_fastbert_model", None) is None
+    assert getattr(plain, "fastbert_model", None) is None
     ids = torch.tensor([[0, 5, 6, 7, 2]])
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits, atol=2e-5, rtol=1e-4)

@@ -6,13 +6,13 @@ import weakref
 
 import pytest
 import torch
-from conftest import require
 from torch import nn
 
 import fastbert
 from fastbert.model import stack_plan
 from fastbert.model.layers import BertLayer
 from fastbert.ops import encoder, gemm
+from tests.helpers.backends import require
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,35 +1,13 @@
 """fastbert models under transformers.Trainer (train, evaluate, save_model with processing_class and
 DataCollatorWithPadding; the saved directory reloads in transformers with the same logits), the
 PreTrainedModel methods scripts call, and gradient checkpointing that really recomputes."""
-import random
-
 import pytest
 import torch
 
 import fastbert
+from tests.helpers.fine_tuning import TINY, sentiment_rows
 
 transformers = pytest.importorskip("transformers")
-
-WORDS = ["good", "great", "fine", "bad", "awful", "poor", "the", "movie", "was", "a", "plot", "and", "very", "not"]
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
-    return transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(tokens)})
-
-
-def sentiment_rows(tokenizer, n, seed):
-    """Sentences of 3..12 words; label 1 when a positive word comes before any negative one."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        words = [rng.choice(WORDS[6:]) for _ in range(rng.randint(2, 11))]
-        label = rng.randint(0, 1)
-        words.insert(rng.randint(0, len(words)), rng.choice(WORDS[:3] if label else WORDS[3:6]))
-        rows.append(dict(tokenizer(" ".join(words)), label=label))
-    return rows
 
 
 def test_trainer_trains_evaluates_and_saves_a_model_transformers_loads(tokenizer, tmp_path):

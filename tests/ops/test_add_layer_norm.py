@@ -2,10 +2,12 @@
 gradients, with and without dropout (the mask is a function of the seed, the same on every backend)."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for, require, run_with_grads
 
 import fastbert
 from fastbert import reference
+from tests.helpers.backends import device_for, dtypes_for, require
+from tests.helpers.bounds import assert_within_bound, run_with_grads
+from tests.helpers.layer_norm import make_inputs
 
 # hidden 1 is left out: its variance is 0, rstd = 1/sqrt(eps) = 1e6 overflows torch's own fp16
 # backward (NaN), so there is no baseline to compare with; constant rows are tested on their own.
@@ -15,21 +17,6 @@ SHAPES_LARGE = [(17, 384), (33, 768), (7, 1023), (9, 1024), (3, 4096), (2, 5, 30
 
 def shapes_for(backend):
     return SHAPES_SMALL if backend == "triton" else SHAPES_SMALL + SHAPES_LARGE
-
-
-def dtypes_for(backend):
-    return [torch.float32, torch.float16] if backend == "triton" else [torch.float32, torch.float16, torch.bfloat16]
-
-
-def make_inputs(shape, dtype, dev, seed, param_dtype=None):
-    g = torch.Generator().manual_seed(seed)
-    n = shape[-1]
-    x = torch.randn(shape, generator=g).to(dev, dtype)
-    res = (torch.randn(shape, generator=g) * 3 + 1).to(dev, dtype)
-    w = (1 + 0.5 * torch.randn(n, generator=g)).to(dev, param_dtype or dtype)
-    b = (0.5 * torch.randn(n, generator=g)).to(dev, param_dtype or dtype)
-    dy = torch.randn(shape, generator=g).to(dev, dtype)
-    return x, res, w, b, dy
 
 
 def check_add_layer_norm(backend, shape, dtype, dropout_p=0.0, param_dtype=None, seed=0, eps=1e-12, bias=True):
@@ -59,6 +46,7 @@ def check_add_layer_norm(backend, shape, dtype, dropout_p=0.0, param_dtype=None,
     return grads
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_add_layer_norm_matches_reference(backend, dropout_p):
     for i, shape in enumerate(shapes_for(backend)):
@@ -66,6 +54,7 @@ def test_add_layer_norm_matches_reference(backend, dropout_p):
             check_add_layer_norm(backend, shape, dtype, dropout_p, seed=i)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_add_layer_norm_without_bias_matches_reference(backend, dropout_p):
     # ModernBERT's norms have no bias
@@ -150,7 +139,7 @@ def test_add_layer_norm_bad_input_errors():
         ln(x, res, w, b, dropout_p=0.1, seed=-1)
 
 
-@pytest.mark.parametrize("fused", ["cpp", "triton"])
+@pytest.mark.parametrize("fused", ["cpp", pytest.param("triton", marks=pytest.mark.triton)])
 def test_add_layer_norm_hidden_above_maximum(fused):
     require(fused)
     n = fastbert.ops.MAX_HIDDEN + 1

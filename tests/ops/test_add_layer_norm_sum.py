@@ -4,12 +4,12 @@ through y only, through s only, and through both; dropout and no bias too. The d
 unchanged: y is bit for bit the default's, and so are the gradients when only y is used."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for, require
-from test_add_layer_norm import dtypes_for
-from test_add_layer_norm import make_inputs as base_inputs
 
 import fastbert
 from fastbert import reference
+from tests.helpers.backends import device_for, dtypes_for, require
+from tests.helpers.bounds import assert_within_bound
+from tests.helpers.layer_norm import make_inputs as base_inputs
 
 # 2500: the Triton backward takes whole rows without the sum's gradient, two passes with it (above 2048)
 SHAPES_SMALL = [(1, 2), (3, 7), (5, 384), (2, 3, 768), (2, 2500)]
@@ -71,6 +71,7 @@ def check_sum(backend, shape, dtype, through="both", dropout_p=0.0, bias=True, s
     return outs, grads
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("through", ["both", "y", "s"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_outputs_and_gradients_match_the_reference(backend, dropout_p, through):
@@ -79,6 +80,7 @@ def test_outputs_and_gradients_match_the_reference(backend, dropout_p, through):
             check_sum(backend, shape, dtype, through, dropout_p, seed=i)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("through", ["both", "y", "s"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_without_bias_matches_the_reference(backend, dropout_p, through):
@@ -169,6 +171,7 @@ def test_compile_fullgraph_matches_eager():
             torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6, msg=through)
 
 
+@pytest.mark.triton
 def test_the_build_report_lists_the_sum_variants_the_launchers_pick():
     pytest.importorskip("triton")
     from fastbert.kernels import layer_norm

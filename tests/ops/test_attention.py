@@ -6,10 +6,12 @@ must also be the reference's counter-based mask bit for bit.
 """
 import pytest
 import torch
-from conftest import assert_within_bound, device_for
 
 import fastbert
 from fastbert import reference
+from tests.helpers.attention import mixed_mask, pack, qkv, run
+from tests.helpers.backends import device_for, dtypes_for
+from tests.helpers.bounds import assert_within_bound
 
 # The interpreter is slow: the triton backend gets short sequences; the others every length asked.
 SEQS_SMALL = [1, 7, 33, 64]
@@ -19,41 +21,6 @@ HEAD_DIMS = [32, 64, 128]
 
 def seqs_for(backend):
     return SEQS_SMALL if backend == "triton" else SEQS_SMALL + SEQS_LARGE
-
-
-def dtypes_for(backend):
-    # the interpreter has no bfloat16 matrix product; fp32 and fp16 are what it checks
-    return [torch.float32, torch.float16] if backend == "triton" else [torch.float32, torch.float16, torch.bfloat16]
-
-
-def mixed_mask(batch, seq, g, left=False):
-    """Rows: full, partly padded (random lengths), fully padded; left-padded rows when `left`."""
-    lengths = [seq, 0] + torch.randint(1, seq + 1, (batch - 2,), generator=g).tolist()
-    mask = torch.zeros(batch, seq, dtype=torch.int64)
-    for b, n in enumerate(lengths):
-        if left and b % 2 == 1:
-            mask[b, seq - n :] = 1
-        else:
-            mask[b, :n] = 1
-    return mask
-
-
-def holey_mask(batch, seq, g):
-    """Rows: full, then random real tokens with holes anywhere (each token real with probability 3/4)."""
-    mask = (torch.rand(batch, seq, generator=g) < 0.75).to(torch.int64)
-    mask[0] = 1
-    return mask
-
-
-def qkv(shape, dtype, dev, g):
-    return [torch.randn(shape, generator=g).to(dev, dtype) for _ in range(3)]
-
-
-def run(fn, inputs, dout):
-    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
-    out = fn(*leaves)
-    out.backward(dout.to(out.dtype))
-    return out.detach(), [t.grad for t in leaves]
 
 
 def check_attention(backend, batch, heads, seq, head_dim, dtype, dropout_p, seed, left=False):
@@ -88,6 +55,7 @@ def check_attention(backend, batch, heads, seq, head_dim, dtype, dropout_p, seed
         assert_within_bound(f"{tag} {name}", a[real], b[real], c[real], dtype)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_attention_matches_reference(backend, dropout_p):
     for i, seq in enumerate(seqs_for(backend)):
@@ -146,39 +114,7 @@ def test_attention_never_nan(backend, mask_kind):
             assert out.abs().max() == 0 and all(t.abs().max() == 0 for t in grads)
 
 
-def padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0, left=False, dropout_seed=5,
-                holes=False):
-    """(q, k, v, dout, mask, keep-mask, generator) of a padded attention check on fresh inputs; keep is
-    the reference's dropout mask for dropout_seed (what the kernels draw for it). holes: a mask with
-    holes anywhere (holey_mask) instead of left or right padding."""
-    dev = device_for(backend)
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = qkv((batch, heads, seq, head_dim), dtype, dev, g)
-    dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(dev, dtype)
-    mask = (holey_mask(batch, seq, g) if holes else mixed_mask(batch, seq, g, left)).to(dev)
-    keep = reference.attention_keep_mask(dropout_seed, batch, heads, seq, seq, dropout_p, reference.mask_starts(mask), dev)
-    return q, k, v, dout, mask, keep, g
-
-
-def pack(t, mask):
-    """[batch, heads, seq, d] -> [total_tokens, heads, d] over the real tokens of mask."""
-    return fastbert.ops.unpad(t.transpose(1, 2), mask)[0]
-
-
-def assert_packed_agrees_with_padded(backend, g, seq=40, make_options=lambda heads, seq, dev: {}):
-    """varlen_attention on the packed real tokens gives the padded attention's rows (right padding:
-    a token's position is its index in its sequence either way); options from make_options."""
-    dev = device_for(backend)
-    batch, heads = 4, 2
-    q, k, v = qkv((batch, heads, seq, 64), torch.float32, dev, g)
-    mask = mixed_mask(batch, seq, g).to(dev)
-    options = make_options(heads, seq, dev)
-    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
-    padded = fastbert.ops.attention(q, k, v, mask, backend=backend, **options)
-    packed = fastbert.ops.varlen_attention(*(pack(t, mask) for t in (q, k, v)), cu, n, backend=backend, **options)
-    torch.testing.assert_close(packed, pack(padded, mask), atol=1e-5, rtol=1e-5)
-
-
+@pytest.mark.slow_with("triton")
 def test_varlen_agrees_with_padded(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(21)
@@ -204,6 +140,7 @@ def test_varlen_agrees_with_padded(backend):
                 torch.testing.assert_close(a, pack(b, mask), **tol)
 
 
+@pytest.mark.slow_with("triton")
 def test_varlen_matches_reference(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(4)
@@ -273,6 +210,7 @@ def test_attention_errors():
         fastbert.ops.attention(q[0], q[0], q[0])
 
 
+@pytest.mark.triton
 def test_attention_triton_head_dim_error():
     pytest.importorskip("triton")
     from fastbert import backend as fb

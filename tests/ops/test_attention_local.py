@@ -6,12 +6,11 @@ agree. The Triton kernels skip the key (query) tiles out of every row's window: 
 they never read."""
 import pytest
 import torch
-from conftest import device_for, require
-from test_attention import assert_packed_agrees_with_padded, dtypes_for, mixed_mask, padded_case, qkv
-from test_attention_rotary import compare
 
 import fastbert
 from fastbert import reference
+from tests.helpers.attention import assert_packed_agrees_with_padded, compare, mixed_mask, padded_case, qkv
+from tests.helpers.backends import device_for, dtypes_for, require
 
 
 def check_local(backend, batch, heads, seq, head_dim, dtype, window, seed, dropout_p=0.0, rotary_base=None,
@@ -33,6 +32,7 @@ def check_local(backend, batch, heads, seq, head_dim, dtype, window, seed, dropo
     compare(tag, op, ref, [q, k, v], dout, dtype, mask.bool()[:, None, :, None].expand(q.shape))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [0, 1, 3, 16, 40])
 def test_local_attention_matches_reference(backend, window):
     # the Triton tiles are 16 to 128 rows: windows narrower and wider than a tile, sequences of
@@ -43,11 +43,13 @@ def test_local_attention_matches_reference(backend, window):
             check_local(backend, 3, 2, seq, (32, 64)[i % 2], dtype, window, seed=i)
 
 
+@pytest.mark.slow_with("torch", "triton")
 def test_local_attention_with_dropout_rotary_and_left_padding(backend):
     seq = 70 if backend == "triton" else 300
     check_local(backend, 4, 2, seq, 64, torch.float32, 16, seed=1, dropout_p=0.1, rotary_base=10000.0, left=True)
 
 
+@pytest.mark.slow_with("triton")
 def test_local_attention_with_holes_in_the_mask(backend):
     for dtype in dtypes_for(backend):
         check_local(backend, 3, 2, 40, 32, dtype, 5, seed=4, holes=True)
@@ -65,6 +67,7 @@ def test_a_window_as_wide_as_the_sequence_is_global_attention(backend):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_local_varlen_matches_reference_and_padded(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(6)
@@ -88,6 +91,8 @@ def test_local_varlen_matches_reference_and_padded(backend):
     assert_packed_agrees_with_padded(backend, g, make_options=lambda *_: dict(window=window))
 
 
+@pytest.mark.slow
+@pytest.mark.triton
 def test_triton_local_attention_skips_the_tiles_out_of_the_window():
     # NaN in key and value 0: a query tile that visited key 0's tile would get NaN (0 * NaN in
     # p v, even where the window masks the score), and so would the gradients of a key tile that

@@ -5,11 +5,12 @@ scores). Outputs, dq, dk, dv and the bias's own gradient, with the bound of STYL
 with padding (left and right, and holes), dropout, a window and rotary embeddings; packed."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for
-from test_attention import assert_packed_agrees_with_padded, dtypes_for, padded_case, qkv, run
 
 import fastbert
 from fastbert import layouts, reference
+from tests.helpers.attention import assert_packed_agrees_with_padded, padded_case, qkv, run
+from tests.helpers.backends import device_for, dtypes_for
+from tests.helpers.bounds import assert_within_bound
 
 
 def check_all(tag, op, ref, inputs, dout, dtype, real=None):
@@ -43,6 +44,7 @@ def check_relative(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=
     check_all(tag, op, ref, [q, k, v, rel], dout, dtype, mask.bool()[:, None, :, None].expand(q.shape))
 
 
+@pytest.mark.slow_with("cpp", "triton")
 def test_relative_bias_matches_reference(backend):
     # one tile and several (the Triton tiles are 16 to 128 rows)
     seqs = [7, 33, 70] + ([130, 300] if backend == "cpp" else [])
@@ -51,12 +53,14 @@ def test_relative_bias_matches_reference(backend):
             check_relative(backend, 3, 2, seq, (32, 64)[i % 2], dtype, seed=i)
 
 
+@pytest.mark.slow_with("cpp", "triton")
 def test_relative_bias_with_dropout_window_and_left_padding(backend):
     check_relative(backend, 4, 2, 40, 64, torch.float32, seed=2, dropout_p=0.1, left=True)
     for dtype in dtypes_for(backend):
         check_relative(backend, 3, 2, 70 if backend != "cpp" else 300, 32, dtype, seed=3, window=16)
 
 
+@pytest.mark.slow_with("triton")
 def test_relative_bias_with_holes_in_the_mask_and_rotary(backend):
     for dtype in dtypes_for(backend):
         check_relative(backend, 3, 2, 40, 32, dtype, seed=6, holes=True)
@@ -64,6 +68,7 @@ def test_relative_bias_with_holes_in_the_mask_and_rotary(backend):
                    rotary_base=10000.0)
 
 
+@pytest.mark.slow_with("torch", "triton")
 def test_relative_bias_varlen_matches_reference_and_padded(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(5)

@@ -4,11 +4,11 @@ reference attention. Outputs and dq, dk, dv (the gradients of the unrotated q an
 at real-token positions with the bound of STYLE.md lesson 4."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for
-from test_attention import assert_packed_agrees_with_padded, dtypes_for, padded_case, qkv, run
 
 import fastbert
 from fastbert import reference
+from tests.helpers.attention import assert_packed_agrees_with_padded, compare, padded_case, qkv
+from tests.helpers.backends import device_for, dtypes_for
 
 BASES = (10000.0, 160000.0)  # ModernBERT's local and global layers
 
@@ -38,19 +38,7 @@ def check_rotary(backend, batch, heads, seq, head_dim, dtype, dropout_p, seed, b
     compare(tag, op, ref, [q, k, v], dout, dtype, real)
 
 
-def compare(tag, op, ref, inputs, dout, dtype, real=None):
-    """op's output and input gradients against ref's in the same dtype and in fp64 (at `real` positions)."""
-    got = run(op, inputs, dout)
-    same = run(ref, inputs, dout)
-    r64 = run(ref, [t.double() for t in inputs], dout.double())
-    for i, name in enumerate(("out", "dq", "dk", "dv")):
-        a, b, c = ((r[0] if i == 0 else r[1][i - 1]) for r in (got, same, r64))
-        assert torch.isfinite(a).all(), f"{tag} {name}: non-finite values"
-        if real is not None:
-            a, b, c = a[real], b[real], c[real]
-        assert_within_bound(f"{tag} {name}", a, b, c, dtype)
-
-
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("base", BASES)
 def test_rotary_attention_matches_reference(backend, base):
     seqs = [7, 33, 64] if backend == "triton" else [7, 33, 64, 130]
@@ -73,6 +61,7 @@ def test_rotary_attention_odd_widths(backend):
         check_rotary(backend, 3, 2, 19, head_dim, torch.float32, 0.0, seed=head_dim, base=BASES[0])
 
 
+@pytest.mark.slow_with("triton")
 def test_rotary_varlen_matches_reference_and_padded(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(8)
@@ -100,7 +89,7 @@ def test_rotary_tables_first_made_in_inference_mode_still_serve_a_backward(backe
     # inference tensor when a training step later saves it for its backward
     import sys
 
-    sys.modules["fastbert.ops.attention"]._rotary_tables.cache_clear()
+    sys.modules["fastbert.ops.attention"].rotary_tables.cache_clear()
     dev = device_for(backend)
     q = torch.randn(1, 2, 9, 32, device=dev)
     with torch.inference_mode():

@@ -1,10 +1,10 @@
 """fastbert.ops.attention_weights (the explicit path that returns the probabilities) against the
 reference, forward and every gradient; rows with no key to attend to give zeros, never NaN."""
 import torch
-from conftest import assert_within_bound, run_with_grads
 
 import fastbert
 from fastbert import reference
+from tests.helpers.bounds import assert_within_bound, run_with_grads
 
 
 def _bias(mask):

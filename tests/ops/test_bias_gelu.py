@@ -1,10 +1,11 @@
 """fastbert.ops.bias_gelu on every backend against the fp64 reference, forward and both gradients."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for, run_with_grads
 
 import fastbert
 from fastbert import reference
+from tests.helpers.backends import device_for, dtypes_for
+from tests.helpers.bounds import assert_within_bound, run_with_grads
 
 # The interpreter is slow: the triton backend gets small shapes, the others real ones too.
 SHAPES_SMALL = [(1, 1), (3, 7), (5, 384), (2, 1023), (2, 3, 768)]
@@ -13,11 +14,6 @@ SHAPES_LARGE = [(17, 384), (33, 768), (7, 1023), (9, 1024), (3, 4096), (2, 5, 30
 
 def shapes_for(backend):
     return SHAPES_SMALL if backend == "triton" else SHAPES_SMALL + SHAPES_LARGE
-
-
-def dtypes_for(backend):
-    # the interpreter has no bfloat16 matrix product; fp32 and fp16 are what it checks
-    return [torch.float32, torch.float16] if backend == "triton" else [torch.float32, torch.float16, torch.bfloat16]
 
 
 def check_bias_gelu(backend, shape, dtype, approximate, bias_dtype=None, seed=0):

@@ -1,9 +1,9 @@
 """torch.compile traces the ops as custom ops: no graph breaks, same results as eager, forward and backward."""
 import pytest
 import torch
-from conftest import device_for
 
 import fastbert
+from tests.helpers.backends import device_for
 
 
 class Tail(torch.nn.Module):
@@ -51,9 +51,10 @@ def test_compile_fullgraph_matches_eager(backend, compiler):
 
 def test_compiled_graphs_hold_the_custom_ops():
     # the AOT-traced forward and backward graphs call the fused ops as single opaque nodes
-    from conftest import require
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
+
+    from tests.helpers.backends import require
 
     require("cpp")
     seen = []

@@ -3,9 +3,10 @@ and a padding row, in fp32 and bf16; the gradient's memory is reused from step t
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_within_bound, require, run_with_grads
 
 import fastbert
+from tests.helpers.backends import require
+from tests.helpers.bounds import assert_within_bound, run_with_grads
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

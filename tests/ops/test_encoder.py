@@ -6,11 +6,11 @@ what they gave through the separate ops; and its checks must refuse what the ker
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import device_for, require
 
 import fastbert
 from fastbert import layouts
-from fastbert.ops.encoder import LayerWeights, _separate_ops, encoder_layer
+from fastbert.ops.encoder import LayerWeights, encoder_layer, separate_ops
+from tests.helpers.backends import device_for, require
 
 
 def weights(hidden, ffn, g, dtype=torch.float32, device="cpu"):
@@ -26,8 +26,9 @@ def packed_case(lengths, hidden, g, device="cpu"):
     return torch.randn(sum(lengths), hidden, generator=g).to(device), cu, max(lengths)
 
 
+@pytest.mark.slow_with("triton")
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_same_bits_as_the_separate_ops(backend, approximate):
+def test_same_bits_as_theseparate_ops(backend, approximate):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(0)
     hidden, heads, ffn = 64, 4, 96
@@ -43,14 +44,14 @@ def test_same_bits_as_the_separate_ops(backend, approximate):
         for kw in cases:
             got = encoder_layer(x, w, heads=heads, eps=eps, approximate=approximate, backend=backend, **kw)
             mask_b = None if "attention_mask" not in kw else kw["attention_mask"].bool()
-            want = _separate_ops(x, w, heads, eps, approximate, mask_b, None, None, kw.get("relative_bias"), backend)
+            want = separate_ops(x, w, heads, eps, approximate, mask_b, None, None, kw.get("relative_bias"), backend)
             assert got.shape == x.shape and got.dtype == x.dtype
             assert torch.equal(got, want), f"{backend} {sorted(kw)}: {(got - want).abs().max().item():.3e}"
         xp, cu, n = packed_case([5, 11, 1], hidden, g, dev)
         for rel_ in (None, rel):
             got = encoder_layer(xp, w, heads=heads, eps=eps, approximate=approximate, cu_seqlens=cu, max_seqlen=n,
                                 relative_bias=rel_, backend=backend)
-            want = _separate_ops(xp, w, heads, eps, approximate, None, cu, n, rel_, backend)
+            want = separate_ops(xp, w, heads, eps, approximate, None, cu, n, rel_, backend)
             assert torch.equal(got, want), f"{backend} packed: {(got - want).abs().max().item():.3e}"
 
 

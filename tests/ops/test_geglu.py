@@ -1,10 +1,11 @@
 """fastbert.ops.geglu on every backend against the fp64 reference, forward and gradient."""
 import pytest
 import torch
-from conftest import assert_within_bound, device_for, run_with_grads
 
 import fastbert
 from fastbert import reference
+from tests.helpers.backends import device_for, dtypes_for
+from tests.helpers.bounds import assert_within_bound, run_with_grads
 
 # [..., 2d]: the interpreter is slow, so the triton backend gets small shapes, the others real ones
 # too (ModernBERT-base: 2 x 1152; mmBERT-small: 2 x 1152; odd halves end in partial vectors)
@@ -14,11 +15,6 @@ SHAPES_LARGE = [(17, 2 * 1152), (33, 768), (7, 2046), (9, 2 * 2624), (2, 5, 2 * 
 
 def shapes_for(backend):
     return SHAPES_SMALL if backend == "triton" else SHAPES_SMALL + SHAPES_LARGE
-
-
-def dtypes_for(backend):
-    # the interpreter has no bfloat16 matrix product; fp32 and fp16 are what it checks
-    return [torch.float32, torch.float16] if backend == "triton" else [torch.float32, torch.float16, torch.bfloat16]
 
 
 def check_geglu(backend, x, dy, approximate, tag):

@@ -49,6 +49,7 @@ def _unset():
     return {k: v for k, v in os.environ.items() if k not in ONEDNN_CACHES}
 
 
+@pytest.mark.slow
 def test_onednn_keeps_a_bounded_cache_of_primitives():
     import platform
 

@@ -4,12 +4,12 @@ their input errors."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import require
 
 import fastbert
 from fastbert import layouts
 from fastbert.ops import gemm
 from fastbert.reference import int8 as ref
+from tests.helpers.backends import require
 
 BACKENDS = ["torch", "cpp"]
 SHAPES = [(1, 1), (5, 7), (33, 16), (64, 384), (3, 1023)]

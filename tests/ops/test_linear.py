@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_within_bound, run_with_grads
 
 import fastbert
 from fastbert.ops import gemm, gemm_timing
+from tests.helpers.bounds import assert_within_bound, run_with_grads
 
 DTYPES = [torch.float32, torch.bfloat16]
 

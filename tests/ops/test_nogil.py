@@ -7,9 +7,9 @@ import time
 
 import pytest
 import torch
-from conftest import require
 
 from fastbert.backend import cpp_extension
+from tests.helpers.backends import require
 
 
 def _timed(call, started: threading.Event, times: dict) -> None:

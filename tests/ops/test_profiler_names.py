@@ -1,8 +1,8 @@
 """torch.profiler names fastbert's fused kernels (fastbert::<op>_fwd / _bwd), forward and backward."""
 import torch
-from conftest import require
 
 import fastbert
+from tests.helpers.backends import require
 
 
 def test_a_profile_names_the_fused_ops():

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_pretrain.py")
 
 

@@ -5,10 +5,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import fastbert
 from fastbert.pretraining import checkpoint as ckpt
+
+pytestmark = pytest.mark.slow
 
 TINY = ["--hidden-size", "32", "--num-layers", "2", "--num-heads", "2", "--intermediate-size", "64",
         "--max-position-embeddings", "64", "--batch-size", "4", "--eval-batch-size", "16", "--eval-max-batches", "2",

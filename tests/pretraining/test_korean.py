@@ -2,13 +2,11 @@
 checkpoint encodes Korean sentences with its own tokenizer through transformers' AutoTokenizer,
 mean-pooled as SentenceEncoder pools, and draws their attention; the vocabulary holds Hangul syllables."""
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "data"))
-from korean_text import DOCUMENTS  # noqa: E402
-from test_train import TINY_ARGS  # noqa: E402
+from tests.helpers.korean_text import DOCUMENTS
+from tests.helpers.pretraining import TINY_ARGS
 
 
 def test_pretrain_on_korean_then_encode(tmp_path):

@@ -11,15 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "data"))
-from korean_text import DOCUMENTS  # noqa: E402
-from test_train import TINY_ARGS  # noqa: E402
-
-import fastbert  # noqa: E402
-from fastbert.data.prepare import prepare_data  # noqa: E402
-from fastbert.data.shards import InstanceDataset  # noqa: E402
-from fastbert.pretraining.batches import BatchPlan, make_collator  # noqa: E402
-from fastbert.pretraining.objective import PretrainingObjective, summarize  # noqa: E402
+import fastbert
+from fastbert.data.prepare import prepare_data
+from fastbert.data.shards import InstanceDataset
+from fastbert.pretraining.batches import BatchPlan, make_collator
+from fastbert.pretraining.objective import PretrainingObjective, summarize
+from tests.helpers.korean_text import DOCUMENTS
+from tests.helpers.pretraining import TINY_ARGS
 
 transformers = pytest.importorskip("transformers")
 
@@ -135,6 +133,7 @@ def _prepare_in_a_process(corpus, out, model_type, hash_seed):
     return files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["bert", "xlm-roberta"])
 def test_prepare_gives_the_same_data_on_every_run(tmp_path, model_type):
     """Two processes with different hash seeds: the same vocabulary, the same shards, byte for byte."""

@@ -17,6 +17,8 @@ pytest.importorskip("prometheus_client", reason="the serve extra: pip install -e
 from fastbert.serve.app import App, create_app  # noqa: E402
 from fastbert.serve.model import EMBED  # noqa: E402
 
+pytestmark = pytest.mark.serve
+
 
 class StandIn:
     """What App reads of a served model: one embedding of ones a text; the text "boom" is a defect."""
@@ -79,4 +81,4 @@ def test_lifespan_shutdown_stops_the_batcher():
 
     asyncio.run(lifespan())
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
-    assert not app.batcher._thread.is_alive()
+    assert not app.batcher.thread.is_alive()

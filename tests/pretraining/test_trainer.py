@@ -6,12 +6,12 @@ import signal
 
 import pytest
 import torch
-from pretraining_helpers import tiny_config
 
 import fastbert
 from fastbert.pretraining import checkpoint as ckpt
 from fastbert.pretraining.config import TrainError
 from fastbert.pretraining.trainer import Trainer, train
+from tests.helpers.pretraining import TINY_ARGS, tiny_config
 
 
 def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tiny_data, tmp_path):
@@ -183,16 +183,10 @@ def test_bf16_autocast_and_accumulation_run(tiny_data, tmp_path):
     assert all(torch.isfinite(torch.tensor(result.losses)))
 
 
-TINY_ARGS = ["--hidden-size", "32", "--num-layers", "2", "--num-heads", "2", "--intermediate-size", "64",
-             "--max-position-embeddings", "64", "--batch-size", "8", "--vocab-size", "300", "--max-seq-length", "32",
-             "--eval-batch-size", "32", "--eval-max-batches", "1", "--no-progress", "--no-plot", "--eval-fraction", "0.2"]
-
-
 def test_pretrain_cli_prepares_a_corpus_reuses_it_and_reports(tmp_path, capsys):
-    from pretraining_helpers import small_documents
-
     from fastbert import cli
     from fastbert.data.corpus import write_documents
+    from tests.helpers.pretraining import small_documents
 
     corpus = str(tmp_path / "corpus.txt")
     write_documents(small_documents(30)(), corpus)
@@ -232,10 +226,9 @@ def test_pretrain_cli_run_again_on_a_finished_run_exits_0_and_changes_nothing(ti
 
 
 def test_pretrain_cli_refuses_other_data_settings_before_preparing_over_a_run(tmp_path, capsys):
-    from pretraining_helpers import small_documents
-
     from fastbert import cli
     from fastbert.data.corpus import write_documents
+    from tests.helpers.pretraining import small_documents
 
     corpus = str(tmp_path / "corpus.txt")
     write_documents(small_documents(30)(), corpus)

@@ -5,7 +5,10 @@ import math
 
 import pytest
 import torch
-from mlm_checks import (
+
+from fastbert import backend as fb_backend
+from fastbert import masking, reference
+from tests.helpers.masking import (
     MASKING_BACKENDS,
     candidates,
     check_invariants,
@@ -13,8 +16,6 @@ from mlm_checks import (
     require_masking,
     small_vocab,
 )
-
-from fastbert import masking, reference
 
 V = 64  # vocabulary of the synthetic batches
 MASK = 4
@@ -265,6 +266,7 @@ def test_random_replacements_are_uniform_over_the_ordinary_vocabulary(explicit):
     assert chi2 < _chi2_critical(len(ordinary) - 1), chi2
 
 
+@pytest.mark.slow
 def test_reference_statistics():
     """The reference rule on its own, smaller (it loops over rows in Python): ~7e4 candidates; the
     count rule exactly; outcome shares within 5 sd (sd <= 4e-3 for 0.8 and 3e-3 for 0.1 over >= 1e4
@@ -386,7 +388,7 @@ def test_no_ordinary_id_left_is_an_error(impl):
 def test_the_kernel_checks_a_direct_call():
     """fastbert._C.mask_tokens rejects bad arguments itself (ValueError / TypeError), never crashes."""
     require_masking("cpp")
-    from fastbert import _C
+    ext = fb_backend.cpp_extension()
 
     ids = torch.tensor([[5, 6, 7]])
     args = lambda **o: dict(dict(input_ids=ids, special_tokens_mask=None, attention_mask=None,  # noqa: E731
@@ -394,12 +396,12 @@ def test_the_kernel_checks_a_direct_call():
                                  mlm_probability=0.15, mask_replace_prob=0.8, random_replace_prob=0.1,
                                  max_predictions=-1, seed=1, bernoulli=False), **o)
     with pytest.raises(ValueError, match="outside"):
-        _C.mask_tokens(**args(input_ids=torch.tensor([[5, 99]])))
+        ext.mask_tokens(**args(input_ids=torch.tensor([[5, 99]])))
     with pytest.raises(TypeError, match="int64"):
-        _C.mask_tokens(**args(input_ids=ids.to(torch.int32)))
+        ext.mask_tokens(**args(input_ids=ids.to(torch.int32)))
     with pytest.raises(ValueError, match="shape"):
-        _C.mask_tokens(**args(attention_mask=torch.ones(1, 2, dtype=torch.bool)))
+        ext.mask_tokens(**args(attention_mask=torch.ones(1, 2, dtype=torch.bool)))
     with pytest.raises(ValueError, match="at most 1"):
-        _C.mask_tokens(**args(mask_replace_prob=0.9, random_replace_prob=0.2))
+        ext.mask_tokens(**args(mask_replace_prob=0.9, random_replace_prob=0.2))
     with pytest.raises(ValueError, match="mask_token_id"):
-        _C.mask_tokens(**args(mask_token_id=V))
+        ext.mask_tokens(**args(mask_token_id=V))

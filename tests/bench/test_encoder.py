@@ -10,6 +10,7 @@ from fastbert.bench import encoder, peers
 from fastbert.ops import gemm
 
 
+@pytest.mark.slow
 def test_table_names_the_floor_path_and_measures_errors():
     rows = encoder.run(["var128"], [torch.float32], layers=1, rounds=1, progress=False)
     by_name = {r["provider"]: r for r in rows}
@@ -32,7 +33,7 @@ def test_a_failing_conversion_is_skipped_with_its_error(monkeypatch, capsys):
     def fails(*args):
         raise RuntimeError("unsupported operator aten::foo\nmore detail")
 
-    monkeypatch.setitem(peers._BUILD, "torch.compile", fails)
+    monkeypatch.setitem(peers.BUILD, "torch.compile", fails)
     provs, skipped = peers.peer_providers(None, None, None, [torch.float32], peers=("torch.compile",))
     assert provs == {}
     assert skipped["torch.compile fp32"] == "conversion failed: RuntimeError: unsupported operator aten::foo"
@@ -63,14 +64,16 @@ def _installed_peer_output(peer, dtype, tag):
     return provs[f"{peer} {tag}"](), want, mask.bool()
 
 
-@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
+@pytest.mark.peers
+@pytest.mark.parametrize("peer", ["onnxruntime", pytest.param("openvino", marks=pytest.mark.slow), "ctranslate2"])
 def test_each_installed_peer_computes_the_model(peer):
     got, want, real = _installed_peer_output(peer, torch.float32, "fp32")
     assert got.shape == want.shape
     assert (got[real] - want[real]).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("peer", ["onnxruntime", "openvino", "ctranslate2"])
+@pytest.mark.peers
+@pytest.mark.parametrize("peer", ["onnxruntime", pytest.param("openvino", marks=pytest.mark.slow), "ctranslate2"])
 def test_each_installed_int8_peer_computes_the_model(peer):
     if peer == "openvino":  # its int8 is NNCF's quantization of the OpenVINO model
         pytest.importorskip("nncf", reason="nncf is not installed (the peers extra: pip install -e .[peers])")
@@ -80,6 +83,7 @@ def test_each_installed_int8_peer_computes_the_model(peer):
     assert float(got @ want / got.norm() / want.norm()) > 0.99  # int8: close, not equal
 
 
+@pytest.mark.slow
 def test_the_int8_table_compares_with_fastbert_fp32():
     rows = encoder.run(["var128"], [torch.float32, torch.int8], layers=1, rounds=1, progress=False)
     by_name = {r["provider"]: r for r in rows}
@@ -112,6 +116,8 @@ def test_cpu_capability_reruns_the_benchmark_with_every_library_capped(monkeypat
         timing.run_at_level("avx1024", ["x"])
 
 
+@pytest.mark.slow
+@pytest.mark.peers
 def test_the_exported_models_go_once_the_engines_are_built(monkeypatch):
     """The peers' exports (0.4-1.8 GB each at BERT-base size) are removed when peer_providers
     returns; the engines it built still run."""

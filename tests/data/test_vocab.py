@@ -5,9 +5,9 @@ import os
 import unicodedata
 
 import pytest
-from korean_text import DOCUMENTS
 
 from fastbert.data import vocab as vocab_mod
+from tests.helpers.korean_text import DOCUMENTS
 
 SENTENCES = [s for doc in DOCUMENTS for s in doc]
 ENGLISH = ["The cat sat on the mat.", "Héllo, naïve café owners!", "BERT reads text in both directions.",

@@ -2,12 +2,10 @@
 here: an XLM-RoBERTa-shaped encoder with random weights and a Unigram (sentencepiece-style)
 tokenizer trained on Korean text, saved by transformers and sentence-transformers themselves."""
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "data"))
-from korean_text import DOCUMENTS  # noqa: E402
+from tests.helpers.korean_text import DOCUMENTS
 
 KOREAN = [s for doc in DOCUMENTS for s in doc]
 # xlm-roberta-base's configuration at a small width: 514 positions, pad 1, one token type

@@ -5,9 +5,9 @@ import json
 
 import numpy as np
 import pytest
-from st_dirs import KOREAN, reranker_directory
 
 import fastbert
+from tests.helpers.st_dirs import KOREAN, reranker_directory
 
 st = pytest.importorskip("sentence_transformers")
 QUERY = "서울역에서 기차를 탔다"
@@ -33,6 +33,7 @@ def fp64_scores(path):
         return torch.sigmoid(model(**enc).logits[:, 0]).numpy()
 
 
+@pytest.mark.slow
 def test_predict_and_rank_match_sentence_transformers(reranker):
     """fastbert's scores as close to the float64 ones as sentence-transformers' fp32 scores are."""
     want_ce = st.CrossEncoder(reranker, device="cpu")
@@ -73,7 +74,8 @@ def test_a_distilbert_cross_encoder(tmp_path):
     """A DistilBERT reranker (no token types) through CrossEncoder, against transformers' logits."""
     import torch
     import transformers
-    from st_dirs import unigram_tokenizer
+
+    from tests.helpers.st_dirs import unigram_tokenizer
 
     tok = unigram_tokenizer()
     cfg = transformers.DistilBertConfig(vocab_size=len(tok), dim=64, n_layers=2, n_heads=4, hidden_dim=128,

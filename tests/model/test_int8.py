@@ -4,11 +4,11 @@ explicit attention paths, and the errors for training."""
 import numpy as np
 import pytest
 import torch
-from conftest import require
 
 import fastbert
 from fastbert.bench.accuracy import TARGETS, embedding_agreement, format_figures
 from fastbert.model.int8 import Int8Linear
+from tests.helpers.backends import require
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:fastbert. loading")  # the tiny checkpoint's other heads
@@ -56,6 +56,7 @@ def minilm_fp32(minilm):
     return sents, fastbert.SentenceEncoder(minilm).encode(sents, batch_size=64)
 
 
+@pytest.mark.slow
 def test_minilm_sentence_embeddings_keep_their_neighbours(minilm, minilm_fp32):
     """The acceptance figures of int8 against fp32 on 1000 real sentences, with the default settings
     (weights in [-127, 127], the same at every kernel level: CI runs this file at each)."""

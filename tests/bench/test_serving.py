@@ -49,7 +49,7 @@ def test_a_window_counts_each_request_by_the_share_of_it_inside():
             (19.0, 23.0, 0, ""),       # a quarter inside
             (1.0, 2.0, 1, ""),         # before the window: not counted
             (12.0, 12.5, 1, "HTTP 429")]
-    r = load._summary(done, _Marks(10.0, 20.0), tokens=[10, 40], texts=2)
+    r = load.summary(done, _Marks(10.0, 20.0), tokens=[10, 40], texts=2)
     assert r["requests_per_s"] == pytest.approx((1 + 0.5 + 0.25) / 10)
     assert r["texts_per_s"] == pytest.approx(2 * (1 + 0.5 + 0.25) / 10)
     assert r["tokens_per_s"] == pytest.approx((10 + 20 + 2.5) / 10)
@@ -57,6 +57,8 @@ def test_a_window_counts_each_request_by_the_share_of_it_inside():
     assert r["p50_ms"] == pytest.approx(2000.0) and r["p99_ms"] == pytest.approx(4000.0)
 
 
+@pytest.mark.slow
+@pytest.mark.serve
 def test_clients_against_a_real_server_are_all_answered(tmp_path):
     bench = _bench_serve()
     texts, tokens = serving.make_texts(8, 32, 16, False, seed=0)

@@ -7,9 +7,9 @@ import os
 
 import numpy as np
 import pytest
-from st_dirs import KOREAN, e5_directory, family_st_directory, st_modules
 
 import fastbert
+from tests.helpers.st_dirs import KOREAN, e5_directory, family_st_directory, st_modules
 
 st = pytest.importorskip("sentence_transformers")
 SENTENCES = KOREAN + ["The model reads Korean text such as 한국어 문장.", "짧다", "a short line of text " * 9]
@@ -113,7 +113,7 @@ def test_bad_pooling_is_one_clear_error(e5, tmp_path):
 def test_mpnet_and_modernbert_directories(tmp_path, family, cls):
     """all-mpnet-base-v2's layout (MPNet, mean pooling, Normalize) and modernbert-embed's
     (ModernBERT, mean pooling, Normalize), random weights, on the cpp backend."""
-    from conftest import require
+    from tests.helpers.backends import require
 
     require("cpp")
     path = family_st_directory(tmp_path, family)

@@ -43,6 +43,7 @@ def _cli(*args):
                           env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_draws_the_grid_and_refuses_a_bad_head(tmp_path):
     out = tmp_path / "map.png"
     proc = _cli("--model", PATH, "--text", TEXT, "-o", str(out), "--layer", "1")
