@@ -91,7 +91,7 @@ def encoder(model_dir: str, precision: str):
     """fastbert.SentenceEncoder(model_dir, quantize=...) as the server holds it, after the server's
     warm-up (a batch in every power-of-two token bucket up to its default --max-batch-tokens), so that
     the first-call costs are paid before timing here too."""
-    from fastbert.serve.model import Served
+    from fastbert.serve.engine import Served
 
     served = Served(model_dir, quantize="int8" if precision == "int8" else None)
     served.warm_up(16384)

@@ -125,7 +125,7 @@ def main(argv=None) -> float:
     probs = fastbert.attention_map(model, tokenizer, premise)
     enc = tokenizer(premise)
     png = os.path.join(args.out, "attention_ko.png")
-    from fastbert.maps import draw
+    from fastbert.attention_maps import draw
 
     draw(probs, tokenizer.convert_ids_to_tokens(enc["input_ids"]), png, list(range(probs.shape[0])),
          list(range(probs.shape[1])))

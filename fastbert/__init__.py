@@ -1,9 +1,9 @@
 """fastbert: BERT on hand-written fused kernels (Triton on GPU, fused C++ on CPU)."""
 from fastbert import data, masking, ops, reference
+from fastbert.attention_maps import attention_map
 from fastbert.backend import BACKENDS
 from fastbert.cross_encoder import CrossEncoder
 from fastbert.hf import patch, patch_transformers
-from fastbert.maps import attention_map
 from fastbert.model import (  # the other families and the Auto classes
     AutoConfig,
     AutoModel,

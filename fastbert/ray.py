@@ -10,7 +10,7 @@
 embed_dataset maps the dataset's batches through a pool of actors, each holding one
 SentenceEncoder (loaded once, by the actor's first call) and running torch on `threads_per_actor`
 threads; the output keeps the input's order (Ray Data's preserve_order) and has the columns of
-`fastbert embed`'s shards (fastbert.corpus.shards.columns): id, embedding (fixed-size list of
+`fastbert embed`'s shards (fastbert.corpus_embedding.shards.columns): id, embedding (fixed-size list of
 float32, or int8 with a float32 scale, or the signs packed 8 to a byte), so the vectors are those of
 the single process.
 
@@ -29,8 +29,8 @@ would take the reads' last CPU.
 
 `fastbert embed ... --ray ADDRESS` (embed_files) writes the same output directory as the single
 process (part-NNNNN.parquet shards and manifest.json, read alike by
-fastbert.corpus.shards.read_embeddings), resumes the same way, and gives the same ids in the same
-order: the driver reads the inputs with fastbert.corpus.readers (positions, ids, validation, skipped
+fastbert.corpus_embedding.shards.read_embeddings), resumes the same way, and gives the same ids in the same
+order: the driver reads the inputs with fastbert.corpus_embedding.readers (positions, ids, validation, skipped
 records), hands the texts to the cluster a window of shards at a time (ray.data.from_arrow, blocks
 sized so every actor has work), keeps the ids itself, and writes each shard once its rows are back.
 Memory on the driver holds one window's texts and embeddings, whatever the corpus size; the actors
@@ -59,7 +59,7 @@ from typing import List, NamedTuple, Optional
 
 import numpy as np
 
-from fastbert.corpus import job, readers, shards
+from fastbert.corpus_embedding import job, readers, shards
 from fastbert.memory import Trimmer
 
 WHERE = "fastbert.ray"
@@ -329,7 +329,7 @@ def embed_files(args) -> dict:
     (fastbert.commands.embed; plus, optionally, ray_actors, ray_threads and ray_window: actors, torch
     threads per actor, shards per window; the environment variables FASTBERT_RAY_ACTORS and
     FASTBERT_RAY_THREADS set the first two for the command line); writes args.output as the single
-    process does (the job of fastbert.corpus.job) and returns the final manifest."""
+    process does (the job of fastbert.corpus_embedding.job) and returns the final manifest."""
     job.check(args)
     check_prompt(args.model, args.prompt_name)
     run = job.start(args)

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from fastbert import maps, plotting
+from fastbert import attention_maps, plotting
 
 NEEDS_PLOT = 'needs the plot extra: pip install "fastbert[plot]"'
 
@@ -27,7 +27,7 @@ def test_korean_attention_map_has_every_glyph(tmp_path):
     before = list(matplotlib.rcParams["font.family"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" for each box
-        maps.draw(probs, TOKENS, str(tmp_path / "ko.png"), [0], [0, 1])
+        attention_maps.draw(probs, TOKENS, str(tmp_path / "ko.png"), [0], [0, 1])
     assert (tmp_path / "ko.png").read_bytes()[:4] == b"\x89PNG"
     assert list(matplotlib.rcParams["font.family"]) == before  # set for that figure only
 
@@ -87,15 +87,14 @@ def test_without_matplotlib_a_drawing_says_in_one_line_how_to_get_it(without_mat
     assert capsys.readouterr().err == f"fastbert: drawing curves.png {NEEDS_PLOT}\n"
     probs = torch.softmax(torch.randn(1, 1, 3, 3), -1)
     with pytest.raises(RuntimeError, match=r"^drawing map.png needs the plot extra"):  # asked for: an error
-        maps.draw(probs, ["a", "b", "c"], str(tmp_path / "map.png"), [0], [0])
+        attention_maps.draw(probs, ["a", "b", "c"], str(tmp_path / "map.png"), [0], [0])
     assert capsys.readouterr().err == ""  # the error is the one line
     assert sorted(os.listdir(tmp_path)) == ["log.jsonl"]
 
 
 def test_pretraining_without_matplotlib_trains_and_writes_its_logs(without_matplotlib, tiny_data, tmp_path, capsys):
-    from pretraining_helpers import tiny_config
-
     from fastbert.pretraining.trainer import train
+    from tests.helpers.pretraining import tiny_config
 
     out = str(tmp_path / "run")
     result = train(tiny_config(tiny_data, out, max_steps=2, eval_every=1, save_every=1, plot=True))

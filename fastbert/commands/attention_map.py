@@ -1,12 +1,12 @@
 """`fastbert attention-map`: a layer x head grid of what each head attends to in a text, labelled
-with the tokens, as a PNG (fastbert.maps)."""
+with the tokens, as a PNG (fastbert.attention_maps)."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from fastbert import maps
+from fastbert import attention_maps
 from fastbert.commands import CommandParser, model_directory
 
 
@@ -25,7 +25,7 @@ def load_tokenizer(path: str):
 
 
 def main(argv=None) -> int:
-    ap = CommandParser(prog="fastbert attention-map", description=maps.__doc__,
+    ap = CommandParser(prog="fastbert attention-map", description=attention_maps.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a BERT directory in transformers' format, with its tokenizer")
     ap.add_argument("--text", required=True)
@@ -38,11 +38,11 @@ def main(argv=None) -> int:
 
     model = BertModel.from_pretrained(args.model)
     tokenizer = load_tokenizer(args.model)
-    probs = maps.attention_map(model, tokenizer, args.text)
-    maps.select(probs, args.layer, args.head)  # a bad layer / head is an error before anything is drawn
+    probs = attention_maps.attention_map(model, tokenizer, args.text)
+    attention_maps.select(probs, args.layer, args.head)  # a bad layer / head is an error before anything is drawn
     layers = list(range(probs.shape[0])) if args.layer is None else [args.layer]
     heads = list(range(probs.shape[1])) if args.head is None else [args.head]
-    _, tokens = maps.encode_text(tokenizer, args.text)
-    maps.draw(probs[layers][:, heads], tokens, args.output, layers, heads)
+    _, tokens = attention_maps.encode_text(tokenizer, args.text)
+    attention_maps.draw(probs[layers][:, heads], tokens, args.output, layers, heads)
     print(f"wrote {args.output}: {len(layers)} layer(s) x {len(heads)} head(s), {len(tokens)} tokens", file=sys.stderr)
     return 0

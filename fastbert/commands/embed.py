@@ -4,8 +4,8 @@
                    [--output-dtype float32|int8|binary] [--quantize int8] [--prompt-name NAME]
                    [--shard-size 10000] [--batch-size 64] [--on-error fail|skip] [--overwrite] [--ray ADDRESS]
 
-The job (what is computed and written, how a killed run resumes): fastbert.corpus.job; run in this
-process by fastbert.corpus.local, or with --ray on a Ray cluster by fastbert.ray. Run again once
+The job (what is computed and written, how a killed run resumes): fastbert.corpus_embedding.job; run in this
+process by fastbert.corpus_embedding.local, or with --ray on a Ray cluster by fastbert.ray. Run again once
 finished, with the same settings, it succeeds and changes nothing (a scheduler's retry, a pipeline
 run again); with other settings it is refused.
 """
@@ -16,7 +16,7 @@ import sys
 import time
 
 from fastbert.commands import CommandParser, model_directory
-from fastbert.corpus import job, readers, shards
+from fastbert.corpus_embedding import job, readers, shards
 
 PROG = "fastbert embed"
 
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
 
         manifest = embed_files(args)
     else:
-        from fastbert.corpus.local import run
+        from fastbert.corpus_embedding.local import run
 
         manifest = run(args)
     took = time.perf_counter() - t0

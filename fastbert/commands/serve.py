@@ -5,7 +5,7 @@ text-embeddings-inference's routes and OpenAI's /v1/embeddings, with dynamic bat
                    [--max-batch-tokens 16384] [--max-concurrent-requests 512] [--max-client-batch-size 32]
                    [--api-key KEY]
 
-What MODEL_DIR holds decides what is served (fastbert.serve.model): a sentence-transformers
+What MODEL_DIR holds decides what is served (fastbert.serve.engine): a sentence-transformers
 directory -> /embed and /v1/embeddings; a cross-encoder (a sequence classifier with one label) ->
 /rerank and /predict; another sequence classifier -> /predict. The routes: fastbert.serve.app; the
 batching: fastbert.serve.batching; the metrics: fastbert.serve.metrics. Needs the `serve` extra:
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
                            "prometheus_client, orjson)") from None
     from fastbert.dtypes import parse_dtype
     from fastbert.serve.app import App, create_app
-    from fastbert.serve.model import Served
+    from fastbert.serve.engine import Served
 
     t0 = time.perf_counter()
     served = Served(args.model, quantize=args.quantize, dtype=parse_dtype(args.dtype) if args.dtype else None,

@@ -34,7 +34,7 @@ rebuilds an XLMRobertaTokenizer from the pieces alone and keeps a normaliser onl
 sentencepiece's precompiled one, so it would skip the NFKC step (full-width forms, ligatures and
 compatibility jamo such as "ㅋ" would get other ids there).
 
-Training is deterministic: the trainers are fastbert's own (trainers.py) and break every tie by a
+Training is deterministic: the trainers are fastbert's own (vocab_trainers.py) and break every tie by a
 fixed order (count descending, then the token string), never by hash-map order, so the same corpus
 and settings give the same vocabulary in every process. (The `tokenizers` library's trainers break
 ties in hash-map order, which changes from process to process.) A prepared data directory keeps its
@@ -47,8 +47,8 @@ import json
 import os
 from typing import Dict, Iterable, Iterator, List, Optional, Union
 
-from fastbert.data import trainers
-from fastbert.data.trainers import EmptyCorpusError  # noqa: F401  (raised by the trainers for a corpus with no words)
+from fastbert.data import vocab_trainers
+from fastbert.data.vocab_trainers import EmptyCorpusError  # noqa: F401  (raised by the trainers for a corpus with no words)
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
@@ -119,8 +119,8 @@ def train_wordpiece(
         raise ValueError(f"fastbert: vocab_size {vocab_size} is too small (at least {len(SPECIAL_TOKENS) + 1})")
     probe = bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")), lowercase,
                            strip_accents)
-    counts = trainers.count_words(_reading(texts, length, show_progress), probe)
-    tokens = trainers.wordpiece_vocab(counts, vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=min_frequency,
+    counts = vocab_trainers.count_words(_reading(texts, length, show_progress), probe)
+    tokens = vocab_trainers.wordpiece_vocab(counts, vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=min_frequency,
                                       limit_alphabet=limit_alphabet, prefix="##")
     model = models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]", continuing_subword_prefix="##")
     tok = bert_pipeline(Tokenizer(model), lowercase, strip_accents)
@@ -138,8 +138,8 @@ def train_unigram(texts: Iterable[str], vocab_size: int, *, length: Optional[int
     if vocab_size < len(specials) + 1:
         raise ValueError(f"fastbert: vocab_size {vocab_size} is too small (at least {len(specials) + 1})")
     probe = unigram_pipeline(Tokenizer(models.Unigram()))
-    counts = trainers.count_words(_reading(texts, length, show_progress), probe)
-    pieces = [(p, s) for p, s in trainers.unigram_pieces(counts, vocab_size, n_special=len(specials)) if p not in specials]
+    counts = vocab_trainers.count_words(_reading(texts, length, show_progress), probe)
+    pieces = [(p, s) for p, s in vocab_trainers.unigram_pieces(counts, vocab_size, n_special=len(specials)) if p not in specials]
     vocab = [(t, 0.0) for t in UNIGRAM_SPECIAL_TOKENS] + pieces + [(UNIGRAM_MASK, 0.0)]
     unk = UNIGRAM_SPECIAL_TOKENS.index("<unk>")
     tok = unigram_pipeline(Tokenizer(models.Unigram(vocab, unk_id=unk, byte_fallback=False)))

@@ -32,9 +32,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from fastbert.serve.batching import Batcher, Overloaded
+from fastbert.serve.engine import CLASSIFY, EMBED, RERANK, InputError, Served
 from fastbert.serve.fields import BOOL, PREDICT_INPUTS, PROMPT, STRING, TEXTS, Field, FieldError, int_up_to, one_of, read
 from fastbert.serve.metrics import Metrics
-from fastbert.serve.model import CLASSIFY, EMBED, RERANK, InputError, Served
 from fastbert.serve.openapi import STATUSES, Route, describe, docs_page, openai_style
 
 

@@ -41,7 +41,7 @@ def test_pretrain_on_korean_then_encode(tmp_path):
     # its attention map, drawn with Hangul labels (no "Glyph missing" warning where a font has them)
     import warnings
 
-    from fastbert import maps, plotting
+    from fastbert import attention_maps, plotting
 
     probs = fastbert.attention_map(model, tok, sentences[0])
     n = len(tok(sentences[0])["input_ids"])
@@ -50,6 +50,6 @@ def test_pretrain_on_korean_then_encode(tmp_path):
     with warnings.catch_warnings():
         if plotting.hangul_font() is not None:
             warnings.simplefilter("error")
-        maps.draw(probs, tok.convert_ids_to_tokens(tok(sentences[0])["input_ids"]), str(tmp_path / "ko.png"),
+        attention_maps.draw(probs, tok.convert_ids_to_tokens(tok(sentences[0])["input_ids"]), str(tmp_path / "ko.png"),
                   [0, 1], [0, 1])
     assert (tmp_path / "ko.png").stat().st_size > 0

@@ -15,7 +15,7 @@ pytest.importorskip("starlette", reason="the serve extra: pip install -e '.[serv
 pytest.importorskip("prometheus_client", reason="the serve extra: pip install -e '.[serve]'")
 
 from fastbert.serve.app import App, create_app  # noqa: E402
-from fastbert.serve.model import EMBED  # noqa: E402
+from fastbert.serve.engine import EMBED  # noqa: E402
 
 pytestmark = pytest.mark.serve
 

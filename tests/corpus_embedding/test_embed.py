@@ -21,7 +21,7 @@ import fastbert  # noqa: E402
 import fastbert.ray  # noqa: E402
 from fastbert import cli  # noqa: E402
 from fastbert.commands import embed as embed_command  # noqa: E402
-from fastbert.corpus import shards  # noqa: E402
+from fastbert.corpus_embedding import shards  # noqa: E402
 
 WORDS = ("cat dog tree river 한국어 문장 model sentence quick brown fox jumps over lazy night city rain "
          "train station book library").split()

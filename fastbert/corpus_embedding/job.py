@@ -16,7 +16,7 @@ The runners share this module's prologue and epilogue and differ only in where t
     run.add_shard(...)           one shard written and listed in the manifest
     run.finish(dim)              the totals, and the manifest marked complete
 
-fastbert.corpus.local runs the model in this process; fastbert.ray on a Ray cluster. `args` holds
+fastbert.corpus_embedding.local runs the model in this process; fastbert.ray on a Ray cluster. `args` holds
 what `fastbert embed` parses (fastbert.commands.embed): model, input, output, text_field,
 id_field, output_dtype, quantize, prompt_name, shard_size, batch_size, on_error, overwrite.
 """
@@ -28,7 +28,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from fastbert.corpus import readers, shards
+from fastbert.corpus_embedding import readers, shards
 
 
 def settings_of(args) -> dict:
