@@ -26,7 +26,6 @@ from fastbert.model.bert import BertModel
 from fastbert.model.config import MPNetConfig
 from fastbert.model.heads import BertForQuestionAnswering, BertForTokenClassification
 from fastbert.model.layers import (
-    BertEmbeddings,
     BertIntermediate,
     BertLayer,
     BertOutput,
@@ -42,9 +41,8 @@ class MPNetEmbeddings(RobertaEmbeddings):
     """word_embeddings, position_embeddings (RoBERTa's numbering), LayerNorm, dropout; no token types."""
 
     def __init__(self, config: MPNetConfig):
-        BertEmbeddings.__init__(self, config, position_padding_idx=PADDING_IDX, token_types=False)
+        super().__init__(config, padding_idx=PADDING_IDX, token_types=False)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=PADDING_IDX)
-        self.padding_idx = PADDING_IDX
 
 
 class MPNetSelfAttention(RenamedSelfAttention):
