@@ -34,8 +34,6 @@ namespace fastbert {
 namespace kernels {
 namespace {
 
-using vec::Vf;
-constexpr int64_t W = vec::kWidth;
 constexpr int kSlotSumScale = 9;  // vec::thread_buffer slot of the epilogue's column sums x scales
 
 // Per-column vectors of an epilogue, as fp32 padded to whole vectors (0 past n): the weight's
@@ -163,7 +161,7 @@ inline void dequantize_gelu_row(const A* acc, float s, float o, const Epilogue e
   Vf hi = vec::set1(-kInf), lo = vec::set1(kInf);
   auto at = [&](Vf a, int64_t c) {
     Vf shift = vec::fmadd(ov, vec::load(ep.sum_scale + c), vec::load(ep.bias + c));
-    Vf g = gelu_math::gelu<kTanh>(vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift));
+    Vf g = gelu<kTanh>(vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift));
     vec::store(out + c, g);
     return g;
   };
