@@ -185,6 +185,34 @@ int64_t longest(const std::vector<AttnSeq>& seqs) {
   for (const AttnSeq& s : seqs) n = std::max(n, s.len);
   return n;
 }
+
+// What every entry point sets alike: the sequences, the local-attention window, the rotary tables
+// and the relative bias (read for `positions` rows) and the views of q, k, v. Returns the bias as
+// the kernels read it, kept alive by the caller.
+at::Tensor set_inputs(AttnArgs& a, const std::vector<AttnSeq>& seqs, int64_t positions, int64_t window,
+                      const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin,
+                      const c10::optional<at::Tensor>& rel_bias, const char* op) {
+  a.seqs = seqs.data();
+  a.window = window < 0 ? -1 : window;
+  set_rope(a, rope_cos, rope_sin, positions, op);
+  at::Tensor rel = set_relative(a, rel_bias, positions, op);
+  a.q = view_of(q, a.padded), a.k = view_of(k, a.padded), a.v = view_of(v, a.padded);
+  return rel;
+}
+
+// The backward of a call set up in a (inputs and lse): (dq, dk, dv, the relative bias gradient).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_backward(AttnArgs& a, const at::Tensor& q,
+                                                                        const at::Tensor& dout,
+                                                                        const c10::optional<at::Tensor>& rel_bias,
+                                                                        const char* op) {
+  at::Tensor dq = detail::empty_output(q), dk = detail::empty_output(q), dv = detail::empty_output(q);
+  a.dout = view_of(dout, a.padded);
+  a.dq = view_of(dq, a.padded), a.dk = view_of(dk, a.padded), a.dv = view_of(dv, a.padded);
+  at::Tensor drel = relative_grad_buffer(a);
+  if (q.numel() > 0) detail::kernels_for(op).attention_backward(a);
+  return {dq, dk, dv, relative_grad(drel, rel_bias)};
+}
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -205,11 +233,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   at::Tensor out = detail::empty_output(q);
   at::Tensor lse = detail::empty({batch, heads, seq}, at::kFloat);
   a.pad_rows = seq;
-  a.seqs = seqs.data();
-  a.window = window < 0 ? -1 : window;
-  set_rope(a, rope_cos, rope_sin, seq, op);
-  const at::Tensor rel = set_relative(a, rel_bias, seq, op);
-  a.q = view_of(q, true), a.k = view_of(k, true), a.v = view_of(v, true), a.out = view_of(out, true);
+  const at::Tensor rel = set_inputs(a, seqs, seq, window, q, k, v, rope_cos, rope_sin, rel_bias, op);
+  a.out = view_of(out, true);
   a.lse = lse.data_ptr<float>(), a.lse_sb = heads * seq, a.lse_sh = seq;
   if (q.numel() > 0) detail::kernels_for(op).attention_forward(a);
   at::Tensor keep = detail::empty({0}, at::kBool);
@@ -238,18 +263,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   AttnArgs a = common_args(q, /*padded=*/true, batch, scale, dropout_p, seed, op);
   const at::Tensor mask = bool_mask(key_mask, batch, seq, op);
   const std::vector<AttnSeq> seqs = padded_seqs(a, mask, seq, op);
-  at::Tensor dq = detail::empty_output(q), dk = detail::empty_output(q), dv = detail::empty_output(q);
   a.pad_rows = seq;
-  a.seqs = seqs.data();
-  a.window = window < 0 ? -1 : window;
-  set_rope(a, rope_cos, rope_sin, seq, op);
-  const at::Tensor rel = set_relative(a, rel_bias, seq, op);
-  a.q = view_of(q, true), a.k = view_of(k, true), a.v = view_of(v, true), a.dout = view_of(dout, true);
-  a.dq = view_of(dq, true), a.dk = view_of(dk, true), a.dv = view_of(dv, true);
+  const at::Tensor rel = set_inputs(a, seqs, seq, window, q, k, v, rope_cos, rope_sin, rel_bias, op);
   a.lse = const_cast<float*>(lse.data_ptr<float>()), a.lse_sb = heads * seq, a.lse_sh = seq;
-  at::Tensor drel = relative_grad_buffer(a);
-  if (q.numel() > 0) detail::kernels_for(op).attention_backward(a);
-  return {dq, dk, dv, relative_grad(drel, rel_bias)};
+  return run_backward(a, q, dout, rel_bias, op);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -271,11 +288,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
   const std::vector<AttnSeq> seqs = packed_seqs(a, cu_seqlens, op);
   at::Tensor out = detail::empty_output(q);
   at::Tensor lse = detail::empty({heads, tokens}, at::kFloat);
-  a.seqs = seqs.data();
-  a.window = window < 0 ? -1 : window;
-  set_rope(a, rope_cos, rope_sin, longest(seqs), op);
-  const at::Tensor rel = set_relative(a, rel_bias, longest(seqs), op);
-  a.q = view_of(q, false), a.k = view_of(k, false), a.v = view_of(v, false), a.out = view_of(out, false);
+  const at::Tensor rel = set_inputs(a, seqs, longest(seqs), window, q, k, v, rope_cos, rope_sin, rel_bias, op);
+  a.out = view_of(out, false);
   a.lse = lse.data_ptr<float>(), a.lse_sb = 0, a.lse_sh = tokens;
   if (q.numel() > 0) detail::kernels_for(op).attention_forward(a);
   at::Tensor keep = detail::empty({0}, at::kBool);
@@ -301,17 +315,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_attention_back
   const at::Tensor lse = check_lse(op, lse_in, {heads, tokens});
   AttnArgs a = common_args(q, /*padded=*/false, cu_seqlens.numel() - 1, scale, dropout_p, seed, op);
   const std::vector<AttnSeq> seqs = packed_seqs(a, cu_seqlens, op);
-  at::Tensor dq = detail::empty_output(q), dk = detail::empty_output(q), dv = detail::empty_output(q);
-  a.seqs = seqs.data();
-  a.window = window < 0 ? -1 : window;
-  set_rope(a, rope_cos, rope_sin, longest(seqs), op);
-  const at::Tensor rel = set_relative(a, rel_bias, longest(seqs), op);
-  a.q = view_of(q, false), a.k = view_of(k, false), a.v = view_of(v, false), a.dout = view_of(dout, false);
-  a.dq = view_of(dq, false), a.dk = view_of(dk, false), a.dv = view_of(dv, false);
+  const at::Tensor rel = set_inputs(a, seqs, longest(seqs), window, q, k, v, rope_cos, rope_sin, rel_bias, op);
   a.lse = const_cast<float*>(lse.data_ptr<float>()), a.lse_sb = 0, a.lse_sh = tokens;
-  at::Tensor drel = relative_grad_buffer(a);
-  if (q.numel() > 0) detail::kernels_for(op).attention_backward(a);
-  return {dq, dk, dv, relative_grad(drel, rel_bias)};
+  return run_backward(a, q, dout, rel_bias, op);
 }
 
 }  // namespace fastbert

@@ -168,28 +168,15 @@ const kernels::Table& kernels_for(const char* op) {
 bool has_blas() { return sgemm_ != nullptr; }
 
 kernels::Dtype dtype_of(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return kernels::Dtype::kFloat;
-    case at::kHalf:
-      return kernels::Dtype::kHalf;
-    case at::kBFloat16:
-      return kernels::Dtype::kBFloat16;
-    case at::kInt:
-      return kernels::Dtype::kInt32;
-    case at::kChar:
-      return kernels::Dtype::kInt8;
-    case at::kByte:
-      return kernels::Dtype::kUInt8;
-    case at::kShort:
-      return kernels::Dtype::kInt16;
-    case at::kLong:
-      return kernels::Dtype::kInt64;
-    case at::kBool:
-      return kernels::Dtype::kBool;
-    default:
-      TORCH_CHECK(false, "fastbert._C: no kernel takes dtype ", t);
+  using D = kernels::Dtype;
+  static constexpr std::pair<at::ScalarType, D> kNames[] = {
+      {at::kFloat, D::kFloat}, {at::kHalf, D::kHalf},   {at::kBFloat16, D::kBFloat16}, {at::kInt, D::kInt32},
+      {at::kChar, D::kInt8},   {at::kByte, D::kUInt8},  {at::kShort, D::kInt16},       {at::kLong, D::kInt64},
+      {at::kBool, D::kBool}};
+  for (const auto& [torch_dtype, name] : kNames) {
+    if (torch_dtype == t) return name;
   }
+  TORCH_CHECK(false, "fastbert._C: no kernel takes dtype ", t);
 }
 
 }  // namespace detail

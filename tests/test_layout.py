@@ -20,8 +20,8 @@ KNOWN_CIRCLES = {
 # the package's layers, lowest first: a module imports from its own layer and the layers below it,
 # never from one above (the package's __init__, which gathers the public names, stands above them all)
 LAYERS = [
-    ("foundations", ["fastbert.backend", "fastbert.dtypes", "fastbert.memory", "fastbert.layouts", "fastbert.reference",
-                     "fastbert.kernels"]),
+    ("foundations", ["fastbert.backend", "fastbert.dtypes", "fastbert.files", "fastbert.memory", "fastbert.layouts",
+                     "fastbert.reference", "fastbert.kernels"]),
     ("ops", ["fastbert.ops", "fastbert.masking"]),
     ("models and data", ["fastbert.model", "fastbert.data", "fastbert.plotting"]),
     ("what is built on the models", ["fastbert.hf", "fastbert.sentence", "fastbert.cross_encoder", "fastbert.attention_maps",

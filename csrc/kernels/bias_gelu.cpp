@@ -27,12 +27,6 @@ namespace fastbert {
 namespace kernels {
 namespace {
 
-using vec::Vf;
-using gelu_math::gelu;
-using gelu_math::gelu_grad;
-
-constexpr int64_t W = vec::kWidth;
-
 // y[r] = gelu(x[r] + b) for rows [r0, r1); b is fp32, padded to whole vectors
 template <class T, bool kTanh, bool kStream>
 void forward_rows(const T* x, const float* b, T* y, int64_t r0, int64_t r1, int64_t n) {

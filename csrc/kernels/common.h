@@ -16,6 +16,10 @@
 namespace fastbert {
 namespace kernels {
 
+// The fp32 vector every kernel computes in, and its lane count (the step of a row loop).
+using vec::Vf;
+constexpr int64_t W = vec::kWidth;
+
 // Calls f(T{}) with T the C++ type of a float dtype (float, c10::Half or c10::BFloat16).
 template <class F>
 inline void dispatch_float(Dtype t, F&& f) {

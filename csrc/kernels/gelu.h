@@ -107,4 +107,11 @@ inline Vf gelu_grad(Vf x) {
 }
 
 }  // namespace gelu_math
+
+namespace kernels {
+// the GELU forms as the kernels call them
+using gelu_math::gelu;
+using gelu_math::gelu_grad;
+}  // namespace kernels
+
 }  // namespace fastbert

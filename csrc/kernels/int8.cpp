@@ -34,8 +34,6 @@ namespace fastbert {
 namespace kernels {
 namespace {
 
-using vec::Vf;
-constexpr int64_t W = vec::kWidth;
 constexpr int kSlotSumScale = 9;  // vec::thread_buffer slot of the epilogue's column sums x scales
 
 // Per-column vectors of an epilogue, as fp32 padded to whole vectors (0 past n): the weight's
@@ -163,7 +161,7 @@ inline void dequantize_gelu_row(const A* acc, float s, float o, const Epilogue e
   Vf hi = vec::set1(-kInf), lo = vec::set1(kInf);
   auto at = [&](Vf a, int64_t c) {
     Vf shift = vec::fmadd(ov, vec::load(ep.sum_scale + c), vec::load(ep.bias + c));
-    Vf g = gelu_math::gelu<kTanh>(vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift));
+    Vf g = gelu<kTanh>(vec::fmadd(a * sv, vec::load(ep.col_scale + c), shift));
     vec::store(out + c, g);
     return g;
   };
@@ -196,13 +194,17 @@ struct QuantizedOut {
   }
 };
 
-// Calls f(A{}) with A the accumulator's C++ type (int32_t or float).
+// Calls f(ap, ep): acc's values as their C++ type (const int32_t* or const float*) and its epilogue.
 template <class F>
-void dispatch_acc(Dtype t, F&& f) {
-  if (t == Dtype::kInt32) {
-    f(int32_t{});
+void with_acc(const Int8Acc& acc, F&& f) {
+  auto typed = [&](auto atag) {
+    using A = decltype(atag);
+    f(static_cast<const A*>(acc.acc), epilogue<A>(acc));
+  };
+  if (acc.dtype == Dtype::kInt32) {
+    typed(int32_t{});
   } else {
-    f(float{});
+    typed(float{});
   }
 }
 
@@ -230,10 +232,7 @@ void quantize_rows(Dtype dtype, const void* x, int64_t rows, int64_t n, Int8Rows
 void int8_dequantize(const Int8Acc& acc, Dtype dtype, void* y) {
   const int64_t rows = acc.rows, n = acc.n, npad = vec::round_up(n, W);
   const float *rs = acc.row_scale, *ro = acc.row_offset;
-  dispatch_acc(acc.dtype, [&](auto atag) {
-    using A = decltype(atag);
-    const A* ap = static_cast<const A*>(acc.acc);
-    const Epilogue ep = epilogue<A>(acc);
+  with_acc(acc, [&](const auto* ap, const Epilogue ep) {
     dispatch_float(dtype, [&](auto tag) {
       using T = decltype(tag);
       T* yp = static_cast<T*>(y);
@@ -255,10 +254,7 @@ void int8_bias_gelu(const Int8Acc& acc, bool tanh, Int8Rows out) {
   const int64_t rows = acc.rows, n = acc.n, npad = vec::round_up(n, W);
   const float *rs = acc.row_scale, *ro = acc.row_offset;
   const QuantizedOut qo(out);
-  dispatch_acc(acc.dtype, [&](auto atag) {
-    using A = decltype(atag);
-    const A* ap = static_cast<const A*>(acc.acc);
-    const Epilogue ep = epilogue<A>(acc);
+  with_acc(acc, [&](const auto* ap, const Epilogue ep) {
     dispatch_flags(tanh, false, [&](auto kTanh, auto) {
       parallel_for(0, rows, row_grain(n), [=](int64_t r0, int64_t r1) {
         float* v = vec::thread_buffer<float, kSlotRow>(npad);
@@ -281,10 +277,7 @@ void int8_add_layer_norm(const Int8Acc& acc, Dtype dtype, const void* residual, 
   // the LayerNorm's own vectors live in row-scratch slots of the calling thread
   const float* w = padded_float<kSlotKeep>(weight, n, npad);
   const float* lb = padded_float<kSlotSums>(ln_bias, n, npad);
-  dispatch_acc(acc.dtype, [&](auto atag) {
-    using A = decltype(atag);
-    const A* ap = static_cast<const A*>(acc.acc);
-    const Epilogue ep = epilogue<A>(acc);
+  with_acc(acc, [&](const auto* ap, const Epilogue ep) {
     dispatch_float(dtype, [&](auto tag) {
       using T = decltype(tag);
       const T* resp = static_cast<const T*>(residual);

@@ -20,9 +20,6 @@ namespace fastbert {
 namespace kernels {
 namespace {
 
-using vec::Vf;
-constexpr int64_t W = vec::kWidth;
-
 struct Dropout {
   philox::Keys keys;
   uint32_t thresh;

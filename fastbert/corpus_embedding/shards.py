@@ -18,11 +18,12 @@ Embedding columns by --output-dtype:
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, List, Optional
 
 import numpy as np
+
+from fastbert.files import read_json, write_json
 
 MANIFEST = "manifest.json"
 FORMAT = "fastbert-embeddings"
@@ -76,26 +77,17 @@ def write_shard(directory: str, k: int, cols: Dict[str, object]) -> str:
 
 def read_manifest(directory: str) -> Optional[dict]:
     path = os.path.join(directory, MANIFEST)
-    if not os.path.isfile(path):
-        return None
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        manifest = read_json(path)
     except (OSError, ValueError) as e:
         raise OutputError(f"{path} is not readable JSON ({e}); remove the directory to start over") from None
-    if manifest.get("format") != FORMAT:
+    if manifest is not None and manifest.get("format") != FORMAT:
         raise OutputError(f"{path} is not a fastbert embed manifest")
     return manifest
 
 
 def write_manifest(directory: str, manifest: dict) -> None:
-    path = os.path.join(directory, MANIFEST)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, ensure_ascii=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json(os.path.join(directory, MANIFEST), manifest, indent=1)
 
 
 def _same_settings(directory: str, manifest: dict, settings: dict) -> None:

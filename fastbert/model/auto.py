@@ -46,9 +46,14 @@ PRETRAINING = {**{family: classes["masked-lm"] for family, classes in FAMILIES.i
 
 
 class _Auto:
-    """from_pretrained(dir, ...) / from_config(config): the family's class for this task."""
+    """from_pretrained(dir, ...) / from_config(config): the family's class for this task (a
+    subclass names its task: class AutoModelForMaskedLM(_Auto, task="masked-lm"))."""
 
-    task = "model"
+    task: str
+
+    def __init_subclass__(cls, *, task: str, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.task = task
 
     def __init__(self, *args, **kwargs):
         raise EnvironmentError(f"fastbert.{type(self).__name__} is built with {type(self).__name__}.from_pretrained(dir) "
@@ -86,29 +91,14 @@ class _Auto:
         return cls.class_for(config.model_type)(config)
 
 
-class AutoModel(_Auto):
-    task = "model"
+class AutoModel(_Auto, task="model"): ...
+class AutoModelForMaskedLM(_Auto, task="masked-lm"): ...
+class AutoModelForSequenceClassification(_Auto, task="sequence-classification"): ...
+class AutoModelForTokenClassification(_Auto, task="token-classification"): ...
+class AutoModelForQuestionAnswering(_Auto, task="question-answering"): ...
 
 
-class AutoModelForMaskedLM(_Auto):
-    task = "masked-lm"
-
-
-class AutoModelForSequenceClassification(_Auto):
-    task = "sequence-classification"
-
-
-class AutoModelForTokenClassification(_Auto):
-    task = "token-classification"
-
-
-class AutoModelForQuestionAnswering(_Auto):
-    task = "question-answering"
-
-
-class AutoModelForPreTraining(_Auto):
-    task = "pretraining"
-
+class AutoModelForPreTraining(_Auto, task="pretraining"):
     @classmethod
     def classes(cls) -> Dict[str, type]:
         return dict(PRETRAINING)

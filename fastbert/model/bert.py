@@ -38,6 +38,7 @@ class BertModel(BertPreTrainedModel):
     layers -> pooler (when the family has one)."""
 
     embeddings_class = BertEmbeddings
+    encoder_class = BertEncoder  # the layers (MPNet's: and the relative position bias they share)
     # a batch with padding runs packed (unpad once, varlen attention, pad once); False keeps every
     # batch padded (the two paths agree at real tokens; the switch is there to check that)
     unpad_inputs: bool = True
@@ -45,7 +46,7 @@ class BertModel(BertPreTrainedModel):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = self.embeddings_class(config)
-        self.encoder = BertEncoder(config)
+        self.encoder = self.encoder_class(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.post_init()
 

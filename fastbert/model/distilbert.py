@@ -64,9 +64,6 @@ class DistilBertSelfAttention(RenamedSelfAttention):
 
     names = ("q_lin", "k_lin", "v_lin", "out_lin")
 
-    def __init__(self, config: DistilBertConfig):
-        super().__init__(config.n_heads, config.dim, config.attention_dropout)
-
 
 class FFN(nn.Module):
     def __init__(self, config: DistilBertConfig):

@@ -22,12 +22,12 @@ from fastbert.model.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    FirstTokenClassifier,
     TaskModel,
     task_output,
 )
 from fastbert.model.layers import BackendMixin, BertEmbeddings, bias_activation
 from fastbert.model.outputs import ElectraForPreTrainingOutput
-from fastbert.model.roberta import FirstTokenClassifier
 
 
 class ElectraEmbeddings(BertEmbeddings):

@@ -1,5 +1,6 @@
 """The task models: BertModel with the heads of pretraining, masked LM, sequence and token
-classification and extractive question answering."""
+classification and extractive question answering; FirstTokenClassifier, the sequence classifier on
+the first token's last hidden state that RoBERTa, ELECTRA and MPNet share."""
 from __future__ import annotations
 
 from typing import Optional
@@ -215,6 +216,38 @@ class BertForSequenceClassification(_Classifier):
 
     def _loss(self, logits, labels):
         return None if labels is None else sequence_classification_loss(self.config, logits, labels)
+
+
+class FirstTokenClassificationHead(nn.Module):
+    """dropout, dense, activation, dropout, out_proj on the first token's hidden state: RoBERTa's
+    (tanh) and ELECTRA's (exact GELU) sequence classifier."""
+
+    def __init__(self, config, activation):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(classifier_dropout(config))
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+        self.activation = activation
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(hidden[:, 0])
+        x = self.dropout(self.activation(self.dense(x)))
+        return self.out_proj(x)
+
+
+class FirstTokenClassifier:
+    """A sequence classifier whose head reads the first token's last hidden state through
+    classifier (dense, the family's activation, out_proj); the last layer runs at the first token
+    alone, as BertForSequenceClassification's does."""
+
+    features = "last_hidden_state"
+    head_activation = nn.Tanh  # RoBERTa's; ELECTRA's is GELU
+
+    def _add_classifier(self, config) -> None:
+        self.classifier = FirstTokenClassificationHead(config, self.head_activation())
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.classifier(features)
 
 
 class BertForTokenClassification(_Classifier):

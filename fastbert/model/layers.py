@@ -75,14 +75,17 @@ def embed_words(emb: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 class BertSelfAttention(nn.Module):
+    # its projections, each nn.Linear(hidden, hidden): query, key, value (RenamedSelfAttention: a
+    # family's own names, with the output projection)
+    names: Tuple[str, ...] = ("query", "key", "value")
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.num_attention_heads = config.num_attention_heads
         self.attention_head_size = config.head_dim
         self.all_head_size = config.hidden_size
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        for name in self.names:
+            setattr(self, name, nn.Linear(config.hidden_size, config.hidden_size))
         self.dropout_p = config.attention_probs_dropout_prob
         self._fused = (None, None)  # the QKV weight and bias, whose slices the three projections' parameters are
 
@@ -118,16 +121,6 @@ class RenamedSelfAttention(BertSelfAttention):
     q_lin ... out_lin, MPNet's q ... o)."""
 
     names: Tuple[str, str, str, str] = ("query", "key", "value", "output")
-
-    def __init__(self, heads: int, hidden: int, dropout_p: float):
-        nn.Module.__init__(self)
-        self.num_attention_heads = heads
-        self.attention_head_size = hidden // heads
-        self.all_head_size = hidden
-        for name in self.names:
-            setattr(self, name, nn.Linear(hidden, hidden))
-        self.dropout_p = dropout_p
-        self._fused = (None, None)
 
     query = property(lambda self: getattr(self, self.names[0]))
     key = property(lambda self: getattr(self, self.names[1]))

@@ -26,14 +26,11 @@ from fastbert.model.bert import BertModel
 from fastbert.model.config import MPNetConfig
 from fastbert.model.heads import BertForQuestionAnswering, BertForTokenClassification
 from fastbert.model.layers import (
-    BertEmbeddings,
     BertIntermediate,
     BertLayer,
     BertOutput,
-    BertPooler,
     RenamedSelfAttention,
 )
-from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.model.roberta import RobertaEmbeddings, RobertaForMaskedLM, RobertaForSequenceClassification
 
 PADDING_IDX = 1  # transformers' MPNet numbers positions (and zeroes embeddings) from 1, whatever pad_token_id says
@@ -44,18 +41,14 @@ class MPNetEmbeddings(RobertaEmbeddings):
     """word_embeddings, position_embeddings (RoBERTa's numbering), LayerNorm, dropout; no token types."""
 
     def __init__(self, config: MPNetConfig):
-        BertEmbeddings.__init__(self, config, position_padding_idx=PADDING_IDX, token_types=False)
+        super().__init__(config, padding_idx=PADDING_IDX, token_types=False)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=PADDING_IDX)
-        self.padding_idx = PADDING_IDX
 
 
 class MPNetSelfAttention(RenamedSelfAttention):
     """q, k, v, o; BertSelfAttention's joined QKV over the first three."""
 
     names = ("q", "k", "v", "o")
-
-    def __init__(self, config: MPNetConfig):
-        super().__init__(config.num_attention_heads, config.hidden_size, config.attention_probs_dropout_prob)
 
 
 class MPNetAttention(nn.Module):
@@ -97,13 +90,8 @@ class MPNetEncoder(nn.Module):
 class MPNetModel(BertModel):
     config_class = MPNetConfig
     base_model_prefix = "mpnet"
-
-    def __init__(self, config: MPNetConfig, add_pooling_layer: bool = True):
-        BertPreTrainedModel.__init__(self, config)
-        self.embeddings = MPNetEmbeddings(config)
-        self.encoder = MPNetEncoder(config)
-        self.pooler = BertPooler(config) if add_pooling_layer else None
-        self.post_init()
+    embeddings_class = MPNetEmbeddings
+    encoder_class = MPNetEncoder
 
     def relative_position_bias(self, seq: int) -> torch.Tensor:
         """[heads, 2 seq - 1]: each head's bias at each distance j - i (entry j - i + seq - 1),

@@ -26,15 +26,19 @@ from fastbert.model.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    classifier_dropout,
+    FirstTokenClassifier,
 )
 from fastbert.model.layers import BackendMixin, BertEmbeddings
 
 
 class RobertaEmbeddings(BertEmbeddings):
-    def __init__(self, config: RobertaConfig):
-        super().__init__(config, position_padding_idx=config.pad_token_id)
-        self.padding_idx = config.pad_token_id
+    """BertEmbeddings whose positions count from padding_idx + 1 (config.pad_token_id unless given;
+    MPNet fixes its own)."""
+
+    def __init__(self, config: RobertaConfig, padding_idx: Optional[int] = None, token_types: bool = True):
+        padding_idx = config.pad_token_id if padding_idx is None else padding_idx
+        super().__init__(config, position_padding_idx=padding_idx, token_types=token_types)
+        self.padding_idx = padding_idx
 
     @property
     def max_tokens(self) -> int:
@@ -52,23 +56,6 @@ class RobertaModel(BertModel):
     config_class = RobertaConfig
     base_model_prefix = "roberta"
     embeddings_class = RobertaEmbeddings
-
-
-class FirstTokenClassificationHead(nn.Module):
-    """dropout, dense, activation, dropout, out_proj on the first token's hidden state: RoBERTa's
-    (tanh) and ELECTRA's (exact GELU) sequence classifier."""
-
-    def __init__(self, config, activation):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(classifier_dropout(config))
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-        self.activation = activation
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(hidden[:, 0])
-        x = self.dropout(self.activation(self.dense(x)))
-        return self.out_proj(x)
 
 
 class RobertaLMHead(nn.Module, BackendMixin):
@@ -106,21 +93,6 @@ class RobertaForMaskedLM(_RobertaHead, BertForMaskedLM):
 
     def _lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
-
-
-class FirstTokenClassifier:
-    """A sequence classifier whose head reads the first token's last hidden state through
-    classifier (dense, the family's activation, out_proj); the last layer runs at the first token
-    alone, as BertForSequenceClassification's does."""
-
-    features = "last_hidden_state"
-    head_activation = nn.Tanh  # RoBERTa's; ELECTRA's is GELU
-
-    def _add_classifier(self, config) -> None:
-        self.classifier = FirstTokenClassificationHead(config, self.head_activation())
-
-    def _logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.classifier(features)
 
 
 class RobertaForSequenceClassification(_RobertaHead, FirstTokenClassifier, BertForSequenceClassification):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import random
 import shutil
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from fastbert.files import read_json, write_json
 from fastbert.pretraining.config import TrainConfig, TrainError
 from fastbert.pretraining.distributed import barrier
 
@@ -48,26 +48,13 @@ def _sha256(path: str) -> str:
 
 def read_manifest(directory: str) -> Optional[dict]:
     path = os.path.join(directory, MANIFEST)
-    if not os.path.isfile(path):
-        return None
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-        if not isinstance(manifest.get("checkpoints"), dict):
+        manifest = read_json(path)
+        if manifest is not None and not isinstance(manifest.get("checkpoints"), dict):
             raise ValueError("no 'checkpoints' table")
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint manifest {path} is damaged ({e})") from None
     return manifest
-
-
-def _write_manifest(directory: str, manifest: dict) -> None:
-    tmp = os.path.join(directory, MANIFEST + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, MANIFEST))
 
 
 def save_checkpoint(directory: str, state: Dict[str, Any], *, keep: int = 2) -> str:
@@ -94,7 +81,7 @@ def save_checkpoint(directory: str, state: Dict[str, Any], *, keep: int = 2) -> 
         names = sorted(manifest["checkpoints"], key=lambda n: manifest["checkpoints"][n]["step"])
         for old in names[:-keep]:
             manifest["checkpoints"].pop(old)
-    _write_manifest(directory, manifest)
+    write_json(os.path.join(directory, MANIFEST), manifest)
     if keep > 0:  # files the manifest no longer lists (written before it was updated)
         for f in os.listdir(directory):
             if f.startswith("step-") and f.endswith(".pt") and f not in manifest["checkpoints"]:
