@@ -1,5 +1,5 @@
 // Attention with a padding mask on the CPU: the entry points, their checks and the set-up of the
-// sequences (from the key mask or cu_seqlens). The kernels, and the design, are in kernels/attention.cpp.
+// sequences (from the key mask or cu_seqlens). The kernels, and the design, are in kernels/attention_kernel.cpp.
 #include <algorithm>
 #include <cmath>
 #include <vector>

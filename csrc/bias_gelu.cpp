@@ -1,5 +1,5 @@
 // The GELU ops' entry points, bias_gelu's and geglu's: checks and outputs here, the kernels in
-// kernels/bias_gelu.cpp and kernels/geglu.cpp.
+// kernels/bias_gelu_kernel.cpp and kernels/geglu.cpp.
 #include "cpu_ops.h"
 
 namespace fastbert {

@@ -105,7 +105,7 @@ at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::option
 at::Tensor int8_gemm_packed(const at::Tensor& a, const at::Tensor& bp, const c10::optional<at::Tensor>& out);
 
 // dot_gemm.cpp: c [m, n] float32 = a [m, k] . b [n, k]^T (+ bias [n]) with b read as it lies in memory
-// (nothing packed), for few rows of a (kernels/dot_gemm.cpp); into `out` when given.
+// (nothing packed), for few rows of a (kernels/dot_gemm_kernel.cpp); into `out` when given.
 at::Tensor f32_dot_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias,
                         const c10::optional<at::Tensor>& out);
 

@@ -1,4 +1,4 @@
-// The fp32 dot-product GEMM (kernels/dot_gemm.cpp): its checks and output.
+// The fp32 dot-product GEMM (kernels/dot_gemm_kernel.cpp): its checks and output.
 // c [m, n] = a [m, k] . b [n, k]^T (+ bias [n]) with b a linear layer's weight as it lies in memory.
 #include <algorithm>
 

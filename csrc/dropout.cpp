@@ -1,4 +1,4 @@
-// The dropout rule's mask and raw Philox words, for tests (kernels/dropout.cpp computes them).
+// The dropout rule's mask and raw Philox words, for tests (kernels/dropout_kernel.cpp computes them).
 #include <cstdint>
 
 #include "cpu_ops.h"

@@ -1,5 +1,5 @@
 // int8 inference's element-wise ops: their checks and outputs. The scheme and the kernels are in
-// kernels/int8.cpp (the epilogue of every int8 GEMM fused into the op that consumes its output, the
+// kernels/int8_kernel.cpp (the epilogue of every int8 GEMM fused into the op that consumes its output, the
 // quantization of every GEMM input into the op that produces it), the GEMM in kernels/int8_gemm.cpp.
 #include <algorithm>
 

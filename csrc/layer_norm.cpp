@@ -1,4 +1,4 @@
-// add_layer_norm's entry points: checks and outputs here, the kernels in kernels/layer_norm.cpp.
+// add_layer_norm's entry points: checks and outputs here, the kernels in kernels/layer_norm_kernel.cpp.
 #include <cmath>
 
 #include "cpu_ops.h"

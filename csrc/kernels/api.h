@@ -95,7 +95,7 @@ struct AttnArgs {
 };
 
 // ---------------------------------------------------------------------------------------------
-// int8 inference (kernels/int8.cpp, kernels/int8_gemm.cpp): see csrc/int8.cpp for the scheme
+// int8 inference (kernels/int8_kernel.cpp, kernels/int8_gemm.cpp): see csrc/int8.cpp for the scheme
 
 // An int8 GEMM's accumulator acc [rows + 1, n] (int32 or float32; its last row: the weight's column
 // sums) with what dequantizes it: (acc * row_scale + row_offset * acc[rows]) * col_scale + bias.

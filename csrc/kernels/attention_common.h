@@ -318,7 +318,7 @@ void for_each_pair(const Problem& pb, F&& f) {
   });
 }
 
-// The problem of a call (kernels/attention.cpp).
+// The problem of a call (kernels/attention_kernel.cpp).
 Problem problem_of(const kernels::AttnArgs& a);
 
 // Runs the forward (attention_forward.cpp) / backward (attention_backward.cpp) of every pair, for

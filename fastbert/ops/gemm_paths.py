@@ -6,7 +6,7 @@ Each takes (a, b, bias, alloc); alloc, when not None, makes an output the path m
     onednn         torch.ops.mkldnn._linear_pointwise: oneDNN's inner product on the weight as it is
     onednn_packed  the same on a weight reordered into oneDNN's blocked layout (roles fwd and dx)
     mkl_packed     torch.ops.mkl._mkl_linear on an MKL-packed weight (fp32, role fwd)
-    dot            fastbert's own fp32 GEMM (csrc/kernels/dot_gemm.cpp, role fwd): each output the dot
+    dot            fastbert's own fp32 GEMM (csrc/kernels/dot_gemm_kernel.cpp, role fwd): each output the dot
                    product of a row of a and a row of the weight, read as it lies in memory. Nothing
                    is packed, so with few rows (a batch of one short query), where the packing
                    libraries spend more time on the weight than on the multiply-adds, it is the
@@ -104,7 +104,7 @@ def fastbert_int8(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) ->
 
 
 def dot(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
-    """fastbert's fp32 dot-product GEMM (csrc/kernels/dot_gemm.cpp): the weight read as it lies, nothing
+    """fastbert's fp32 dot-product GEMM (csrc/kernels/dot_gemm_kernel.cpp): the weight read as it lies, nothing
     packed, so for few rows (a batch of one short query) no pass over the weight is added to the
     one the product needs."""
     a = a if a.stride(-1) == 1 else a.contiguous()
