@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import fastbert
+from fastbert import layouts
 from fastbert.model.int8 import Int8Linear
 from fastbert.reference import int8 as rule
 from tests.helpers.modernbert import BIASED, SMALL, inputs, pair
@@ -77,7 +78,7 @@ def layer_errors(int8, fp32, ids, mask, monkeypatch, rule_applied=True):
         emu = copy.deepcopy(fp32.base_model)
         for layer, qlayer in zip(emu.layers, int8.base_model.layers):
             for (owner, name), (qowner, qname) in zip(layer.linear_slots(), qlayer.linear_slots()):
-                w, s = rule.quantize_weight(getattr(owner, name).weight, getattr(qowner, qname).weight_range)
+                w, s = layouts.quantize_weight(getattr(owner, name).weight, getattr(qowner, qname).weight_range)
                 getattr(owner, name).weight.copy_(w.float() * s[:, None])
     errors, real = [], mask.bool()
     with monkeypatch.context() as patch, torch.no_grad():
