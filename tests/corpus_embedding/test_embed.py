@@ -22,14 +22,7 @@ import fastbert.ray  # noqa: E402
 from fastbert import cli  # noqa: E402
 from fastbert.commands import embed as embed_command  # noqa: E402
 from fastbert.corpus_embedding import shards  # noqa: E402
-
-WORDS = ("cat dog tree river 한국어 문장 model sentence quick brown fox jumps over lazy night city rain "
-         "train station book library").split()
-
-
-def texts(n, seed=0, longest=40):
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(3, longest)))) for _ in range(n)]
+from tests.helpers.random_text import texts  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -19,17 +19,11 @@ import fastbert  # noqa: E402
 import fastbert.ray  # noqa: E402
 from fastbert import cli  # noqa: E402
 from fastbert.corpus_embedding import shards  # noqa: E402
+from tests.helpers.random_text import texts  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 LIMIT_S = 180  # several times a run's wall time on a busy 2-core machine: a run not done by then hung
-WORDS = ("cat dog tree river 한국어 문장 model sentence quick brown fox jumps over lazy night city rain "
-         "train station book library").split()
-
-
-def texts(n, seed=0, longest=40):
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(3, longest)))) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")

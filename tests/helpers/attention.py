@@ -53,6 +53,15 @@ def padded_case(backend, batch, heads, seq, head_dim, dtype, seed, dropout_p=0.0
     return q, k, v, dout, mask, keep, g
 
 
+def varlen_lengths(backend, dev, long=(97, 128, 64), short=(33, 17)):
+    """(lengths, cu_seqlens, max_seqlen) of a varlen check: an empty sequence, a one-token one and
+    longer ones (`short` on the triton backend, whose interpreter is slow, else `long`); max_seqlen
+    three above the longest, as the ops allow."""
+    lengths = [5, 1, 0, *(short if backend == "triton" else long)]
+    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    return lengths, cu_seqlens, max(lengths) + 3
+
+
 def pack(t, mask):
     """[batch, heads, seq, d] -> [total_tokens, heads, d] over the real tokens of mask."""
     return fastbert.ops.unpad(t.transpose(1, 2), mask)[0]

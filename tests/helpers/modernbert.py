@@ -69,14 +69,15 @@ def inputs(name, seed, lengths=LENGTHS, left=False):
 
 
 def labels_for(name, ids, mask, g):
+    """The labels of name's head (by its suffix: ModernBERT's and MPNet's heads alike), for 3 classes."""
     bsz, seq = ids.shape
-    if name == "ModernBertForMaskedLM":
+    if name.endswith("ForMaskedLM"):
         return dict(labels=torch.where((torch.rand(bsz, seq, generator=g) < 0.3) & (mask == 1), ids, -100))
-    if name == "ModernBertForSequenceClassification":
+    if name.endswith("ForSequenceClassification"):
         return dict(labels=torch.randint(0, 3, (bsz,), generator=g))
-    if name == "ModernBertForTokenClassification":
+    if name.endswith("ForTokenClassification"):
         return dict(labels=torch.randint(0, 3, (bsz, seq), generator=g).masked_fill(mask == 0, -100))
-    if name == "ModernBertForQuestionAnswering":
+    if name.endswith("ForQuestionAnswering"):
         return dict(start_positions=torch.randint(0, seq + 3, (bsz,), generator=g),
                     end_positions=torch.randint(0, seq + 3, (bsz,), generator=g))
     return {}
@@ -90,6 +91,27 @@ def check_close(errors, tag, got, want):
     scale = max(want.abs().max().item() if want.numel() else 0.0, FLOOR)
     errors[tag] = err
     assert err <= REL * scale, f"{tag}: max abs error {err:.3e} > {REL:g} x {scale:.3e}"
+
+
+def assert_full_size_matches(hm, parity, seq, short, pad=None, **kw):
+    """fastbert's twin of hm (a full-size transformers model, its weights drawn), built on the meta
+    device and given hm's own tensors (no second copy of the weights), on cpp: parity without
+    gradients on 2 rows of `seq` tokens, the second padded after `short` (its padded ids set to pad
+    when given), compares last_hidden_state alone. kw: the fastbert class's own arguments."""
+    cls = getattr(fastbert, type(hm).__name__)
+    with torch.device("meta"):
+        fm = cls(cls.config_class(**hm.config.to_dict()), **kw)
+    fm.load_state_dict(hm.state_dict(), strict=True, assign=True)
+    fm.eval().set_backend("cpp")
+    g = torch.Generator().manual_seed(12)
+    ids = torch.randint(3, hm.config.vocab_size, (2, seq), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, short:] = 0
+    if pad is not None:
+        ids = ids.masked_fill(mask == 0, pad)
+    with torch.no_grad():
+        errors = parity(hm, fm, ids, mask, grads=False)
+    assert set(errors) == {"last_hidden_state"}
 
 
 def assert_paths_agree(hm, fm, base, ids, mask, extra, parity_check):

@@ -11,7 +11,15 @@ import torch
 
 import fastbert
 from tests.helpers.backends import require
-from tests.helpers.modernbert import FLOOR, REL, assert_checkpoints_both_ways, assert_paths_agree, check_close
+from tests.helpers.modernbert import (
+    FLOOR,
+    REL,
+    assert_checkpoints_both_ways,
+    assert_full_size_matches,
+    assert_paths_agree,
+    check_close,
+    labels_for,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -65,20 +73,6 @@ def batch(bsz, seq, g, lengths=None):
         mask[b, :n] = 1
         ids[b, 0], ids[b, n - 1] = BOS, EOS
     return ids.masked_fill(mask == 0, PAD), mask
-
-
-def labels_for(name, ids, mask, g):
-    bsz, seq = ids.shape
-    if name == "MPNetForMaskedLM":
-        return dict(labels=torch.where((torch.rand(bsz, seq, generator=g) < 0.3) & (mask == 1), ids, -100))
-    if name == "MPNetForSequenceClassification":
-        return dict(labels=torch.randint(0, 3, (bsz,), generator=g))
-    if name == "MPNetForTokenClassification":
-        return dict(labels=torch.randint(0, 3, (bsz, seq), generator=g).masked_fill(mask == 0, -100))
-    if name == "MPNetForQuestionAnswering":
-        return dict(start_positions=torch.randint(0, seq + 3, (bsz,), generator=g),
-                    end_positions=torch.randint(0, seq + 3, (bsz,), generator=g))
-    return {}
 
 
 def parity(hm, fm, ids, mask, extra=None, grads=True, **kwargs):
@@ -279,15 +273,4 @@ def test_all_mpnet_base_v2_shape_matches_transformers():
     with no_init_weights():  # every weight is drawn below
         hm = transformers.MPNetModel(hc, add_pooling_layer=False).eval()
     randomize(hm, 11, scale=0.02)
-    with torch.device("meta"):
-        fm = fastbert.MPNetModel(fastbert.MPNetConfig(**hc.to_dict()), add_pooling_layer=False)
-    fm.load_state_dict(hm.state_dict(), strict=True, assign=True)
-    fm.eval().set_backend("cpp")
-    g = torch.Generator().manual_seed(12)
-    ids = torch.randint(3, hc.vocab_size, (2, 48), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 30:] = 0
-    ids = ids.masked_fill(mask == 0, PAD)
-    with torch.no_grad():
-        errors = parity(hm, fm, ids, mask, grads=False)
-    assert set(errors) == {"last_hidden_state"}
+    assert_full_size_matches(hm, parity, 48, 30, pad=PAD, add_pooling_layer=False)

@@ -72,23 +72,14 @@ def check_sum(backend, shape, dtype, through="both", dropout_p=0.0, bias=True, s
 
 
 @pytest.mark.slow_with("triton")
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])  # no bias (None): ModernBERT's norms
 @pytest.mark.parametrize("through", ["both", "y", "s"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
-def test_outputs_and_gradients_match_the_reference(backend, dropout_p, through):
+def test_outputs_and_gradients_match_the_reference(backend, dropout_p, through, bias):
     for i, shape in enumerate(shapes_for(backend)):
         for dtype in dtypes_for(backend):
-            check_sum(backend, shape, dtype, through, dropout_p, seed=i)
-
-
-@pytest.mark.slow_with("triton")
-@pytest.mark.parametrize("through", ["both", "y", "s"])
-@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
-def test_without_bias_matches_the_reference(backend, dropout_p, through):
-    # ModernBERT's norms: no bias (bias=None)
-    for i, shape in enumerate(shapes_for(backend)):
-        for dtype in dtypes_for(backend):
-            check_sum(backend, shape, dtype, through, dropout_p, bias=False, seed=i)
-    check_sum(backend, (4, 768), torch.float16, through, dropout_p, bias=False, param_dtype=torch.float32)
+            check_sum(backend, shape, dtype, through, dropout_p, bias=bias, seed=i)
+    check_sum(backend, (4, 768), torch.float16, through, dropout_p, bias=bias, param_dtype=torch.float32)
 
 
 def test_fp32_params_with_half_input(backend):

@@ -9,7 +9,7 @@ import torch
 
 import fastbert
 from fastbert import reference
-from tests.helpers.attention import mixed_mask, pack, qkv, run
+from tests.helpers.attention import mixed_mask, pack, qkv, run, varlen_lengths
 from tests.helpers.backends import device_for, dtypes_for
 from tests.helpers.bounds import assert_within_bound
 
@@ -144,9 +144,8 @@ def test_varlen_agrees_with_padded(backend):
 def test_varlen_matches_reference(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(4)
-    lengths = [5, 1, 0, 33, 17] if backend == "triton" else [5, 1, 0, 97, 128, 64]
-    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    total, max_seqlen = sum(lengths), max(lengths) + 3  # max_seqlen may exceed the longest sequence
+    lengths, cu_seqlens, max_seqlen = varlen_lengths(backend, dev)
+    total = sum(lengths)
     for dtype in dtypes_for(backend):
         q, k, v = qkv((total, 3, 64), dtype, dev, g)
         dout = torch.randn(total, 3, 64, generator=g).to(dev, dtype)

@@ -9,7 +9,7 @@ import torch
 
 import fastbert
 from fastbert import reference
-from tests.helpers.attention import assert_packed_agrees_with_padded, compare, mixed_mask, padded_case, qkv
+from tests.helpers.attention import assert_packed_agrees_with_padded, compare, mixed_mask, padded_case, qkv, varlen_lengths
 from tests.helpers.backends import device_for, dtypes_for, require
 
 
@@ -71,9 +71,8 @@ def test_a_window_as_wide_as_the_sequence_is_global_attention(backend):
 def test_local_varlen_matches_reference_and_padded(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(6)
-    lengths = [5, 1, 0, 45, 17] if backend == "triton" else [5, 1, 0, 300, 128, 64]
-    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    total, max_seqlen, window = sum(lengths), max(lengths) + 3, 16
+    lengths, cu_seqlens, max_seqlen = varlen_lengths(backend, dev, long=(300, 128, 64), short=(45, 17))
+    total, window = sum(lengths), 16
     for dtype in dtypes_for(backend):
         q, k, v = qkv((total, 3, 64), dtype, dev, g)
         dout = torch.randn(total, 3, 64, generator=g).to(dev, dtype)

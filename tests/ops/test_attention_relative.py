@@ -8,7 +8,7 @@ import torch
 
 import fastbert
 from fastbert import layouts, reference
-from tests.helpers.attention import assert_packed_agrees_with_padded, padded_case, qkv, run
+from tests.helpers.attention import assert_packed_agrees_with_padded, padded_case, qkv, run, varlen_lengths
 from tests.helpers.backends import device_for, dtypes_for
 from tests.helpers.bounds import assert_within_bound
 
@@ -72,9 +72,8 @@ def test_relative_bias_with_holes_in_the_mask_and_rotary(backend):
 def test_relative_bias_varlen_matches_reference_and_padded(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(5)
-    lengths = [5, 1, 0, 33, 17] if backend == "triton" else [5, 1, 0, 130, 64]
-    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    total, max_seqlen = sum(lengths), max(lengths) + 3
+    lengths, cu_seqlens, max_seqlen = varlen_lengths(backend, dev, long=(130, 64))
+    total = sum(lengths)
     for dtype in dtypes_for(backend):
         q, k, v = qkv((total, 3, 64), dtype, dev, g)
         rel = layouts.relative_bias(torch.randn(32, 3, generator=g), max_seqlen).to(dev, dtype)

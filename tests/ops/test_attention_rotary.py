@@ -7,7 +7,7 @@ import torch
 
 import fastbert
 from fastbert import reference
-from tests.helpers.attention import assert_packed_agrees_with_padded, compare, padded_case, qkv
+from tests.helpers.attention import assert_packed_agrees_with_padded, compare, padded_case, qkv, varlen_lengths
 from tests.helpers.backends import device_for, dtypes_for
 
 BASES = (10000.0, 160000.0)  # ModernBERT's local and global layers
@@ -65,9 +65,8 @@ def test_rotary_attention_odd_widths(backend):
 def test_rotary_varlen_matches_reference_and_padded(backend):
     dev = device_for(backend)
     g = torch.Generator().manual_seed(8)
-    lengths = [5, 1, 0, 33, 17] if backend == "triton" else [5, 1, 0, 97, 128, 64]
-    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    total, max_seqlen, base = sum(lengths), max(lengths) + 3, BASES[1]
+    lengths, cu_seqlens, max_seqlen = varlen_lengths(backend, dev)
+    total, base = sum(lengths), BASES[1]
     cos, sin = reference.rotary_tables(base, 64, max_seqlen, dev)
     for dtype in dtypes_for(backend):
         q, k, v = qkv((total, 3, 64), dtype, dev, g)

@@ -27,15 +27,22 @@ def _model_and_batch(tiny_data, seed=0):
     return model, batch
 
 
-def test_loss_equals_transformers(tiny_data):
+def transformers_twin(model):
+    """transformers' BertForPreTraining with model's configuration and weights (its decoder tied
+    again after the load); both left in eval mode."""
     transformers = pytest.importorskip("transformers")
-    model, batch = _model_and_batch(tiny_data)
     cfg = transformers.BertConfig(**{k: v for k, v in model.config.to_dict().items() if k not in ("architectures", "dtype")})
     hf = transformers.BertForPreTraining(cfg)
     hf.load_state_dict(model.state_dict(), strict=False)
     hf.tie_weights()
     hf.eval()
     model.eval()
+    return hf
+
+
+def test_loss_equals_transformers(tiny_data):
+    model, batch = _model_and_batch(tiny_data)
+    hf = transformers_twin(model)
     with torch.no_grad():
         want = hf(**batch).loss.double()
         got_model = model(**batch).loss.double()
@@ -49,14 +56,8 @@ def test_loss_equals_transformers(tiny_data):
 
 
 def test_gradients_match_transformers(tiny_data):
-    transformers = pytest.importorskip("transformers")
     model, batch = _model_and_batch(tiny_data, seed=1)
-    cfg = transformers.BertConfig(**{k: v for k, v in model.config.to_dict().items() if k not in ("architectures", "dtype")})
-    hf = transformers.BertForPreTraining(cfg)
-    hf.load_state_dict(model.state_dict(), strict=False)
-    hf.tie_weights()
-    hf.eval()
-    model.eval()
+    hf = transformers_twin(model)
     hf(**batch).loss.backward()
     PretrainingObjective(model)(**batch)[0].backward()
     hf_grads = dict(hf.named_parameters())
