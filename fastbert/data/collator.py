@@ -39,7 +39,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from fastbert import masking as _masking
+from fastbert import masking
 from fastbert.data.vocab import SPECIAL_TOKENS as BERT_SPECIAL_TOKENS
 from fastbert.ops.padding import pad_id_lists, unpad_indices
 
@@ -104,7 +104,7 @@ class PretrainingCollator:
                     "PretrainingCollator: whole_word_mask=True needs word_start_table "
                     "(fastbert.masking.word_start_table(vocab)), or build the collator with from_vocab"
                 )
-            word_start_table = _masking.word_start_table(word_start_table)
+            word_start_table = masking.word_start_table(word_start_table)
             if word_start_table.numel() != self.vocab_size:
                 raise ValueError(
                     f"PretrainingCollator: word_start_table has {word_start_table.numel()} entries but "
@@ -115,7 +115,7 @@ class PretrainingCollator:
         self.unpadded = bool(unpadded)
         self.generator = torch.Generator().manual_seed(int(seed)) if seed is not None else generator
         # every argument checked once now, rather than on the first batch
-        _masking.mask_tokens(
+        masking.mask_tokens(
             torch.zeros(1, 1, dtype=torch.int64) + self.pad_token_id, **self._mask_kwargs(), seed=0,
         )
 
@@ -123,14 +123,14 @@ class PretrainingCollator:
     def from_vocab(cls, vocab, **kwargs) -> "PretrainingCollator":
         """A collator for a BERT WordPiece vocabulary (a vocab.txt path, a list of tokens in id order
         or a {token: id} dict) holding [PAD], [UNK], [CLS], [SEP] and [MASK]; kwargs as __init__."""
-        tokens = _masking.vocab_tokens(vocab)
+        tokens = masking.vocab_tokens(vocab)
         index = {t: i for i, t in enumerate(tokens)}
         missing = [t for t in BERT_SPECIAL_TOKENS if t not in index]
         if missing:
             raise ValueError(f"PretrainingCollator.from_vocab: the vocabulary lacks {missing}")
         kwargs.setdefault("special_token_ids", [index[t] for t in BERT_SPECIAL_TOKENS])
         if kwargs.get("whole_word_mask") and kwargs.get("word_start_table") is None:
-            kwargs["word_start_table"] = _masking.word_start_table(tokens)
+            kwargs["word_start_table"] = masking.word_start_table(tokens)
         return cls(vocab_size=len(tokens), mask_token_id=index["[MASK]"], pad_token_id=index["[PAD]"], **kwargs)
 
     def _mask_kwargs(self) -> dict:
@@ -166,8 +166,8 @@ class PretrainingCollator:
         else:
             token_type_ids = torch.zeros(n, seq, dtype=torch.int64)
 
-        word_start = _masking.word_starts(input_ids, self.word_start_table) if self.whole_word_mask else None
-        masked, labels = _masking.mask_tokens(
+        word_start = masking.word_starts(input_ids, self.word_start_table) if self.whole_word_mask else None
+        masked, labels = masking.mask_tokens(
             input_ids, attention_mask=real, word_start_mask=word_start, generator=self.generator, **self._mask_kwargs(),
         )
         batch = {}

@@ -159,7 +159,7 @@ def plan(model: nn.Module, layers: tuple, int8: bool) -> Plan:
 
 def hooked(layers) -> bool:
     """Whether calling a layer would run a forward hook (its own or a global one)."""
-    from torch.nn.modules import module as _m
+    from torch.nn.modules import module as torch_module
 
-    return bool(_m._global_forward_hooks or _m._global_forward_pre_hooks
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
                 or any(layer._forward_hooks or layer._forward_pre_hooks for layer in layers))

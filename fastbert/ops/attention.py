@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 from fastbert import layouts, reference
 from fastbert.ops.checks import check_device, check_float, check_mask, check_tensor
 from fastbert.ops.common import fused_op, needs_grad, seed_int, seed_tensor
@@ -78,7 +78,7 @@ def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, rope_cos, 
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], scale: float, dropout_p: float,
                    seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor], rope_sin: Optional[Tensor],
                    window: int, rel_bias: Optional[Tensor], backend: str) -> Tensors3:
-    out, lse, keep = _backend.impl(backend, "attention").attention_forward(
+    out, lse, keep = fb_backend.impl(backend, "attention").attention_forward(
         q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask,
         **_extras(rope_cos, rope_sin, window, rel_bias)
     )
@@ -93,7 +93,7 @@ def _fake_bwd(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed, rope_cos,
 def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key_mask: Optional[Tensor],
                    scale: float, dropout_p: float, seed: Optional[Tensor], rope_cos: Optional[Tensor],
                    rope_sin: Optional[Tensor], window: int, rel_bias: Optional[Tensor], backend: str) -> Tensors4:
-    launch = _backend.impl(backend, "attention").attention_backward
+    launch = fb_backend.impl(backend, "attention").attention_backward
     return _grads(launch(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed_int(seed),
                          **_extras(rope_cos, rope_sin, window, rel_bias)), q)
 
@@ -109,7 +109,7 @@ def varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, ma
                           dropout_p: float, seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor],
                           rope_sin: Optional[Tensor], window: int, rel_bias: Optional[Tensor],
                           backend: str) -> Tensors3:
-    out, lse, keep = _backend.impl(backend, "attention").varlen_attention_forward(
+    out, lse, keep = fb_backend.impl(backend, "attention").varlen_attention_forward(
         q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), return_mask,
         **_extras(rope_cos, rope_sin, window, rel_bias)
     )
@@ -127,7 +127,7 @@ def _varlen_attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                           rope_cos: Optional[Tensor], rope_sin: Optional[Tensor], window: int,
                           rel_bias: Optional[Tensor], backend: str) -> Tensors4:
     return _grads(
-        _backend.impl(backend, "attention").varlen_attention_backward(
+        fb_backend.impl(backend, "attention").varlen_attention_backward(
             do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed),
             **_extras(rope_cos, rope_sin, window, rel_bias)
         ), q
@@ -390,7 +390,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     """
     op = "attention"
     _check_qkv(op, q, k, v, 4, "[batch, heads, seq, head_dim]")
-    backend = _backend.resolve(backend, q)
+    backend = fb_backend.resolve(backend, q)
     scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, q.shape[2])
     mask = None if attention_mask is None else _as_bool_mask(op, attention_mask, q)
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
@@ -446,7 +446,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     op = "varlen_attention"
     _check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]")
     check_cu_seqlens(op, cu_seqlens, max_seqlen, q)
-    backend = _backend.resolve(backend, q)
+    backend = fb_backend.resolve(backend, q)
     scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, max_seqlen)
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
     batch = cu_seqlens.shape[0] - 1

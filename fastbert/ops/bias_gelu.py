@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 from fastbert import reference
 from fastbert.ops.checks import check_approximate, check_float, check_vector
 from fastbert.ops.common import as_rows, fused_op, needs_grad
@@ -25,7 +25,7 @@ def _fake_fwd(x, bias, approximate, backend):
 @fused_op("bias_gelu_fwd", _fake_fwd)
 def bias_gelu_fwd(x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
     # x: [rows, hidden] contiguous, bias: [hidden] -> y: [rows, hidden] in x.dtype
-    return _backend.impl(backend, "bias_gelu").bias_gelu_forward(x, bias, approximate)
+    return fb_backend.impl(backend, "bias_gelu").bias_gelu_forward(x, bias, approximate)
 
 
 def _fake_bwd(dy, x, bias, approximate, backend):
@@ -37,7 +37,7 @@ def _bias_gelu_bwd(
     dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str, backend: str
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     # dy, x: [rows, hidden] -> dx: [rows, hidden] in x.dtype, dbias: [hidden] in bias.dtype (fp32 sums)
-    return tuple(_backend.impl(backend, "bias_gelu").bias_gelu_backward(dy, x, bias, approximate))
+    return tuple(fb_backend.impl(backend, "bias_gelu").bias_gelu_backward(dy, x, bias, approximate))
 
 
 class BiasGeluFunction(torch.autograd.Function):
@@ -69,7 +69,7 @@ def bias_gelu(
         raise ValueError("fastbert.ops.bias_gelu: x must have at least one dim (the hidden size)")
     check_vector("bias_gelu", "bias", bias, x)
     check_approximate("bias_gelu", approximate)
-    backend = _backend.resolve(backend, x)
+    backend = fb_backend.resolve(backend, x)
     if backend == "torch" or x.numel() == 0:
         return reference.bias_gelu(x, bias, approximate)
     rows, bias = as_rows(x), bias.contiguous()

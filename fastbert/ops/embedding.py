@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 
 
 class _Embedding(torch.autograd.Function):
@@ -44,7 +44,7 @@ class _Embedding(torch.autograd.Function):
 
 def embedding(input_ids: torch.Tensor, weight: torch.Tensor, padding_idx: Optional[int] = None) -> torch.Tensor:
     """weight[input_ids] ([..., hidden]); the gradient of weight as F.embedding's (see the module docstring)."""
-    empty = _backend.cpp_function("empty") if weight.device.type == "cpu" else None
+    empty = fb_backend.cpp_function("empty") if weight.device.type == "cpu" else None
     if (empty is None or torch.compiler.is_compiling() or not torch.is_grad_enabled() or not weight.requires_grad
             or weight.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
         return F.embedding(input_ids, weight, padding_idx)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 from fastbert import reference
 from fastbert.ops.checks import check_approximate, check_float
 from fastbert.ops.common import as_rows, fused_op, needs_grad
@@ -24,7 +24,7 @@ def _fake_fwd(x, approximate, backend):
 @fused_op("geglu_fwd", _fake_fwd)
 def _geglu_fwd(x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
     # x: [rows, 2d] contiguous -> y: [rows, d] in x.dtype
-    return _backend.impl(backend, "geglu").geglu_forward(x, approximate)
+    return fb_backend.impl(backend, "geglu").geglu_forward(x, approximate)
 
 
 def _fake_bwd(dy, x, approximate, backend):
@@ -34,7 +34,7 @@ def _fake_bwd(dy, x, approximate, backend):
 @fused_op("geglu_bwd", _fake_bwd)
 def _geglu_bwd(dy: torch.Tensor, x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
     # dy: [rows, d], x: [rows, 2d] -> dx: [rows, 2d] in x.dtype
-    return _backend.impl(backend, "geglu").geglu_backward(dy, x, approximate)
+    return fb_backend.impl(backend, "geglu").geglu_backward(dy, x, approximate)
 
 
 class GegluFunction(torch.autograd.Function):
@@ -62,7 +62,7 @@ def geglu(x: torch.Tensor, approximate: str = "none", *, backend: Optional[str] 
         raise ValueError(f"fastbert.ops.geglu: x's last dim must be even (the two halves a and b), got shape "
                          f"{tuple(x.shape)}")
     check_approximate("geglu", approximate)
-    backend = _backend.resolve(backend, x)
+    backend = fb_backend.resolve(backend, x)
     if backend == "torch" or x.numel() == 0:
         return reference.geglu(x, approximate)
     shape = (*x.shape[:-1], x.shape[-1] // 2)

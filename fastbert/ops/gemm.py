@@ -37,7 +37,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 from fastbert.ops import gemm_paths, gemm_timing
 from fastbert.ops.gemm_paths import Alloc
 
@@ -90,7 +90,7 @@ def _probe(path: str, role: str, dtype: torch.dtype) -> bool:
         why = None if gemm_paths.offered(path, role, dtype) else "not offered for this role and dtype on this build"
         if why is None and path != "addmm":
             why = _probe_run(path, role, dtype)
-            usual = dtype == torch.float16 or (dtype == torch.bfloat16 and _backend.native_bf16() is False)
+            usual = dtype == torch.float16 or (dtype == torch.bfloat16 and fb_backend.native_bf16() is False)
             if why is not None and dtype in (torch.float32, torch.bfloat16) and not usual:
                 warnings.warn(f"fastbert.ops.linear: GEMM path {path!r} ({role}, {dtype}) is not used: {why}",
                               stacklevel=3)
@@ -322,7 +322,7 @@ def _say_fp32_wins(key: tuple, timings: Dict[str, float]) -> None:
                "so quantize='int8' gains little speed here")
     else:
         name = str(dtype).removeprefix("torch.")
-        native = _backend.native_bf16() and dtype == torch.bfloat16
+        native = fb_backend.native_bf16() and dtype == torch.bfloat16
         why = ("has native bf16 (AVX512_BF16) but no bfloat16 matrix product here faster than fp32" if native else
                f"has no fast {name} matrix product (native bf16 needs AVX512_BF16 or AMX)")
         msg = (f"fastbert: {where} {why}: "

@@ -46,7 +46,7 @@ from typing import Callable, Optional
 
 import torch
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 
 # oneDNN keeps every primitive it creates, one per shape, in a cache of 1024 by default, each with
 # its own compiled kernel, and torch's oneDNN linear (ideep) keeps another 1024 of its own
@@ -100,7 +100,7 @@ def onednn_qlinear(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -
 
 
 def fastbert_int8(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
-    return _backend.cpp_function("int8_gemm")(a, b, None if alloc is None else alloc())
+    return fb_backend.cpp_function("int8_gemm")(a, b, None if alloc is None else alloc())
 
 
 def dot(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
@@ -109,7 +109,7 @@ def dot(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
     one the product needs."""
     a = a if a.stride(-1) == 1 else a.contiguous()
     b = b if b.stride(-1) == 1 else b.contiguous()
-    return _backend.cpp_function("f32_dot_gemm")(a, b, bias, None if alloc is None else alloc())
+    return fb_backend.cpp_function("f32_dot_gemm")(a, b, bias, None if alloc is None else alloc())
 
 
 def offered(path: str, role: str, dtype: torch.dtype) -> bool:
@@ -117,8 +117,8 @@ def offered(path: str, role: str, dtype: torch.dtype) -> bool:
     and dtype (a dtype of its kind: float for gemm.FLOAT_PATHS, int8 for gemm.INT8_PATHS)."""
     if path in ("fastbert", "dot"):
         dtype_ok = dtype == (torch.int8 if path == "fastbert" else torch.float32)
-        return (role == "fwd" and dtype_ok and _backend.cpp_available()
-                and _backend.cpp_function(_CPP[path]) is not None)
+        return (role == "fwd" and dtype_ok and fb_backend.cpp_available()
+                and fb_backend.cpp_function(_CPP[path]) is not None)
     if path == "float":
         return role == "fwd"
     if path == "int_mm":

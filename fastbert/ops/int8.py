@@ -29,7 +29,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 from fastbert import layouts
 from fastbert.ops import gemm, gemm_timing
 from fastbert.ops.checks import check_approximate, check_float, check_tensor, where_of
@@ -41,7 +41,7 @@ Tensor = torch.Tensor
 
 def _impl(backend: Optional[str], t: Tensor):
     """The extension's int8 kernels, or the reference where they do not run (fastbert.backend.cpu_only)."""
-    ext = _backend.cpu_only(backend, t)
+    ext = fb_backend.cpu_only(backend, t)
     return ref if ext is None else ext
 
 
@@ -119,7 +119,7 @@ def int8_layout() -> str:
         if pinned not in INT8_LAYOUTS:
             raise ValueError(f"fastbert: FASTBERT_INT8_LAYOUT={pinned!r}: choose " + " or ".join(INT8_LAYOUTS))
         return pinned
-    packed_gemm = _backend.cpp_function("int8_gemm_packed")
+    packed_gemm = fb_backend.cpp_function("int8_gemm_packed")
     if gemm.forced_name() is not None or packed_gemm is None:
         return "plain"
     key = gemm_timing.here()
@@ -189,7 +189,7 @@ def int8_out_features(weight: Tensor) -> int:
 
 
 def _alloc(rows: int, cols: int):
-    empty = _backend.cpp_function("empty")
+    empty = fb_backend.cpp_function("empty")
     return None if empty is None else (lambda: empty([rows, cols], torch.int32))
 
 
@@ -208,7 +208,7 @@ def int8_matmul(a: Tensor, weight: Tensor) -> Tensor:
         return ref.int8_mm(a, weight)
     alloc = _alloc(a.shape[0], int8_out_features(weight))
     if packed:
-        fn = _backend.cpp_function("int8_gemm_packed")
+        fn = fb_backend.cpp_function("int8_gemm_packed")
         if fn is None:
             return ref.int8_mm(a, weight)
         return fn(a.contiguous(), weight.contiguous(), None if alloc is None else alloc())

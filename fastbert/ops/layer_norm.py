@@ -13,7 +13,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 from fastbert import reference
 from fastbert.ops.checks import check_device, check_float, check_vector
 from fastbert.ops.common import as_rows, fused_op, needs_grad, seed_int, seed_tensor
@@ -33,7 +33,7 @@ def add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Option
     # x, residual: [rows, hidden]; weight, bias: [hidden] (bias None: none); seed: int64 [1] on the CPU
     # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
     return tuple(
-        _backend.impl(backend, "layer_norm").add_layer_norm_forward(
+        fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
             x, residual, weight, bias, eps, dropout_p, seed_int(seed)
         )
     )
@@ -49,7 +49,7 @@ def _add_layer_norm_sum_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: O
                             backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     # as add_layer_norm_fwd -> (y, mean, rstd, s), s = dropout(x) + residual [rows, hidden] in x.dtype
     return tuple(
-        _backend.impl(backend, "layer_norm").add_layer_norm_forward(
+        fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
             x, residual, weight, bias, eps, dropout_p, seed_int(seed), return_sum=True
         )
     )
@@ -65,7 +65,7 @@ def _add_layer_norm_bwd(dy: Tensor, x: Tensor, residual: Tensor, weight: Tensor,
                         dsum: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     # -> dx, dresidual [rows, hidden] in x.dtype; dweight, dbias [hidden] in weight.dtype (fp32 sums);
     # dsum: the gradient of the sum (return_sum), [rows, hidden] in x.dtype, or None
-    impl = _backend.impl(backend, "layer_norm")
+    impl = fb_backend.impl(backend, "layer_norm")
     args = (dy, x, residual, weight, mean, rstd, dropout_p, seed_int(seed))
     return tuple(impl.add_layer_norm_backward(*args) if dsum is None else impl.add_layer_norm_backward(*args, dsum=dsum))
 
@@ -149,7 +149,7 @@ def add_layer_norm(
     backend: "triton", "cpp", "torch" or None (automatic). The fused backends take hidden <= 8192.
     """
     x, residual = _check_inputs(x, residual, weight, bias, eps, dropout_p)
-    backend = _backend.resolve(backend, x)
+    backend = fb_backend.resolve(backend, x)
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
     if backend == "torch" or x.numel() == 0:
         return _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed_t, return_sum)

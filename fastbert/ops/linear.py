@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 from fastbert.ops import gemm
 
 _GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -28,7 +28,7 @@ _GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def _allocator(rows: int, cols: int, dtype: torch.dtype):
     """A maker of the [rows, cols] output in the extension's reusing allocator, or None without it."""
-    empty = _backend.cpp_function("empty")
+    empty = fb_backend.cpp_function("empty")
     return None if empty is None else (lambda: empty([rows, cols], dtype))
 
 
@@ -87,7 +87,7 @@ def _autocast_operands(x, weight, bias):
     dtype = torch.get_autocast_dtype("cpu")
     if not x.is_floating_point():
         return x, weight, bias
-    empty = _backend.cpp_function("empty")
+    empty = fb_backend.cpp_function("empty")
 
     def cast(t):
         if t is None or t.dtype == dtype:

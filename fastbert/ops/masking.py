@@ -44,8 +44,8 @@ from typing import Iterable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from fastbert import backend as _backend
-from fastbert import reference as _reference
+from fastbert import backend as fb_backend
+from fastbert import reference
 from fastbert.ops.checks import (
     check_device,
     check_ids,
@@ -59,8 +59,8 @@ from fastbert.ops.checks import (
 
 __all__ = ["mask_tokens", "word_start_table", "word_starts", "draw_seed", "IGNORE_INDEX"]
 
-IGNORE_INDEX = _reference.MLM_IGNORE_INDEX  # labels at the tokens not to predict
-SELECTIONS = _reference.MLM_SELECTIONS
+IGNORE_INDEX = reference.MLM_IGNORE_INDEX  # labels at the tokens not to predict
+SELECTIONS = reference.MLM_SELECTIONS
 _MAX_ROWS = 2**29  # counters (4 * row + stream) * 2**32 + position stay below 2**63
 _MAX_SEQ = 2**31
 _MAX_VOCAB = 2**31
@@ -70,9 +70,9 @@ _MASKS = ("special_tokens_mask", "attention_mask", "word_start_mask")
 def _cpp(name: str):
     """The extension's masking function `name`, or None. The masking kernels came as one set: an
     extension built before them runs all of masking in plain PyTorch, with one warning."""
-    if _backend.cpp_function("mask_tokens") is None:
+    if fb_backend.cpp_function("mask_tokens") is None:
         return None
-    return _backend.cpp_function(name)
+    return fb_backend.cpp_function(name)
 
 
 def _use_cpp(op: str, backend: Optional[str], t: torch.Tensor) -> bool:
@@ -182,7 +182,7 @@ def mask_tokens(
         return _cpp_mask_tokens(ids, rule, special_ids)
     _check_id_range(op, ids, rule["vocab_size"])
     special = None if special_ids is None else special_ids.tolist()
-    return _reference.mask_tokens(ids, **rule, special_token_ids=special)
+    return reference.mask_tokens(ids, **rule, special_token_ids=special)
 
 
 def _cpp_mask_tokens(ids: torch.Tensor, rule: dict, special_ids: Optional[torch.Tensor]):
@@ -279,7 +279,7 @@ def word_start_table(vocab: VocabLike, *, backend: Optional[str] = None) -> torc
         return build(tokens)
     if backend == "cpp":
         raise RuntimeError("fastbert.masking.word_start_table: backend='cpp' but the extension is not built")
-    return _reference.word_start_table(tokens)
+    return reference.word_start_table(tokens)
 
 
 def word_starts(input_ids: torch.Tensor, vocab: VocabLike, *, backend: Optional[str] = None) -> torch.Tensor:
@@ -291,4 +291,4 @@ def word_starts(input_ids: torch.Tensor, vocab: VocabLike, *, backend: Optional[
     if _use_cpp(op, backend, ids):
         return _cpp("word_starts")(ids, table.contiguous())
     check_range(_where(op), "input_ids", ids, table.numel(), "the vocabulary's size")
-    return _reference.word_starts(ids, table)
+    return reference.word_starts(ids, table)

@@ -22,7 +22,7 @@ from typing import List, Tuple
 import numpy as np
 import torch
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 from fastbert.ops.checks import check_device, check_mask, check_tensor
 
 
@@ -39,7 +39,7 @@ def _check_mask(op: str, attention_mask) -> torch.Tensor:
 def unpad_indices(attention_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, int]:
     """(indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask."""
     m = _check_mask("unpad", attention_mask)
-    build = _backend.cpp_function("unpad_indices") if m.device.type == "cpu" else None
+    build = fb_backend.cpp_function("unpad_indices") if m.device.type == "cpu" else None
     if build is not None:
         indices, cu_seqlens, max_seqlen = build(m.contiguous())
         return indices, cu_seqlens, int(max_seqlen)
@@ -127,7 +127,7 @@ def pad_id_lists(rows: List, lengths: List[int], seq: int, real: torch.Tensor, v
         out.masked_scatter_(real, torch.cat([r.to(torch.int64) for r in rows]))
         return out
     rows = [r.tolist() if isinstance(r, torch.Tensor) else r for r in rows]
-    build = _backend.cpp_function("pad_id_lists")
+    build = fb_backend.cpp_function("pad_id_lists")
     if build is not None and all(isinstance(r, (list, tuple)) for r in rows):
         try:
             return build(rows, seq, value)
