@@ -1,5 +1,5 @@
 // One post-LN encoder layer for inference in one call, in float (fastbert.ops.encoder_layer's fused
-// path) and in int8 (fastbert.ops.encoder's int8_qkv, the attention, int8_layer_rest): the host
+// path) and in int8 (fastbert.ops.encoder's int8_linear for QKV, the attention, int8_layer_rest): the host
 // functions the separate ops' launchers call, in the same order with the same arguments, so the result is bit for bit theirs, with no
 // Python between them and the GIL released for the whole layer. For one short sequence the Python
 // between about ten small kernels a layer cost as much as the kernels.

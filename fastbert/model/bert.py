@@ -151,11 +151,13 @@ class BertModel(BertPreTrainedModel):
             out = run(rows)
         if first_only:
             return out[0][:, None], None, None
+
+        def padded(h):  # pad once: rows back to [batch, seq, width]
+            return ops.pad(h, indices, bsz, seq) if indices is not None else h.view(bsz, seq, width)
+
         n_states = len(self.layers) if want_states else 0
-        states = [ops.pad(h, indices, bsz, seq) if indices is not None else h.view(bsz, seq, width)
-                  for h in out[1:1 + n_states]]
-        last = states[-1] if states else (ops.pad(out[0], indices, bsz, seq) if indices is not None
-                                          else out[0].view(bsz, seq, width))
+        states = [padded(h) for h in out[1:1 + n_states]]
+        last = states[-1] if states else padded(out[0])
         return (last, (hidden, *states) if want_states else None,
                 tuple(out[1 + n_states:]) if want_probs else None)
 
@@ -225,7 +227,7 @@ class BertModel(BertPreTrainedModel):
         own attention -> (its output rows, their quantized rows (empty unless quantize_out), its
         attention probabilities or None)."""
         w = layer.weights()
-        qkv = encoder.int8_qkv(hq, w, h.dtype)
+        qkv = encoder.int8_linear(hq, w.qkv_weight, w.qkv_scale, w.qkv_bias, h.dtype)
         ctx, p = layer.attend(qkv, h.shape if packed is not None else shape, mask, packed, bias, scale, want_probs,
                               rel)
         act = layer.ffn_act

@@ -5,7 +5,9 @@
                                                             else the kernels one by one, tried once
     encoder_stack(hidden, layers, ...)                      a model's float32 layers, all in one C++ call
     int8_encoder_stack(hidden, hq, layers, ...)             its int8 layers, all in one C++ call
-    int8_qkv(hq, weights), int8_layer_rest(ctx, ...)        one int8 layer, around the model's attention
+    int8_linear(hq, ...)                                    an int8 linear layer (a layer's QKV projection)
+    int8_layer_rest(ctx, hidden, ...)                       a post-LN int8 layer after its attention
+    int8_add_norm(hq, ...)                                  a pre-LN int8 layer's tail (ModernBERT's)
     GEMM_PATH_IDS                                           the GEMM paths the C++ layers run, by id
 
 One post-LN encoder layer (BERT's and its family's):
@@ -47,7 +49,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
-from fastbert import backend as _backend
+from fastbert import backend as fb_backend
 from fastbert.ops import gemm
 from fastbert.ops.attention import attention, attention_fwd, check_cu_seqlens, varlen_attention, varlen_attention_fwd
 from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_fwd
@@ -165,7 +167,7 @@ def encoder_layer(hidden: Tensor, weights: LayerWeights, *, heads: int, eps: Tup
     packed = cu_seqlens is not None
     _check(hidden, weights, heads, packed)
     check_approximate(OP, approximate)
-    backend = _backend.resolve(backend, hidden)
+    backend = fb_backend.resolve(backend, hidden)
     if packed:
         if attention_mask is not None:
             raise ValueError(f"fastbert.ops.{OP}: give attention_mask (padded rows) or cu_seqlens (packed), not both")
@@ -192,7 +194,7 @@ def layer_forward(hidden: Tensor, weights: Sequence[Tensor], heads: int, eps: Tu
     seq] or None. On the C++ kernels in fp32 the layer is one call of the extension where every
     product's GEMM path is measured and is one it runs, else the kernels one by one from here; the
     separate ops on the torch backend, under autocast and for an empty input."""
-    backend = _backend.resolve(backend, hidden)
+    backend = fb_backend.resolve(backend, hidden)
     if backend == "torch" or torch.is_autocast_enabled(hidden.device.type) or hidden.numel() == 0:
         return separate_ops(hidden, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel,
                              backend)
@@ -200,7 +202,7 @@ def layer_forward(hidden: Tensor, weights: Sequence[Tensor], heads: int, eps: Tu
         paths = gemm.layer_paths(hidden.numel() // hidden.shape[-1], (weights[0], weights[2], weights[6], weights[8]),
                                  torch.float32, FLOAT_LAYER_PATHS)
         if paths is not None:
-            return _backend.cpp_function("encoder_layer_forward")(
+            return fb_backend.cpp_function("encoder_layer_forward")(
                 hidden, list(weights), paths, heads, float(eps[0]), float(eps[1]), approximate, key_mask=mask,
                 cu_seqlens=cu_seqlens, max_seqlen=max_seqlen or 0, rel_bias=rel)
     return _kernels(hidden, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
@@ -276,14 +278,14 @@ def stack_applies(hidden: Tensor, int8: bool, mask: Optional[Tensor] = None) -> 
     int8_encoder_stack) on this input, as far as it shows before the layers are read: the
     extension built, CPU tensors (float32 ones for the float stack, a bool mask), not while
     torch.compile traces."""
-    return (_backend.cpp_function("int8_encoder_forward" if int8 else "encoder_forward") is not None
+    return (fb_backend.cpp_function("int8_encoder_forward" if int8 else "encoder_forward") is not None
             and hidden.device.type == "cpu" and hidden.numel() > 0 and not torch.compiler.is_compiling()
             and (int8 or (hidden.dtype == torch.float32 and (mask is None or mask.dtype == torch.bool))))
 
 
 def _runs_stack(hidden: Tensor, int8: bool, mask: Optional[Tensor], layers: Sequence, backends) -> bool:
     return (len(layers) > 0 and stack_applies(hidden, int8, mask)
-            and all(_backend.resolve(b, hidden) == "cpp" for b in backends))
+            and all(fb_backend.resolve(b, hidden) == "cpp" for b in backends))
 
 
 def encoder_stack(hidden: Tensor, layers: Sequence[List[Tensor]], products: Sequence[Tuple[Tensor, ...]],
@@ -303,8 +305,8 @@ def encoder_stack(hidden: Tensor, layers: Sequence[List[Tensor]], products: Sequ
     paths = stack_paths(products, hidden.numel() // hidden.shape[-1], torch.float32, FLOAT_LAYER_PATHS)
     if paths is None:
         return None
-    return _backend.cpp_function("encoder_forward")(hidden, list(layers), paths, list(heads), list(eps), list(forms),
-                                                    mask, cu_seqlens, max_seqlen, rel, keep_states)
+    return fb_backend.cpp_function("encoder_forward")(hidden, list(layers), paths, list(heads), list(eps), list(forms),
+                                                     mask, cu_seqlens, max_seqlen, rel, keep_states)
 
 
 def int8_encoder_stack(hidden: Tensor, hq: Tuple[Tensor, Tensor, Tensor], layers: Sequence[List[Tensor]],
@@ -312,7 +314,7 @@ def int8_encoder_stack(hidden: Tensor, hq: Tuple[Tensor, Tensor, Tensor], layers
                        forms: Sequence[str], backends, cu_seqlens: Tensor, max_seqlen: int,
                        rel: Optional[Tensor] = None, keep_states: bool = False) -> Optional[List[Tensor]]:
     """A model's int8 layers in one call of the extension, on packed rows hidden [tokens, h] and
-    hq, their quantized rows: each layer what int8_qkv, the varlen attention and int8_layer_rest
+    hq, their quantized rows: each layer what int8_linear (QKV), the varlen attention and int8_layer_rest
     give. layers[i]: layer i's Int8LayerWeights then the parts of its joined QKV weight, scale and
     bias; the rest and the results as encoder_stack's."""
     if not _runs_stack(hidden, True, None, layers, backends):
@@ -320,16 +322,9 @@ def int8_encoder_stack(hidden: Tensor, hq: Tuple[Tensor, Tensor, Tensor], layers
     paths = stack_paths(products, hq[0].shape[0], torch.int8, INT8_LAYER_PATHS)
     if paths is None:
         return None
-    return _backend.cpp_function("int8_encoder_forward")(hidden, *hq, list(layers), paths, list(heads), list(eps),
-                                                         list(forms), cu_seqlens.contiguous(), int(max_seqlen), rel,
-                                                         keep_states)
-
-
-def int8_qkv(hq: Tuple[Tensor, Tensor, Tensor], w: Int8LayerWeights, dtype: torch.dtype) -> Tensor:
-    """An int8 layer's QKV projection [rows, 3h] in `dtype`, of its input's quantized rows hq =
-    (q, scale, offset)."""
-    q, s, o = hq
-    return int8_dequantize(int8_matmul(q, w.qkv_weight), s, o, w.qkv_scale, w.qkv_bias, dtype)
+    return fb_backend.cpp_function("int8_encoder_forward")(hidden, *hq, list(layers), paths, list(heads), list(eps),
+                                                          list(forms), cu_seqlens.contiguous(), int(max_seqlen), rel,
+                                                          keep_states)
 
 
 def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple[float, float],
@@ -337,18 +332,17 @@ def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple
     """An int8 layer after its attention: ctx [rows, h] the attention's context, hidden [rows, h]
     the layer's input; activation: a GELU form ("none", "tanh"; fused with the bias and the
     quantization) or a function of float rows. -> (the layer's output [rows, h], its quantized rows
-    (q, scale, offset), empty unless quantize_out)."""
-    q, s, o = quantize_rows(ctx)
-    h1, q, s, o = int8_add_layer_norm(int8_matmul(q, w.out_weight), s, o, w.out_scale, w.out_bias, hidden,
-                                      w.norm1_weight, w.norm1_bias, eps[0])
-    acc = int8_matmul(q, w.ffn_in_weight)
+    (q, scale, offset), or None unless quantize_out)."""
+    h1, xq, _ = int8_add_norm(quantize_rows(ctx), w.out_weight, w.out_scale, w.out_bias, hidden, w.norm1_weight,
+                              w.norm1_bias, eps[0], True, False)
     if isinstance(activation, str):
-        q, s, o = int8_bias_gelu(acc, s, o, w.ffn_in_scale, w.ffn_in_bias, activation)
+        q, s, o = xq
+        xq = int8_bias_gelu(int8_matmul(q, w.ffn_in_weight), s, o, w.ffn_in_scale, w.ffn_in_bias, activation)
     else:
-        q, s, o = quantize_rows(activation(int8_dequantize(acc, s, o, w.ffn_in_scale, w.ffn_in_bias, hidden.dtype)))
-    h2, q, s, o = int8_add_layer_norm(int8_matmul(q, w.ffn_out_weight), s, o, w.ffn_out_scale, w.ffn_out_bias, h1,
-                                      w.norm2_weight, w.norm2_bias, eps[1], quantize=quantize_out)
-    return h2, (q, s, o)
+        xq = quantize_rows(activation(int8_linear(xq, w.ffn_in_weight, w.ffn_in_scale, w.ffn_in_bias, hidden.dtype)))
+    h2, xq, _ = int8_add_norm(xq, w.ffn_out_weight, w.ffn_out_scale, w.ffn_out_bias, h1, w.norm2_weight,
+                              w.norm2_bias, eps[1], quantize_out, False)
+    return h2, xq
 
 
 def int8_linear(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tensor, bias: Optional[Tensor],
