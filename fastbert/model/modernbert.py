@@ -178,13 +178,15 @@ class ModernBertMLP(nn.Module, BackendMixin):
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = ops.linear(x, self.Wi.weight, self.Wi.bias)
-        if self.act in GELU_FORMS:
-            h = ops.geglu(h, GELU_FORMS[self.act], backend=self.backend)
-        else:
-            inp, gate = h.chunk(2, dim=-1)
-            h = OTHER_ACTIVATIONS[self.act](inp) * gate
+        h = self.gated(ops.linear(x, self.Wi.weight, self.Wi.bias))
         return ops.linear(self.drop(h), self.Wo.weight, self.Wo.bias)
+
+    def gated(self, h: torch.Tensor) -> torch.Tensor:
+        """act(input) * gate of Wi's output h = [input, gate] (one fused GeGLU for the GELU forms)."""
+        if self.act in GELU_FORMS:
+            return ops.geglu(h, GELU_FORMS[self.act], backend=self.backend)
+        inp, gate = h.chunk(2, dim=-1)
+        return OTHER_ACTIVATIONS[self.act](inp) * gate
 
 
 class ModernBertEncoderLayer(nn.Module, BackendMixin):
@@ -380,12 +382,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
         norm = layer.mlp_norm
         _, mq, stream = encoder.int8_add_norm(ops.quantize_rows(ctx), attn.Wo.weight, attn.Wo.weight_scale, attn.Wo.bias,
                                               stream, norm.weight, norm.bias, norm.eps, True, True)
-        g = encoder.int8_linear(mq, mlp.Wi.weight, mlp.Wi.weight_scale, mlp.Wi.bias, stream.dtype)
-        if mlp.act in GELU_FORMS:
-            g = ops.geglu(g, GELU_FORMS[mlp.act], backend=mlp.backend)
-        else:
-            inp, gate = g.chunk(2, dim=-1)
-            g = OTHER_ACTIVATIONS[mlp.act](inp) * gate
+        g = mlp.gated(encoder.int8_linear(mq, mlp.Wi.weight, mlp.Wi.weight_scale, mlp.Wi.bias, stream.dtype))
         y, yq, total = encoder.int8_add_norm(ops.quantize_rows(g), mlp.Wo.weight, mlp.Wo.weight_scale, mlp.Wo.bias,
                                              stream, next_norm.weight, next_norm.bias, next_norm.eps, not last,
                                              want_sum or not last)
