@@ -159,7 +159,7 @@ setup(
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["fastbert", "fastbert.*"]) + ["fastbert.kernels"],
+    packages=find_packages(include=["fastbert", "fastbert.*"]) + ["fastbert.kernels", "fastbert.kernels.attention"],
     package_dir={"fastbert.kernels": "kernels"},
     ext_modules=extensions(),
     cmdclass={"build_ext": Build.with_options(use_ninja=True)},

@@ -3,12 +3,11 @@
 One module per op, each laid out top to bottom as: jit kernels -> launch settings table ->
 plain-Python launchers (the functions `fastbert.ops` calls) -> `report_configs()`, which lists
 every compiled variant the launchers can pick, for the build report (`python -m
-fastbert.kernels.report`). An op too large for one module keeps its launchers and
-`report_configs` in the op's module and the rest in modules named after the op
-(layer_norm_settings; attention_common, attention_fwd, attention_bwd, attention_rope,
-attention_distance, attention_args, attention_settings, attention_report). The build report:
-report (compile every variant) and report_check (the full report kept with the sources,
-build_report.json, and its check).
+fastbert.kernels.report`, which also checks the full report kept with the sources,
+build_report.json). An op too large for one module is a package or has a settings module beside
+it: layer_norm_settings; the attention/ package (launchers, forward and backward kernels, their
+shared jit helpers, rotary and distance functions, argument checks, settings, the report's
+variants).
 
     bias_gelu    bias_gelu_forward, bias_gelu_backward
     geglu        geglu_forward, geglu_backward
@@ -16,7 +15,9 @@ build_report.json, and its check).
     attention    attention_forward, attention_backward,
                  varlen_attention_forward, varlen_attention_backward
 
-This file must stay importable without triton: the submodules import it, nothing here does.
+Here: what every kernel module shares (a variant for the report, launch settings, the dropout
+arguments, the GPU's size). This file must stay importable without triton: the submodules import
+it, nothing here does.
 """
 from __future__ import annotations
 
@@ -25,6 +26,48 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 # Kernel modules whose variants the build report compiles. A new kernel module is added here
 # and exposes `report_configs()` yielding KernelBuild records.
 KERNEL_MODULES = ("bias_gelu", "geglu", "layer_norm", "attention")
+
+
+class Settings(NamedTuple):
+    """A kernel's tile shape and launch options, as its module's settings table gives them."""
+
+    block_m: int  # rows (queries) per tile
+    block_n: int  # columns (keys) per tile
+    num_warps: int
+    num_stages: int = 1
+    maxnreg: Optional[int] = None  # register budget given to ptxas (None: its own choice)
+
+    def options(self) -> Dict[str, int]:
+        """The launch options: num_warps, num_stages, and maxnreg when one is set."""
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            options["maxnreg"] = self.maxnreg
+        return options
+
+
+class Dropout(NamedTuple):
+    """A kernel's dropout arguments: HAS_DROPOUT, the Philox seed, the 24-bit keep threshold, the
+    scale of what is kept."""
+
+    on: bool
+    seed: int
+    threshold: int
+    scale: float
+
+
+def dropout_options(dropout_p: float, seed: Optional[int], op: str) -> Dropout:
+    """The dropout arguments of probability dropout_p; a seed in [0, 2**63) is needed when it is
+    above 0 (op names the caller in the error)."""
+    if dropout_p <= 0.0:
+        return Dropout(False, 0, 0, 1.0)
+    if seed is None:
+        raise ValueError(f"fastbert: {op} with dropout_p > 0 needs a seed")
+    if not 0 <= int(seed) < 2**63:
+        raise ValueError(f"fastbert: dropout seed must be in [0, 2**63), got {seed}")
+    from ..reference import dropout_threshold
+
+    scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0
+    return Dropout(True, int(seed), dropout_threshold(dropout_p), scale)
 
 
 class KernelBuild(NamedTuple):

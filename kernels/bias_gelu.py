@@ -11,13 +11,13 @@ without atomics (per-program partials, then a fixed-order sum), so it is determi
 """
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Tuple
+from typing import Iterator, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, aligned_args, num_sms, split_rows
+from . import KernelBuild, Settings, aligned_args, num_sms, split_rows
 
 _SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
@@ -35,7 +35,7 @@ def _tanh(a):
 
 
 @triton.jit
-def _gelu(z, APPROXIMATE_TANH: tl.constexpr):
+def gelu_tile(z, APPROXIMATE_TANH: tl.constexpr):
     # z: fp32 tile -> gelu(z), fp32
     if APPROXIMATE_TANH:
         t = _tanh(z * _SQRT_2_OVER_PI * (1.0 + z * z * _TANH_COEF))
@@ -46,7 +46,7 @@ def _gelu(z, APPROXIMATE_TANH: tl.constexpr):
 
 
 @triton.jit
-def _gelu_grad(z, APPROXIMATE_TANH: tl.constexpr):
+def gelu_grad_tile(z, APPROXIMATE_TANH: tl.constexpr):
     # z: fp32 tile -> d gelu(z) / dz, fp32
     if APPROXIMATE_TANH:
         z2 = z * z
@@ -59,6 +59,18 @@ def _gelu_grad(z, APPROXIMATE_TANH: tl.constexpr):
 
 
 @triton.jit
+def row_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # this program's tile of an [M, N] problem on a grid of row tiles x column tiles: its first row
+    # (int64), its rows relative to that, its columns, which of them are in bounds, and which of
+    # its elements
+    row_start = tl.program_id(0).to(tl.int64) * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    return row_start, rows, cols, col_mask, (rows < M - row_start)[:, None] & col_mask[None, :]
+
+
+@triton.jit
 def _bias_gelu_fwd_kernel(
     Y, stride_ym,  # [M, N] out, x.dtype: gelu(x + bias)
     X, stride_xm,  # [M, N] x.dtype
@@ -68,17 +80,13 @@ def _bias_gelu_fwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # cols per program (grid axis 1 tiles N)
 ):
-    row_start = tl.program_id(0).to(tl.int64) * BLOCK_M
-    rows = tl.arange(0, BLOCK_M)  # relative to row_start
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    mask = (rows < M - row_start)[:, None] & col_mask[None, :]
+    row_start, rows, cols, col_mask, mask = row_tile(M, N, BLOCK_M, BLOCK_N)
     X += row_start * stride_xm
     Y += row_start * stride_ym
 
     x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.).to(tl.float32)
     b = tl.load(BIAS + cols, mask=col_mask, other=0.).to(tl.float32)
-    y = _gelu(x + b[None, :], APPROXIMATE_TANH)
+    y = gelu_tile(x + b[None, :], APPROXIMATE_TANH)
     tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -110,7 +118,7 @@ def _bias_gelu_bwd_kernel(
                     mask=mask, other=0.).to(tl.float32)
         dy = tl.load(DY + row_start * stride_dym + rows[:, None] * stride_dym + cols[None, :],
                      mask=mask, other=0.).to(tl.float32)
-        dx = dy * _gelu_grad(x + b[None, :], APPROXIMATE_TANH)  # 0 on masked lanes (dy = 0)
+        dx = dy * gelu_grad_tile(x + b[None, :], APPROXIMATE_TANH)  # 0 on masked lanes (dy = 0)
         tl.store(DX + row_start * stride_dxm + rows[:, None] * stride_dxm + cols[None, :],
                  dx.to(DX.dtype.element_ty), mask=mask)
         acc += dx
@@ -119,13 +127,6 @@ def _bias_gelu_bwd_kernel(
 
 # --------------------------------------------------------------------------------------------
 # Launch settings: one table, used by the launchers and by report_configs alike.
-
-
-class Settings(NamedTuple):
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
 
 
 _MIN_BLOCK_N = 64  # narrower rows are padded (masked) to 64 lanes
@@ -142,7 +143,7 @@ def settings(n_cols: int, backward: bool = False) -> Settings:
     return Settings(block_m=block_m, block_n=block_n, num_warps=8, num_stages=1)
 
 
-def _approximate_tanh(approximate: str) -> bool:
+def approximate_tanh(approximate: str) -> bool:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"fastbert: bias_gelu approximate must be 'none' or 'tanh', got {approximate!r}")
     return approximate == "tanh"
@@ -152,23 +153,22 @@ def _approximate_tanh(approximate: str) -> bool:
 # Launchers
 
 
+def launch_tiles(kernel, M: int, N: int, approximate: str, *args, backward: bool = False) -> None:
+    """Launch an elementwise GELU kernel over [M, N] on a grid of row tiles x column tiles (the
+    settings of N): its tensor arguments, then M, N, the GELU form and the tile shape."""
+    tanh = approximate_tanh(approximate)  # checked, empty or not
+    if M == 0 or N == 0:
+        return
+    s = settings(N, backward)
+    kernel[(triton.cdiv(M, s.block_m), triton.cdiv(N, s.block_n))](
+        *args, M, N, APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **s.options(),
+    )
+
+
 def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
     """y = gelu(x + bias): x [M, N] fp32/fp16/bf16, bias [N] x.dtype or fp32 -> y [M, N] x.dtype."""
-    tanh = _approximate_tanh(approximate)
-    M, N = x.shape
     y = torch.empty_like(x)
-    if M == 0 or N == 0:
-        return y
-    s = settings(N)
-    grid = (triton.cdiv(M, s.block_m), triton.cdiv(N, s.block_n))
-    _bias_gelu_fwd_kernel[grid](
-        y, y.stride(0),
-        x, x.stride(0),
-        bias,
-        M, N,
-        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
-        num_warps=s.num_warps, num_stages=s.num_stages,
-    )
+    launch_tiles(_bias_gelu_fwd_kernel, *x.shape, approximate, y, y.stride(0), x, x.stride(0), bias)
     return y
 
 
@@ -176,7 +176,7 @@ def bias_gelu_backward(
     dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(dx, dbias): dx = dy * gelu'(x + bias) [M, N] in x.dtype, dbias = sum_rows(dx) [N] in bias.dtype."""
-    tanh = _approximate_tanh(approximate)
+    tanh = approximate_tanh(approximate)
     M, N = x.shape
     dx = torch.empty_like(x)
     if M == 0 or N == 0:
@@ -194,8 +194,7 @@ def bias_gelu_backward(
         bias,
         M, N,
         rows_per_program,
-        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
-        num_warps=s.num_warps, num_stages=s.num_stages,
+        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **s.options(),
     )
     return dx, dbias_partial.sum(0).to(bias.dtype)
 

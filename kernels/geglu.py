@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, aligned_args
-from .bias_gelu import Settings, _approximate_tanh, _gelu, _gelu_grad, settings
+from . import KernelBuild, Settings, aligned_args
+from .bias_gelu import gelu_grad_tile, gelu_tile, launch_tiles, row_tile, settings
 
 
 @triton.jit
@@ -27,14 +27,11 @@ def _geglu_fwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # cols per program (grid axis 1 tiles N)
 ):
-    row_start = tl.program_id(0).to(tl.int64) * BLOCK_M
-    rows = tl.arange(0, BLOCK_M)  # relative to row_start
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M - row_start)[:, None] & (cols < N)[None, :]
+    row_start, rows, cols, _, mask = row_tile(M, N, BLOCK_M, BLOCK_N)
     A = X + row_start * stride_xm + rows[:, None] * stride_xm + cols[None, :]
     a = tl.load(A, mask=mask, other=0.).to(tl.float32)
     b = tl.load(A + N, mask=mask, other=0.).to(tl.float32)
-    y = _gelu(a, APPROXIMATE_TANH) * b
+    y = gelu_tile(a, APPROXIMATE_TANH) * b
     tl.store(Y + row_start * stride_ym + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -48,18 +45,15 @@ def _geglu_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    row_start = tl.program_id(0).to(tl.int64) * BLOCK_M
-    rows = tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M - row_start)[:, None] & (cols < N)[None, :]
+    row_start, rows, cols, _, mask = row_tile(M, N, BLOCK_M, BLOCK_N)
     A = X + row_start * stride_xm + rows[:, None] * stride_xm + cols[None, :]
     a = tl.load(A, mask=mask, other=0.).to(tl.float32)
     b = tl.load(A + N, mask=mask, other=0.).to(tl.float32)
     dy = tl.load(DY + row_start * stride_dym + rows[:, None] * stride_dym + cols[None, :], mask=mask,
                  other=0.).to(tl.float32)
     DA = DX + row_start * stride_dxm + rows[:, None] * stride_dxm + cols[None, :]
-    tl.store(DA, (dy * b * _gelu_grad(a, APPROXIMATE_TANH)).to(DX.dtype.element_ty), mask=mask)
-    tl.store(DA + N, (dy * _gelu(a, APPROXIMATE_TANH)).to(DX.dtype.element_ty), mask=mask)
+    tl.store(DA, (dy * b * gelu_grad_tile(a, APPROXIMATE_TANH)).to(DX.dtype.element_ty), mask=mask)
+    tl.store(DA + N, (dy * gelu_tile(a, APPROXIMATE_TANH)).to(DX.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,33 +62,17 @@ def _geglu_bwd_kernel(
 
 def geglu_forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
     """y = gelu(x[:, :N]) * x[:, N:]: x [M, 2N] fp32/fp16/bf16 -> y [M, N] x.dtype."""
-    tanh = _approximate_tanh(approximate)
     M, N = x.shape[0], x.shape[1] // 2
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M == 0 or N == 0:
-        return y
-    s = settings(N)
-    _geglu_fwd_kernel[(triton.cdiv(M, s.block_m), triton.cdiv(N, s.block_n))](
-        y, y.stride(0), x, x.stride(0), M, N,
-        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
-        num_warps=s.num_warps, num_stages=s.num_stages,
-    )
+    launch_tiles(_geglu_fwd_kernel, M, N, approximate, y, y.stride(0), x, x.stride(0))
     return y
 
 
 def geglu_backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
     """dx [M, 2N] in x.dtype: dy * x[:, N:] * gelu'(x[:, :N]), then dy * gelu(x[:, :N])."""
-    tanh = _approximate_tanh(approximate)
-    M, N = dy.shape
     dx = torch.empty_like(x)
-    if M == 0 or N == 0:
-        return dx
-    s = settings(N, backward=True)
-    _geglu_bwd_kernel[(triton.cdiv(M, s.block_m), triton.cdiv(N, s.block_n))](
-        dx, dx.stride(0), dy, dy.stride(0), x, x.stride(0), M, N,
-        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n,
-        num_warps=s.num_warps, num_stages=s.num_stages,
-    )
+    launch_tiles(_geglu_bwd_kernel, *dy.shape, approximate, dx, dx.stride(0), dy, dy.stride(0), x, x.stride(0),
+                 backward=True)
     return dx
 
 

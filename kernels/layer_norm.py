@@ -29,17 +29,14 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, aligned_args, num_sms, split_rows
+from . import KernelBuild, Settings, aligned_args, dropout_options, num_sms, split_rows
 from .layer_norm_settings import (
-    _PROGRAMS_PER_SM,
     MAX_N,
+    PROGRAMS_PER_SM,
     ROW_SUMS_SETTINGS,
     TILED_SETTINGS,
-    Settings,
-    _dropout_args,
-    _launch_options,
-    _optional_rows,
-    _optional_rows_args,
+    optional_rows,
+    optional_rows_args,
     settings,
 )
 
@@ -136,55 +133,6 @@ def _bwd_store(DX_row, DRES_row, dh, keep, cols, mask, scale, HAS_DROPOUT: tl.co
 
 
 @triton.jit(do_not_specialize=["seed", "threshold"])
-def _add_layer_norm_bwd_kernel(
-    DX, stride_dxm,  # [M, N] out, x.dtype: grad of x
-    DRES, stride_drm,  # [M, N] out, x.dtype: grad of residual (= grad of h)
-    DW_PARTIAL, DB_PARTIAL, stride_pm,  # [P, N] out, fp32: row p = program p's sums of dy * xhat, dy
-    DY, stride_dym,  # [M, N] x.dtype: grad of y
-    DSUM, stride_dsm,  # [M, N] x.dtype: grad of h itself (the forward's S) with HAS_DSUM, else None
-    X, stride_xm,  # [M, N] x.dtype
-    RES, stride_rm,  # [M, N] x.dtype: residual
-    W,  # [N] contiguous, x.dtype or fp32: LayerNorm weight
-    MEAN, RSTD,  # [M] contiguous, fp32: from the forward
-    M, N,  # rows, cols
-    rows_per_program,  # consecutive rows of one program
-    seed,  # dropout seed of the forward, unused without HAS_DROPOUT
-    threshold,  # i32: an element is dropped when (u >> 8) < threshold
-    scale,  # fp32: 1 / (1 - p)
-    HAS_DROPOUT: tl.constexpr,  # the forward applied dropout to x
-    HAS_DSUM: tl.constexpr,  # add DSUM to the gradient of h
-    BLOCK_N: tl.constexpr,  # >= N, a power of 2: a whole row
-):
-    # One row at a time, whole rows in registers; dweight / dbias partials accumulate over the
-    # program's rows. Only the int64 row index is carried across steps (pointers are rebuilt
-    # from it), which keeps fewer registers live than carried 64-bit pointers.
-    pid = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    first_row = pid * rows_per_program
-    last_row = tl.minimum(first_row + rows_per_program, M)
-
-    w = tl.load(W + cols, mask=mask, other=0.).to(tl.float32)
-    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for row in range(first_row, last_row):
-        xhat, dy, keep = _bwd_xhat(X + row * stride_xm, RES + row * stride_rm, DY + row * stride_dym,
-                                   MEAN + row, RSTD + row, row * N + cols, cols, mask,
-                                   seed, threshold, scale, HAS_DROPOUT)
-        dw_acc += dy * xhat
-        db_acc += dy
-        g = dy * w  # 0 on masked lanes
-        sum_g, sum_gx = tl.reduce((g, g * xhat), 0, _add_pair)  # one pass for both row sums
-        rstd = tl.load(RSTD + row)
-        dh = rstd * (g - sum_g / N - xhat * (sum_gx / N))
-        if HAS_DSUM:
-            dh += tl.load(DSUM + row * stride_dsm + cols, mask=mask, other=0.).to(tl.float32)
-        _bwd_store(DX + row * stride_dxm, DRES + row * stride_drm, dh, keep, cols, mask, scale, HAS_DROPOUT)
-    tl.store(DW_PARTIAL + pid * stride_pm + cols, dw_acc, mask=mask)
-    tl.store(DB_PARTIAL + pid * stride_pm + cols, db_acc, mask=mask)
-
-
-@triton.jit(do_not_specialize=["seed", "threshold"])
 def _add_layer_norm_bwd_row_sums_kernel(
     MEAN_G, MEAN_GX,  # [M] out, fp32: row means of g = dy * weight and of g * xhat
     DY, stride_dym,  # [M, N] x.dtype: grad of y
@@ -219,7 +167,7 @@ def _add_layer_norm_bwd_row_sums_kernel(
 
 
 @triton.jit(do_not_specialize=["seed", "threshold"])
-def _add_layer_norm_bwd_tiled_kernel(
+def _add_layer_norm_bwd_kernel(
     DX, stride_dxm,  # [M, N] out, x.dtype: grad of x
     DRES, stride_drm,  # [M, N] out, x.dtype: grad of residual (= grad of h)
     DW_PARTIAL, DB_PARTIAL, stride_pm,  # [P, N] out, fp32: row p = program p's sums of dy * xhat, dy
@@ -229,7 +177,7 @@ def _add_layer_norm_bwd_tiled_kernel(
     RES, stride_rm,  # [M, N] x.dtype: residual
     W,  # [N] contiguous, x.dtype or fp32: LayerNorm weight
     MEAN, RSTD,  # [M] contiguous, fp32: from the forward
-    MEAN_G, MEAN_GX,  # [M] contiguous, fp32: from _add_layer_norm_bwd_row_sums_kernel
+    MEAN_G, MEAN_GX,  # [M] contiguous, fp32: from _add_layer_norm_bwd_row_sums_kernel (TWO_PASS), else None
     M, N,  # rows, cols
     rows_per_program,  # consecutive rows of one program along grid axis 0
     seed,  # dropout seed of the forward, unused without HAS_DROPOUT
@@ -237,12 +185,18 @@ def _add_layer_norm_bwd_tiled_kernel(
     scale,  # fp32: 1 / (1 - p)
     HAS_DROPOUT: tl.constexpr,  # the forward applied dropout to x
     HAS_DSUM: tl.constexpr,  # add DSUM to the gradient of h
-    BLOCK_N: tl.constexpr,  # cols per program (grid axis 1 tiles N)
+    TWO_PASS: tl.constexpr,  # the row means of g and g * xhat come from pass 1 (MEAN_G, MEAN_GX)
+    BLOCK_N: tl.constexpr,  # cols per program: a whole row (>= N, a power of 2), or a tile of one (TWO_PASS)
 ):
-    # Wide rows, pass 2 of 2: the row kernel's elementwise part and dweight / dbias partials on
-    # a column tile, with the row sums from pass 1.
+    # One row at a time; dweight / dbias partials accumulate over the program's rows. A whole row
+    # in registers reduces its own two row means; a wide row (TWO_PASS, pass 2 of 2) is tiled
+    # along grid axis 1 and reads them. Only the int64 row index is carried across steps
+    # (pointers are rebuilt from it), which keeps fewer registers live than carried 64-bit pointers.
     pid_m = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if TWO_PASS:
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    else:  # the whole row: no column offset to carry
+        cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     first_row = pid_m * rows_per_program
     last_row = tl.minimum(first_row + rows_per_program, M)
@@ -256,8 +210,15 @@ def _add_layer_norm_bwd_tiled_kernel(
                                    seed, threshold, scale, HAS_DROPOUT)
         dw_acc += dy * xhat
         db_acc += dy
-        g = dy * w
-        dh = tl.load(RSTD + row) * (g - tl.load(MEAN_G + row) - xhat * tl.load(MEAN_GX + row))
+        g = dy * w  # 0 on masked lanes
+        if TWO_PASS:
+            mean_g = tl.load(MEAN_G + row)
+            mean_gx = tl.load(MEAN_GX + row)
+        else:
+            sum_g, sum_gx = tl.reduce((g, g * xhat), 0, _add_pair)  # one pass for both row sums
+            mean_g = sum_g / N
+            mean_gx = sum_gx / N
+        dh = tl.load(RSTD + row) * (g - mean_g - xhat * mean_gx)
         if HAS_DSUM:
             dh += tl.load(DSUM + row * stride_dsm + cols, mask=mask, other=0.).to(tl.float32)
         _bwd_store(DX + row * stride_dxm, DRES + row * stride_drm, dh, keep, cols, mask, scale, HAS_DROPOUT)
@@ -284,12 +245,12 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     if M > 0:
         s = settings(N, with_sum=return_sum)
-        has_dropout, seed, threshold, scale = _dropout_args(dropout_p, seed)
+        has_dropout, seed, threshold, scale = dropout_options(dropout_p, seed, "add_layer_norm")
         _add_layer_norm_fwd_kernel[(triton.cdiv(M, s.block_m),)](
-            y, y.stride(0), *_optional_rows(h), mean, rstd, x, x.stride(0), residual, residual.stride(0),
+            y, y.stride(0), *optional_rows(h), mean, rstd, x, x.stride(0), residual, residual.stride(0),
             weight, weight if bias is None else bias, M, N, eps, seed, threshold, scale,
             HAS_DROPOUT=has_dropout, HAS_BIAS=bias is not None, HAS_SUM=return_sum, BLOCK_M=s.block_m,
-            BLOCK_N=s.block_n, **_launch_options(s),
+            BLOCK_N=s.block_n, **s.options(),
         )
     return (y, mean, rstd, h) if return_sum else (y, mean, rstd)
 
@@ -309,9 +270,9 @@ def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rst
     dw_partial, db_partial = _partial_sums(n_programs, N, x.device)
     _add_layer_norm_bwd_kernel[(n_programs,)](
         dx, dx.stride(0), dresidual, dresidual.stride(0), dw_partial, db_partial, dw_partial.stride(0),
-        dy, dy.stride(0), *_optional_rows(dsum), x, x.stride(0), residual, residual.stride(0), weight, mean, rstd,
-        M, N, rows_per_program, *dropout_args,
-        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, BLOCK_N=s.block_n, **_launch_options(s),
+        dy, dy.stride(0), *optional_rows(dsum), x, x.stride(0), residual, residual.stride(0), weight, mean, rstd,
+        None, None, M, N, rows_per_program, *dropout_args,
+        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=False, BLOCK_N=s.block_n, **s.options(),
     )
     return dw_partial, db_partial
 
@@ -328,16 +289,16 @@ def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd,
     s = ROW_SUMS_SETTINGS
     _add_layer_norm_bwd_row_sums_kernel[(M,)](
         mean_g, mean_gx, *grad_y, *inputs, M, N, *dropout_args,
-        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n, **_launch_options(s),
+        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n, **s.options(),
     )
     s = TILED_SETTINGS
     n_col_tiles = triton.cdiv(N, s.block_n)
     rows_per_program, n_programs = split_rows(M, 1, triton.cdiv(max_programs, n_col_tiles))
     dw_partial, db_partial = _partial_sums(n_programs, N, x.device)
-    _add_layer_norm_bwd_tiled_kernel[(n_programs, n_col_tiles)](
+    _add_layer_norm_bwd_kernel[(n_programs, n_col_tiles)](
         dx, dx.stride(0), dresidual, dresidual.stride(0), dw_partial, db_partial, dw_partial.stride(0),
-        *grad_y, *_optional_rows(dsum), *inputs, mean_g, mean_gx, M, N, rows_per_program, *dropout_args,
-        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, BLOCK_N=s.block_n, **_launch_options(s),
+        *grad_y, *optional_rows(dsum), *inputs, mean_g, mean_gx, M, N, rows_per_program, *dropout_args,
+        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=True, BLOCK_N=s.block_n, **s.options(),
     )
     return dw_partial, db_partial
 
@@ -364,9 +325,9 @@ def add_layer_norm_backward(
     dresidual = torch.empty_like(residual)
     if M == 0:
         return dx, dresidual, torch.zeros_like(weight), torch.zeros_like(weight)
-    has_dropout, seed, threshold, scale = _dropout_args(dropout_p, seed)
+    has_dropout, seed, threshold, scale = dropout_options(dropout_p, seed, "add_layer_norm")
     dropout_args = (seed, threshold, scale)
-    max_programs = _PROGRAMS_PER_SM * num_sms(x.device)
+    max_programs = PROGRAMS_PER_SM * num_sms(x.device)
     s = settings(N, backward=True, with_sum=dsum is not None)
     args = (dx, dresidual, dy, dsum, x, residual, weight, mean, rstd)
     if s is not None:  # whole rows
@@ -414,7 +375,7 @@ def report_configs(max_cols: int = MAX_N) -> Iterator[KernelBuild]:
                                 {**grads, **rows, "M": "i32", "N": "i32", "rows_per_program": "i32", **drop})
                                for s in bwd[opt]]
                     if two_pass[opt]:
-                        builds.append(("add_layer_norm_bwd_tiled", _add_layer_norm_bwd_tiled_kernel, TILED_SETTINGS,
+                        builds.append(("add_layer_norm_bwd_tiled", _add_layer_norm_bwd_kernel, TILED_SETTINGS,
                                        {**grads, **rows, "MEAN_G": "*fp32", "MEAN_GX": "*fp32", "M": "i32",
                                         "N": "i32", "rows_per_program": "i32", **drop}))
                     for name, fn, s, sig in builds:
@@ -425,7 +386,7 @@ def _variants(name, fn, s: Settings, sig, x_dt: str, w_dt: str, has_dropout: boo
               optional: bool = False) -> Iterator[KernelBuild]:
     """The builds of one kernel at one settings row: with and without bias (where it takes one), its
     optional tensor present or not (`optional`), aligned or not."""
-    flags, extra = _optional_rows_args(fn.arg_names, x_dt, optional)
+    flags, extra = optional_rows_args(fn.arg_names, x_dt, optional)
     sig = {**sig, **extra}
     for has_bias in (True, False) if "HAS_BIAS" in fn.arg_names else (None,):
         constexprs = {"HAS_DROPOUT": has_dropout, "BLOCK_N": s.block_n, **flags}
@@ -433,6 +394,9 @@ def _variants(name, fn, s: Settings, sig, x_dt: str, w_dt: str, has_dropout: boo
             constexprs["HAS_BIAS"] = has_bias
         if "BLOCK_M" in fn.arg_names:
             constexprs["BLOCK_M"] = s.block_m
+        if "TWO_PASS" in fn.arg_names:  # the backward: pass 2 reads the row means, whole rows take None
+            two_pass = "MEAN_G" in sig
+            constexprs.update(TWO_PASS=two_pass, **({} if two_pass else {"MEAN_G": None, "MEAN_GX": None}))
         for aligned in (True, False):
             config = {"x": x_dt, "weight": w_dt, "dropout": has_dropout,
                       **({} if has_bias is None else {"bias": has_bias}),

@@ -2,32 +2,22 @@
 `report_configs` of `fastbert.kernels.layer_norm`: the widest row they take, the tile shape and
 launch options of the forward and of the whole-row backward for a row width, the fixed settings
 of the two column-chunked passes that the backward takes for wider rows and its grid size; and
-the launch arguments the launchers derive from them (the options of a settings row, the dropout
-arguments of a probability, those of an optional tensor) and the variants the last give the report.
+the launch arguments of an optional tensor and the variants they give the report.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import triton
 
-from ..reference import dropout_threshold
-
-
-class Settings(NamedTuple):
-    block_m: int  # rows per tile (forward); 1 in the backward, which walks rows one at a time
-    block_n: int
-    num_warps: int
-    num_stages: int
-    maxnreg: Optional[int]  # register budget given to ptxas (None: its own choice)
-
+from . import Settings
 
 MAX_N = 8192  # the forward holds a whole row in registers
 _MIN_BLOCK_N = 64  # narrower rows are padded (masked) to 64 lanes: LayerNorm widths are >= 128
 _ROW_TILE = 1024  # forward: rows narrower than this are batched BLOCK_M to a program
 _MAX_FUSED_BWD_N = 4096  # backward: whole rows up to this width, two passes above it
 _MAX_FUSED_BWD_DSUM_N = 2048  # the same with the sum's gradient to add (HAS_DSUM)
-_PROGRAMS_PER_SM = 4  # backward grid size: programs per SM (rows x column tiles)
+PROGRAMS_PER_SM = 4  # backward grid size: programs per SM (rows x column tiles)
 # the two passes of the backward for rows wider than _MAX_FUSED_BWD_N
 ROW_SUMS_SETTINGS = Settings(block_m=1, block_n=1024, num_warps=4, num_stages=1, maxnreg=None)
 TILED_SETTINGS = Settings(block_m=1, block_n=1024, num_warps=4, num_stages=1, maxnreg=None)
@@ -64,37 +54,20 @@ def settings(n_cols: int, backward: bool = False, with_sum: bool = False) -> Opt
     return Settings(block_m, block_n, num_warps, 1, 65536 // (32 * num_warps) if with_sum and num_warps == 16 else None)
 
 
-def _launch_options(s: Settings):
-    options = {"num_warps": s.num_warps, "num_stages": s.num_stages}
-    if s.maxnreg is not None:
-        options["maxnreg"] = s.maxnreg
-    return options
-
-
-def _dropout_args(dropout_p: float, seed: Optional[int]) -> Tuple[bool, int, int, float]:
-    """(HAS_DROPOUT, seed, threshold, scale) kernel arguments for dropout probability p."""
-    if dropout_p <= 0.0:
-        return False, 0, 0, 1.0
-    if seed is None:
-        raise ValueError("fastbert: add_layer_norm with dropout_p > 0 needs a seed")
-    scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0
-    return True, int(seed), dropout_threshold(dropout_p), scale
-
-
 # The optional [M, N] tensor of a kernel (the forward's h, written out; the backward's gradient of
 # it): its flag, pointer and row stride.
 _OPTIONAL_ROWS = (("HAS_SUM", "S", "stride_sm"), ("HAS_DSUM", "DSUM", "stride_dsm"))
 
 
-def _optional_rows(t) -> Tuple[Any, Any]:
+def optional_rows(t) -> Tuple[Any, Any]:
     """(pointer, row stride) kernel arguments of an optional [M, N] tensor; (None, None) when absent,
     which the JIT compiles as constants: the kernel is then the one without that feature."""
     return (None, None) if t is None else (t, t.stride(0))
 
 
-def _optional_rows_args(arg_names, x_dt: str, present: bool) -> Tuple[Dict[str, Any], Dict[str, str]]:
+def optional_rows_args(arg_names, x_dt: str, present: bool) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """(constexprs, runtime argument types) of the optional tensor of a kernel with these arguments,
-    present or absent (pointer and stride None, as _optional_rows passes them); ({}, {}) for a
+    present or absent (pointer and stride None, as optional_rows passes them); ({}, {}) for a
     kernel without one."""
     for flag, ptr, stride in _OPTIONAL_ROWS:
         if flag in arg_names:

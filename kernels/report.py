@@ -1,6 +1,8 @@
-"""Build report: compile every kernel variant the launchers can pick, for real GPUs, with no GPU.
+"""Build report: compile every kernel variant the launchers can pick, for real GPUs, with no GPU,
+and keep the last full report with the sources, checked.
 
-    python -m fastbert.kernels.report --arch sm_80,sm_90 --json build_report.json
+    python -m fastbert.kernels.report --arch sm_80,sm_90 --json kernels/build_report.json
+    python -m fastbert.kernels.report --check kernels/build_report.json --sample 48
 
 For each kernel module in fastbert.kernels.KERNEL_MODULES, `report_configs()` lists the variants
 (dtypes, feature flags, tile sizes, num_warps) from the same settings table its launchers use.
@@ -20,18 +22,33 @@ non-zero when any variant fails to compile or spills.
 Compilation runs in worker subprocesses (--jobs, default: the CPU count) with TRITON_INTERPRET
 removed from their environment: under the interpreter `triton.jit` builds functions that cannot be
 compiled, so the report must never compile in a process that imported the kernels interpreted.
-The full report takes most of an hour on 2 CPU cores with an empty Triton cache (the attention
-kernels nearly all of it), seconds when Triton's cache already holds them. The last full report is
-kept with the sources (kernels/build_report.json) and `--check` stands in for a rebuild where one
-costs too much (`report_check`: current, complete, and true for the variants compiled again).
+
+The full report compiles thousands of variants (the attention kernels nearly all of them; its time
+on 2 cores is in benchmarks/RESULTS.md), so the tree keeps the last one (kernels/build_report.json)
+and `--check` stands in for a rebuild where one costs too much (CI). The check fails, with one line
+per reason, when
+
+- the report was built from other kernel sources or another triton: its fingerprint (SHA-256 of
+  the code of the package's modules, this one excepted, docstrings and comments left out, and
+  triton's version) differs from the tree's;
+- it does not list exactly the variants the launchers can pick today, for its archs;
+- any variant in it failed to compile or spilled;
+- a variant compiled again now differs from its record in registers, spills, shared memory,
+  tensor-core use or success. Compiled again: the variant with the most registers of each
+  (kernel, arch), the nearest to spilling, and `sample` more drawn at random (seeded by the
+  fingerprint, so the same tree always draws the same ones).
+
 A new kernel module is added to KERNEL_MODULES and gives a `report_configs()`.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import importlib
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -39,7 +56,7 @@ import tempfile
 import time
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import KERNEL_MODULES, KernelBuild, report_check
+from . import KERNEL_MODULES, KernelBuild
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 _W = 28  # width of the kernel-name column
@@ -84,8 +101,8 @@ def kernel_builds(kernels: Optional[Sequence[str]] = None, quick: bool = False) 
     return builds
 
 
-def _jobs(archs, kernels, quick, select: Optional[Sequence[int]] = None) -> List[Tuple[KernelBuild, str]]:
-    # select: the indices of the jobs to keep (report_check's picks), in the unfiltered order
+def job_list(archs, kernels, quick, select: Optional[Sequence[int]] = None) -> List[Tuple[KernelBuild, str]]:
+    # select: the indices of the jobs to keep (the check's picks), in the unfiltered order
     jobs = [(b, arch) for arch in archs for b in kernel_builds(kernels, quick)]
     return jobs if select is None else [jobs[i] for i in select]
 
@@ -137,7 +154,7 @@ def compile_one(build: KernelBuild, arch: str) -> Dict[str, object]:
     record: Dict[str, object] = {
         "kernel": build.name,
         "arch": arch,
-        "config": report_check.record_config(build),
+        "config": record_config(build),
         "registers": None, "spill_bytes": None, "stack_bytes": None, "local_bytes": None,
         "shared_bytes": None, "tensor_core": None,
         "ok": False, "error": None, "compile_s": None,
@@ -168,7 +185,7 @@ def compile_one(build: KernelBuild, arch: str) -> Dict[str, object]:
 
 
 def _worker(archs, kernels, quick, select, shard: int, n_shards: int) -> None:
-    jobs = _jobs(archs, kernels, quick, select)
+    jobs = job_list(archs, kernels, quick, select)
     for build, arch in jobs[shard::n_shards]:
         print(_RECORD_PREFIX + json.dumps(compile_one(build, arch)), flush=True)
 
@@ -194,9 +211,9 @@ def run_report(
     select: Optional[Sequence[int]] = None,
 ) -> List[Dict[str, object]]:
     """Compile the selected variants for `archs` in `jobs` worker subprocesses; the records.
-    select: only these indices of the unfiltered job list (report_check)."""
+    select: only these indices of the unfiltered job list (the check's picks)."""
     archs = _parse_archs(archs)
-    n_jobs = len(_jobs(archs, kernels, quick, select))
+    n_jobs = len(job_list(archs, kernels, quick, select))
     n_workers = max(1, min(jobs or os.cpu_count() or 1, n_jobs))
     cmd = [sys.executable, "-m", f"{__package__}.report", "--worker", "--arch", ",".join(archs)]
     if kernels:
@@ -239,6 +256,121 @@ def run_report(
         raise RuntimeError(f"fastbert: report workers failed ({len(records)}/{n_jobs} records):\n" + "\n".join(errors))
     records.sort(key=lambda r: (r["kernel"], r["arch"], json.dumps(r["config"], sort_keys=True)))
     return records
+
+
+# --------------------------------------------------------------------------------------------
+# The full report kept with the sources (build_report.json), and its check
+
+
+FORMAT = 1
+# what must match between a record and the same variant compiled again
+_COMPARED = ("ok", "registers", "spill_bytes", "shared_bytes", "tensor_core")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def code_of(source: str) -> str:
+    # a module's code without its prose: the AST with every docstring dropped (comments never reach it)
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def fingerprint() -> str:
+    """SHA-256 of the code of the kernel package's modules, subpackages included (paths and ASTs
+    without docstrings or comments; this module, which builds and checks the report, excepted) and
+    triton's version: what the compiled variants depend on."""
+    import triton
+
+    h = hashlib.sha256(f"triton {triton.__version__}\n".encode())
+    for folder, dirs, files in os.walk(_HERE):  # top-down: the sorted, pruned dirs are walked in order
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if name.endswith(".py") and path != os.path.abspath(__file__):
+                with open(path) as f:
+                    h.update(f"{os.path.relpath(path, _HERE)}\n{code_of(f.read())}\n".encode())
+    return h.hexdigest()
+
+
+def key(record: Dict[str, object]) -> Tuple[str, str, str]:
+    """(kernel, arch, config as sorted JSON): a variant's identity, in a record and in a job."""
+    return record["kernel"], record["arch"], json.dumps(record["config"], sort_keys=True)
+
+
+def record_config(build) -> Dict[str, object]:
+    """A variant's config as its record holds it: the build's config and its launch options."""
+    return dict(build.config, num_warps=build.num_warps, num_stages=build.num_stages, maxnreg=build.maxnreg)
+
+
+def job_key(build, arch: str) -> Tuple[str, str, str]:
+    return build.name, arch, json.dumps(record_config(build), sort_keys=True)
+
+
+def write(path: str, records: Sequence[Dict[str, object]], archs: Sequence[str]) -> None:
+    """The report as JSON: a header, then one record per line (compile times left out, so that a
+    rebuild changes only the lines of variants whose resources changed)."""
+    import triton
+
+    head = {"format": FORMAT, "fingerprint": fingerprint(), "triton": triton.__version__, "archs": list(archs),
+            "variants": len(records)}
+    lines = [json.dumps({k: v for k, v in r.items() if k != "compile_s"}, sort_keys=True) for r in records]
+    with open(path, "w") as f:
+        f.write(json.dumps(head)[:-1] + ', "records": [\n' + ",\n".join(lines) + "\n]}\n")
+
+
+def _picks(records: Sequence[Dict[str, object]], sample: int, seed: str) -> List[Tuple[str, str, str]]:
+    # the most-register variant of each (kernel, arch), and `sample` more at random
+    worst: Dict[Tuple[str, str], Dict[str, object]] = {}
+    for r in records:
+        k = (r["kernel"], r["arch"])
+        if k not in worst or (r["registers"] or 0) > (worst[k]["registers"] or 0):
+            worst[k] = r
+    chosen = {key(r) for r in worst.values()}
+    rest = sorted(key(r) for r in records if key(r) not in chosen)
+    chosen.update(random.Random(seed).sample(rest, min(sample, len(rest))))
+    return sorted(chosen)
+
+
+def check(path: str, sample: int = 48, jobs: Optional[int] = None) -> List[str]:
+    """The reasons the report at `path` is stale or untrue (empty: it holds), compiling the
+    variants `_picks` chooses again."""
+    if not os.path.exists(path):
+        return [f"{path}: no such file; build it with `python -m fastbert.kernels.report --json {path}`"]
+    with open(path) as f:
+        saved = json.load(f)
+    rebuild = f"rebuild it: python -m fastbert.kernels.report --arch {','.join(saved.get('archs', []))} --json {path}"
+    if saved.get("format") != FORMAT:
+        return [f"{path}: format {saved.get('format')!r}, not {FORMAT}; {rebuild}"]
+    if saved["fingerprint"] != fingerprint():
+        return [f"{path} was built from other kernel sources or another triton (built with {saved['triton']}); "
+                f"{rebuild}"]
+    records = saved["records"]
+    problems = []
+    jobs_now = job_list(saved["archs"], None, False)
+    listed, now = {key(r) for r in records}, {job_key(b, a) for b, a in jobs_now}
+    if listed != now:
+        problems.append(f"{path} lists {len(listed - now)} variants the launchers no longer pick and misses "
+                        f"{len(now - listed)} they do; {rebuild}")
+    bad = [r for r in records if not r["ok"] or r["spill_bytes"]]
+    if bad:
+        problems.append(f"{path}: {len(bad)} variants failed or spilled, e.g. {bad[0]['kernel']} {bad[0]['arch']} "
+                        f"{bad[0]['config']}")
+    picks = [k for k in _picks(records, sample, saved["fingerprint"]) if k in now]
+    index = {job_key(b, a): i for i, (b, a) in enumerate(jobs_now)}
+    by_key = {key(r): r for r in records}
+    for r in run_report(saved["archs"], select=sorted(index[k] for k in picks), jobs=jobs):
+        was = by_key[key(r)]
+        diff = [f"{f} {was[f]} -> {r[f]}" for f in _COMPARED if was[f] != r[f]]
+        if diff:
+            problems.append(f"{r['kernel']} {r['arch']} {r['config']}: compiled now, {', '.join(diff)}")
+    print(f"compiled {len(picks)} of the report's {len(records)} variants again: "
+          f"{'all as recorded' if not problems else 'see below'}")
+    return problems
 
 
 def _config_str(config: Dict[str, object]) -> str:
@@ -299,7 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="first and last variant of each kernel only")
     parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
     parser.add_argument("--summary-only", action="store_true", help="print the summary, not every variant")
-    parser.add_argument("--check", metavar="PATH", help="check a saved full report instead (report_check): current, "
+    parser.add_argument("--check", metavar="PATH", help="check a saved full report instead: current, "
                         "complete, no failure or spill, and true for the variants compiled again")
     parser.add_argument("--sample", type=int, default=48, help="--check: variants compiled again beyond the "
                         "most-register one of each kernel and arch")
@@ -316,7 +448,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _worker(archs, kernels, args.quick, select, shard, n_shards)
         return 0
     if args.check:
-        problems = report_check.check(args.check, args.sample, args.jobs)
+        problems = check(args.check, args.sample, args.jobs)
         for line in problems:
             print(f"fastbert.kernels.report: {line}", file=sys.stderr)
         return 1 if problems else 0
@@ -329,7 +461,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print()
     print(format_summary(records, seconds))
     if args.json:
-        report_check.write(args.json, records, archs)
+        write(args.json, records, archs)
         print(f"wrote {len(records)} records to {args.json}")
     return 1 if report_failed(records) else 0
 

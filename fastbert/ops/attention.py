@@ -13,7 +13,7 @@
 Padded keys get no weight; a query with no real key returns zeros (never NaN), and padded queries
 pass no gradient. Dropout acts on the probabilities with fastbert's counter-based rule
 (fastbert.reference: the same mask on every backend and in both layouts, regenerated in the
-backward). Backends: "triton" (flash-style kernels, kernels/attention.py), "cpp" (real tokens
+backward). Backends: "triton" (flash-style kernels, kernels/attention/), "cpp" (real tokens
 only, csrc/attention.cpp), "torch" (torch.nn.functional.scaled_dot_product_attention; the
 reference layer when dropout is on, so the mask follows the same rule, and for local attention).
 
@@ -37,7 +37,7 @@ from fastbert.ops.common import fused_op, needs_grad, seed_int, seed_tensor
 # ============================================================================================
 # The fused attention launchers behind one custom-op schema each (opaque to torch.compile), and
 # the autograd Function over them: what fastbert.ops.attention / varlen_attention run on the "cpp"
-# and "triton" backends (the launchers: csrc/attention.cpp, kernels/attention.py). Every optional
+# and "triton" backends (the launchers: csrc/attention.cpp, kernels/attention/launchers.py). Every optional
 # part of the kernels travels through here: the dropout seed, the rotary tables (rope_cos,
 # rope_sin), the local window (-1: none) and the relative position bias with its gradient.
 

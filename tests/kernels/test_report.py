@@ -100,11 +100,9 @@ def test_failures_and_spills_fail_the_report():
 def test_the_saved_report_check_finds_stale_incomplete_and_untrue_reports(quick_records, tmp_path):
     # the quick records saved as if they were the full report: current, but incomplete; the
     # variants compiled again (the most-register one of each kernel, none at random) as recorded
-    from fastbert.kernels import report_check
-
     path = str(tmp_path / "report.json")
-    report_check.write(path, quick_records, ["sm_80"])
-    problems = report_check.check(path, sample=0, jobs=2)
+    report.write(path, quick_records, ["sm_80"])
+    problems = report.check(path, sample=0, jobs=2)
     assert len(problems) == 1 and "misses" in problems[0], problems
 
     import json
@@ -113,14 +111,14 @@ def test_the_saved_report_check_finds_stale_incomplete_and_untrue_reports(quick_
     worst = max(saved["records"], key=lambda r: r["registers"])
     worst["registers"] += 1
     json.dump(saved, open(path, "w"))
-    problems = report_check.check(path, sample=0, jobs=2)
+    problems = report.check(path, sample=0, jobs=2)
     assert any(f"registers {worst['registers']} -> {worst['registers'] - 1}" in p for p in problems), problems
 
     saved["fingerprint"] = "0" * 64
     json.dump(saved, open(path, "w"))
-    (problem,) = report_check.check(path, sample=0, jobs=2)
+    (problem,) = report.check(path, sample=0, jobs=2)
     assert "built from other kernel sources" in problem and "--json" in problem
-    assert "no such file" in report_check.check(str(tmp_path / "none.json"))[0]
+    assert "no such file" in report.check(str(tmp_path / "none.json"))[0]
 
 
 def test_the_saved_report_is_current_and_complete():
@@ -128,20 +126,18 @@ def test_the_saved_report_is_current_and_complete():
     import json
     import os
 
-    from fastbert.kernels import report_check
-
-    path = os.path.join(os.path.dirname(report_check.__file__), "build_report.json")
+    path = os.path.join(os.path.dirname(report.__file__), "build_report.json")
     saved = json.load(open(path))
-    assert saved["fingerprint"] == report_check.fingerprint(), \
+    assert saved["fingerprint"] == report.fingerprint(), \
         f"rebuild it: python -m fastbert.kernels.report --arch sm_80,sm_90 --json {path}"
-    assert {report_check.key(r) for r in saved["records"]} == \
-        {report_check.job_key(b, a) for b, a in report._jobs(saved["archs"], None, False)}
+    assert {report.key(r) for r in saved["records"]} == \
+        {report.job_key(b, a) for b, a in report.job_list(saved["archs"], None, False)}
     assert not report.report_failed(saved["records"])
 
 
 def test_the_fingerprint_reads_code_not_prose():
-    from fastbert.kernels.report_check import _code
+    code_of = report.code_of
 
-    base = _code('"""A module."""\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n')
-    assert base == _code("def f(x):\n    return x + 1\n")
-    assert base != _code("def f(x):\n    return x + 2\n")
+    base = code_of('"""A module."""\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n')
+    assert base == code_of("def f(x):\n    return x + 1\n")
+    assert base != code_of("def f(x):\n    return x + 2\n")

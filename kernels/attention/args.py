@@ -1,7 +1,7 @@
 """The attention launchers' optional arguments, checked and put in the form the kernels take
 (plain Python, run by the launchers of `fastbert.kernels.attention`): dropout (seed, threshold,
 scale), the rotary tables (ROPE_COS, ROPE_SIN), and the two options that depend on the distance
-between key and query (`attention_distance`): the local window and the relative bias (REL, rel_n,
+between key and query (`distance`): the local window and the relative bias (REL, rel_n,
 window), with the fp32 buffer its gradient is added into.
 """
 from __future__ import annotations
@@ -10,35 +10,15 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ..reference import dropout_threshold
-
-_LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634
 
 
-def _optional(t: Optional[torch.Tensor], dtype: torch.dtype, device) -> torch.Tensor:
+def optional_tensor(t: Optional[torch.Tensor], dtype: torch.dtype, device) -> torch.Tensor:
     # a variant that never reads a pointer argument still gets a tensor of its type
     return t if t is not None else torch.empty(0, dtype=dtype, device=device)
 
 
-class _Dropout(NamedTuple):
-    on: bool
-    seed: int
-    threshold: int
-    scale: float
-
-
-def _dropout(dropout_p: float, seed: Optional[int]) -> _Dropout:
-    if dropout_p <= 0.0:
-        return _Dropout(False, 0, 0, 1.0)
-    if seed is None:
-        raise ValueError("fastbert: attention with dropout_p > 0 needs a seed")
-    if not 0 <= int(seed) < 2**63:
-        raise ValueError(f"fastbert: dropout seed must be in [0, 2**63), got {seed}")
-    scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0
-    return _Dropout(True, int(seed), dropout_threshold(dropout_p), scale)
-
-
-def _rope(rope_cos: Optional[torch.Tensor], rope_sin: Optional[torch.Tensor], head_dim: int, positions: int,
+def rope_tables(rope_cos: Optional[torch.Tensor], rope_sin: Optional[torch.Tensor], head_dim: int, positions: int,
           device) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """None without rotary embeddings; else (cos, sin), fp32 [P >= positions, head_dim / 2] on
     q's device, each contiguous and 16-byte aligned as the kernels read it (copied if not)."""
@@ -55,12 +35,12 @@ def _rope(rope_cos: Optional[torch.Tensor], rope_sin: Optional[torch.Tensor], he
                  for t in (rope_cos, rope_sin))
 
 
-def _rope_args(rope, device) -> Tuple[torch.Tensor, torch.Tensor]:
+def rope_args(rope, device) -> Tuple[torch.Tensor, torch.Tensor]:
     # the kernels' ROPE_COS, ROPE_SIN (empty, never read, without rotary)
-    return rope if rope is not None else (_optional(None, torch.float32, device),) * 2
+    return rope if rope is not None else (optional_tensor(None, torch.float32, device),) * 2
 
 
-class _Distance(NamedTuple):
+class DistanceOptions(NamedTuple):
     window: int  # local attention's reach; -1: every key (WINDOW off)
     rel: Optional[torch.Tensor]  # the relative bias times log2(e), fp32 [H, 2n - 1] contiguous (None: REL_BIAS off)
     rel_n: int  # n
@@ -75,26 +55,26 @@ class _Distance(NamedTuple):
 
     def args(self, device) -> Tuple[torch.Tensor, int, int]:
         """The kernels' REL, rel_n, window."""
-        return _optional(self.rel, torch.float32, device), self.rel_n, max(self.window, 0)
+        return optional_tensor(self.rel, torch.float32, device), self.rel_n, max(self.window, 0)
 
     def grad_buffer(self, device) -> torch.Tensor:
         """The backward's DREL: zeroed fp32 [H, 2n - 1] for the dk / dv kernel to add into (empty
         without a bias)."""
-        return torch.zeros_like(self.rel) if self.rel is not None else _optional(None, torch.float32, device)
+        return torch.zeros_like(self.rel) if self.rel is not None else optional_tensor(None, torch.float32, device)
 
 
-def _distance(window: int, rel_bias: Optional[torch.Tensor], heads: int, positions: int, device) -> _Distance:
+def distance_options(window: int, rel_bias: Optional[torch.Tensor], heads: int, positions: int, device) -> DistanceOptions:
     """The window and the relative bias of a call over sequences of at most `positions` tokens. A
     window of positions - 1 or more reaches every key of every row: none (the kernels without
     WINDOW). rel_bias: None, or float [heads, 2n - 1] with n >= positions on q's device, read by
     the kernels as an fp32 copy times log2(e) (the scores' domain)."""
     window = -1 if window is None or window < 0 or window >= positions - 1 else int(window)
     if rel_bias is None:
-        return _Distance(window, None, 0)
+        return DistanceOptions(window, None, 0)
     if (rel_bias.dim() != 2 or rel_bias.shape[0] != heads or rel_bias.shape[1] % 2 == 0
             or (rel_bias.shape[1] + 1) // 2 < positions or not rel_bias.dtype.is_floating_point
             or rel_bias.device != device):
         raise ValueError(f"fastbert: the relative bias must be a float tensor [{heads}, 2n - 1] with n >= {positions} "
                          f"on {device}, got {rel_bias.dtype} {list(rel_bias.shape)} on {rel_bias.device}")
-    rel = (rel_bias.detach().to(torch.float32) * _LOG2E).contiguous()
-    return _Distance(window, rel, (rel_bias.shape[1] + 1) // 2)
+    rel = (rel_bias.detach().to(torch.float32) * LOG2E).contiguous()
+    return DistanceOptions(window, rel, (rel_bias.shape[1] + 1) // 2)

@@ -4,8 +4,8 @@ looping over the query tiles) with its loop step and its final scaling and maski
 gradients, and the dq kernel (one program per query tile, looping over the key tiles) with its
 row statistics, its loop step and the exact-delta correction it also stores for the dk / dv
 kernel. With ROPE, dk and dq (and p k) accumulate as the two halves of the gradient of the
-rotated tile (`attention_rope`); with WINDOW and REL_BIAS the scores take the window and the
-relative bias (`attention_distance`), and the dk / dv kernel also adds up the bias's gradient.
+rotated tile (`rope`); with WINDOW and REL_BIAS the scores take the window and the
+relative bias (`distance`), and the dk / dv kernel also adds up the bias's gradient.
 The design is described in `fastbert.kernels.attention`, whose launchers run them.
 """
 from __future__ import annotations
@@ -13,23 +13,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention_common import (
-    _NO_SPECIALIZE,
-    _even,
-    _keep,
-    _load_tile,
-    _load_vec,
-    _mask_scores,
-    _sequence,
-    _store_tile,
-    _store_vec,
+from .common import (
+    NO_SPECIALIZE,
+    dropout_keep,
+    even_tiles,
+    load_tile,
+    load_vec,
+    mask_scores,
+    sequence_span,
+    store_tile,
+    store_vec,
 )
-from .attention_distance import _distance_scores, _head_row, _rel_grad, _tile_range
-from .attention_rope import _dot_acc, _dot_qk, _load_qk, _store_grad
+from .distance import distance_scores, head_row, rel_grad, tile_range
+from .rope import dot_acc, dot_qk, load_qk, store_grad
 
 
 @triton.jit(do_not_specialize=["stride_lb", "stride_lh", "rows_total"])
-def _attention_bwd_preprocess_kernel(
+def attention_bwd_preprocess_kernel(
     DELTA, stride_lb, stride_lh,  # [B, H, S] out (varlen: [H, T]), fp32: rowsum(dO * O)
     OUT, stride_ob, stride_oh, stride_os,  # [B, H, S, D] (varlen: [T, H, D]): the forward's output
     DO, stride_dob, stride_doh, stride_dos,  # like OUT: its gradient
@@ -48,8 +48,8 @@ def _attention_bwd_preprocess_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     limit = rows_total - start_m
-    o = _load_tile(OUT + offs_m[:, None] * stride_os + offs_d[None, :], offs_m, limit, offs_d, head_dim, True)
-    do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], offs_m, limit, offs_d, head_dim, True)
+    o = load_tile(OUT + offs_m[:, None] * stride_os + offs_d[None, :], offs_m, limit, offs_d, head_dim, True)
+    do = load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], offs_m, limit, offs_d, head_dim, True)
     tl.store(DELTA + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_m < limit)
 
 
@@ -69,28 +69,28 @@ def _dkdv_query_tile(
     # their diagonal sums of dS into DREL)
     rows = start_m + offs_m
     q_row = tl.cast(start_m, tl.int64)
-    q_a, q_b = _load_qk(Q + q_row * stride_qs, offs_m[:, None] * stride_qs, rows, hi, offs_d, head_dim, offs_h, half,
+    q_a, q_b = load_qk(Q + q_row * stride_qs, offs_m[:, None] * stride_qs, rows, hi, offs_d, head_dim, offs_h, half,
                         COS, SIN, ROPE, CHECK)
     # rows past hi read lse = +inf: their probabilities are 0
-    lse = _load_vec(LSE + rows, rows, hi, float("inf"), CHECK)
-    sT = _dot_qk(k_a, k_b, q_a, q_b, ROPE, DOT_PRECISION)
-    sT = _distance_scores(sT, qk_scale, REL, rows[None, :], cols[:, None], window, rel_n, WINDOW, REL_BIAS, CHECK)
+    lse = load_vec(LSE + rows, rows, hi, float("inf"), CHECK)
+    sT = dot_qk(k_a, k_b, q_a, q_b, ROPE, DOT_PRECISION)
+    sT = distance_scores(sT, qk_scale, REL, rows[None, :], cols[:, None], window, rel_n, WINDOW, REL_BIAS, CHECK)
     sc = 1. if REL_BIAS else qk_scale  # what takes sT to the log2 domain (with the bias it is there)
     pT = tl.math.exp2(sT * sc - lse[None, :])
-    do = _load_tile(DO + q_row * stride_dos + (offs_m[:, None] * stride_dos + offs_d[None, :]), rows, hi,
+    do = load_tile(DO + q_row * stride_dos + (offs_m[:, None] * stride_dos + offs_d[None, :]), rows, hi,
                     offs_d, head_dim, CHECK)
     dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
     if HAS_DROPOUT:
-        keepT = _keep(seed, bh, (rows - lo)[None, :], (cols - lo)[:, None], threshold)
+        keepT = dropout_keep(seed, bh, (rows - lo)[None, :], (cols - lo)[:, None], threshold)
         dv = tl.dot(tl.where(keepT, pT, 0.).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dpT = tl.where(keepT, dpT * drop_scale, 0.)
     else:
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-    delta = _load_vec(DELTA + rows, rows, hi, 0., CHECK)
+    delta = load_vec(DELTA + rows, rows, hi, 0., CHECK)
     dsT = pT * (dpT - delta[None, :])
     if REL_BIAS:
-        _rel_grad(DREL, dsT, key_real, start_n, start_m, rel_n, BLOCK_N, BLOCK_M, CHECK)
-    dk_a, dk_b = _dot_acc(dsT, q_a, q_b, dk_a, dk_b, ROPE, DOT_PRECISION)
+        rel_grad(DREL, dsT, key_real, start_n, start_m, rel_n, BLOCK_N, BLOCK_M, CHECK)
+    dk_a, dk_b = dot_acc(dsT, q_a, q_b, dk_a, dk_b, ROPE, DOT_PRECISION)
     return dk_a, dk_b, dv
 
 
@@ -104,7 +104,7 @@ def _dkdv_rel(REL, DREL, h, rel_n, MASK, b, stride_mb, cols, hi, seq, HAS_MASK: 
     if REL_BIAS:
         if HAS_MASK:
             real = real & (tl.load(MASK + b.to(tl.int64) * stride_mb + cols, mask=cols < seq, other=0) != 0)
-    return _head_row(REL, h, rel_n, REL_BIAS), _head_row(DREL, h, rel_n, REL_BIAS), real
+    return head_row(REL, h, rel_n, REL_BIAS), head_row(DREL, h, rel_n, REL_BIAS), real
 
 
 @triton.jit
@@ -126,9 +126,9 @@ def _dkdv_finish(dk_a, dk_b, dv, MASK, b, stride_mb, cols, seq, sm_scale, drop_s
     return dk_a, dk_b, dv
 
 
-@triton.heuristics({"EVEN": _even})
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _attention_bwd_dkdv_kernel(
+@triton.heuristics({"EVEN": even_tiles})
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def attention_bwd_dkdv_kernel(
     DK, stride_dkb, stride_dkh, stride_dks,  # [B, H, S, D] out (varlen: [T, H, D]), k.dtype
     DV, stride_dvb, stride_dvh, stride_dvs,  # like DK, v.dtype
     DREL,  # [H, 2n - 1] out, fp32, zeroed: the relative bias's gradient, added into atomically (REL_BIAS only)
@@ -164,7 +164,7 @@ def _attention_bwd_dkdv_kernel(
     start_n = tl.program_id(0) * BLOCK_N
     h = tl.program_id(1)
     b = tl.program_id(2)
-    off, lo, hi = _sequence(b, seq, RANGES, CU_SEQLENS, HAS_MASK, VARLEN)
+    off, lo, hi = sequence_span(b, seq, RANGES, CU_SEQLENS, HAS_MASK, VARLEN)
     h64 = h.to(tl.int64)
     Q += off * stride_qb + h64 * stride_qh
     K += off * stride_kb + h64 * stride_kh
@@ -184,11 +184,11 @@ def _attention_bwd_dkdv_kernel(
     CHECK: tl.constexpr = not EVEN
     # a key tile wholly outside [lo, hi) loads nothing and runs no query loop: dk = dv = 0; the
     # others visit the query tiles of [lo, hi), or (WINDOW) those within the window of one of their keys
-    m_start, m_end, active = _tile_range(start_n, lo, hi, window, BLOCK_N, BLOCK_M, WINDOW)
+    m_start, m_end, active = tile_range(start_n, lo, hi, window, BLOCK_N, BLOCK_M, WINDOW)
     k_limit = tl.where(active, hi, 0)
-    k_a, k_b = _load_qk(K + cols[:, None] * stride_ks, 0, cols, k_limit, offs_d, head_dim, offs_h, half,
+    k_a, k_b = load_qk(K + cols[:, None] * stride_ks, 0, cols, k_limit, offs_d, head_dim, offs_h, half,
                         ROPE_COS, ROPE_SIN, ROPE, CHECK)
-    v = _load_tile(V + cols[:, None] * stride_vs + offs_d[None, :], cols, k_limit, offs_d, head_dim, CHECK)
+    v = load_tile(V + cols[:, None] * stride_vs + offs_d[None, :], cols, k_limit, offs_d, head_dim, CHECK)
 
     dk_a = tl.zeros([BLOCK_N, BLOCK_D // 2 if ROPE else BLOCK_D], tl.float32)  # dk; with ROPE its first half
     dk_b = dk_a  # with ROPE its second half (else never touched)
@@ -204,9 +204,9 @@ def _attention_bwd_dkdv_kernel(
     dk_a, dk_b, dv = _dkdv_finish(dk_a, dk_b, dv, MASK, b, stride_mb, cols, seq, sm_scale, drop_scale, HAS_MASK,
                                   HAS_DROPOUT, ROPE)
     row_limit = hi if VARLEN else seq
-    _store_grad(DK + cols[:, None] * stride_dks, 0, dk_a, dk_b, cols, row_limit, offs_d, head_dim, offs_h, half,
+    store_grad(DK + cols[:, None] * stride_dks, 0, dk_a, dk_b, cols, row_limit, offs_d, head_dim, offs_h, half,
                 ROPE_COS, ROPE_SIN, ROPE, CHECK)
-    _store_tile(DV + cols[:, None] * stride_dvs + offs_d[None, :], dv, cols, row_limit, offs_d, head_dim, CHECK)
+    store_tile(DV + cols[:, None] * stride_dvs + offs_d[None, :], dv, cols, row_limit, offs_d, head_dim, CHECK)
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,24 +239,24 @@ def _dq_key_tile(
     # One step of the key loop: the keys start_n + offs_n added into (dq, pk, p_dp, p_sum)
     cols = start_n + offs_n
     kv_row = tl.cast(start_n, tl.int64)
-    k_a, k_b = _load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
+    k_a, k_b = load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
                         COS, SIN, ROPE, CHECK)
-    s = _dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
-    s = _distance_scores(s, qk_scale, REL, rows[:, None], cols[None, :], window, rel_n, WINDOW, REL_BIAS, CHECK)
-    s = _mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
+    s = dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
+    s = distance_scores(s, qk_scale, REL, rows[:, None], cols[None, :], window, rel_n, WINDOW, REL_BIAS, CHECK)
+    s = mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
     sc = 1. if REL_BIAS else qk_scale  # what takes s to the log2 domain (with the bias it is there)
     p = tl.math.exp2(s * sc - lse[:, None])
-    v = _load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
+    v = load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
                    head_dim, CHECK)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     if HAS_DROPOUT:
-        keep = _keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
+        keep = dropout_keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
         dp = tl.where(keep, dp * drop_scale, 0.)
     ds = p * (dp - delta[:, None])
     p_dp += tl.sum(p * dp, 1)
     p_sum += tl.sum(p, 1)
-    dq_a, dq_b = _dot_acc(ds, k_a, k_b, dq_a, dq_b, ROPE, DOT_PRECISION)
-    pk_a, pk_b = _dot_acc(p, k_a, k_b, pk_a, pk_b, ROPE, DOT_PRECISION)
+    dq_a, dq_b = dot_acc(ds, k_a, k_b, dq_a, dq_b, ROPE, DOT_PRECISION)
+    pk_a, pk_b = dot_acc(p, k_a, k_b, pk_a, pk_b, ROPE, DOT_PRECISION)
     return dq_a, dq_b, pk_a, pk_b, p_dp, p_sum
 
 
@@ -275,9 +275,9 @@ def _dq_exact(dq_a, dq_b, pk_a, pk_b, p_dp, p_sum, delta, sm_scale, ROPE: tl.con
     return dq_a, dq_b, delta_exact
 
 
-@triton.heuristics({"EVEN": _even})
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _attention_bwd_dq_kernel(
+@triton.heuristics({"EVEN": even_tiles})
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def attention_bwd_dq_kernel(
     DQ, stride_dqb, stride_dqh, stride_dqs,  # [B, H, S, D] out (varlen: [T, H, D]), q.dtype
     Q, stride_qb, stride_qh, stride_qs,  # [B, H, S, D] (varlen: [T, H, D]; stride_qb = stride_qs)
     K, stride_kb, stride_kh, stride_ks,  # like Q
@@ -311,7 +311,7 @@ def _attention_bwd_dq_kernel(
     start_m = tl.program_id(0) * BLOCK_M
     h = tl.program_id(1)
     b = tl.program_id(2)
-    off, lo, hi = _sequence(b, seq, RANGES, CU_SEQLENS, HAS_MASK, VARLEN)
+    off, lo, hi = sequence_span(b, seq, RANGES, CU_SEQLENS, HAS_MASK, VARLEN)
     h64 = h.to(tl.int64)
     Q += off * stride_qb + h64 * stride_qh
     K += off * stride_kb + h64 * stride_kh
@@ -322,7 +322,7 @@ def _attention_bwd_dq_kernel(
     DELTA += off * stride_lb + h64 * stride_lh
     if HAS_MASK:
         MASK += b.to(tl.int64) * stride_mb
-    REL = _head_row(REL, h, rel_n, REL_BIAS)
+    REL = head_row(REL, h, rel_n, REL_BIAS)
     bh = b * heads + h
 
     rows = start_m + tl.arange(0, BLOCK_M)
@@ -331,11 +331,11 @@ def _attention_bwd_dq_kernel(
     offs_h = tl.arange(0, BLOCK_D // 2)  # ROPE: the columns of one half of the head dim
     half = head_dim // 2
     CHECK: tl.constexpr = not EVEN
-    n_start, n_end, active = _tile_range(start_m, lo, hi, window, BLOCK_M, BLOCK_N, WINDOW)
+    n_start, n_end, active = tile_range(start_m, lo, hi, window, BLOCK_M, BLOCK_N, WINDOW)
     q_limit = tl.where(active, hi, 0)
-    q_a, q_b = _load_qk(Q + rows[:, None] * stride_qs, 0, rows, q_limit, offs_d, head_dim, offs_h, half,
+    q_a, q_b = load_qk(Q + rows[:, None] * stride_qs, 0, rows, q_limit, offs_d, head_dim, offs_h, half,
                         ROPE_COS, ROPE_SIN, ROPE, CHECK)
-    do = _load_tile(DO + rows[:, None] * stride_dos + offs_d[None, :], rows, q_limit, offs_d, head_dim, CHECK)
+    do = load_tile(DO + rows[:, None] * stride_dos + offs_d[None, :], rows, q_limit, offs_d, head_dim, CHECK)
     lse, delta = _dq_row_stats(LSE, DELTA, rows, lo, q_limit, CHECK)
 
     dq_a = tl.zeros([BLOCK_M, BLOCK_D // 2 if ROPE else BLOCK_D], tl.float32)  # dq; with ROPE its first half
@@ -352,7 +352,7 @@ def _attention_bwd_dq_kernel(
 
     dq_a, dq_b, delta_exact = _dq_exact(dq_a, dq_b, pk_a, pk_b, p_dp, p_sum, delta, sm_scale, ROPE)
     row_limit = hi if VARLEN else seq
-    _store_grad(DQ + rows[:, None] * stride_dqs, 0, dq_a, dq_b, rows, row_limit, offs_d, head_dim, offs_h, half,
+    store_grad(DQ + rows[:, None] * stride_dqs, 0, dq_a, dq_b, rows, row_limit, offs_d, head_dim, offs_h, half,
                 ROPE_COS, ROPE_SIN, ROPE, CHECK)
     # the exact delta, for the dk / dv kernel that runs next (0 on rows outside [lo, hi), as before)
-    _store_vec(DELTA + rows, delta_exact, rows, row_limit, CHECK)
+    store_vec(DELTA + rows, delta_exact, rows, row_limit, CHECK)

@@ -1,6 +1,6 @@
-"""The attention forward kernel, `_attention_fwd_kernel`, and the @triton.jit helpers it inlines:
+"""The attention forward kernel, `attention_fwd_kernel`, and the @triton.jit helpers it inlines:
 the debug write of the dropout keep-mask, one step of the online softmax over a tile of keys
-(with the relative bias and the window of `attention_distance`, and the dropout of its
+(with the relative bias and the window of `distance`, and the dropout of its
 probabilities), and the normalisation of the finished rows into the output and their
 log2-sum-exp2. The design (tiling, padding, dropout counters, variants) is described in
 `fastbert.kernels.attention`, whose launchers run it.
@@ -10,18 +10,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention_common import (
-    _NO_SPECIALIZE,
-    _even,
-    _keep,
-    _load_tile,
-    _mask_scores,
-    _sequence,
-    _store_tile,
-    _store_vec,
+from .common import (
+    NO_SPECIALIZE,
+    dropout_keep,
+    even_tiles,
+    load_tile,
+    mask_scores,
+    sequence_span,
+    store_tile,
+    store_vec,
 )
-from .attention_distance import _distance_scores, _finite_max, _head_row, _tile_range
-from .attention_rope import _dot_qk, _load_qk
+from .distance import distance_scores, finite_max, head_row, tile_range
+from .rope import dot_qk, load_qk
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def _write_keep_mask(KEEP, rows, offs_n, lo, seq, seed, bh, threshold, BLOCK_N: 
     if RETURN_MASK:
         for start_n in range(0, seq, BLOCK_N):
             cols = start_n + offs_n
-            keep = _keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
+            keep = dropout_keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
             tl.store(KEEP_rows + cols[None, :], keep, mask=(rows < seq)[:, None] & (cols < seq)[None, :])
         tl.debug_barrier()  # other threads of the program read it back
     return KEEP_rows
@@ -52,16 +52,16 @@ def _fwd_key_tile(
     # One step of the online softmax: the keys start_n + offs_n folded into (acc, m_i, l_i)
     cols = start_n + offs_n
     kv_row = tl.cast(start_n, tl.int64)
-    k_a, k_b = _load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
+    k_a, k_b = load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
                         COS, SIN, ROPE, CHECK)
-    s = _dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
-    s = _distance_scores(s, qk_scale, REL, rows[:, None], cols[None, :], window, rel_n, WINDOW, REL_BIAS, CHECK)
-    s = _mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
+    s = dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
+    s = distance_scores(s, qk_scale, REL, rows[:, None], cols[None, :], window, rel_n, WINDOW, REL_BIAS, CHECK)
+    s = mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
     sc = 1. if REL_BIAS else qk_scale  # what takes s to the log2 domain (with the bias it is there)
     # Without a window the first tile starts at lo, a real key of every row: m_new is finite from
-    # then on. With one, a row may meet no key of its window before a later tile (_finite_max)
+    # then on. With one, a row may meet no key of its window before a later tile (finite_max)
     m_new = tl.maximum(m_i, tl.max(s, 1) * sc)
-    m_ref = _finite_max(m_new, WINDOW)
+    m_ref = finite_max(m_new, WINDOW)
     alpha = tl.math.exp2(m_i - m_ref)
     p = tl.math.exp2(s * sc - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -71,9 +71,9 @@ def _fwd_key_tile(
             keep = tl.load(KEEP_rows + cols[None, :], mask=(rows < seq)[:, None] & (cols < seq)[None, :],
                            other=0) != 0
         else:
-            keep = _keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
+            keep = dropout_keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
         p = tl.where(keep, p, 0.)
-    v = _load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
+    v = load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
                    head_dim, CHECK)
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
@@ -99,9 +99,9 @@ def _fwd_rows_out(acc, m_i, l_i, MASK, rows, lo, hi, drop_scale,
     return out, lse
 
 
-@triton.heuristics({"EVEN": _even})
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _attention_fwd_kernel(
+@triton.heuristics({"EVEN": even_tiles})
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def attention_fwd_kernel(
     OUT, stride_ob, stride_oh, stride_os,  # [B, H, S, D] out (varlen: [T, H, D]), q.dtype
     LSE, stride_lb, stride_lh,  # [B, H, S] out (varlen: [H, T]), fp32: log2-sum-exp2 of the scaled scores
     KEEP,  # [B, H, S, S] out, bool: the dropout keep-mask (RETURN_MASK only)
@@ -136,7 +136,7 @@ def _attention_fwd_kernel(
     start_m = tl.program_id(0) * BLOCK_M
     h = tl.program_id(1)
     b = tl.program_id(2)
-    off, lo, hi = _sequence(b, seq, RANGES, CU_SEQLENS, HAS_MASK, VARLEN)
+    off, lo, hi = sequence_span(b, seq, RANGES, CU_SEQLENS, HAS_MASK, VARLEN)
     h64 = h.to(tl.int64)
     Q += off * stride_qb + h64 * stride_qh
     K += off * stride_kb + h64 * stride_kh
@@ -148,7 +148,7 @@ def _attention_fwd_kernel(
     bh = b * heads + h
     if RETURN_MASK:
         KEEP += bh.to(tl.int64) * seq * seq
-    REL = _head_row(REL, h, rel_n, REL_BIAS)
+    REL = head_row(REL, h, rel_n, REL_BIAS)
 
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -160,8 +160,8 @@ def _attention_fwd_kernel(
     CHECK: tl.constexpr = not EVEN
     # a query tile wholly outside [lo, hi) loads nothing and runs no key loop: its rows output zeros;
     # the others visit the key tiles of [lo, hi), or (WINDOW) those within the window of one of their rows
-    n_start, n_end, active = _tile_range(start_m, lo, hi, window, BLOCK_M, BLOCK_N, WINDOW)
-    q_a, q_b = _load_qk(Q + rows[:, None] * stride_qs, 0, rows, tl.where(active, hi, 0), offs_d, head_dim, offs_h, half,
+    n_start, n_end, active = tile_range(start_m, lo, hi, window, BLOCK_M, BLOCK_N, WINDOW)
+    q_a, q_b = load_qk(Q + rows[:, None] * stride_qs, 0, rows, tl.where(active, hi, 0), offs_d, head_dim, offs_h, half,
                         ROPE_COS, ROPE_SIN, ROPE, CHECK)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scaled scores
@@ -176,5 +176,5 @@ def _attention_fwd_kernel(
     out, lse = _fwd_rows_out(acc, m_i, l_i, MASK, rows, lo, hi, drop_scale, HAS_MASK, HAS_DROPOUT, EVEN)
     # varlen: rows past the sequence belong to the next one; padded: every row of the tile is ours
     row_limit = hi if VARLEN else seq
-    _store_tile(OUT + rows[:, None] * stride_os + offs_d[None, :], out, rows, row_limit, offs_d, head_dim, CHECK)
-    _store_vec(LSE + rows, lse, rows, row_limit, CHECK)
+    store_tile(OUT + rows[:, None] * stride_os + offs_d[None, :], out, rows, row_limit, offs_d, head_dim, CHECK)
+    store_vec(LSE + rows, lse, rows, row_limit, CHECK)

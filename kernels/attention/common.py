@@ -1,4 +1,4 @@
-"""Device code shared by the attention kernels of `attention_fwd` and `attention_bwd` (the design
+"""Device code shared by the attention kernels of `forward` and `backward` (the design
 is described in `fastbert.kernels.attention`): the @triton.jit helpers they inline (where a
 sequence lies and its real positions, masked loads and stores of [rows, BLOCK_D] tiles and of
 per-row vectors, the key mask applied to a tile of scores, the dropout keep rule), the kernel
@@ -15,7 +15,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _sequence(b, seq, RANGES, CU_SEQLENS, HAS_MASK: tl.constexpr, VARLEN: tl.constexpr):
+def sequence_span(b, seq, RANGES, CU_SEQLENS, HAS_MASK: tl.constexpr, VARLEN: tl.constexpr):
     # (offset, lo, hi) of sequence b: offset is what multiplies the "batch" strides (b, or the
     # sequence's first token for varlen), [lo, hi) its real positions
     if VARLEN:
@@ -28,7 +28,7 @@ def _sequence(b, seq, RANGES, CU_SEQLENS, HAS_MASK: tl.constexpr, VARLEN: tl.con
 
 
 @triton.jit
-def _tile_mask(rows, limit, offs_d, head_dim, CHECK_ROWS: tl.constexpr):
+def tile_mask(rows, limit, offs_d, head_dim, CHECK_ROWS: tl.constexpr):
     # [rows, BLOCK_D] bool: a real element (row < limit when CHECK_ROWS, column < head_dim)
     if CHECK_ROWS:
         return (rows < limit)[:, None] & (offs_d < head_dim)[None, :]
@@ -37,19 +37,19 @@ def _tile_mask(rows, limit, offs_d, head_dim, CHECK_ROWS: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(ptrs, rows, limit, offs_d, head_dim, CHECK_ROWS: tl.constexpr):
-    # [rows, BLOCK_D] tile, 0 outside _tile_mask
-    return tl.load(ptrs, mask=_tile_mask(rows, limit, offs_d, head_dim, CHECK_ROWS), other=0.)
+def load_tile(ptrs, rows, limit, offs_d, head_dim, CHECK_ROWS: tl.constexpr):
+    # [rows, BLOCK_D] tile, 0 outside tile_mask
+    return tl.load(ptrs, mask=tile_mask(rows, limit, offs_d, head_dim, CHECK_ROWS), other=0.)
 
 
 @triton.jit
-def _store_tile(ptrs, value, rows, limit, offs_d, head_dim, CHECK_ROWS: tl.constexpr):
-    # store a [rows, BLOCK_D] tile within _tile_mask, cast to the pointer's type
-    tl.store(ptrs, value.to(ptrs.dtype.element_ty), mask=_tile_mask(rows, limit, offs_d, head_dim, CHECK_ROWS))
+def store_tile(ptrs, value, rows, limit, offs_d, head_dim, CHECK_ROWS: tl.constexpr):
+    # store a [rows, BLOCK_D] tile within tile_mask, cast to the pointer's type
+    tl.store(ptrs, value.to(ptrs.dtype.element_ty), mask=tile_mask(rows, limit, offs_d, head_dim, CHECK_ROWS))
 
 
 @triton.jit
-def _load_vec(ptrs, rows, limit, other, CHECK_ROWS: tl.constexpr):
+def load_vec(ptrs, rows, limit, other, CHECK_ROWS: tl.constexpr):
     # a per-row fp32 vector (lse, delta); rows >= limit read as `other`
     if CHECK_ROWS:
         return tl.load(ptrs, mask=rows < limit, other=other)
@@ -58,7 +58,7 @@ def _load_vec(ptrs, rows, limit, other, CHECK_ROWS: tl.constexpr):
 
 
 @triton.jit
-def _store_vec(ptrs, value, rows, limit, CHECK_ROWS: tl.constexpr):
+def store_vec(ptrs, value, rows, limit, CHECK_ROWS: tl.constexpr):
     # store a per-row fp32 vector (lse, delta) on the rows < limit (every row without CHECK_ROWS)
     if CHECK_ROWS:
         tl.store(ptrs, value, mask=rows < limit)
@@ -67,7 +67,7 @@ def _store_vec(ptrs, value, rows, limit, CHECK_ROWS: tl.constexpr):
 
 
 @triton.jit
-def _mask_scores(s, MASK, cols, hi, HAS_MASK: tl.constexpr, CHECK: tl.constexpr):
+def mask_scores(s, MASK, cols, hi, HAS_MASK: tl.constexpr, CHECK: tl.constexpr):
     # [rows, cols] scores with the masked keys (HAS_MASK: a zero in MASK; otherwise, when CHECK,
     # the columns past hi) set to -inf
     if HAS_MASK:
@@ -79,7 +79,7 @@ def _mask_scores(s, MASK, cols, hi, HAS_MASK: tl.constexpr, CHECK: tl.constexpr)
 
 
 @triton.jit
-def _keep(seed, bh, i_rel, j_rel, threshold):
+def dropout_keep(seed, bh, i_rel, j_rel, threshold):
     # bool tile (broadcast of i_rel and j_rel, int32 positions from the sequence's first real
     # token): dropout keeps probability (i, j) of sequence-head bh = b * heads + h. The counter
     # bh * 2**32 + (i_rel & 0xFFFF) * 2**16 + (j_rel & 0xFFFF) as its low and high words, which
@@ -96,7 +96,7 @@ def _keep(seed, bh, i_rel, j_rel, threshold):
 
 
 @triton.jit(do_not_specialize=["RANGES", "MASK", "stride_mb", "seq"])
-def _mask_range_kernel(
+def mask_range_kernel(
     RANGES,  # [B, 2] out, int32: first and one past the last real position of each row (0, 0 if none)
     MASK, stride_mb,  # [B, S] bool: key mask, 1 = real token
     seq,  # S
@@ -117,12 +117,12 @@ def _mask_range_kernel(
     tl.store(RANGES + 2 * b + 1, hi)
 
 
-def _even(args) -> bool:
+def even_tiles(args) -> bool:
     # no padding and whole tiles: no bounds checks at all
     return (not args["HAS_MASK"] and not args["VARLEN"]
             and args["seq"] % args["BLOCK_M"] == 0 and args["seq"] % args["BLOCK_N"] == 0)
 
 
 # integer and pointer arguments whose values vary freely: no divisibility / ==1 specialization
-_NO_SPECIALIZE = ["stride_lb", "stride_lh", "KEEP", "MASK", "stride_mb", "RANGES", "CU_SEQLENS", "REL", "DREL",
+NO_SPECIALIZE = ["stride_lb", "stride_lh", "KEEP", "MASK", "stride_mb", "RANGES", "CU_SEQLENS", "REL", "DREL",
                   "rel_n", "window", "heads", "seq", "seed", "threshold"]

@@ -39,7 +39,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_range(start, lo, hi, window, BLOCK: tl.constexpr, OTHER_BLOCK: tl.constexpr, WINDOW: tl.constexpr):
+def tile_range(start, lo, hi, window, BLOCK: tl.constexpr, OTHER_BLOCK: tl.constexpr, WINDOW: tl.constexpr):
     # (first, end, active) for the tile of BLOCK rows at `start`: active when it meets [lo, hi),
     # and then the rows of the other side it visits, from first in steps of OTHER_BLOCK up to end:
     # every row of [lo, hi), or (WINDOW) the tiles of lo's grid that hold a row within `window` of
@@ -53,7 +53,7 @@ def _tile_range(start, lo, hi, window, BLOCK: tl.constexpr, OTHER_BLOCK: tl.cons
 
 
 @triton.jit
-def _head_row(REL, h, rel_n, REL_BIAS: tl.constexpr):
+def head_row(REL, h, rel_n, REL_BIAS: tl.constexpr):
     # REL (or its gradient) moved to head h's row [2n - 1], at distance 0 (REL_BIAS only)
     if REL_BIAS:
         REL += h * (2 * rel_n - 1) + rel_n - 1
@@ -72,7 +72,7 @@ def _rel_bias(REL, i, j, rel_n, CHECK: tl.constexpr):
 
 
 @triton.jit
-def _distance_scores(s, qk_scale, REL, i, j, window, rel_n, WINDOW: tl.constexpr, REL_BIAS: tl.constexpr,
+def distance_scores(s, qk_scale, REL, i, j, window, rel_n, WINDOW: tl.constexpr, REL_BIAS: tl.constexpr,
                      CHECK: tl.constexpr):
     # The scores q k^T of a tile (i, j: its query and key positions, broadcast to it) with the
     # relative bias added (REL_BIAS: then in the log2 domain, s * qk_scale + rel[j - i]; else left
@@ -86,7 +86,7 @@ def _distance_scores(s, qk_scale, REL, i, j, window, rel_n, WINDOW: tl.constexpr
 
 
 @triton.jit
-def _finite_max(m, WINDOW: tl.constexpr):
+def finite_max(m, WINDOW: tl.constexpr):
     # The running row max as the exponentials take it. With WINDOW a row may have met no key of
     # its window yet (every score so far -inf): 0 then, so that exp2(-inf - 0) = 0, not NaN
     if WINDOW:
@@ -96,7 +96,7 @@ def _finite_max(m, WINDOW: tl.constexpr):
 
 
 @triton.jit
-def _rel_grad(DREL, dsT, key_real, start_n, start_m, rel_n, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+def rel_grad(DREL, dsT, key_real, start_n, start_m, rel_n, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
               CHECK: tl.constexpr):
     # Add the diagonal sums of dsT [BLOCK_N keys from start_n, BLOCK_M queries from start_m] into
     # DREL (the head's row of the fp32 gradient, at its centre), over the real keys (key_real,

@@ -1,31 +1,23 @@
 """Launch settings of the attention kernels: the head dims they take and the head dim blocks
 those round up to, one table of tile shapes and launch options per (kernel, 16-bit inputs?, head
 dim block) and the rotary (ROPE) variants' departures from it, read alike by the launchers of
-`fastbert.kernels.attention` and by the build report (`attention_report`), and the launch
-arguments the launchers derive from it (the options of a table row, the input precision of the
-fp32 matrix products).
+`fastbert.kernels.attention` and by the build report (`variants`), and the launch
+argument the launchers derive from it (the input precision of the fp32 matrix products).
 """
 from __future__ import annotations
 
 import os
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 import triton
 
-
-class Settings(NamedTuple):
-    block_m: int  # queries per tile
-    block_n: int  # keys per tile
-    num_warps: int
-    num_stages: int
-    maxnreg: Optional[int]  # register budget given to ptxas (None: its own choice)
-
+from .. import Settings
 
 HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # the head dims the kernels take (multiples of 16)
 BLOCK_DS = (32, 64, 128)  # head dim blocks: D rounded up to a power of 2, at least 32
 KERNELS = ("fwd", "bwd_preprocess", "bwd_dkdv", "bwd_dq")
-_RANGE_SETTINGS = Settings(block_m=1, block_n=256, num_warps=4, num_stages=1, maxnreg=None)
+RANGE_SETTINGS = Settings(block_m=1, block_n=256, num_warps=4, num_stages=1, maxnreg=None)
 
 # (kernel, 16-bit inputs?, BLOCK_D) -> settings. Every variant compiles for sm_80 and sm_90 with
 # no spills (python -m fastbert.kernels.report --kernels attention). fp32 tiles are small: Triton
@@ -123,16 +115,9 @@ def settings(head_dim: int, dtype: torch.dtype, kernel: str, rope: bool = False,
     return found
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype) -> str:
     # fp32 on the GPU: three TF32 tensor-core products (about fp32 accuracy); the interpreter
     # computes every product exactly in fp32 whatever this says
     if dtype == torch.float32 and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return "tf32x3"
     return "ieee"
-
-
-def _launch_options(s: Settings) -> Dict[str, int]:
-    options = {"num_warps": s.num_warps, "num_stages": s.num_stages}
-    if s.maxnreg is not None:
-        options["maxnreg"] = s.maxnreg
-    return options

@@ -26,27 +26,27 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention_common import _load_tile, _store_tile, _tile_mask
+from .common import load_tile, store_tile, tile_mask
 
 
 @triton.jit
 def _rope_angles(COS, SIN, rows, limit, offs_h, half, CHECK_ROWS: tl.constexpr):
     # (cos, sin) [rows, BLOCK_D / 2] fp32 at the positions `rows`, 0 outside the tile's mask;
     # the tables are [P, half] contiguous
-    mask = _tile_mask(rows, limit, offs_h, half, CHECK_ROWS)
+    mask = tile_mask(rows, limit, offs_h, half, CHECK_ROWS)
     offs = rows[:, None] * half + offs_h[None, :]
     return tl.load(COS + offs, mask=mask, other=0.), tl.load(SIN + offs, mask=mask, other=0.)
 
 
 @triton.jit
-def _load_qk(BASE, row_offs, rows, limit, offs_d, head_dim, offs_h, half, COS, SIN,
+def load_qk(BASE, row_offs, rows, limit, offs_d, head_dim, offs_h, half, COS, SIN,
              ROPE: tl.constexpr, CHECK_ROWS: tl.constexpr):
     # A q or k tile, 0 outside the tile mask: (tile, tile) [rows, BLOCK_D]; with ROPE its rotated
     # halves (a', b'). Its rows start at BASE + row_offs: row_offs is 0 when BASE is a [rows, 1]
     # pointer tile, else the [rows, 1] int32 offsets of the rows from the scalar pointer BASE
     if ROPE:
         ptrs = BASE + (row_offs + offs_h[None, :])
-        mask = _tile_mask(rows, limit, offs_h, half, CHECK_ROWS)
+        mask = tile_mask(rows, limit, offs_h, half, CHECK_ROWS)
         x_a = tl.load(ptrs, mask=mask, other=0.)
         x_b = tl.load(ptrs + half, mask=mask, other=0.)
         cos, sin = _rope_angles(COS, SIN, rows, limit, offs_h, half, CHECK_ROWS)
@@ -60,12 +60,12 @@ def _load_qk(BASE, row_offs, rows, limit, offs_d, head_dim, offs_h, half, COS, S
         r_b = tl.where(mask, b * cos + a * sin, 0.)
         return r_a.to(x_a.dtype), r_b.to(x_a.dtype)
     else:
-        x = _load_tile(BASE + (row_offs + offs_d[None, :]), rows, limit, offs_d, head_dim, CHECK_ROWS)
+        x = load_tile(BASE + (row_offs + offs_d[None, :]), rows, limit, offs_d, head_dim, CHECK_ROWS)
         return x, x
 
 
 @triton.jit
-def _dot_qk(x_a, x_b, y_a, y_b, ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def dot_qk(x_a, x_b, y_a, y_b, ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # x y^T over the head dim, fp32 [rows of x, rows of y]; with ROPE the sum over both halves
     s = tl.dot(x_a, tl.trans(y_a), input_precision=DOT_PRECISION)
     if ROPE:
@@ -74,8 +74,8 @@ def _dot_qk(x_a, x_b, y_a, y_b, ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr)
 
 
 @triton.jit
-def _dot_acc(p, y_a, y_b, acc_a, acc_b, ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # (acc_a, acc_b) + p y, fp32: p [rows, rows of y] (cast to y's dtype), y as _load_qk gives it;
+def dot_acc(p, y_a, y_b, acc_a, acc_b, ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # (acc_a, acc_b) + p y, fp32: p [rows, rows of y] (cast to y's dtype), y as load_qk gives it;
     # without ROPE acc_b is left as it is
     acc_a = tl.dot(p.to(y_a.dtype), y_a, acc_a, input_precision=DOT_PRECISION)
     if ROPE:
@@ -84,15 +84,15 @@ def _dot_acc(p, y_a, y_b, acc_a, acc_b, ROPE: tl.constexpr, DOT_PRECISION: tl.co
 
 
 @triton.jit
-def _store_grad(BASE, row_offs, g_a, g_b, rows, limit, offs_d, head_dim, offs_h, half, COS, SIN,
+def store_grad(BASE, row_offs, g_a, g_b, rows, limit, offs_d, head_dim, offs_h, half, COS, SIN,
                 ROPE: tl.constexpr, CHECK_ROWS: tl.constexpr):
-    # Store the gradient tile (g_a) at BASE + row_offs (as in _load_qk) within the tile mask, cast to the
+    # Store the gradient tile (g_a) at BASE + row_offs (as in load_qk) within the tile mask, cast to the
     # pointer's type; with ROPE (g_a, g_b) is the gradient of the rotated halves, stored rotated back
     if ROPE:
         ptrs = BASE + (row_offs + offs_h[None, :])
-        mask = _tile_mask(rows, limit, offs_h, half, CHECK_ROWS)
+        mask = tile_mask(rows, limit, offs_h, half, CHECK_ROWS)
         cos, sin = _rope_angles(COS, SIN, rows, limit, offs_h, half, CHECK_ROWS)
         tl.store(ptrs, (g_a * cos + g_b * sin).to(ptrs.dtype.element_ty), mask=mask)
         tl.store(ptrs + half, (g_b * cos - g_a * sin).to(ptrs.dtype.element_ty), mask=mask)
     else:
-        _store_tile(BASE + (row_offs + offs_d[None, :]), g_a, rows, limit, offs_d, head_dim, CHECK_ROWS)
+        store_tile(BASE + (row_offs + offs_d[None, :]), g_a, rows, limit, offs_d, head_dim, CHECK_ROWS)

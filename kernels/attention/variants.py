@@ -10,11 +10,11 @@ from typing import Dict, Iterator
 import torch
 import triton
 
-from . import KernelBuild
-from .attention_bwd import _attention_bwd_dkdv_kernel, _attention_bwd_dq_kernel, _attention_bwd_preprocess_kernel
-from .attention_common import _mask_range_kernel
-from .attention_fwd import _attention_fwd_kernel
-from .attention_settings import _RANGE_SETTINGS, BLOCK_DS, HEAD_DIMS, Settings, block_d, settings
+from .. import KernelBuild, Settings
+from .backward import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel, attention_bwd_preprocess_kernel
+from .common import mask_range_kernel
+from .forward import attention_fwd_kernel
+from .settings import BLOCK_DS, HEAD_DIMS, RANGE_SETTINGS, block_d, settings
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # arguments the kernels do not specialize (do_not_specialize): never marked divisible
@@ -56,8 +56,8 @@ def _build(name: str, fn, s: Settings, dt: str, constexprs: Dict[str, object], c
 
 def report_configs() -> Iterator[KernelBuild]:
     """Every (kernel, settings, dtype, head dim block, flags) the launchers can pick."""
-    s = _RANGE_SETTINGS
-    yield _build("attention_mask_range", _mask_range_kernel, s, "fp32", {"BLOCK": s.block_n},
+    s = RANGE_SETTINGS
+    yield _build("attention_mask_range", mask_range_kernel, s, "fp32", {"BLOCK": s.block_n},
                  {"BLOCK_N": s.block_n})
     for dt, dtype in _DTYPES.items():
         precision = "tf32x3" if dtype == torch.float32 else "ieee"
@@ -65,11 +65,11 @@ def report_configs() -> Iterator[KernelBuild]:
             dims = ",".join(str(d) for d in HEAD_DIMS if block_d(d) == bd)
             head_dim = next(d for d in HEAD_DIMS if block_d(d) == bd)
             s = settings(head_dim, dtype, "bwd_preprocess")
-            yield _build("attention_bwd_preprocess", _attention_bwd_preprocess_kernel, s, dt,
+            yield _build("attention_bwd_preprocess", attention_bwd_preprocess_kernel, s, dt,
                          {"BLOCK_M": s.block_m, "BLOCK_D": bd},
                          {"dtype": dt, "head_dims": dims, "BLOCK_M": s.block_m, "BLOCK_D": bd})
-            for kernel, fn in (("fwd", _attention_fwd_kernel), ("bwd_dkdv", _attention_bwd_dkdv_kernel),
-                               ("bwd_dq", _attention_bwd_dq_kernel)):
+            for kernel, fn in (("fwd", attention_fwd_kernel), ("bwd_dkdv", attention_bwd_dkdv_kernel),
+                               ("bwd_dq", attention_bwd_dq_kernel)):
                 for rope in (False, True):
                     for window, rel in _DISTANCE:
                         yield from _variants(kernel, fn, dt, precision, bd, dims, rope, window, rel,
