@@ -423,7 +423,7 @@ class Trainer:
         return {k: v for k, v in d.items() if k not in TrainConfig.RESUMABLE_CHANGES} | {
             "world_size": self.info.world_size, "data": self.fingerprint}
 
-    def save(self, log_record: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    def save(self) -> Optional[str]:
         """Checkpoint (every process's RNG state gathered into it) + the model in the output directory."""
         rng = rng_state()
         if self.info.distributed:
