@@ -10,7 +10,7 @@ takes it), the pooling config (the pooling_mode_* flags of older versions or poo
 mean, max, mean_sqrt_len_tokens, weightedmean, lasttoken; include_prompt),
 config_sentence_transformers.json (prompts, default_prompt_name), each Dense module's config and
 weights, and the fast tokenizer (tokenizer.json); and gives the embeddings sentence-transformers
-gives. quantize="int8" runs the encoder's linear layers in int8 (fastbert.model.int8; its accuracy
+gives. quantize="int8" runs the encoder's linear layers in int8 (fastbert.model.quantize; its accuracy
 against fp32 on MiniLM: benchmarks/RESULTS.md). Sentences are batched longest first, so each batch
 pads little, and returned in the order given.
 

@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None, choices=["triton", "cpp", "torch"])
     ap.add_argument("--device", default=None)
     ap.add_argument("--quantize", default=None, choices=["int8"],
-                    help="int8: int8 weights and activations in the encoder's linear layers (fastbert.model.int8)")
+                    help="int8: int8 weights and activations in the encoder's linear layers (fastbert.model.quantize)")
     ap.add_argument("--prompt-name", default=None, help="one of the model's prompts (e5: query, passage)")
     args = ap.parse_args(argv)
     model_directory(args.model)  # named before the input is read or the model loaded

@@ -1,7 +1,7 @@
 """BERT on fastbert's fused ops, a drop-in for transformers' BERT classes (see bert.py for the
 data flow): config.py, outputs.py, layers.py, pretrained.py (loading and saving), checkpoint.py
 (transformers' checkpoint files), checks.py (input errors), bert.py (BertModel), heads.py (the task
-models), int8.py (int8 inference: quantize_ and the int8 encoder); the other families as adapters of the same
+models), quantize.py (int8 inference: quantize_ and the int8 encoder); the other families as adapters of the same
 encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py, distilbert.py; ModernBERT (pre-LN, rotary and
 local attention, GeGLU: a layer of its own on the same ops): modernbert.py and modernbert_heads.py; MPNet (a relative
 position bias in every layer's attention): mpnet.py; auto.py (the class for a model_type)."""

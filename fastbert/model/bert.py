@@ -24,11 +24,11 @@ from fastbert import ops
 from fastbert.model import stack_plan
 from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.int8 import TRAINING_ERROR, InferenceOnly
 from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler
 from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.pretrained import BertPreTrainedModel
+from fastbert.model.quantize import TRAINING_ERROR, InferenceOnly
 from fastbert.ops import encoder
 from fastbert.ops.bias_gelu import GELU_FORMS
 

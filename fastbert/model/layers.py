@@ -9,8 +9,8 @@ from torch import nn
 
 from fastbert import layouts, ops
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.int8 import Int8Linear
 from fastbert.model.joined import joined, share_storage, views_of
+from fastbert.model.quantize import Int8Linear
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.encoder import Int8LayerWeights, LayerWeights, inference_now, layer_forward
 
@@ -180,7 +180,7 @@ class BertLayer(nn.Module, BackendMixin):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    # The layer's parts by role. Everything that runs a layer (here, int8.py) reads them through
+    # The layer's parts by role. Everything that runs a layer (here, quantize.py) reads them through
     # these, so a family whose modules have other names (DistilBERT's TransformerBlock) is this
     # layer with these overridden.
     @property

@@ -47,12 +47,12 @@ from torch import nn
 from fastbert import ops, reference
 from fastbert.model.checks import check_id_tensor, check_input_shape
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
-from fastbert.model.int8 import TRAINING_ERROR, InferenceOnly
 from fastbert.model.layers import BackendMixin, embed_words
 from fastbert.model.masks import attention_masks
 from fastbert.model.model_utils import trunc_normal_
 from fastbert.model.outputs import BaseModelOutput
 from fastbert.model.pretrained import BertPreTrainedModel
+from fastbert.model.quantize import TRAINING_ERROR, InferenceOnly
 from fastbert.ops import encoder
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.checks import check_ids

@@ -22,9 +22,9 @@ from fastbert.model.checkpoint import (
     resolve_load_dtype,
 )
 from fastbert.model.config import BertConfig
-from fastbert.model.int8 import CONFIG_KEY, check_quantize, quantize_model, recorded
 from fastbert.model.layers import BackendMixin, BertLMPredictionHead
 from fastbert.model.model_utils import ModelUtilsMixin
+from fastbert.model.quantize import CONFIG_KEY, check_quantize, quantize_model, recorded
 from fastbert.model.trainer_save import patch_trainer_if_loaded
 
 
@@ -46,7 +46,7 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         patch_trainer_if_loaded(BertPreTrainedModel)
 
     quantized: Optional[str] = None  # "int8" after quantize_("int8")
-    quantization: Optional[dict] = None  # its settings: {"mode": "int8", "weight_range": 127} (fastbert.model.int8)
+    quantization: Optional[dict] = None  # its settings: {"mode": "int8", "weight_range": 127} (fastbert.model.quantize)
     gradient_checkpointing: bool = False  # set by gradient_checkpointing_enable() on the base model
 
     def _return_dict(self, return_dict) -> bool:
@@ -73,7 +73,7 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
 
     def quantize_(self, mode: str = "int8", *, weight_range: Optional[int] = None) -> "BertPreTrainedModel":
         """Quantize the encoder's linear layers in place for inference: "int8" (per-channel int8
-        weights, per-token int8 activations, int32 accumulation; fastbert.model.int8). weight_range:
+        weights, per-token int8 activations, int32 accumulation; fastbert.model.quantize). weight_range:
         the weights' int8 range, 127 (None: the default) or 64, the same on every CPU; `quantization`
         then holds the settings, which save_pretrained records. Returns self."""
         chosen = quantize_model(self, mode, weight_range)

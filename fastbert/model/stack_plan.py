@@ -24,8 +24,8 @@ from typing import List, NamedTuple, Optional
 import torch
 from torch import nn
 
-from fastbert.model.int8 import Int8Linear
 from fastbert.model.layers import BertLayer
+from fastbert.model.quantize import Int8Linear
 from fastbert.ops.bias_gelu import GELU_FORMS
 
 _ABSENT = object()

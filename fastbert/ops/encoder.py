@@ -81,7 +81,7 @@ class LayerWeights(NamedTuple):
 
 
 class Int8LayerWeights(NamedTuple):
-    """The parameters of one post-LN encoder layer quantized to int8 (fastbert.model.int8): each
+    """The parameters of one post-LN encoder layer quantized to int8 (fastbert.model.quantize): each
     product's int8 weight ([out, in], or packed [out / 16, in / 4, 16, 4]), its per-channel float32
     scale and its float bias; the norms float."""
 

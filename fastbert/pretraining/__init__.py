@@ -5,9 +5,10 @@
     schedule.py        AdamW parameter groups, warm-up + linear decay
     distributed.py     the process group, collectives, the replica check, stop signals
     batches.py         which pairs each process reads at each step; masking (fastbert.masking, C++)
-    checkpoint.py      atomic, verified checkpoints; what the Trainer saves and resumes from
+    checkpoint.py      the checkpoint file: written atomically, verified on load; the manifest; RNG states
     logs.py            log.jsonl, the held-out table, curves.png
-    trainer.py         the loop: accumulation, clipping, autocast, DDP, evaluation, the time limit
+    trainer.py         the loop: accumulation, clipping, autocast, DDP, evaluation, the time limit;
+                       what a run saves, where it resumes from, and how it restores
 
 The data it reads is made by fastbert.data (corpus, vocab, instances, shards, `fastbert prepare`).
 

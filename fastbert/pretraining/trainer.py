@@ -14,9 +14,10 @@ autocast (fp16 with a gradient scaler). Masks are drawn per batch (fastbert.mask
 Multi-process data parallel under torchrun (DistributedDataParallel; gloo on CPU, nccl on GPU):
 every process reads its own block of each global batch (see batches.py).
 
-Checkpoints (checkpoint.py) hold the model, optimizer, scheduler, scaler, step, data position and
-every process's RNG states, so a resumed run continues exactly as one that never stopped. SIGINT and
-SIGTERM finish the current step, write a checkpoint and stop.
+Checkpoints hold the model, optimizer, scheduler, scaler, step, data position and every process's
+RNG states, so a resumed run continues exactly as one that never stopped; what a run saves, where it
+resumes from and how it restores are the Trainer's (its checkpoints section), the file format is
+checkpoint.py's. SIGINT and SIGTERM finish the current step, write a checkpoint and stop.
 
 Output directory:
     config.json, model.safetensors, tokenizer files   the model (loads with from_pretrained, fastbert's or transformers')
@@ -34,7 +35,7 @@ import os
 import shutil
 import signal
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,15 @@ import torch.distributed as dist
 from fastbert.data import vocab as vocab_mod
 from fastbert.data.shards import InstanceDataset
 from fastbert.pretraining.batches import BatchPlan, EvalPlan, make_collator
-from fastbert.pretraining.checkpoint import TrainerCheckpoints
+from fastbert.pretraining.checkpoint import (
+    CheckpointError,
+    find_latest,
+    load_checkpoint,
+    read_manifest,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from fastbert.pretraining.config import (
     PRECISIONS,
     TrainConfig,
@@ -66,6 +75,9 @@ from fastbert.pretraining.logs import JsonlLog, describe_run, eval_line, plot_cu
 from fastbert.pretraining.objective import NSTATS, PretrainingObjective, cast_embeddings_under_autocast, summarize
 from fastbert.pretraining.schedule import linear_schedule, param_groups, warmup_steps
 
+# the data's tokenizer files, copied beside the model so the output directory loads with from_pretrained
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
 
 class _Window:
     """The statistics of the steps since the last log line."""
@@ -79,8 +91,8 @@ class _Window:
         self.loss, self.steps, self.t0 = 0.0, 0, time.perf_counter()
 
 
-class Trainer(TrainerCheckpoints):
-    """A pretraining run: data, model, optimizer and the loop (checkpoints: TrainerCheckpoints)."""
+class Trainer:
+    """A pretraining run: data, model, optimizer, the loop and its checkpoints."""
 
     def __init__(self, cfg: TrainConfig, info: Optional[DistInfo] = None, *, print_fn: Callable[[str], None] = print,
                  on_step: Optional[Callable[["Trainer", int, float], None]] = None):
@@ -403,6 +415,128 @@ class Trainer(TrainerCheckpoints):
     def _announce(self) -> None:
         for line in describe_run(self):
             self.print(line)
+
+    # ---- checkpoints: what a run saves, where it resumes from, and how it restores
+
+    def run_state(self) -> Dict[str, Any]:
+        d = self.cfg.to_dict()
+        return {k: v for k, v in d.items() if k not in TrainConfig.RESUMABLE_CHANGES} | {
+            "world_size": self.info.world_size, "data": self.fingerprint}
+
+    def save(self) -> Optional[str]:
+        """Checkpoint (every process's RNG state gathered into it) + the model in the output directory."""
+        rng = rng_state()
+        if self.info.distributed:
+            states: List[Any] = [None] * self.info.world_size
+            dist.all_gather_object(states, rng)
+        else:
+            states = [rng]
+        path = None
+        if self.info.is_main:
+            state = {
+                "step": self.step,
+                "consumed": self.consumed,
+                "epoch": self.plan.position(self.consumed)[0],
+                "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": states,
+                "run": self.run_state(),
+                "model_config": self.model_config.to_dict(),
+                "first_eval": self.first_eval,
+                "last_eval": self.last_eval,
+                "total_steps": self.total_steps,
+            }
+            path = save_checkpoint(self.ckpt_dir, state, keep=self.cfg.keep_checkpoints)
+            self.save_model()
+        barrier(self.info)
+        return path
+
+    def save_model(self) -> None:
+        """The model and the data's tokenizer files in the output directory (loadable by from_pretrained)."""
+        self.model.save_pretrained(self.cfg.out_dir)
+        for name in TOKENIZER_FILES:
+            src = os.path.join(self.cfg.data_dir, name)
+            if os.path.isfile(src) and os.path.abspath(src) != os.path.abspath(os.path.join(self.cfg.out_dir, name)):
+                shutil.copyfile(src, os.path.join(self.cfg.out_dir, name))
+
+    def _resolve_resume(self) -> Optional[str]:
+        r = self.cfg.resume
+        if r is None:
+            if not self.cfg.overwrite and os.path.isdir(self.ckpt_dir) and read_manifest(self.ckpt_dir):
+                return self._finished_run()
+            return None
+        if r == "auto":
+            try:
+                path = find_latest(self.ckpt_dir)
+            except CheckpointError as e:
+                raise TrainError(f"cannot resume: {e}") from None
+            if path is None:
+                raise TrainError(f"cannot resume: no checkpoint in {self.ckpt_dir} (nothing was saved there)")
+            return path
+        if os.path.isdir(r):
+            sub = os.path.join(r, "checkpoints")
+            try:
+                path = find_latest(sub if os.path.isdir(sub) else r)
+            except CheckpointError as e:
+                raise TrainError(f"cannot resume: {e}") from None
+            if path is None:
+                raise TrainError(f"cannot resume: no checkpoint in {r}")
+            return path
+        return r
+
+    def _finished_run(self) -> str:
+        """Without --resume, in an output directory that holds checkpoints: the latest, when it is
+        the last step of a run with these settings (the command run again, which then finds its
+        work done); TrainError otherwise: an unfinished run is continued with --resume, and any run
+        there is replaced only with --overwrite."""
+        try:
+            path = find_latest(self.ckpt_dir)
+            state = load_checkpoint(path) if path else None
+        except CheckpointError:
+            state = None  # not a finished run; --resume names the fault
+        if state is None or int(state["step"]) < int(state.get("total_steps") or 0):
+            raise TrainError(f"{self.cfg.out_dir} holds checkpoints of an earlier run; pass --resume to continue it or "
+                             "--overwrite to start over")
+        differ = self._differences(state)
+        if differ:
+            raise TrainError(f"{self.cfg.out_dir} holds the finished run of other settings ({differ}); use another "
+                             "--out, or --overwrite to start over")
+        return path
+
+    def _differences(self, state: Dict[str, Any]) -> str:
+        """The settings of this run that differ from the checkpoint's, on one line ('' when none)."""
+        saved, now = state["run"], self.run_state()
+        diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+        return "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in diff)
+
+    def restore(self, path: str) -> None:
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError as e:
+            raise TrainError(f"cannot resume: {e}") from None
+        differ = self._differences(state)
+        if differ:
+            raise TrainError(f"cannot resume from {path}: the run's settings differ ({differ})")
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise TrainError(f"cannot resume: checkpoint {path} does not fit this model ({e})") from None
+        self.step = int(state["step"])
+        self.consumed = int(state["consumed"])
+        self.first_eval = state.get("first_eval")
+        self.last_eval = state.get("last_eval")
+        rng = state["rng"]
+        if len(rng) != self.info.world_size:
+            raise TrainError(f"cannot resume: checkpoint {path} was written by {len(rng)} processes, this run has "
+                             f"{self.info.world_size}")
+        set_rng_state(rng[self.info.rank])
+        self.resumed_from = path
 
     def close(self) -> None:
         if self.info.owns_group and dist.is_initialized():

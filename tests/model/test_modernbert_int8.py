@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import fastbert
 from fastbert import layouts
-from fastbert.model.int8 import Int8Linear
+from fastbert.model.quantize import Int8Linear
 from fastbert.reference import int8 as rule
 from tests.helpers.modernbert import BIASED, SMALL, inputs, pair
 

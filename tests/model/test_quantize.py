@@ -1,4 +1,4 @@
-"""int8 inference (quantize="int8", fastbert.model.int8): its accuracy on the real MiniLM checkpoint
+"""int8 inference (quantize="int8", fastbert.model.quantize): its accuracy on the real MiniLM checkpoint
 over 1000 real sentences, every model class, never-stale weights, checkpoints both ways, the
 explicit attention paths, and the errors for training."""
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 
 import fastbert
 from fastbert.bench.accuracy import TARGETS, embedding_agreement, format_figures
-from fastbert.model.int8 import Int8Linear
+from fastbert.model.quantize import Int8Linear
 from tests.helpers.backends import require
 
 transformers = pytest.importorskip("transformers")
