@@ -201,6 +201,18 @@ at::Tensor set_inputs(AttnArgs& a, const std::vector<AttnSeq>& seqs, int64_t pos
   return rel;
 }
 
+// The forward of a call set up in a (inputs): (out, lse), lse float32 `lse_shape` with strides
+// (lse_sb, lse_sh) per (batch, head).
+std::pair<at::Tensor, at::Tensor> run_forward(AttnArgs& a, const at::Tensor& q, at::IntArrayRef lse_shape, int64_t lse_sb,
+                                              int64_t lse_sh, const char* op) {
+  at::Tensor out = detail::empty_output(q);
+  at::Tensor lse = detail::empty(lse_shape, at::kFloat);
+  a.out = view_of(out, a.padded);
+  a.lse = lse.data_ptr<float>(), a.lse_sb = lse_sb, a.lse_sh = lse_sh;
+  if (q.numel() > 0) detail::kernels_for(op).attention_forward(a);
+  return {out, lse};
+}
+
 // The backward of a call set up in a (inputs and lse): (dq, dk, dv, the relative bias gradient).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_backward(AttnArgs& a, const at::Tensor& q,
                                                                         const at::Tensor& dout,
@@ -215,14 +227,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_backward(AttnArgs
 }
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
-                                                                  const at::Tensor& v_in,
-                                                                  const c10::optional<at::Tensor>& key_mask,
-                                                                  double scale, double dropout_p, int64_t seed,
-                                                                  bool return_dropout_mask,
-                                                                  const c10::optional<at::Tensor>& rope_cos,
-                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window,
-    const c10::optional<at::Tensor>& rel_bias) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const c10::optional<at::Tensor>& key_mask,
+    double scale, double dropout_p, int64_t seed, bool return_dropout_mask, const c10::optional<at::Tensor>& rope_cos,
+    const c10::optional<at::Tensor>& rope_sin, int64_t window, const c10::optional<at::Tensor>& rel_bias) {
   const char* op = "attention_forward";
   check_qkv(op, q_in, k_in, v_in, 4);
   const at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
@@ -230,13 +238,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
   AttnArgs a = common_args(q, /*padded=*/true, batch, scale, dropout_p, seed, op);
   const at::Tensor mask = bool_mask(key_mask, batch, seq, op);
   const std::vector<AttnSeq> seqs = padded_seqs(a, mask, seq, op);
-  at::Tensor out = detail::empty_output(q);
-  at::Tensor lse = detail::empty({batch, heads, seq}, at::kFloat);
   a.pad_rows = seq;
   const at::Tensor rel = set_inputs(a, seqs, seq, window, q, k, v, rope_cos, rope_sin, rel_bias, op);
-  a.out = view_of(out, true);
-  a.lse = lse.data_ptr<float>(), a.lse_sb = heads * seq, a.lse_sh = seq;
-  if (q.numel() > 0) detail::kernels_for(op).attention_forward(a);
+  auto [out, lse] = run_forward(a, q, {batch, heads, seq}, heads * seq, seq, op);
   at::Tensor keep = detail::empty({0}, at::kBool);
   if (return_dropout_mask) {
     std::vector<int64_t> starts(static_cast<size_t>(batch));
@@ -249,9 +253,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const c10::optional<at::Tensor>& key_mask, double scale,
-    double dropout_p, int64_t seed, const c10::optional<at::Tensor>& rope_cos,
-    const c10::optional<at::Tensor>& rope_sin, int64_t window,
-    const c10::optional<at::Tensor>& rel_bias) {
+    double dropout_p, int64_t seed, const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin,
+    int64_t window, const c10::optional<at::Tensor>& rel_bias) {
   const char* op = "attention_backward";
   check_qkv(op, q_in, k_in, v_in, 4);
   check_like_q(op, "do", dout_in, q_in);
@@ -269,14 +272,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   return run_backward(a, q, dout, rel_bias, op);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
-                                                                         const at::Tensor& v_in,
-                                                                         const at::Tensor& cu_seqlens,
-                                                                         int64_t max_seqlen, double scale,
-                                                                         double dropout_p, int64_t seed,
-                                                                         bool return_dropout_mask,
-                                                                         const c10::optional<at::Tensor>& rope_cos,
-                                                                         const c10::optional<at::Tensor>& rope_sin, int64_t window,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& cu_seqlens,
+    int64_t max_seqlen, double scale, double dropout_p, int64_t seed, bool return_dropout_mask,
+    const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin, int64_t window,
     const c10::optional<at::Tensor>& rel_bias) {
   const char* op = "varlen_attention_forward";
   check_qkv(op, q_in, k_in, v_in, 3);
@@ -286,12 +285,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at
   const int64_t tokens = q.size(0), heads = q.size(1);
   AttnArgs a = common_args(q, /*padded=*/false, cu_seqlens.numel() - 1, scale, dropout_p, seed, op);
   const std::vector<AttnSeq> seqs = packed_seqs(a, cu_seqlens, op);
-  at::Tensor out = detail::empty_output(q);
-  at::Tensor lse = detail::empty({heads, tokens}, at::kFloat);
   const at::Tensor rel = set_inputs(a, seqs, longest(seqs), window, q, k, v, rope_cos, rope_sin, rel_bias, op);
-  a.out = view_of(out, false);
-  a.lse = lse.data_ptr<float>(), a.lse_sb = 0, a.lse_sh = tokens;
-  if (q.numel() > 0) detail::kernels_for(op).attention_forward(a);
+  auto [out, lse] = run_forward(a, q, {heads, tokens}, 0, tokens, op);
   at::Tensor keep = detail::empty({0}, at::kBool);
   if (return_dropout_mask) keep = keep_mask(a, std::vector<int64_t>(static_cast<size_t>(a.batch), 0), max_seqlen, op);
   return {out, lse, keep};
@@ -301,8 +296,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_attention_back
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& cu_seqlens, int64_t max_seqlen,
     double scale, double dropout_p, int64_t seed, const c10::optional<at::Tensor>& rope_cos,
-    const c10::optional<at::Tensor>& rope_sin, int64_t window,
-    const c10::optional<at::Tensor>& rel_bias) {
+    const c10::optional<at::Tensor>& rope_sin, int64_t window, const c10::optional<at::Tensor>& rel_bias) {
   const char* op = "varlen_attention_backward";
   (void)max_seqlen;  // the sequences come from cu_seqlens
   check_qkv(op, q_in, k_in, v_in, 3);

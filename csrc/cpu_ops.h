@@ -53,28 +53,19 @@ at::Tensor philox_uint32_scalar(int64_t seed, int64_t start, int64_t count);  //
 // window >= 0: local attention, a query sees the keys at most `window` rows away; < 0: every key.
 // rel_bias: none, or float32 [heads, 2n - 1] (n >= every sequence's length), entry j - i + n - 1 added
 // to the scaled score of query i and key j. The backward returns its gradient fourth (else empty).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                                                  const at::Tensor& v,
-                                                                  const c10::optional<at::Tensor>& key_mask,
-                                                                  double scale, double dropout_p, int64_t seed,
-                                                                  bool return_dropout_mask,
-                                                                  const c10::optional<at::Tensor>& rope_cos,
-                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window,
-    const c10::optional<at::Tensor>& rel_bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& key_mask,
+    double scale, double dropout_p, int64_t seed, bool return_dropout_mask, const c10::optional<at::Tensor>& rope_cos,
+    const c10::optional<at::Tensor>& rope_sin, int64_t window, const c10::optional<at::Tensor>& rel_bias);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const c10::optional<at::Tensor>& key_mask, double scale, double dropout_p, int64_t seed,
     const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin, int64_t window,
     const c10::optional<at::Tensor>& rel_bias);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                                                         const at::Tensor& v,
-                                                                         const at::Tensor& cu_seqlens,
-                                                                         int64_t max_seqlen, double scale,
-                                                                         double dropout_p, int64_t seed,
-                                                                         bool return_dropout_mask,
-                                                                  const c10::optional<at::Tensor>& rope_cos,
-                                                                  const c10::optional<at::Tensor>& rope_sin, int64_t window,
-    const c10::optional<at::Tensor>& rel_bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens, int64_t max_seqlen,
+    double scale, double dropout_p, int64_t seed, bool return_dropout_mask, const c10::optional<at::Tensor>& rope_cos,
+    const c10::optional<at::Tensor>& rope_sin, int64_t window, const c10::optional<at::Tensor>& rel_bias);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale, double dropout_p,
@@ -130,19 +121,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_encoder_layer_fo
 // quantize_out but on the last): layers[i] = layer i's tensors (12 or 16) then the three parts of each
 // joined tensor; paths 4, eps 2 a layer. -> the last layer's output (keep_states: every layer's), or
 // nothing where a joined tensor's parts are no longer its slices.
-std::vector<at::Tensor> encoder_forward(const at::Tensor& hidden, const std::vector<std::vector<at::Tensor>>& layers,
-                                        const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
-                                        const std::vector<double>& eps, const std::vector<std::string>& approximate,
-                                        const c10::optional<at::Tensor>& key_mask,
-                                        const c10::optional<at::Tensor>& cu_seqlens, int64_t max_seqlen,
-                                        const c10::optional<at::Tensor>& rel_bias, bool keep_states);
-std::vector<at::Tensor> int8_encoder_forward(const at::Tensor& hidden, const at::Tensor& hq, const at::Tensor& hs,
-                                             const at::Tensor& ho, const std::vector<std::vector<at::Tensor>>& layers,
-                                             const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
-                                             const std::vector<double>& eps,
-                                             const std::vector<std::string>& approximate,
-                                             const at::Tensor& cu_seqlens, int64_t max_seqlen,
-                                             const c10::optional<at::Tensor>& rel_bias, bool keep_states);
+std::vector<at::Tensor> encoder_forward(
+    const at::Tensor& hidden, const std::vector<std::vector<at::Tensor>>& layers, const std::vector<int64_t>& paths,
+    const std::vector<int64_t>& heads, const std::vector<double>& eps, const std::vector<std::string>& approximate,
+    const c10::optional<at::Tensor>& key_mask, const c10::optional<at::Tensor>& cu_seqlens, int64_t max_seqlen,
+    const c10::optional<at::Tensor>& rel_bias, bool keep_states);
+std::vector<at::Tensor> int8_encoder_forward(
+    const at::Tensor& hidden, const at::Tensor& hq, const at::Tensor& hs, const at::Tensor& ho,
+    const std::vector<std::vector<at::Tensor>>& layers, const std::vector<int64_t>& paths,
+    const std::vector<int64_t>& heads, const std::vector<double>& eps, const std::vector<std::string>& approximate,
+    const at::Tensor& cu_seqlens, int64_t max_seqlen, const c10::optional<at::Tensor>& rel_bias, bool keep_states);
 
 // padding.cpp: (indices int64 [total_tokens], cu_seqlens int32 [batch + 1], max_seqlen) of a [batch, seq] mask
 std::tuple<at::Tensor, at::Tensor, int64_t> unpad_indices(const at::Tensor& attention_mask);

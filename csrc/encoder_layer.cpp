@@ -230,12 +230,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_encoder_layer_fo
   return {h2, q2, s2, o2};
 }
 
-std::vector<at::Tensor> encoder_forward(const at::Tensor& hidden, const std::vector<std::vector<at::Tensor>>& layers,
-                                        const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
-                                        const std::vector<double>& eps, const std::vector<std::string>& approximate,
-                                        const c10::optional<at::Tensor>& key_mask,
-                                        const c10::optional<at::Tensor>& cu_seqlens, int64_t max_seqlen,
-                                        const c10::optional<at::Tensor>& rel_bias, bool keep_states) {
+std::vector<at::Tensor> encoder_forward(
+    const at::Tensor& hidden, const std::vector<std::vector<at::Tensor>>& layers, const std::vector<int64_t>& paths,
+    const std::vector<int64_t>& heads, const std::vector<double>& eps, const std::vector<std::string>& approximate,
+    const c10::optional<at::Tensor>& key_mask, const c10::optional<at::Tensor>& cu_seqlens, int64_t max_seqlen,
+    const c10::optional<at::Tensor>& rel_bias, bool keep_states) {
   if (!stack_ready("encoder_forward", layers, 12, paths, heads, eps, approximate)) return {};
   std::vector<at::Tensor> out;
   at::Tensor h = hidden;
@@ -248,13 +247,11 @@ std::vector<at::Tensor> encoder_forward(const at::Tensor& hidden, const std::vec
   return out;
 }
 
-std::vector<at::Tensor> int8_encoder_forward(const at::Tensor& hidden, const at::Tensor& hq, const at::Tensor& hs,
-                                             const at::Tensor& ho, const std::vector<std::vector<at::Tensor>>& layers,
-                                             const std::vector<int64_t>& paths, const std::vector<int64_t>& heads,
-                                             const std::vector<double>& eps,
-                                             const std::vector<std::string>& approximate,
-                                             const at::Tensor& cu_seqlens, int64_t max_seqlen,
-                                             const c10::optional<at::Tensor>& rel_bias, bool keep_states) {
+std::vector<at::Tensor> int8_encoder_forward(
+    const at::Tensor& hidden, const at::Tensor& hq, const at::Tensor& hs, const at::Tensor& ho,
+    const std::vector<std::vector<at::Tensor>>& layers, const std::vector<int64_t>& paths,
+    const std::vector<int64_t>& heads, const std::vector<double>& eps, const std::vector<std::string>& approximate,
+    const at::Tensor& cu_seqlens, int64_t max_seqlen, const c10::optional<at::Tensor>& rel_bias, bool keep_states) {
   if (!stack_ready("int8_encoder_forward", layers, 16, paths, heads, eps, approximate)) return {};
   std::vector<at::Tensor> out;
   at::Tensor h = hidden, q = hq, s = hs, o = ho;

@@ -131,14 +131,11 @@ void finish_pass(Plan& c, const std::vector<ChunkResult>& results, Excluded& exc
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> mask_tokens(const at::Tensor& input_ids,
-                                               const std::optional<at::Tensor>& special_mask,
-                                               const std::optional<at::Tensor>& attention_mask,
-                                               const std::optional<at::Tensor>& word_start,
-                                               const std::optional<at::Tensor>& special_ids, int64_t mask_token_id,
-                                               int64_t vocab_size, double mlm_probability, double mask_replace_prob,
-                                               double random_replace_prob, int64_t max_predictions, int64_t seed,
-                                               bool bernoulli) {
+std::tuple<at::Tensor, at::Tensor> mask_tokens(
+    const at::Tensor& input_ids, const std::optional<at::Tensor>& special_mask,
+    const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& word_start,
+    const std::optional<at::Tensor>& special_ids, int64_t mask_token_id, int64_t vocab_size, double mlm_probability,
+    double mask_replace_prob, double random_replace_prob, int64_t max_predictions, int64_t seed, bool bernoulli) {
   check_arguments(input_ids, mask_token_id, vocab_size, mlm_probability, mask_replace_prob, random_replace_prob, seed);
   const int64_t rows = input_ids.size(0), seq = input_ids.size(1);
 

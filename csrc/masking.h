@@ -37,14 +37,11 @@ namespace fastbert {
 //                   replacements never draw them or mask_token_id. When absent, random replacements
 //                   avoid mask_token_id and every id found at a special or padding position.
 //   max_predictions: < 0 for no limit
-std::tuple<at::Tensor, at::Tensor> mask_tokens(const at::Tensor& input_ids,
-                                               const std::optional<at::Tensor>& special_mask,
-                                               const std::optional<at::Tensor>& attention_mask,
-                                               const std::optional<at::Tensor>& word_start,
-                                               const std::optional<at::Tensor>& special_ids, int64_t mask_token_id,
-                                               int64_t vocab_size, double mlm_probability, double mask_replace_prob,
-                                               double random_replace_prob, int64_t max_predictions, int64_t seed,
-                                               bool bernoulli);
+std::tuple<at::Tensor, at::Tensor> mask_tokens(
+    const at::Tensor& input_ids, const std::optional<at::Tensor>& special_mask,
+    const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& word_start,
+    const std::optional<at::Tensor>& special_ids, int64_t mask_token_id, int64_t vocab_size, double mlm_probability,
+    double mask_replace_prob, double random_replace_prob, int64_t max_predictions, int64_t seed, bool bernoulli);
 
 // word_starts.cpp: bool [tokens.size()], true where the token starts a word (does not begin with "##").
 at::Tensor word_start_table(const std::vector<std::string>& tokens);

@@ -66,7 +66,7 @@ WHERE = "fastbert.ray"
 ROWS_PER_CALL = 32  # model batches per actor call: the rows sorted longest first together
 
 
-class _Embedder:
+class Embedder:
     """One actor of the pool: a SentenceEncoder loaded once; batches in, shard columns out.
 
     The model is loaded by the first call, not by the constructor: Ray Data runs an actor's
@@ -115,7 +115,7 @@ class _Embedder:
         return pa.table(cols)
 
 
-def _node_cpus() -> List[int]:
+def node_cpus() -> List[int]:
     """The CPUs of each live node of the cluster."""
     import ray
 
@@ -124,7 +124,7 @@ def _node_cpus() -> List[int]:
 
 def actors_that_fit(threads: int) -> int:
     """How many actors of `threads` CPUs the cluster's nodes hold."""
-    return sum(cpus // threads for cpus in _node_cpus())
+    return sum(cpus // threads for cpus in node_cpus())
 
 
 class Pool(NamedTuple):
@@ -165,7 +165,7 @@ def pool_for(ds, concurrency, threads: int) -> Pool:
     claims are cut."""
     from ray.data.dataset import MaterializedDataset
 
-    nodes = _node_cpus()
+    nodes = node_cpus()
     fit = max(1, sum(cpus // threads for cpus in nodes))
     low, high = (fit, fit) if concurrency is None else _sizes(concurrency)
     if isinstance(ds, MaterializedDataset) or not any(nodes):  # nothing to read, or no CPU yet to leave
@@ -227,7 +227,7 @@ def embed_dataset(ds, model_dir: str, *, text_field: str = "text", id_field: Opt
     pool = pool_for(ds, concurrency, threads)
     ds.context.execution_options.preserve_order = True
     return ds.map_batches(
-        _Embedder, batch_format="pyarrow", batch_size=rows_per_call or ROWS_PER_CALL * batch_size,
+        Embedder, batch_format="pyarrow", batch_size=rows_per_call or ROWS_PER_CALL * batch_size,
         compute=pool.strategy(), num_cpus=pool.cpus_per_actor,
         fn_constructor_kwargs=dict(model_dir=os.path.abspath(model_dir), text_field=text_field, id_field=id_column,
                                    batch_size=batch_size, threads=threads, quantize=quantize,

@@ -155,6 +155,133 @@ def test_no_module_takes_a_private_name_from_another():
     assert not found, "\n".join(f"{a} takes {n} from {b}" for a, b, n in found)
 
 
+# Names with a leading underscore that are not fastbert's own: transformers' hook a fastbert model
+# overrides under transformers' name, and a namedtuple's methods. (torch's and transformers' own
+# modules are passed over whole: see fastbert_name.)
+NOT_FASTBERTS = {"_init_weights", "_replace", "_fields", "_asdict", "_make", "_field_defaults"}
+FOREIGN = {"torch", "transformers"}  # a fastbert module's attribute that is one of these is not fastbert's
+# fastbert.kernels is left out: the Triton kernels and their tests (tests/kernels/) are being rewritten
+# on their own, and are brought under this test with that rewrite
+NOT_CHECKED = ("fastbert.kernels",)
+
+
+def is_private(name: str) -> bool:
+    """A private name of fastbert: one leading underscore (not a dunder), not the extension modules
+    (fastbert._C, fastbert._kernels_<level>) and not in NOT_FASTBERTS."""
+    return (name.startswith("_") and not (name.startswith("__") and name.endswith("__")) and name != "_C"
+            and not name.startswith("_kernels_") and name not in NOT_FASTBERTS)
+
+
+def is_fastbert(dotted: str) -> bool:
+    return (dotted == "fastbert" or dotted.startswith("fastbert.")) and not dotted.startswith(NOT_CHECKED)
+
+
+def private_reaches(source: str, path: str = "<test>") -> list:
+    """(line, dotted name) for each private name of fastbert that a test module's source takes:
+    `from fastbert.x import _y`, an attribute `fastbert.x._y` or `m._y` (m a name bound to something of
+    fastbert's: by an import, `m = fastbert.x`, or `m = pytest.importorskip("fastbert.x")`), and
+    `setattr / getattr / hasattr / delattr(m, "_y", ...)` (monkeypatch's among them) or a patch target
+    string "fastbert.x._y"."""
+    tree = ast.parse(source, path)
+    bound, found = {}, []
+
+    def fastbert_name(node):
+        """The dotted name `node` stands for when it is a name bound to fastbert or an attribute chain
+        on one (and passes no FOREIGN module), else None."""
+        attrs = []
+        while isinstance(node, ast.Attribute):
+            attrs.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name) or node.id not in bound or FOREIGN & set(attrs):
+            return None
+        return ".".join([bound[node.id], *reversed(attrs)])
+
+    def module_named(node):
+        """The fastbert module an importorskip / import_module call imports, else None."""
+        if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str) and is_fastbert(node.args[0].value)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("importorskip", "import_module")):
+            return node.args[0].value
+        return None
+
+    for node in ast.walk(tree):  # the imports first: a name is bound wherever the module binds it
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if is_fastbert(alias.name):
+                    bound[alias.asname or "fastbert"] = alias.name if alias.asname else "fastbert"
+        elif isinstance(node, ast.ImportFrom) and not node.level and is_fastbert(node.module or ""):
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                if is_private(alias.name):
+                    found.append((node.lineno, f"{node.module}.{alias.name}"))
+    for node in ast.walk(tree):  # then the names assigned a fastbert module
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            dotted = module_named(node.value) or fastbert_name(node.value)
+            if dotted is not None and is_fastbert(dotted):
+                bound[node.targets[0].id] = dotted
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            owner = fastbert_name(node.value)
+            if owner is not None and is_fastbert(owner):
+                found.append((node.lineno, f"{owner}.{node.attr}"))
+        elif isinstance(node, ast.Call) and node.args:
+            called = getattr(node.func, "attr", getattr(node.func, "id", None))
+            first = node.args[0]
+            if called in ("setattr", "getattr", "hasattr", "delattr") and len(node.args) > 1:
+                owner, name = fastbert_name(first), node.args[1]
+                if (owner is not None and is_fastbert(owner) and isinstance(name, ast.Constant)
+                        and isinstance(name.value, str) and is_private(name.value)):
+                    found.append((node.lineno, f"{owner}.{name.value}"))
+            if (called in ("setattr", "delattr", "patch") and isinstance(first, ast.Constant)
+                    and isinstance(first.value, str) and is_fastbert(first.value)
+                    and any(is_private(part) for part in first.value.split("."))):
+                found.append((node.lineno, first.value))
+    return sorted(set(found))
+
+
+def test_the_tests_reader_finds_private_names():
+    source = """if True:
+        import fastbert
+        import fastbert.ops.gemm as g
+        from fastbert.ops import gemm
+        from fastbert.ray import _node_cpus, Pool
+        from fastbert.kernels.report_check import _code
+        import torch
+        m = fastbert.plotting
+        r = pytest.importorskip("fastbert.ray")
+        gemm._RUN
+        g._call(1)
+        fastbert.ray._Embedder
+        monkeypatch.setattr(m, "_found", [None])
+        monkeypatch.setitem(gemm._RUN, "onednn", None)
+        monkeypatch.setattr("fastbert.ray._node_cpus", list)
+        r._sizes
+        Pool(1, 2, 3)._replace(min_size=2)._fields
+        fastbert._C.mask_tokens, fastbert.backend._kernels_avx2, gemm.torch._int_mm, torch._C
+        fastbert.kernels._x, gemm.__doc__
+        monkeypatch.setattr(gemm, "product", None)
+        """
+    assert private_reaches(source) == [
+        (5, "fastbert.ray._node_cpus"), (10, "fastbert.ops.gemm._RUN"), (11, "fastbert.ops.gemm._call"),
+        (12, "fastbert.ray._Embedder"), (13, "fastbert.plotting._found"), (14, "fastbert.ops.gemm._RUN"),
+        (15, "fastbert.ray._node_cpus"), (16, "fastbert.ray._sizes")]
+
+
+def test_tests_use_public_names_only():
+    """A test goes through what the module offers its users: a private name it reaches is made
+    public where it is part of the module's interface, or the test goes through a public hook."""
+    found = []
+    for here, dirs, files in os.walk(os.path.join(ROOT, "tests")):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(here, name)
+                with open(path, encoding="utf-8") as f:
+                    found += [f"{os.path.relpath(path, ROOT)}:{line}: {what}"
+                              for line, what in private_reaches(f.read(), path)]
+    assert not found, "tests reaching private names of fastbert:\n" + "\n".join(found)
+
+
 def test_the_model_reaches_the_kernels_only_through_ops():
     """fastbert.model hands its layers' weights to fastbert.ops (fastbert.ops.encoder owns how they
     run); no model module calls the extension or imports a backend's kernels itself."""

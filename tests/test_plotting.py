@@ -33,7 +33,7 @@ def test_korean_attention_map_has_every_glyph(tmp_path):
 
 
 def test_without_a_hangul_font_one_warning_names_the_fix(monkeypatch):
-    monkeypatch.setattr(plotting, "_found", [None])
+    monkeypatch.setattr(plotting, "hangul_font", lambda: None)  # as on a system without one
     with pytest.warns(UserWarning, match=r"pip install koreanize-matplotlib"):
         plotting.text_fonts(["한국어"])
     with warnings.catch_warnings():

@@ -40,23 +40,12 @@ inline void and_flags(const Flags& f, int64_t row, bool want_nonzero, uint8_t* o
   const int64_t n = f.seq, off = row * f.seq;
   switch (f.dtype) {
     case kernels::Dtype::kBool:
-    case kernels::Dtype::kUInt8:
-      and_row(static_cast<const uint8_t*>(f.data) + off, n, want_nonzero, out);
-      break;
-    case kernels::Dtype::kInt8:
-      and_row(static_cast<const int8_t*>(f.data) + off, n, want_nonzero, out);
-      break;
-    case kernels::Dtype::kInt16:
-      and_row(static_cast<const int16_t*>(f.data) + off, n, want_nonzero, out);
-      break;
-    case kernels::Dtype::kInt32:
-      and_row(static_cast<const int32_t*>(f.data) + off, n, want_nonzero, out);
-      break;
-    case kernels::Dtype::kInt64:
-      and_row(static_cast<const int64_t*>(f.data) + off, n, want_nonzero, out);
-      break;
-    default:
-      break;  // rejected by check_flags
+    case kernels::Dtype::kUInt8: return and_row(static_cast<const uint8_t*>(f.data) + off, n, want_nonzero, out);
+    case kernels::Dtype::kInt8: return and_row(static_cast<const int8_t*>(f.data) + off, n, want_nonzero, out);
+    case kernels::Dtype::kInt16: return and_row(static_cast<const int16_t*>(f.data) + off, n, want_nonzero, out);
+    case kernels::Dtype::kInt32: return and_row(static_cast<const int32_t*>(f.data) + off, n, want_nonzero, out);
+    case kernels::Dtype::kInt64: return and_row(static_cast<const int64_t*>(f.data) + off, n, want_nonzero, out);
+    default: return;  // rejected by check_flags
   }
 }
 

@@ -11,7 +11,7 @@ directory on every run: the vocabulary trainers break every tie by a fixed order
 
 The corpus is read twice when a vocabulary is trained (once to train it, once to tokenize), never
 held in memory whole. See corpus.py for the text layouts, instances.py for the pair recipe and
-shards.py for what is written.
+pretraining_shards.py for what is written.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import warnings
 from typing import Callable, Iterable, List, Optional, Sequence
 
 from fastbert.data import corpus as corpus_mod
-from fastbert.data import shards as shards_mod
+from fastbert.data import pretraining_shards
 from fastbert.data import vocab as vocab_mod
 from fastbert.data.instances import PairMaker, TokenizedCorpus, split_documents
 
@@ -65,7 +65,7 @@ def prepare_data(
     model_type: str = "bert",
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Prepare a pretraining data directory; returns its index (see shards.py).
+    """Prepare a pretraining data directory; returns its index (see pretraining_shards.py).
 
     The text comes from the files / directories `corpus`, or from `documents`, a function returning a
     fresh iterable of documents (lists of sentences) each time it is called. strip_accents: None
@@ -81,7 +81,7 @@ def prepare_data(
     t0 = time.perf_counter()
     documents_fn = _document_source(corpus, documents, corpus_format)
     os.makedirs(out_dir, exist_ok=True)
-    stale = os.path.join(out_dir, shards_mod.INDEX)
+    stale = os.path.join(out_dir, pretraining_shards.INDEX)
     if os.path.exists(stale):
         os.remove(stale)  # the directory is not valid data until the new index is written
 
@@ -113,7 +113,7 @@ def prepare_data(
     }
     index = _index(tok, special, max_seq_length, splits, settings, _summary(stats, tc, splits, pair_stats, t0))
     index.update(model_type=model_type, next_sentence=next_sentence)
-    shards_mod.write_index(out_dir, index)
+    pretraining_shards.write_index(out_dir, index)
     return index
 
 
@@ -134,14 +134,14 @@ def _summary(stats, tc: TokenizedCorpus, splits: dict, pair_stats: dict, t0: flo
 
 
 def _index(tok, special: dict, max_seq_length: int, splits: dict, settings: dict, summary: dict) -> dict:
-    """The data directory's index (see shards.py): what the trainer reads to use the shards."""
+    """The data directory's index (see pretraining_shards.py): what the trainer reads to use the shards."""
     return {
         "max_seq_length": int(max_seq_length),
         "vocab_size": int(tok.get_vocab_size()),
         "special_tokens": special,
         "lowercase": vocab_mod.is_lowercase(tok),
         "tokenizer": "tokenizer.json",
-        "token_dtype": str(shards_mod.token_dtype(tok.get_vocab_size())().dtype),
+        "token_dtype": str(pretraining_shards.token_dtype(tok.get_vocab_size())().dtype),
         "splits": splits,
         "settings": settings,
         "summary": summary,
@@ -249,7 +249,7 @@ def _write_pairs(out_dir, split, tc, docs, vocab_size, special, *, max_seq_lengt
     pair statistics)."""
     maker = PairMaker(tc, docs, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, seed=seed,
                       next_sentence=next_sentence)
-    writer = shards_mod.ShardWriter(out_dir, split, vocab_size=vocab_size, shard_size=shard_size, seed=seed)
+    writer = pretraining_shards.ShardWriter(out_dir, split, vocab_size=vocab_size, shard_size=shard_size, seed=seed)
     bar = _progress(progress, desc=f"{'pairs' if next_sentence else 'sequences'} ({split})", unit=" seq")
     for inst in maker.instances(dupe_factor):
         writer.add(inst.input_ids(special["[CLS]"], special["[SEP]"]), inst.segment_a_length, int(inst.is_random_next))

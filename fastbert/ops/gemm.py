@@ -62,17 +62,19 @@ def _float_int8(a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> T
     return product("fwd", a.float(), b.float())
 
 
-_RUN: Dict[str, Callable] = {
+# path -> the function that runs a product on it, (a, b, bias, alloc) -> a @ b^T (+ bias): the one table
+# call() finds a path's function in, so an entry replaced here is what every product on that path runs
+RUN: Dict[str, Callable] = {
     "addmm": gemm_paths.addmm, "onednn": gemm_paths.onednn, "onednn_packed": gemm_paths.onednn_packed,
     "mkl_packed": gemm_paths.mkl_packed, "dot": gemm_paths.dot, "fastbert": gemm_paths.fastbert_int8,
     "int_mm": gemm_paths.int_mm, "onednn_qlinear": gemm_paths.onednn_qlinear, "float": _float_int8}
 
 
-def _call(path: str, role: str, a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
+def call(path: str, role: str, a: Tensor, b: Tensor, bias: Optional[Tensor], alloc: Alloc) -> Tensor:
     """a @ b^T (+ bias) on `path`."""
     if path == "fp32":
         return _fp32(role, a, b, bias, alloc)
-    return _RUN[path](a, b, bias, alloc)
+    return RUN[path](a, b, bias, alloc)
 
 
 def _tolerance(dtype: torch.dtype, inner: int) -> float:
@@ -113,10 +115,10 @@ def _exact_int8(paths: List[str], a: Tensor, b: Tensor) -> List[str]:
     (exact by construction) or the int64 product: a library's kernel for one shape can differ from
     its kernel for the shape its probe ran (oneDNN's int8 kernels without VNNI saturate 16-bit pair
     sums). A path that disagrees is dropped for good, and fastbert.ops.gemm.unavailable() says why."""
-    want = _call("fastbert", "fwd", a, b, None, None) if "fastbert" in paths else a.long() @ b.long().t()
+    want = call("fastbert", "fwd", a, b, None, None) if "fastbert" in paths else a.long() @ b.long().t()
     kept = []
     for path in paths:
-        if path == "fastbert" or _int8_agrees(path, _call(path, "fwd", a, b, None, None), want):
+        if path == "fastbert" or _int8_agrees(path, call(path, "fwd", a, b, None, None), want):
             kept.append(path)
         else:
             _probed[(path, "fwd", torch.int8)] = (f"its result disagreed with the exact integer product on a "
@@ -136,7 +138,7 @@ def _probe_run(path: str, role: str, dtype: torch.dtype) -> Optional[str]:
                  (torch.full((128, 768), 127, dtype=torch.int8), big_b)]
         for a, b in cases:
             try:
-                got = _call(path, role, a, b, None, None)
+                got = call(path, role, a, b, None, None)
             except Exception as e:  # a missing or changed underscored op
                 return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             if not _int8_agrees(path, got, a.long() @ b.long().t()):
@@ -146,7 +148,7 @@ def _probe_run(path: str, role: str, dtype: torch.dtype) -> Optional[str]:
     if role != "fwd":  # the gradient products come transposed, as the layer passes them
         a, b, bias = a.t().contiguous().t(), b.t().contiguous().t(), None
     try:
-        got = _call(path, role, a, b, bias, None).double()
+        got = call(path, role, a, b, bias, None).double()
     except Exception as e:  # a missing or changed underscored op, or a CPU without the instructions
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     want = a.double() @ b.double().t() + (0 if bias is None else bias.double())
@@ -199,14 +201,15 @@ def _fast_enough(paths: List[str]) -> List[str]:
         g = torch.Generator().manual_seed(0)
         a = torch.randint(-127, 128, (256, 768), generator=g, dtype=torch.int8)
         b = torch.randint(-127, 128, (768, 768), generator=g, dtype=torch.int8)
-        timings = gemm_timing.time_paths(paths, lambda p: _call(p, "fwd", a, b, None, None))
+        timings = gemm_timing.time_paths(paths, lambda p: call(p, "fwd", a, b, None, None))
         best = min(timings, key=timings.get)
         _slow[key] = {p: f"{t / timings[best]:.0f}x slower than {best} on a [256 x 768] x [768 x 768] product, so not timed"
                       for p, t in timings.items() if t > SLOW_INT8 * timings[best]}
     return [p for p in paths if p not in _slow[key]]
 
 
-def _bucket(tokens: int) -> int:
+def bucket(tokens: int) -> int:
+    """The token bucket a product of `tokens` tokens is measured in: the power of two at or above it."""
     return 1 << max(tokens - 1, 0).bit_length()
 
 
@@ -224,7 +227,7 @@ def _key(role: str, a: Tensor, b: Tensor) -> tuple:
 def _key_of(role: str, tokens: int, n_in: int, n_out: int, dtype: torch.dtype,
             here: Tuple[int, Optional[str]]) -> tuple:
     """The key of a product by its sizes, `here` being gemm_timing.here() (read once by a caller with several)."""
-    return (role, _bucket(tokens), n_in, n_out, dtype, *here)
+    return (role, bucket(tokens), n_in, n_out, dtype, *here)
 
 
 def forced_name() -> Optional[str]:
@@ -245,22 +248,22 @@ def product(role: str, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, allo
     if forced is not None:
         if forced not in PATHS:
             raise ValueError(f"fastbert: FASTBERT_GEMM={forced!r} is not a GEMM path; choose from {PATHS}")
-        return _call(_forced_choice(forced, role, a.dtype), role, a, b, bias, alloc)
+        return call(_forced_choice(forced, role, a.dtype), role, a, b, bias, alloc)
     key = _key(role, a, b)
     chosen = _choices.get(key)
     if chosen is not None:
-        return _call(chosen[0], role, a, b, bias, alloc)
+        return call(chosen[0], role, a, b, bias, alloc)
     paths = candidates(role, a.dtype)
     if a.dtype == torch.int8:  # exactness on every operand value, timing on the first tokens
         paths = _exact_int8(paths, a, b)
     ta, tb = _timing_operands(role, a, b)
     sliced = ta is not a or tb is not b
-    timings = gemm_timing.time_paths(paths, lambda p: _call(p, role, ta, tb, bias, None if sliced else alloc))
+    timings = gemm_timing.time_paths(paths, lambda p: call(p, role, ta, tb, bias, None if sliced else alloc))
     best = min(timings, key=timings.get)
     _choices[key] = (best, timings)
     if best in ("float", "fp32"):
         _say_fp32_wins(key, timings)
-    return _call(best, role, a, b, bias, alloc)
+    return call(best, role, a, b, bias, alloc)
 
 
 def path_for(role: str, tokens: int, n_in: int, n_out: int, dtype: torch.dtype) -> Optional[str]:

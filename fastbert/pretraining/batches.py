@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from fastbert.data import PretrainingCollator
-from fastbert.data.shards import InstanceDataset
+from fastbert.data.pretraining_shards import InstanceDataset
 from fastbert.masking import word_start_table
 
 _MASK_STREAM = 1

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from fastbert.data.shards import INDEX
+from fastbert.data.pretraining_shards import INDEX
 from fastbert.dtypes import DTYPES
 from fastbert.model import BertConfig, BertForPreTraining, XLMRobertaConfig, XLMRobertaForMaskedLM
 

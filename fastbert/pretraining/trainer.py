@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from fastbert.data import vocab as vocab_mod
-from fastbert.data.shards import InstanceDataset
+from fastbert.data.pretraining_shards import InstanceDataset
 from fastbert.pretraining.batches import BatchPlan, EvalPlan, make_collator
 from fastbert.pretraining.checkpoint import (
     CheckpointError,

@@ -140,15 +140,15 @@ def test_the_default_pool_leaves_the_read_tasks_a_cpu(cluster, tmp_path, monkeyp
     for bad in (0, (2, 1), "2", (1, 2, 3)):
         with pytest.raises(ValueError, match="concurrency"):
             fastbert.ray.pool_for(reads, bad, 1)
-    monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [16, 16])
+    monkeypatch.setattr(fastbert.ray, "node_cpus", lambda: [16, 16])
     assert fastbert.ray.pool_for(reads, None, 1) == (32, 32, 0.9375)  # one CPU of each node left to the reads
     assert fastbert.ray.pool_for(reads, None, 4) == (8, 8, 3.75)
-    monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [3])
+    monkeypatch.setattr(fastbert.ray, "node_cpus", lambda: [3])
     assert fastbert.ray.pool_for(reads, None, 1) == (3, 3, 0.6666)  # rounded down to Ray's CPU step
-    monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [1])
+    monkeypatch.setattr(fastbert.ray, "node_cpus", lambda: [1])
     assert fastbert.ray.pool_for(reads, None, 1) == (1, 1, 0)  # one CPU: the actor claims none beside the reads
     assert fastbert.ray.pool_for(items, None, 1) == (1, 1, 1)
-    monkeypatch.setattr(fastbert.ray, "_node_cpus", lambda: [0])  # no CPU yet (a cluster still scaling up)
+    monkeypatch.setattr(fastbert.ray, "node_cpus", lambda: [0])  # no CPU yet (a cluster still scaling up)
     assert fastbert.ray.pool_for(reads, None, 1) == (1, 1, 1)
 
 
@@ -207,7 +207,7 @@ def test_an_explicit_pool_of_every_cpu_over_reads_claims_less_and_finishes(clust
 
 def test_an_actor_loads_its_model_in_the_thread_that_runs_its_calls(minilm, monkeypatch):
     """Ray Data builds an actor in its main thread and calls it from another: the model is loaded by
-    the first call, so one thread alone starts torch's parallel work (fastbert.ray._Embedder says why)."""
+    the first call, so one thread alone starts torch's parallel work (fastbert.ray.Embedder says why)."""
     import threading
 
     loads, real = [], fastbert.sentence.SentenceEncoder.__init__
@@ -217,7 +217,7 @@ def test_an_actor_loads_its_model_in_the_thread_that_runs_its_calls(minilm, monk
         real(self, *args, **kwargs)
 
     monkeypatch.setattr(fastbert.sentence.SentenceEncoder, "__init__", recorded)
-    actor = fastbert.ray._Embedder(minilm, "text", "id", 8, 1, None, None, "float32")
+    actor = fastbert.ray.Embedder(minilm, "text", "id", 8, 1, None, None, "float32")
     assert loads == []
     lines, out = texts(5, seed=3), []
     calls = threading.Thread(target=lambda: out.extend(actor(pa.table({"text": lines, "id": list(range(5))}))

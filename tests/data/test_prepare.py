@@ -1,14 +1,12 @@
-"""`fastbert prepare`: shards round-trip, vocabularies, the summary, and bad input."""
+"""`fastbert prepare`: vocabularies, the pairs written, the summary, and bad input."""
 import json
 import os
 
-import numpy as np
 import pytest
 
 from fastbert import cli
-from fastbert.data import shards as shards_mod
 from fastbert.data.prepare import PrepareError, prepare_data
-from fastbert.data.shards import InstanceDataset, ShardWriter, read_index, write_index
+from fastbert.data.pretraining_shards import InstanceDataset, read_index
 from tests.helpers.pretraining import write
 
 TEXT = [
@@ -21,42 +19,6 @@ TEXT = [
 def corpus_file(tmp_path, docs=TEXT, name="corpus.txt", repeat=20):
     blocks = ["\n".join(d) for _ in range(repeat) for d in docs]
     return write(str(tmp_path / name), "\n\n".join(blocks) + "\n")
-
-
-def test_shards_round_trip(tmp_path):
-    rng = np.random.default_rng(0)
-    rows = [(rng.integers(0, 70000, int(rng.integers(5, 40))), int(rng.integers(2, 5)), int(rng.integers(0, 2)))
-            for _ in range(257)]
-    w = ShardWriter(str(tmp_path), "train", vocab_size=70000, shard_size=50, seed=0)
-    for ids, a, lab in rows:
-        w.add(ids, a, lab)
-    meta = w.close()
-    assert meta["instances"] == 257 and len(meta["shards"]) == 6
-    write_index(str(tmp_path), {"max_seq_length": 40, "vocab_size": 70000, "special_tokens": {}, "splits": {"train": meta}})
-    ds = InstanceDataset(str(tmp_path), "train")
-    got = sorted((tuple(ds[i][0].tolist()), ds[i][1], ds[i][2]) for i in range(len(ds)))
-    want = sorted((tuple(int(x) for x in ids), a, lab) for ids, a, lab in rows)
-    assert got == want
-    assert ds[0][0].dtype == np.int64
-    assert sorted(ds.lengths().tolist()) == sorted(len(r[0]) for r in rows)
-    assert isinstance(np.load(str(tmp_path / "train-00000.ids.npy"), mmap_mode="r"), np.memmap)
-    # small vocabularies are stored as uint16
-    assert shards_mod.token_dtype(30522) == np.uint16
-
-
-def test_damaged_shard_and_missing_index_are_named(tmp_path):
-    w = ShardWriter(str(tmp_path), "train", vocab_size=100, shard_size=10)
-    for i in range(25):
-        w.add(np.arange(5 + i % 3), 2, i % 2)
-    write_index(str(tmp_path), {"max_seq_length": 8, "vocab_size": 100, "special_tokens": {}, "splits": {"train": w.close()}})
-    ids = str(tmp_path / "train-00001.ids.npy")
-    data = open(ids, "rb").read()
-    open(ids, "wb").write(data[: len(data) // 2])
-    with pytest.raises(ValueError, match="train-00001"):
-        InstanceDataset(str(tmp_path), "train")
-    os.remove(str(tmp_path / "index.json"))
-    with pytest.raises(FileNotFoundError, match="no index.json"):
-        read_index(str(tmp_path))
 
 
 def test_prepare_trains_a_vocabulary_and_writes_pairs(tmp_path):

@@ -118,8 +118,8 @@ def test_a_large_product_is_timed_on_its_first_tokens(role, monkeypatch):
     g = torch.Generator().manual_seed(5)
     a, b, bias = _operands(role, 200, 48, 80, torch.float32, g)
     gemm.candidates(role, torch.float32)  # the paths' probes, on small products of their own, first
-    seen, call = [], gemm._call
-    monkeypatch.setattr(gemm, "_call", lambda p, r, a_, b_, *rest: seen.append((a_.shape, b_.shape)) or call(p, r, a_, b_, *rest))
+    seen, call = [], gemm.call
+    monkeypatch.setattr(gemm, "call", lambda p, r, a_, b_, *rest: seen.append((a_.shape, b_.shape)) or call(p, r, a_, b_, *rest))
     got = gemm.product(role, a, b, bias)
     want64 = a.double() @ b.double().t() + (0 if bias is None else bias.double())
     assert_within_bound(role, got, (a @ b.t() + (0 if bias is None else bias)), want64, torch.float32)
@@ -135,7 +135,7 @@ def test_a_broken_path_is_dropped_with_a_warning(monkeypatch):
     def broken(*args):
         raise RuntimeError("no such kernel")
 
-    monkeypatch.setitem(gemm._RUN, "onednn", broken)
+    monkeypatch.setitem(gemm.RUN, "onednn", broken)
     monkeypatch.setattr(gemm.gemm_paths, "offered", lambda path, role, dtype: True)
     with pytest.warns(UserWarning, match="'onednn'.*RuntimeError: no such kernel"):
         paths = gemm.candidates("fwd", torch.float32)
@@ -153,7 +153,7 @@ def test_a_path_failing_in_fp16_is_dropped_quietly(monkeypatch):
     def broken(*args):
         raise RuntimeError("fp16 path needs avx512_fp16")
 
-    monkeypatch.setitem(gemm._RUN, "onednn", broken)
+    monkeypatch.setitem(gemm.RUN, "onednn", broken)
     monkeypatch.setattr(gemm.gemm_paths, "offered", lambda path, role, dtype: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

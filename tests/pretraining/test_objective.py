@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fastbert
-from fastbert.data.shards import InstanceDataset
+from fastbert.data.pretraining_shards import InstanceDataset
 from fastbert.pretraining.batches import BatchPlan, features, make_collator
 from fastbert.pretraining.objective import PretrainingObjective, summarize
 from fastbert.pretraining.schedule import linear_schedule, param_groups

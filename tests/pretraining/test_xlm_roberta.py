@@ -13,7 +13,7 @@ import torch
 
 import fastbert
 from fastbert.data.prepare import prepare_data
-from fastbert.data.shards import InstanceDataset
+from fastbert.data.pretraining_shards import InstanceDataset
 from fastbert.pretraining.batches import BatchPlan, make_collator
 from fastbert.pretraining.objective import PretrainingObjective, summarize
 from tests.helpers.korean_text import DOCUMENTS

@@ -26,8 +26,8 @@ def test_warm_up_runs_one_batch_in_every_bucket_up_to_the_budget(served, monkeyp
     runs = served.warm_up(max_tokens)
     totals = [sum(rows) for rows in seen]
     assert runs == len(seen)
-    assert [gemm._bucket(t) for t in totals] == [1 << k for k in range(len(totals))]
-    assert gemm._bucket(max_tokens) == gemm._bucket(totals[-1]) and max(totals) <= max_tokens
+    assert [gemm.bucket(t) for t in totals] == [1 << k for k in range(len(totals))]
+    assert gemm.bucket(max_tokens) == gemm.bucket(totals[-1]) and max(totals) <= max_tokens
     assert all(n <= served.max_input_length for rows in seen for n in rows)
 
 
