@@ -38,7 +38,7 @@ def choices(model, ids, mask, offered) -> dict:
     try:
         gemm.reset()
         model(ids, mask)
-        return dict(gemm._choices)
+        return gemm.choices()
     finally:
         gemm_paths.offered = real
 
@@ -63,8 +63,7 @@ def main(argv=None) -> int:
             times = {k: [] for k in tables}
             for _ in range(args.rounds):
                 for k, table in tables.items():
-                    gemm._choices.clear()
-                    gemm._choices.update(table)
+                    gemm.set_choices(table)
                     t0 = time.perf_counter()
                     model(ids, mask)
                     times[k].append(time.perf_counter() - t0)

@@ -160,9 +160,6 @@ def test_no_module_takes_a_private_name_from_another():
 # modules are passed over whole: see fastbert_name.)
 NOT_FASTBERTS = {"_init_weights", "_replace", "_fields", "_asdict", "_make", "_field_defaults"}
 FOREIGN = {"torch", "transformers"}  # a fastbert module's attribute that is one of these is not fastbert's
-# fastbert.kernels is left out: the Triton kernels and their tests (tests/kernels/) are being rewritten
-# on their own, and are brought under this test with that rewrite
-NOT_CHECKED = ("fastbert.kernels",)
 
 
 def is_private(name: str) -> bool:
@@ -173,7 +170,7 @@ def is_private(name: str) -> bool:
 
 
 def is_fastbert(dotted: str) -> bool:
-    return (dotted == "fastbert" or dotted.startswith("fastbert.")) and not dotted.startswith(NOT_CHECKED)
+    return dotted == "fastbert" or dotted.startswith("fastbert.")
 
 
 def private_reaches(source: str, path: str = "<test>") -> list:
@@ -245,7 +242,7 @@ def test_the_tests_reader_finds_private_names():
         import fastbert.ops.gemm as g
         from fastbert.ops import gemm
         from fastbert.ray import _node_cpus, Pool
-        from fastbert.kernels.report_check import _code
+        from fastbert.kernels.report import _picks
         import torch
         m = fastbert.plotting
         r = pytest.importorskip("fastbert.ray")
@@ -262,9 +259,10 @@ def test_the_tests_reader_finds_private_names():
         monkeypatch.setattr(gemm, "product", None)
         """
     assert private_reaches(source) == [
-        (5, "fastbert.ray._node_cpus"), (10, "fastbert.ops.gemm._RUN"), (11, "fastbert.ops.gemm._call"),
-        (12, "fastbert.ray._Embedder"), (13, "fastbert.plotting._found"), (14, "fastbert.ops.gemm._RUN"),
-        (15, "fastbert.ray._node_cpus"), (16, "fastbert.ray._sizes")]
+        (5, "fastbert.ray._node_cpus"), (6, "fastbert.kernels.report._picks"), (10, "fastbert.ops.gemm._RUN"),
+        (11, "fastbert.ops.gemm._call"), (12, "fastbert.ray._Embedder"), (13, "fastbert.plotting._found"),
+        (14, "fastbert.ops.gemm._RUN"), (15, "fastbert.ray._node_cpus"), (16, "fastbert.ray._sizes"),
+        (19, "fastbert.kernels._x")]
 
 
 def test_tests_use_public_names_only():

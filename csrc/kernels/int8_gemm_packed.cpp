@@ -4,7 +4,7 @@
 //     bp [n / 16][kq][16][4]     kq = ceil(k / 4): panels of 16 columns (output features), and in
 //                                each panel one 64-byte vector per 4 k-values (zero past k)
 //
-// which is the weight's only copy in the model (fastbert.model.int8.Int8Linear): nothing is derived
+// which is the weight's only copy in the model (fastbert.model.quantize.Int8Linear): nothing is derived
 // from it and kept, so nothing can go stale, and no call spends time packing it. int8_gemm.cpp packs
 // the weight on every call instead; at a handful of rows that packing costs about as much as the
 // multiply-adds.

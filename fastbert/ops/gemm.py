@@ -339,6 +339,13 @@ def choices() -> Dict[tuple, Tuple[str, Dict[str, float]]]:
     return dict(_choices)
 
 
+def set_choices(table: Dict[tuple, Tuple[str, Dict[str, float]]]) -> None:
+    """Replace the measured choices by `table`, as choices() returned it (a benchmark runs one table,
+    then another, on the same model)."""
+    _choices.clear()
+    _choices.update(table)
+
+
 def reset() -> None:
     """Forget the measured choices and probes (they are measured again at the next product)."""
     gemm_timing.forget()  # the paths' choices and probes, and int8's weight layout
