@@ -157,7 +157,7 @@ class DistilBertForMaskedLM(_DistilBertHead, BertForMaskedLM):
 
     def _lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         t, ln = self.vocab_transform, self.vocab_layer_norm
-        h = bias_activation(ops.linear(hidden, t.weight), t.bias, self.config.activation, None)
+        h = bias_activation(ops.linear(hidden, t.weight, backend=self.backend), t.bias, self.config.activation, None)
         return self.vocab_projector(F.layer_norm(h, h.shape[-1:], ln.weight, ln.bias, ln.eps))
 
 

@@ -49,7 +49,7 @@ class ElectraModel(BertModel):
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds) -> torch.Tensor:
         hidden = super().embed(input_ids, token_type_ids, position_ids, inputs_embeds)
         project = getattr(self, "embeddings_project", None)
-        return hidden if project is None else ops.linear(hidden, project.weight, project.bias)
+        return hidden if project is None else ops.linear(hidden, project.weight, project.bias, backend=self.backend)
 
 
 class ElectraGeneratorPredictions(nn.Module, BackendMixin):
@@ -61,7 +61,8 @@ class ElectraGeneratorPredictions(nn.Module, BackendMixin):
         self.dense = nn.Linear(config.hidden_size, config.embedding_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = ops.bias_gelu(ops.linear(hidden, self.dense.weight), self.dense.bias, "none", backend=self.backend)
+        h = ops.linear(hidden, self.dense.weight, backend=self.backend)
+        h = ops.bias_gelu(h, self.dense.bias, "none", backend=self.backend)
         return F.layer_norm(h, h.shape[-1:], self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps)
 
 
@@ -75,7 +76,8 @@ class ElectraDiscriminatorPredictions(nn.Module, BackendMixin):
         self.hidden_act = config.hidden_act
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = bias_activation(ops.linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
+        h = ops.linear(hidden, self.dense.weight, backend=self.backend)
+        h = bias_activation(h, self.dense.bias, self.hidden_act, self.backend)
         return self.dense_prediction(h).squeeze(-1)
 
 

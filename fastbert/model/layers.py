@@ -243,7 +243,7 @@ class BertLayer(nn.Module, BackendMixin):
                                 (self.attention_norm.eps, self.ffn_norm.eps), GELU_FORMS[self.ffn_act], mask, cu, n,
                                 relative_bias, self.backend)
             return out, None
-        qkv = ops.linear(hidden, *self.self_attention.qkv_weight())
+        qkv = ops.linear(hidden, *self.self_attention.qkv_weight(), backend=self.backend)
         ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs, relative_bias)
         return self.feed_forward(ctx, hidden), probs
 
@@ -274,12 +274,13 @@ class BertLayer(nn.Module, BackendMixin):
         """The layer after its attention: output projection of the context ctx, add & LayerNorm
         with the layer's input hidden, the feed-forward block, add & LayerNorm (rows of any shape)."""
         dense, ln = self.attention_output, self.attention_norm
-        attn = ops.linear(ctx, dense.weight, dense.bias)
+        attn = ops.linear(ctx, dense.weight, dense.bias, backend=self.backend)
         h1 = ops.add_layer_norm(attn, hidden, ln.weight, ln.bias, ln.eps,
                                 dropout_p=_dropout_p(self, self.attention_dropout_p), backend=self.backend)
-        inter = bias_activation(ops.linear(h1, self.ffn_input.weight), self.ffn_input.bias, self.ffn_act, self.backend)
+        inter = ops.linear(h1, self.ffn_input.weight, backend=self.backend)
+        inter = bias_activation(inter, self.ffn_input.bias, self.ffn_act, self.backend)
         dense, ln = self.ffn_output, self.ffn_norm
-        out = ops.linear(inter, dense.weight, dense.bias)
+        out = ops.linear(inter, dense.weight, dense.bias, backend=self.backend)
         return ops.add_layer_norm(out, h1, ln.weight, ln.bias, ln.eps,
                                   dropout_p=_dropout_p(self, self.ffn_dropout_p), backend=self.backend)
 
@@ -298,7 +299,7 @@ class BertLayer(nn.Module, BackendMixin):
         heads, d = sa.num_attention_heads, sa.attention_head_size
         width = heads * d
         w, b = sa.qkv_weight()
-        kv = ops.linear(hidden, w[width:], b[width:])
+        kv = ops.linear(hidden, w[width:], b[width:], backend=self.backend)
         if unpadded is None:
             first = hidden[:, 0]
         else:
@@ -306,7 +307,7 @@ class BertLayer(nn.Module, BackendMixin):
             first = hidden[cu_seqlens[:-1].long()]
             kv = ops.pad(kv, indices, *mask.shape)
         bsz, seq = kv.shape[:2]
-        q = ops.linear(first, w[:width], b[:width]).view(bsz, heads, 1, d)
+        q = ops.linear(first, w[:width], b[:width], backend=self.backend).view(bsz, heads, 1, d)
         k, v = kv.view(bsz, seq, 2, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
         keys = None if mask is None else mask.to(torch.bool)[:, None, None, :]
         if relative_bias is not None:  # the first query's row: distances 0 .. seq - 1
@@ -379,7 +380,8 @@ class BertPredictionHeadTransform(nn.Module, BackendMixin):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = bias_activation(ops.linear(hidden, self.dense.weight), self.dense.bias, self.hidden_act, self.backend)
+        h = ops.linear(hidden, self.dense.weight, backend=self.backend)
+        h = bias_activation(h, self.dense.bias, self.hidden_act, self.backend)
         return F.layer_norm(h, h.shape[-1:], self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps)
 
 

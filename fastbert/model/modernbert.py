@@ -128,9 +128,9 @@ class ModernBertAttention(nn.Module, BackendMixin):
                 want_probs: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """x: [tokens, hidden] packed (packed = (cu_seqlens, max_seqlen)) or [batch, seq, hidden]
         padded (mask [batch, seq] or None) -> (the same shape, probabilities or None: see attend)."""
-        qkv = ops.linear(x, self.Wqkv.weight, self.Wqkv.bias)
+        qkv = ops.linear(x, self.Wqkv.weight, self.Wqkv.bias, backend=self.backend)
         ctx, probs = self.attend(qkv, x.shape, mask, packed, want_probs)
-        return self.out_drop(ops.linear(ctx, self.Wo.weight, self.Wo.bias)), probs
+        return self.out_drop(ops.linear(ctx, self.Wo.weight, self.Wo.bias, backend=self.backend)), probs
 
     def attend(self, qkv: torch.Tensor, shape, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
                want_probs: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -178,8 +178,8 @@ class ModernBertMLP(nn.Module, BackendMixin):
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.gated(ops.linear(x, self.Wi.weight, self.Wi.bias))
-        return ops.linear(self.drop(h), self.Wo.weight, self.Wo.bias)
+        h = self.gated(ops.linear(x, self.Wi.weight, self.Wi.bias, backend=self.backend))
+        return ops.linear(self.drop(h), self.Wo.weight, self.Wo.bias, backend=self.backend)
 
     def gated(self, h: torch.Tensor) -> torch.Tensor:
         """act(input) * gate of Wi's output h = [input, gate] (one fused GeGLU for the GELU forms)."""

@@ -37,7 +37,7 @@ class ModernBertPredictionHead(nn.Module, BackendMixin):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = activation(ops.linear(hidden, self.dense.weight), self.dense.bias, self.act, self.backend)
+        h = activation(ops.linear(hidden, self.dense.weight, backend=self.backend), self.dense.bias, self.act, self.backend)
         return add_norm(self.norm, h, None, self.backend)
 
 

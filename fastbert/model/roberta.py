@@ -70,7 +70,8 @@ class RobertaLMHead(nn.Module, BackendMixin):
         self.decoder.bias = self.bias
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = ops.bias_gelu(ops.linear(hidden, self.dense.weight), self.dense.bias, "none", backend=self.backend)
+        h = ops.linear(hidden, self.dense.weight, backend=self.backend)
+        h = ops.bias_gelu(h, self.dense.bias, "none", backend=self.backend)
         h = F.layer_norm(h, h.shape[-1:], self.layer_norm.weight, self.layer_norm.bias, self.layer_norm.eps)
         return self.decoder(h)
 

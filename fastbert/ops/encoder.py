@@ -215,7 +215,7 @@ def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens,
     x = hidden.reshape(-1, h)
     if not x.is_contiguous():
         x = x.contiguous()
-    qkv = rows_forward(x, w.qkv_weight, w.qkv_bias)
+    qkv = rows_forward(x, w.qkv_weight, w.qkv_bias, backend)
     extra = (None, None, -1, rel, backend)  # no rotary tables, no window
     if cu_seqlens is not None:
         q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
@@ -227,11 +227,12 @@ def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens,
         keys = None if mask is None else mask.contiguous()
         ctx = attention_fwd(q, k, v, keys, 1.0 / math.sqrt(d), 0.0, None, False, *extra)[0]
         ctx = ctx.transpose(1, 2).reshape(-1, h)
-    attn = rows_forward(ctx, w.out_weight, w.out_bias)
+    attn = rows_forward(ctx, w.out_weight, w.out_bias, backend)
     h1 = add_layer_norm_fwd(attn, x, w.norm1_weight.contiguous(), w.norm1_bias.contiguous(), float(eps[0]), 0.0, None,
                              backend)[0]
-    inter = bias_gelu_fwd(rows_forward(h1, w.ffn_in_weight, None), w.ffn_in_bias.contiguous(), approximate, backend)
-    out = rows_forward(inter, w.ffn_out_weight, w.ffn_out_bias)
+    inter = bias_gelu_fwd(rows_forward(h1, w.ffn_in_weight, None, backend), w.ffn_in_bias.contiguous(), approximate,
+                          backend)
+    out = rows_forward(inter, w.ffn_out_weight, w.ffn_out_bias, backend)
     y = add_layer_norm_fwd(out, h1, w.norm2_weight.contiguous(), w.norm2_bias.contiguous(), float(eps[1]), 0.0, None,
                             backend)[0]
     return y.view(hidden.shape)
@@ -241,7 +242,7 @@ def separate_ops(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seql
     """The same layer through the public ops (the torch backend's path, and autocast's)."""
     h = hidden.shape[-1]
     d = h // heads
-    qkv = linear(hidden, w.qkv_weight, w.qkv_bias)
+    qkv = linear(hidden, w.qkv_weight, w.qkv_bias, backend=backend)
     if cu_seqlens is not None:
         q, k, v = qkv.view(-1, 3, heads, d).unbind(1)
         ctx = varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=backend, relative_bias=rel).reshape(hidden.shape)
@@ -249,11 +250,11 @@ def separate_ops(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seql
         bsz, seq = hidden.shape[:2]
         q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
         ctx = attention(q, k, v, mask, backend=backend, relative_bias=rel).transpose(1, 2).reshape(hidden.shape)
-    h1 = add_layer_norm(linear(ctx, w.out_weight, w.out_bias), hidden, w.norm1_weight, w.norm1_bias, eps[0],
-                        backend=backend)
-    inter = bias_gelu(linear(h1, w.ffn_in_weight), w.ffn_in_bias, approximate, backend=backend)
-    return add_layer_norm(linear(inter, w.ffn_out_weight, w.ffn_out_bias), h1, w.norm2_weight, w.norm2_bias, eps[1],
-                          backend=backend)
+    h1 = add_layer_norm(linear(ctx, w.out_weight, w.out_bias, backend=backend), hidden, w.norm1_weight, w.norm1_bias,
+                        eps[0], backend=backend)
+    inter = bias_gelu(linear(h1, w.ffn_in_weight, backend=backend), w.ffn_in_bias, approximate, backend=backend)
+    return add_layer_norm(linear(inter, w.ffn_out_weight, w.ffn_out_bias, backend=backend), h1, w.norm2_weight,
+                          w.norm2_bias, eps[1], backend=backend)
 
 
 def stack_paths(products: Sequence[Tuple[Tensor, ...]], rows: int, dtype: torch.dtype,

@@ -9,8 +9,8 @@ reusing mapping allocator instead of malloc: glibc maps such a block afresh on e
 GEMM then page-faults it in 4 KiB at a time (at 8982 x 1536 fp32 a sizable share of the call:
 benchmarks/LOG.md, "What makes it fast, one choice undone at a time"; the bias an addmm first copies
 into its output pays the faults too).
-Off the CPU, while compiling, for empty inputs and for dtypes other than fp32, bf16 and fp16:
-F.linear.
+Off the CPU, on the "torch" and "triton" backends, while compiling, for empty inputs and for dtypes
+other than fp32, bf16 and fp16: F.linear.
 """
 from __future__ import annotations
 
@@ -56,11 +56,12 @@ class _Linear(torch.autograd.Function):
         return dx, dw, db
 
 
-def _plain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
-    """Whether F.linear is the path: off the CPU, while torch.compile traces, nothing to compute,
-    or dtypes the GEMM paths do not take."""
+def _plain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], backend: Optional[str]) -> bool:
+    """Whether F.linear is the path: off the CPU, on a backend other than "cpp" (the GEMM paths are
+    the C++ backend's: "torch" is the plain reference, and "triton" on the CPU stands for the CUDA
+    path), while torch.compile traces, nothing to compute, or dtypes the GEMM paths do not take."""
     return (
-        x.device.type != "cpu" or x.numel() == 0 or torch.compiler.is_compiling()
+        x.device.type != "cpu" or backend not in (None, "cpp") or x.numel() == 0 or torch.compiler.is_compiling()
         or x.dtype not in _GEMM_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype)
     )
 
@@ -97,13 +98,15 @@ def _autocast_operands(x, weight, bias):
     return cast(x), cast(weight), cast(bias)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x [..., in] @ weight[out, in]^T + bias [out] -> [..., out] (F.linear's values)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           backend: Optional[str] = None) -> torch.Tensor:
+    """x [..., in] @ weight[out, in]^T + bias [out] -> [..., out] (F.linear's values). backend: None
+    (automatic) or "cpp" run the measured GEMM paths on the CPU; "torch" and "triton" F.linear."""
     if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling():
         x, weight, bias = _autocast_operands(x, weight, bias)
         with torch.autocast("cpu", enabled=False):
-            return linear(x, weight, bias)
-    if _plain(x, weight, bias):
+            return linear(x, weight, bias, backend=backend)
+    if _plain(x, weight, bias, backend):
         return F.linear(x, weight, bias)
     shape = (*x.shape[:-1], weight.shape[0])
     x2 = x.reshape(-1, x.shape[-1])
@@ -113,9 +116,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return gemm.product("fwd", x2, weight, bias, _allocator(x2.shape[0], weight.shape[0], x.dtype)).view(shape)
 
 
-def rows_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def rows_forward(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 backend: Optional[str] = None) -> torch.Tensor:
     """x2 [rows, in] @ weight^T + bias with nothing recorded for autograd and no checks: linear's
     product for callers that checked their operands and need no gradient (ops.encoder_layer)."""
-    if _plain(x2, weight, bias):
+    if _plain(x2, weight, bias, backend):
         return F.linear(x2, weight, bias)
     return gemm.product("fwd", x2, weight, bias, _allocator(x2.shape[0], weight.shape[0], x2.dtype))
