@@ -1,0 +1,317 @@
+"""The host cost of fastbert's CUDA code path, counted on any CPU: what benchmarks/bench_host.py
+prints and tests/bench/test_host.py holds to.
+
+The Triton backend runs on CPU tensors under TRITON_INTERPRET=1 (set before triton is imported);
+here every Triton launch is replaced by a counter, so nothing runs but the host path the GPU would
+wait on: the launchers' Python, the torch calls around the kernels, the autograd machinery. For
+one call of an op, a layer or a model it counts
+
+- Triton launches;
+- aten calls (what torch's dispatcher sees below autograd), all of them, and those that launch a
+  kernel or allocate on a GPU: every call but views and the host syncs;
+- host syncs: calls whose result the host must read (`.item()`, `.tolist()`, `nonzero`, shapes
+  that depend on values), each a stall of the GPU's queue and a wall against CUDA graphs;
+
+and times the host microseconds of one call (launches skipped). The counts are exact and the same
+on every machine; the times are this CPU's.
+
+A layer's share is the difference between a model of two layers and one of one, so that the
+embeddings, the unpadding and the pooling count once, in the model's own line.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class Counts(NamedTuple):
+    """What one call costs the host: Triton launches, aten calls, the aten calls that launch or
+    allocate, host syncs."""
+
+    launches: int
+    aten: int
+    work: int
+    syncs: int
+
+    def __sub__(self, other: "Counts") -> "Counts":
+        return Counts(*(a - b for a, b in zip(self, other)))
+
+    @property
+    def operations(self) -> int:
+        """Triton launches and aten calls that launch or allocate: what the GPU's queue receives."""
+        return self.launches + self.work
+
+
+def require_interpreter() -> None:
+    """Raise a one-line error unless the Triton interpreter is on (the counts need it)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("fastbert: the host counts run the Triton backend on the CPU: set TRITON_INTERPRET=1 "
+                           "before triton is imported (benchmarks/bench_host.py does)")
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.launches = self.aten = self.work = self.syncs = 0
+
+
+@contextlib.contextmanager
+def launches_counted(tally: Optional[_Tally] = None) -> Iterator[_Tally]:
+    """Inside the block every Triton launch is counted and skipped (the outputs keep whatever
+    their allocation held)."""
+    require_interpreter()
+    from triton.runtime.interpreter import InterpretedFunction
+
+    tally = tally or _Tally()
+    real = InterpretedFunction.run
+
+    def counted(self, *args, grid, warmup, **kwargs):
+        if not warmup:
+            tally.launches += 1
+
+    InterpretedFunction.run = counted
+    try:
+        yield tally
+    finally:
+        InterpretedFunction.run = real
+
+
+def _is_sync(func) -> bool:
+    return torch.Tag.data_dependent_output in func.tags or torch.Tag.dynamic_output_shape in func.tags
+
+
+class _AtenCounter(TorchDispatchMode):
+    def __init__(self, tally: _Tally) -> None:
+        super().__init__()
+        self.tally = tally
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.tally.aten += 1
+        if _is_sync(func):
+            self.tally.syncs += 1
+        elif not func.is_view:
+            self.tally.work += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _tolist_counted(tally: _Tally) -> Iterator[None]:
+    # .tolist() of a CPU tensor reads it without a dispatcher call; of a CUDA one it syncs
+    real = torch.Tensor.tolist
+
+    def counted(self):
+        tally.syncs += 1
+        return real(self)
+
+    torch.Tensor.tolist = counted
+    try:
+        yield
+    finally:
+        torch.Tensor.tolist = real
+
+
+def count(fn: Callable[[], object]) -> Counts:
+    """The counts of one call of fn."""
+    tally = _Tally()
+    with launches_counted(tally), _tolist_counted(tally), _AtenCounter(tally):
+        fn()
+    return Counts(tally.launches, tally.aten, tally.work, tally.syncs)
+
+
+def host_us(fn: Callable[[], object], calls: int = 20, rounds: int = 5) -> float:
+    """Microseconds of host time per call of fn, launches skipped: the fastest of `rounds` rounds of
+    `calls` calls (after one untimed call)."""
+    with launches_counted():
+        fn()
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / calls)
+    return best * 1e6
+
+
+# --------------------------------------------------------------------------------------------
+# What is measured: the fused ops at BERT-base's sizes, and whole layers
+
+
+class Sizes(NamedTuple):
+    batch: int
+    seq: int
+    hidden: int
+    heads: int
+    ffn: int
+
+
+# The counts are taken at BERT-base's sizes on a padded batch of 8 x 64. The times at sizes so small
+# that the torch calls' arithmetic on the CPU (which on a GPU would be a kernel, off the host) costs
+# next to nothing, so that what is timed is the host's part: the same calls, the same code path.
+COUNTED = Sizes(batch=8, seq=64, hidden=768, heads=12, ffn=3072)
+TIMED = Sizes(batch=2, seq=8, hidden=64, heads=4, ffn=128)
+
+
+class Case(NamedTuple):
+    """One measured call: its name, what it is (op or model), whether it trains (forward + backward)
+    and `make`, which builds its inputs at the given sizes and returns the call."""
+
+    name: str
+    kind: str
+    training: bool
+    make: Callable[[Sizes], Callable[[], object]]
+
+
+def _mask(z: Sizes) -> torch.Tensor:
+    # real lengths from seq / 2 to seq, padded on the right
+    lengths = torch.linspace(z.seq // 2, z.seq, z.batch).round().long()
+    return (torch.arange(z.seq)[None, :] < lengths[:, None]).long()
+
+
+def _leaf(*shape, grad: bool) -> torch.Tensor:
+    return torch.randn(*shape).requires_grad_(grad)
+
+
+def _backward(out) -> None:
+    first = out[0] if isinstance(out, tuple) else out
+    first.float().sum().backward()
+
+
+def _op_cases() -> List[Case]:
+    from fastbert import ops
+
+    def attention(training: bool):
+        def make(z: Sizes):
+            q, k, v = (_leaf(z.batch, z.heads, z.seq, z.hidden // z.heads, grad=training) for _ in range(3))
+            mask = _mask(z)
+            p = 0.1 if training else 0.0
+            return lambda: _run(lambda: ops.attention(q, k, v, mask, dropout_p=p, backend="triton"), training)
+        return make
+
+    def add_layer_norm(training: bool):
+        def make(z: Sizes):
+            x, r = (_leaf(z.batch * z.seq, z.hidden, grad=training) for _ in range(2))
+            w, b = (_leaf(z.hidden, grad=training) for _ in range(2))
+            p = 0.1 if training else 0.0
+            return lambda: _run(lambda: ops.add_layer_norm(x, r, w, b, 1e-12, dropout_p=p, backend="triton"), training)
+        return make
+
+    def bias_gelu(training: bool):
+        def make(z: Sizes):
+            x, b = _leaf(z.batch * z.seq, z.ffn, grad=training), _leaf(z.ffn, grad=training)
+            return lambda: _run(lambda: ops.bias_gelu(x, b, backend="triton"), training)
+        return make
+
+    def geglu(training: bool):
+        def make(z: Sizes):
+            x = _leaf(z.batch * z.seq, 2 * z.ffn, grad=training)
+            return lambda: _run(lambda: ops.geglu(x, backend="triton"), training)
+        return make
+
+    cases = []
+    for name, build in (("attention", attention), ("add_layer_norm", add_layer_norm), ("bias_gelu", bias_gelu),
+                        ("geglu", geglu)):
+        for training in (False, True):
+            cases.append(Case(name, "op", training, build(training)))
+    return cases
+
+
+def _run(fn: Callable[[], object], training: bool) -> None:
+    if training:
+        _backward(fn())
+    else:
+        with torch.no_grad():
+            fn()
+
+
+def _model(family: str, layers: int, z: Sizes):
+    from fastbert.model.bert import BertModel
+    from fastbert.model.config import BertConfig, ModernBertConfig
+    from fastbert.model.modernbert import ModernBertModel
+
+    torch.manual_seed(0)
+    if family == "bert":
+        config = BertConfig(vocab_size=1000, hidden_size=z.hidden, num_hidden_layers=layers,
+                            num_attention_heads=z.heads, intermediate_size=z.ffn, max_position_embeddings=512)
+        model = BertModel(config, add_pooling_layer=False)
+    else:
+        # ModernBERT-base's shape (FFN 1152 at hidden 768); its second layer is a local (sliding-window) one
+        config = ModernBertConfig(vocab_size=1000, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                  sep_token_id=2, hidden_size=z.hidden, num_hidden_layers=layers,
+                                  num_attention_heads=z.heads, intermediate_size=z.hidden * 3 // 2,
+                                  max_position_embeddings=512)
+        model = ModernBertModel(config)
+    return model.set_backend("triton")
+
+
+def _model_case(family: str, layers: int, training: bool) -> Callable[[Sizes], Callable[[], object]]:
+    def make(z: Sizes):
+        model = _model(family, layers, z).train(training)
+        ids = torch.randint(5, 1000, (z.batch, z.seq))
+        mask = _mask(z)
+        return lambda: _run(lambda: model(input_ids=ids, attention_mask=mask).last_hidden_state, training)
+    return make
+
+
+FAMILIES = ("bert", "modernbert")
+
+
+def cases(families=FAMILIES) -> List[Case]:
+    """Every measured call: the ops, then per family a model of one layer and of two."""
+    out = _op_cases()
+    for family in families:
+        for training in (False, True):
+            for layers in (1, 2):
+                out.append(Case(f"{family} x{layers}", "model", training, _model_case(family, layers, training)))
+    return out
+
+
+class Row(NamedTuple):
+    name: str
+    training: bool
+    counts: Counts
+    us: Optional[float]
+
+
+def measure(selected: List[Case], time_calls: bool = True, calls: int = 20, rounds: int = 5) -> List[Row]:
+    """Counts (at COUNTED sizes) and, with time_calls, host microseconds (at TIMED sizes) of every
+    case; for each family, a row '<family> layer' = its two-layer model less its one-layer one."""
+    rows = []
+    for case in selected:
+        counts = count(_warm(case.make(COUNTED)))
+        us = host_us(_warm(case.make(TIMED)), calls, rounds) if time_calls else None
+        rows.append(Row(case.name, case.training, counts, us))
+    by_name = {(r.name, r.training): r for r in rows}
+    for family in FAMILIES:
+        for training in (False, True):
+            one, two = by_name.get((f"{family} x1", training)), by_name.get((f"{family} x2", training))
+            if one and two:
+                us = None if one.us is None else two.us - one.us
+                rows.append(Row(f"{family} layer", training, two.counts - one.counts, us))
+    return rows
+
+
+def _warm(fn: Callable[[], object]) -> Callable[[], object]:
+    # a first call fills what is filled once (caches, tables made on first use)
+    with launches_counted():
+        fn()
+    return fn
+
+
+def format_rows(rows: List[Row]) -> str:
+    head = f"{'call':<18}{'mode':<10}{'launches':>9}{'aten':>6}{'launch/alloc':>13}{'syncs':>6}{'ops':>5}{'host us':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        c = r.counts
+        us = "" if r.us is None else f"{r.us:9.0f}"
+        lines.append(f"{r.name:<18}{'training' if r.training else 'inference':<10}{c.launches:>9}{c.aten:>6}"
+                     f"{c.work:>13}{c.syncs:>6}{c.operations:>5}{us}")
+    return "\n".join(lines)
+
+
+def as_dicts(rows: List[Row]) -> List[Dict[str, object]]:
+    return [{"call": r.name, "training": r.training, **r.counts._asdict(), "operations": r.counts.operations,
+             "host_us": r.us} for r in rows]

@@ -1,0 +1,68 @@
+"""The host cost of the CUDA code path, counted on the CPU (fastbert.bench.host,
+benchmarks/bench_host.py): a change that adds a Triton launch, an aten call that launches or
+allocates, or a host sync to an op or a layer fails here; one that removes some lowers the table."""
+import pytest
+
+pytest.importorskip("triton")
+
+from fastbert.bench import host  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+# (call, training) -> (Triton launches, aten calls that launch or allocate, host syncs), BERT-base sizes
+COUNTS = {
+    ("attention", False): (2, 9, 0),
+    ("attention", True): (6, 27, 2),
+    ("add_layer_norm", False): (1, 3, 0),
+    ("add_layer_norm", True): (2, 17, 2),
+    ("bias_gelu", False): (1, 1, 0),
+    ("bias_gelu", True): (2, 9, 0),
+    ("geglu", False): (1, 1, 0),
+    ("geglu", True): (2, 6, 0),
+    ("bert x1", False): (5, 40, 4),
+    ("bert x2", False): (9, 59, 4),
+    ("bert x1", True): (12, 127, 11),
+    ("bert x2", True): (22, 207, 18),
+    ("modernbert x1", False): (4, 33, 5),
+    ("modernbert x2", False): (8, 53, 6),
+    ("modernbert x1", True): (10, 83, 5),
+    ("modernbert x2", True): (20, 141, 6),
+}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {(r.name, r.training): r.counts for r in host.measure(host.cases(), time_calls=False)}
+
+
+def test_every_call_is_counted(rows):
+    assert set(COUNTS) <= set(rows)
+    assert {("bert layer", t) for t in (False, True)} <= set(rows)
+
+
+@pytest.mark.parametrize("call", sorted(COUNTS), ids=lambda c: f"{c[0]}-{'training' if c[1] else 'inference'}")
+def test_the_host_does_no_more_than_it_did(rows, call):
+    c = rows[call]
+    now, table = (c.launches, c.work, c.syncs), COUNTS[call]
+    assert all(n <= t for n, t in zip(now, table)), f"{call}: (launches, launch/alloc, syncs) {table} -> {now}"
+    assert now == table, f"{call}: {table} -> {now}, fewer: lower COUNTS"
+
+
+def test_the_counters_see_launches_aten_calls_and_syncs():
+    # the counters themselves: a test that cannot fail would prove nothing
+    import torch
+
+    def work():
+        x = torch.ones(4)
+        y = x.view(2, 2).t()  # views: counted as aten calls only
+        host.require_interpreter()
+        from fastbert.kernels.bias_gelu import bias_gelu_forward
+
+        bias_gelu_forward(x.view(1, 4), torch.zeros(4), "none")  # one launch (and its output's allocation)
+        return y.sum().item(), x.tolist()  # a launch on a GPU, and two syncs
+
+    c = host.count(work)
+    assert c.launches == 1
+    assert c.syncs == 2  # .item() (an aten call) and .tolist() (none on the CPU)
+    assert c.work == 4  # ones, zeros, the output's empty_like, sum
+    assert c.aten == 8  # those four, three views (view, t, view) and .item()
