@@ -29,8 +29,8 @@ and `--check` stands in for a rebuild where one costs too much (CI). The check f
 per reason, when
 
 - the report was built from other kernel sources or another triton: its fingerprint (SHA-256 of
-  the code of the package's modules, this one excepted, docstrings and comments left out, and
-  triton's version) differs from the tree's;
+  triton's version, the package's device code and constants, and every variant as it is compiled;
+  not the launchers, docstrings or comments) differs from the tree's;
 - it does not list exactly the variants the launchers can pick today, for its archs;
 - any variant in it failed to compile or spilled;
 - a variant compiled again now differs from its record in registers, spills, shared memory,
@@ -268,22 +268,29 @@ _COMPARED = ("ok", "registers", "spill_bytes", "shared_bytes", "tensor_core")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def code_of(source: str) -> str:
-    # a module's code without its prose: the AST with every docstring dropped (comments never reach it)
+def device_code(source: str) -> str:
+    """What of a module's code its compiled variants can depend on: the @triton.jit functions (with
+    their decorators) and the module-level assignments (the constants the kernels read, the settings
+    tables the variants come from), as ASTs without docstrings (comments never reach an AST). The
+    plain-Python functions, the launchers among them, are left out: how a kernel is called does not
+    change what it compiles to."""
     tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+    kept = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+            or (isinstance(n, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in n.decorator_list))]
+    for node in kept:
+        for sub in ast.walk(node):
+            body = getattr(sub, "body", None)
+            if (isinstance(sub, ast.FunctionDef) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                sub.body = body[1:] or [ast.Pass()]
+    return "\n".join(ast.dump(n) for n in kept)
 
 
 def fingerprint() -> str:
-    """SHA-256 of the code of the kernel package's modules, subpackages included (paths and ASTs
-    without docstrings or comments; this module, which builds and checks the report, excepted) and
-    triton's version: what the compiled variants depend on."""
+    """SHA-256 of what the compiled variants depend on: triton's version; the device code of the
+    kernel package's modules, subpackages included (device_code; this module excepted); and every
+    variant as triton.compile receives it (kernel, argument types, constexprs, launch options,
+    divisibility)."""
     import triton
 
     h = hashlib.sha256(f"triton {triton.__version__}\n".encode())
@@ -293,7 +300,10 @@ def fingerprint() -> str:
             path = os.path.join(folder, name)
             if name.endswith(".py") and path != os.path.abspath(__file__):
                 with open(path) as f:
-                    h.update(f"{os.path.relpath(path, _HERE)}\n{code_of(f.read())}\n".encode())
+                    h.update(f"{os.path.relpath(path, _HERE)}\n{device_code(f.read())}\n".encode())
+    for b in kernel_builds():
+        h.update(json.dumps([b.name, b.signature, {k: repr(v) for k, v in b.constexprs.items()}, b.num_warps,
+                             b.num_stages, b.maxnreg, list(b.divisible)], sort_keys=True).encode())
     return h.hexdigest()
 
 

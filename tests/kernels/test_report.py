@@ -135,9 +135,12 @@ def test_the_saved_report_is_current_and_complete():
     assert not report.report_failed(saved["records"])
 
 
-def test_the_fingerprint_reads_code_not_prose():
-    code_of = report.code_of
-
-    base = code_of('"""A module."""\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n')
-    assert base == code_of("def f(x):\n    return x + 1\n")
-    assert base != code_of("def f(x):\n    return x + 2\n")
+def test_the_fingerprint_reads_device_code_not_prose_or_launchers():
+    code = report.device_code
+    kernel = ('"""A module."""\nimport triton\nSCALE = 2\n@triton.jit\ndef k(X):\n    """Doc."""\n'
+              '    tl.store(X, 1)  # one\ndef launch(x):\n    k[(1,)](x)\n')
+    base = code(kernel)
+    assert base == code(kernel.replace("# one", "# two").replace("Doc.", "Other."))  # prose
+    assert base == code(kernel.replace("k[(1,)](x)", "k[(2,)](x)"))  # a launcher
+    assert base != code(kernel.replace("tl.store(X, 1)", "tl.store(X, 2)"))  # a kernel
+    assert base != code(kernel.replace("SCALE = 2", "SCALE = 3"))  # a constant
