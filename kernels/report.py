@@ -268,22 +268,40 @@ _COMPARED = ("ok", "registers", "spill_bytes", "shared_bytes", "tensor_core")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def device_code(source: str) -> str:
-    """What of a module's code its compiled variants can depend on: the @triton.jit functions (with
-    their decorators) and the module-level assignments (the constants the kernels read, the settings
-    tables the variants come from), as ASTs without docstrings (comments never reach an AST). The
-    plain-Python functions, the launchers among them, are left out: how a kernel is called does not
-    change what it compiles to."""
-    tree = ast.parse(source)
-    kept = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
-            or (isinstance(n, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in n.decorator_list))]
-    for node in kept:
-        for sub in ast.walk(node):
-            body = getattr(sub, "body", None)
-            if (isinstance(sub, ast.FunctionDef) and body and isinstance(body[0], ast.Expr)
-                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-                sub.body = body[1:] or [ast.Pass()]
-    return "\n".join(ast.dump(n) for n in kept)
+def _is_jit(node: ast.AST) -> bool:
+    return isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _names(node: ast.AST) -> set:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _targets(node: ast.AST) -> set:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def device_code(sources: Dict[str, str]) -> str:
+    """What of the modules' code (path -> source) the compiled variants can depend on: the
+    @triton.jit functions, decorators included, and the module-level assignments of the names they
+    read (the constants of the device code), as ASTs without docstrings (comments never reach an
+    AST). The plain-Python functions, the launchers among them, are left out: how a kernel is called
+    does not change what it compiles to (the settings a variant is compiled with are in its build)."""
+    trees = {path: ast.parse(source) for path, source in sorted(sources.items())}
+    jit = {path: [n for n in tree.body if _is_jit(n)] for path, tree in trees.items()}
+    read = set().union(*(_names(f) for fs in jit.values() for f in fs))
+    out = []
+    for path, tree in trees.items():
+        kept = [n for n in tree.body if n in jit[path]
+                or (isinstance(n, (ast.Assign, ast.AnnAssign)) and _targets(n) & read)]
+        for node in kept:
+            for sub in ast.walk(node):
+                body = getattr(sub, "body", None)
+                if (isinstance(sub, ast.FunctionDef) and body and isinstance(body[0], ast.Expr)
+                        and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                    sub.body = body[1:] or [ast.Pass()]
+        out.append(path + "\n" + "\n".join(ast.dump(n) for n in kept))
+    return "\n".join(out)
 
 
 def fingerprint() -> str:
@@ -293,14 +311,15 @@ def fingerprint() -> str:
     divisibility)."""
     import triton
 
-    h = hashlib.sha256(f"triton {triton.__version__}\n".encode())
-    for folder, dirs, files in os.walk(_HERE):  # top-down: the sorted, pruned dirs are walked in order
+    sources = {}
+    for folder, dirs, files in os.walk(_HERE):
         dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
-        for name in sorted(files):
+        for name in files:
             path = os.path.join(folder, name)
             if name.endswith(".py") and path != os.path.abspath(__file__):
                 with open(path) as f:
-                    h.update(f"{os.path.relpath(path, _HERE)}\n{device_code(f.read())}\n".encode())
+                    sources[os.path.relpath(path, _HERE)] = f.read()
+    h = hashlib.sha256(f"triton {triton.__version__}\n{device_code(sources)}\n".encode())
     for b in kernel_builds():
         h.update(json.dumps([b.name, b.signature, {k: repr(v) for k, v in b.constexprs.items()}, b.num_warps,
                              b.num_stages, b.maxnreg, list(b.divisible)], sort_keys=True).encode())

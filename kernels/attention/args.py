@@ -6,16 +6,26 @@ window), with the fp32 buffer its gradient is added into.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
 LOG2E = 1.4426950408889634
 
 
+# one zero-size tensor per (dtype, device), made at first use: what stands for an absent argument
+_ABSENT: Dict[Tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
 def optional_tensor(t: Optional[torch.Tensor], dtype: torch.dtype, device) -> torch.Tensor:
-    # a variant that never reads a pointer argument still gets a tensor of its type
-    return t if t is not None else torch.empty(0, dtype=dtype, device=device)
+    """t, or for None the zero-size tensor of its type on `device`: a variant that never reads a
+    pointer argument still gets a tensor, and an absent one allocates nothing per call."""
+    if t is not None:
+        return t
+    absent = _ABSENT.get((dtype, device))
+    if absent is None:
+        absent = _ABSENT[(dtype, device)] = torch.empty(0, dtype=dtype, device=device)
+    return absent
 
 
 def rope_tables(rope_cos: Optional[torch.Tensor], rope_sin: Optional[torch.Tensor], head_dim: int, positions: int,

@@ -136,11 +136,14 @@ def test_the_saved_report_is_current_and_complete():
 
 
 def test_the_fingerprint_reads_device_code_not_prose_or_launchers():
-    code = report.device_code
-    kernel = ('"""A module."""\nimport triton\nSCALE = 2\n@triton.jit\ndef k(X):\n    """Doc."""\n'
-              '    tl.store(X, 1)  # one\ndef launch(x):\n    k[(1,)](x)\n')
+    def code(source):
+        return report.device_code({"m.py": source})
+
+    kernel = ('"""A module."""\nimport triton\nSCALE = 2\nTABLE = {}\n@triton.jit\ndef k(X):\n    """Doc."""\n'
+              '    tl.store(X, SCALE)  # one\ndef launch(x):\n    k[(1,)](x)\n')
     base = code(kernel)
     assert base == code(kernel.replace("# one", "# two").replace("Doc.", "Other."))  # prose
     assert base == code(kernel.replace("k[(1,)](x)", "k[(2,)](x)"))  # a launcher
-    assert base != code(kernel.replace("tl.store(X, 1)", "tl.store(X, 2)"))  # a kernel
-    assert base != code(kernel.replace("SCALE = 2", "SCALE = 3"))  # a constant
+    assert base == code(kernel.replace("TABLE = {}", "TABLE = {1: 2}"))  # a name no kernel reads
+    assert base != code(kernel.replace("tl.store(X, SCALE)", "tl.store(X, 2 * SCALE)"))  # a kernel
+    assert base != code(kernel.replace("SCALE = 2", "SCALE = 3"))  # a constant a kernel reads
