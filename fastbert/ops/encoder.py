@@ -197,7 +197,7 @@ def layer_forward(hidden: Tensor, weights: Sequence[Tensor], heads: int, eps: Tu
     backend = fb_backend.resolve(backend, hidden)
     if backend == "torch" or torch.is_autocast_enabled(hidden.device.type) or hidden.numel() == 0:
         return separate_ops(hidden, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel,
-                             backend)
+                            backend)
     if backend == "cpp" and hidden.dtype == torch.float32 and not torch.compiler.is_compiling():
         paths = gemm.layer_paths(hidden.numel() // hidden.shape[-1], (weights[0], weights[2], weights[6], weights[8]),
                                  torch.float32, FLOAT_LAYER_PATHS)
@@ -220,7 +220,7 @@ def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens,
     if cu_seqlens is not None:
         q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
         ctx = varlen_attention_fwd(q, k, v, cu_seqlens.contiguous(), max_seqlen, 1.0 / math.sqrt(d), 0.0, None, False,
-                                    *extra)[0].view(-1, h)
+                                   *extra)[0].view(-1, h)
     else:
         bsz, seq = hidden.shape[:2]
         q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
@@ -229,12 +229,12 @@ def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens,
         ctx = ctx.transpose(1, 2).reshape(-1, h)
     attn = rows_forward(ctx, w.out_weight, w.out_bias, backend)
     h1 = add_layer_norm_fwd(attn, x, w.norm1_weight.contiguous(), w.norm1_bias.contiguous(), float(eps[0]), 0.0, None,
-                             backend)[0]
+                            backend)[0]
     inter = bias_gelu_fwd(rows_forward(h1, w.ffn_in_weight, None, backend), w.ffn_in_bias.contiguous(), approximate,
                           backend)
     out = rows_forward(inter, w.ffn_out_weight, w.ffn_out_bias, backend)
     y = add_layer_norm_fwd(out, h1, w.norm2_weight.contiguous(), w.norm2_bias.contiguous(), float(eps[1]), 0.0, None,
-                            backend)[0]
+                           backend)[0]
     return y.view(hidden.shape)
 
 
@@ -307,7 +307,7 @@ def encoder_stack(hidden: Tensor, layers: Sequence[List[Tensor]], products: Sequ
     if paths is None:
         return None
     return fb_backend.cpp_function("encoder_forward")(hidden, list(layers), paths, list(heads), list(eps), list(forms),
-                                                     mask, cu_seqlens, max_seqlen, rel, keep_states)
+                                                      mask, cu_seqlens, max_seqlen, rel, keep_states)
 
 
 def int8_encoder_stack(hidden: Tensor, hq: Tuple[Tensor, Tensor, Tensor], layers: Sequence[List[Tensor]],
@@ -324,8 +324,8 @@ def int8_encoder_stack(hidden: Tensor, hq: Tuple[Tensor, Tensor, Tensor], layers
     if paths is None:
         return None
     return fb_backend.cpp_function("int8_encoder_forward")(hidden, *hq, list(layers), paths, list(heads), list(eps),
-                                                          list(forms), cu_seqlens.contiguous(), int(max_seqlen), rel,
-                                                          keep_states)
+                                                           list(forms), cu_seqlens.contiguous(), int(max_seqlen), rel,
+                                                           keep_states)
 
 
 def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple[float, float],

@@ -29,7 +29,7 @@ def optional_tensor(t: Optional[torch.Tensor], dtype: torch.dtype, device) -> to
 
 
 def rope_tables(rope_cos: Optional[torch.Tensor], rope_sin: Optional[torch.Tensor], head_dim: int, positions: int,
-          device) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+                device) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """None without rotary embeddings; else (cos, sin), fp32 [P >= positions, head_dim / 2] on
     q's device, each contiguous and 16-byte aligned as the kernels read it (copied if not)."""
     if rope_cos is None and rope_sin is None:

@@ -70,7 +70,7 @@ def _dkdv_query_tile(
     rows = start_m + offs_m
     q_row = tl.cast(start_m, tl.int64)
     q_a, q_b = load_qk(Q + q_row * stride_qs, offs_m[:, None] * stride_qs, rows, hi, offs_d, head_dim, offs_h, half,
-                        COS, SIN, ROPE, CHECK)
+                       COS, SIN, ROPE, CHECK)
     # rows past hi read lse = +inf: their probabilities are 0
     lse = load_vec(LSE + rows, rows, hi, float("inf"), CHECK)
     sT = dot_qk(k_a, k_b, q_a, q_b, ROPE, DOT_PRECISION)
@@ -78,7 +78,7 @@ def _dkdv_query_tile(
     sc = 1. if REL_BIAS else qk_scale  # what takes sT to the log2 domain (with the bias it is there)
     pT = tl.math.exp2(sT * sc - lse[None, :])
     do = load_tile(DO + q_row * stride_dos + (offs_m[:, None] * stride_dos + offs_d[None, :]), rows, hi,
-                    offs_d, head_dim, CHECK)
+                   offs_d, head_dim, CHECK)
     dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
     if HAS_DROPOUT:
         keepT = dropout_keep(seed, bh, (rows - lo)[None, :], (cols - lo)[:, None], threshold)
@@ -187,7 +187,7 @@ def attention_bwd_dkdv_kernel(
     m_start, m_end, active = tile_range(start_n, lo, hi, window, BLOCK_N, BLOCK_M, WINDOW)
     k_limit = tl.where(active, hi, 0)
     k_a, k_b = load_qk(K + cols[:, None] * stride_ks, 0, cols, k_limit, offs_d, head_dim, offs_h, half,
-                        ROPE_COS, ROPE_SIN, ROPE, CHECK)
+                       ROPE_COS, ROPE_SIN, ROPE, CHECK)
     v = load_tile(V + cols[:, None] * stride_vs + offs_d[None, :], cols, k_limit, offs_d, head_dim, CHECK)
 
     dk_a = tl.zeros([BLOCK_N, BLOCK_D // 2 if ROPE else BLOCK_D], tl.float32)  # dk; with ROPE its first half
@@ -205,7 +205,7 @@ def attention_bwd_dkdv_kernel(
                                   HAS_DROPOUT, ROPE)
     row_limit = hi if VARLEN else seq
     store_grad(DK + cols[:, None] * stride_dks, 0, dk_a, dk_b, cols, row_limit, offs_d, head_dim, offs_h, half,
-                ROPE_COS, ROPE_SIN, ROPE, CHECK)
+               ROPE_COS, ROPE_SIN, ROPE, CHECK)
     store_tile(DV + cols[:, None] * stride_dvs + offs_d[None, :], dv, cols, row_limit, offs_d, head_dim, CHECK)
 
 
@@ -240,14 +240,14 @@ def _dq_key_tile(
     cols = start_n + offs_n
     kv_row = tl.cast(start_n, tl.int64)
     k_a, k_b = load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
-                        COS, SIN, ROPE, CHECK)
+                       COS, SIN, ROPE, CHECK)
     s = dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
     s = distance_scores(s, qk_scale, REL, rows[:, None], cols[None, :], window, rel_n, WINDOW, REL_BIAS, CHECK)
     s = mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
     sc = 1. if REL_BIAS else qk_scale  # what takes s to the log2 domain (with the bias it is there)
     p = tl.math.exp2(s * sc - lse[:, None])
     v = load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
-                   head_dim, CHECK)
+                  head_dim, CHECK)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     if HAS_DROPOUT:
         keep = dropout_keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
@@ -334,7 +334,7 @@ def attention_bwd_dq_kernel(
     n_start, n_end, active = tile_range(start_m, lo, hi, window, BLOCK_M, BLOCK_N, WINDOW)
     q_limit = tl.where(active, hi, 0)
     q_a, q_b = load_qk(Q + rows[:, None] * stride_qs, 0, rows, q_limit, offs_d, head_dim, offs_h, half,
-                        ROPE_COS, ROPE_SIN, ROPE, CHECK)
+                       ROPE_COS, ROPE_SIN, ROPE, CHECK)
     do = load_tile(DO + rows[:, None] * stride_dos + offs_d[None, :], rows, q_limit, offs_d, head_dim, CHECK)
     lse, delta = _dq_row_stats(LSE, DELTA, rows, lo, q_limit, CHECK)
 
@@ -353,6 +353,6 @@ def attention_bwd_dq_kernel(
     dq_a, dq_b, delta_exact = _dq_exact(dq_a, dq_b, pk_a, pk_b, p_dp, p_sum, delta, sm_scale, ROPE)
     row_limit = hi if VARLEN else seq
     store_grad(DQ + rows[:, None] * stride_dqs, 0, dq_a, dq_b, rows, row_limit, offs_d, head_dim, offs_h, half,
-                ROPE_COS, ROPE_SIN, ROPE, CHECK)
+               ROPE_COS, ROPE_SIN, ROPE, CHECK)
     # the exact delta, for the dk / dv kernel that runs next (0 on rows outside [lo, hi), as before)
     store_vec(DELTA + rows, delta_exact, rows, row_limit, CHECK)

@@ -125,4 +125,4 @@ def even_tiles(args) -> bool:
 
 # integer and pointer arguments whose values vary freely: no divisibility / ==1 specialization
 NO_SPECIALIZE = ["stride_lb", "stride_lh", "KEEP", "MASK", "stride_mb", "RANGES", "CU_SEQLENS", "REL", "DREL",
-                  "rel_n", "window", "heads", "seq", "seed", "threshold"]
+                 "rel_n", "window", "heads", "seq", "seed", "threshold"]

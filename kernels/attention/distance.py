@@ -73,7 +73,7 @@ def _rel_bias(REL, i, j, rel_n, CHECK: tl.constexpr):
 
 @triton.jit
 def distance_scores(s, qk_scale, REL, i, j, window, rel_n, WINDOW: tl.constexpr, REL_BIAS: tl.constexpr,
-                     CHECK: tl.constexpr):
+                    CHECK: tl.constexpr):
     # The scores q k^T of a tile (i, j: its query and key positions, broadcast to it) with the
     # relative bias added (REL_BIAS: then in the log2 domain, s * qk_scale + rel[j - i]; else left
     # unscaled) and the pairs farther apart than `window` at -inf (WINDOW)
@@ -97,7 +97,7 @@ def finite_max(m, WINDOW: tl.constexpr):
 
 @triton.jit
 def rel_grad(DREL, dsT, key_real, start_n, start_m, rel_n, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-              CHECK: tl.constexpr):
+             CHECK: tl.constexpr):
     # Add the diagonal sums of dsT [BLOCK_N keys from start_n, BLOCK_M queries from start_m] into
     # DREL (the head's row of the fp32 gradient, at its centre), over the real keys (key_real,
     # [BLOCK_N]: the masked keys' rows of dsT were never normalised). Key row r and query column u

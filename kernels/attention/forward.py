@@ -53,7 +53,7 @@ def _fwd_key_tile(
     cols = start_n + offs_n
     kv_row = tl.cast(start_n, tl.int64)
     k_a, k_b = load_qk(K + kv_row * stride_ks, offs_n[:, None] * stride_ks, cols, hi, offs_d, head_dim, offs_h, half,
-                        COS, SIN, ROPE, CHECK)
+                       COS, SIN, ROPE, CHECK)
     s = dot_qk(q_a, q_b, k_a, k_b, ROPE, DOT_PRECISION)
     s = distance_scores(s, qk_scale, REL, rows[:, None], cols[None, :], window, rel_n, WINDOW, REL_BIAS, CHECK)
     s = mask_scores(s, MASK, cols, hi, HAS_MASK, CHECK)
@@ -74,7 +74,7 @@ def _fwd_key_tile(
             keep = dropout_keep(seed, bh, (rows - lo)[:, None], (cols - lo)[None, :], threshold)
         p = tl.where(keep, p, 0.)
     v = load_tile(V + kv_row * stride_vs + (offs_n[:, None] * stride_vs + offs_d[None, :]), cols, hi, offs_d,
-                   head_dim, CHECK)
+                  head_dim, CHECK)
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
@@ -162,7 +162,7 @@ def attention_fwd_kernel(
     # the others visit the key tiles of [lo, hi), or (WINDOW) those within the window of one of their rows
     n_start, n_end, active = tile_range(start_m, lo, hi, window, BLOCK_M, BLOCK_N, WINDOW)
     q_a, q_b = load_qk(Q + rows[:, None] * stride_qs, 0, rows, tl.where(active, hi, 0), offs_d, head_dim, offs_h, half,
-                        ROPE_COS, ROPE_SIN, ROPE, CHECK)
+                       ROPE_COS, ROPE_SIN, ROPE, CHECK)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scaled scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running row sum of exp2(score - m_i)

@@ -40,7 +40,7 @@ def _rope_angles(COS, SIN, rows, limit, offs_h, half, CHECK_ROWS: tl.constexpr):
 
 @triton.jit
 def load_qk(BASE, row_offs, rows, limit, offs_d, head_dim, offs_h, half, COS, SIN,
-             ROPE: tl.constexpr, CHECK_ROWS: tl.constexpr):
+            ROPE: tl.constexpr, CHECK_ROWS: tl.constexpr):
     # A q or k tile, 0 outside the tile mask: (tile, tile) [rows, BLOCK_D]; with ROPE its rotated
     # halves (a', b'). Its rows start at BASE + row_offs: row_offs is 0 when BASE is a [rows, 1]
     # pointer tile, else the [rows, 1] int32 offsets of the rows from the scalar pointer BASE
@@ -85,7 +85,7 @@ def dot_acc(p, y_a, y_b, acc_a, acc_b, ROPE: tl.constexpr, DOT_PRECISION: tl.con
 
 @triton.jit
 def store_grad(BASE, row_offs, g_a, g_b, rows, limit, offs_d, head_dim, offs_h, half, COS, SIN,
-                ROPE: tl.constexpr, CHECK_ROWS: tl.constexpr):
+               ROPE: tl.constexpr, CHECK_ROWS: tl.constexpr):
     # Store the gradient tile (g_a) at BASE + row_offs (as in load_qk) within the tile mask, cast to the
     # pointer's type; with ROPE (g_a, g_b) is the gradient of the rotated halves, stored rotated back
     if ROPE:
