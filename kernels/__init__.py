@@ -64,6 +64,8 @@ def dropout_options(dropout_p: float, seed: Optional[int], op: str) -> Dropout:
         raise ValueError(f"fastbert: {op} with dropout_p > 0 needs a seed")
     if not 0 <= int(seed) < 2**63:
         raise ValueError(f"fastbert: dropout seed must be in [0, 2**63), got {seed}")
+    # imported here, not at the top: from the source tree this folder is also found as a top-level
+    # package `kernels` (transformers probes for one by that name), where `..` reaches nothing
     from ..reference import dropout_threshold
 
     scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0

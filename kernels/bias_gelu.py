@@ -143,7 +143,7 @@ def settings(n_cols: int, backward: bool = False) -> Settings:
     return Settings(block_m=block_m, block_n=block_n, num_warps=8, num_stages=1)
 
 
-def approximate_tanh(approximate: str) -> bool:
+def _approximate_tanh(approximate: str) -> bool:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"fastbert: bias_gelu approximate must be 'none' or 'tanh', got {approximate!r}")
     return approximate == "tanh"
@@ -156,7 +156,7 @@ def approximate_tanh(approximate: str) -> bool:
 def launch_tiles(kernel, M: int, N: int, approximate: str, *args, backward: bool = False) -> None:
     """Launch an elementwise GELU kernel over [M, N] on a grid of row tiles x column tiles (the
     settings of N): its tensor arguments, then M, N, the GELU form and the tile shape."""
-    tanh = approximate_tanh(approximate)  # checked, empty or not
+    tanh = _approximate_tanh(approximate)  # checked, empty or not
     if M == 0 or N == 0:
         return
     s = settings(N, backward)
@@ -176,7 +176,7 @@ def bias_gelu_backward(
     dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(dx, dbias): dx = dy * gelu'(x + bias) [M, N] in x.dtype, dbias = sum_rows(dx) [N] in bias.dtype."""
-    tanh = approximate_tanh(approximate)
+    tanh = _approximate_tanh(approximate)
     M, N = x.shape
     dx = torch.empty_like(x)
     if M == 0 or N == 0:

@@ -103,7 +103,8 @@ def kernel_builds(kernels: Optional[Sequence[str]] = None, quick: bool = False) 
 
 def job_list(archs, kernels, quick, select: Optional[Sequence[int]] = None) -> List[Tuple[KernelBuild, str]]:
     # select: the indices of the jobs to keep (the check's picks), in the unfiltered order
-    jobs = [(b, arch) for arch in archs for b in kernel_builds(kernels, quick)]
+    builds = kernel_builds(kernels, quick)
+    jobs = [(b, arch) for arch in archs for b in builds]
     return jobs if select is None else [jobs[i] for i in select]
 
 
