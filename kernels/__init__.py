@@ -16,8 +16,8 @@ variants).
                  varlen_attention_forward, varlen_attention_backward
 
 Here: what every kernel module shares (a variant for the report, launch settings, the dropout
-arguments, the GPU's size). This file must stay importable without triton: the submodules import
-it, nothing here does.
+arguments, the sink for outputs nobody reads, the GPU's size). This file must stay importable
+without triton: the submodules import it, nothing here does.
 """
 from __future__ import annotations
 
@@ -97,11 +97,39 @@ class KernelBuild(NamedTuple):
     maxnreg: Optional[int] = None
 
 
+_SINKS: Dict[Any, Any] = {}
+
+
+def sink(numel: int, device):
+    """A float32 buffer of at least `numel` elements on `device` for what a kernel must store and
+    nobody reads (inference's LayerNorm statistics, attention's log-sum-exp), so that the launch
+    allocates nothing for it: one per device, grown to the largest size asked. Never read, so the
+    calls that share it (on any stream, in a CUDA graph or not) cannot disturb one another."""
+    import torch
+
+    buf = _SINKS.get(device)
+    if buf is None or buf.numel() < numel:
+        buf = _SINKS[device] = torch.empty(max(numel, 1024), dtype=torch.float32, device=device)
+    return buf
+
+
 def aligned_args(signature: Dict[str, str]) -> Tuple[str, ...]:
     """The arguments the JIT marks divisible by 16 for an aligned problem (contiguous [M, N]
     tensors with N % 16 == 0, fresh allocations): every pointer, every stride_* and N."""
     return tuple(name for name, ty in signature.items()
                  if ty.startswith("*") or (ty in ("i32", "i64") and (name.startswith("stride") or name == "N")))
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of ints, as triton.cdiv gives it: the launchers' grids and splits call this one,
+    because triton's is a constexpr_function, whose call from the host costs several microseconds
+    (its arguments unwrapped one by one), and the host is the cost on a GPU (benchmarks/bench_host.py)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of 2 >= n (0 for n <= 0), as triton.next_power_of_2 gives it (see cdiv)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
 def num_sms(device) -> int:

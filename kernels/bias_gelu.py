@@ -11,13 +11,13 @@ without atomics (per-program partials, then a fixed-order sum), so it is determi
 """
 from __future__ import annotations
 
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, Settings, aligned_args, num_sms, split_rows
+from . import KernelBuild, Settings, aligned_args, cdiv, next_power_of_2, num_sms, split_rows
 
 _SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
@@ -138,7 +138,7 @@ _PROGRAMS_PER_SM = 4  # backward grid size, in programs per SM (rows x column ti
 
 def settings(n_cols: int, backward: bool = False) -> Settings:
     """Tile shape and launch options for a [*, n_cols] problem (any n_cols >= 1)."""
-    block_n = min(max(triton.next_power_of_2(n_cols), _MIN_BLOCK_N), _MAX_BLOCK_N)
+    block_n = min(max(next_power_of_2(n_cols), _MIN_BLOCK_N), _MAX_BLOCK_N)
     block_m = (_BWD_TILE if backward else _FWD_TILE) // block_n
     return Settings(block_m=block_m, block_n=block_n, num_warps=8, num_stages=1)
 
@@ -160,14 +160,17 @@ def launch_tiles(kernel, M: int, N: int, approximate: str, *args, backward: bool
     if M == 0 or N == 0:
         return
     s = settings(N, backward)
-    kernel[(triton.cdiv(M, s.block_m), triton.cdiv(N, s.block_n))](
+    kernel[(cdiv(M, s.block_m), cdiv(N, s.block_n))](
         *args, M, N, APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **s.options(),
     )
 
 
-def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
-    """y = gelu(x + bias): x [M, N] fp32/fp16/bf16, bias [N] x.dtype or fp32 -> y [M, N] x.dtype."""
-    y = torch.empty_like(x)
+def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor, approximate: str, *,
+                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = gelu(x + bias): x [M, N] fp32/fp16/bf16, bias [N] x.dtype or fp32 -> y [M, N] x.dtype.
+    out: where y goes ([M, N] in x.dtype, rows with unit stride; x itself allowed, for inference
+    where x dies here: each element is read before it is written, by the same program)."""
+    y = torch.empty_like(x) if out is None else out
     launch_tiles(_bias_gelu_fwd_kernel, *x.shape, approximate, y, y.stride(0), x, x.stride(0), bias)
     return y
 
@@ -182,8 +185,8 @@ def bias_gelu_backward(
     if M == 0 or N == 0:
         return dx, torch.zeros_like(bias)
     s = settings(N, backward=True)
-    n_col_tiles = triton.cdiv(N, s.block_n)
-    max_row_programs = triton.cdiv(_PROGRAMS_PER_SM * num_sms(x.device), n_col_tiles)
+    n_col_tiles = cdiv(N, s.block_n)
+    max_row_programs = cdiv(_PROGRAMS_PER_SM * num_sms(x.device), n_col_tiles)
     rows_per_program, n_row_programs = split_rows(M, s.block_m, max_row_programs)
     dbias_partial = torch.empty((n_row_programs, N), dtype=torch.float32, device=x.device)
     _bias_gelu_bwd_kernel[(n_row_programs, n_col_tiles)](

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, Settings, aligned_args, dropout_options, num_sms, split_rows
+from . import KernelBuild, Settings, aligned_args, cdiv, dropout_options, num_sms, sink, split_rows
 from .layer_norm_settings import (
     MAX_N,
     PROGRAMS_PER_SM,
@@ -231,27 +231,37 @@ def _add_layer_norm_bwd_kernel(
 
 
 def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                           eps: float, dropout_p: float, seed: Optional[int], return_sum: bool = False):
+                           eps: float, dropout_p: float, seed: Optional[int], return_sum: bool = False, *,
+                           out: Optional[torch.Tensor] = None, sum_out: Optional[torch.Tensor] = None,
+                           stats: bool = True):
     """(y, mean, rstd): y = layer_norm(h) [M, N] in x.dtype, h = dropout(x) + residual; mean, rstd [M] fp32.
     return_sum: (y, mean, rstd, h), h [M, N] in x.dtype, written in the same pass.
 
     x, residual [M, N] fp32/fp16/bf16 (same dtype); weight, bias [N] in x.dtype or fp32 (bias None: none);
     seed: a Python int in [0, 2**63), used when dropout_p > 0.
+    For inference, where x and residual may die here: out, sum_out: where y and h go ([M, N] in
+    x.dtype, rows with unit stride; x or residual themselves allowed: a program reads its rows whole
+    before it writes them); stats False: mean and rstd are not kept (returned as None).
     """
     M, N = x.shape
-    y = torch.empty_like(x)
-    h = torch.empty_like(x) if return_sum else None
-    mean = torch.empty(M, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    y = torch.empty_like(x) if out is None else out
+    h = (torch.empty_like(x) if sum_out is None else sum_out) if return_sum else None
+    if stats:
+        mean = torch.empty(M, dtype=torch.float32, device=x.device)
+        rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    else:  # both into the sink: nobody reads either
+        mean = rstd = sink(M, x.device)
     if M > 0:
         s = settings(N, with_sum=return_sum)
         has_dropout, seed, threshold, scale = dropout_options(dropout_p, seed, "add_layer_norm")
-        _add_layer_norm_fwd_kernel[(triton.cdiv(M, s.block_m),)](
+        _add_layer_norm_fwd_kernel[(cdiv(M, s.block_m),)](
             y, y.stride(0), *optional_rows(h), mean, rstd, x, x.stride(0), residual, residual.stride(0),
             weight, weight if bias is None else bias, M, N, eps, seed, threshold, scale,
             HAS_DROPOUT=has_dropout, HAS_BIAS=bias is not None, HAS_SUM=return_sum, BLOCK_M=s.block_m,
             BLOCK_N=s.block_n, **s.options(),
         )
+    if not stats:
+        mean = rstd = None
     return (y, mean, rstd, h) if return_sum else (y, mean, rstd)
 
 
@@ -292,8 +302,8 @@ def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd,
         HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n, **s.options(),
     )
     s = TILED_SETTINGS
-    n_col_tiles = triton.cdiv(N, s.block_n)
-    rows_per_program, n_programs = split_rows(M, 1, triton.cdiv(max_programs, n_col_tiles))
+    n_col_tiles = cdiv(N, s.block_n)
+    rows_per_program, n_programs = split_rows(M, 1, cdiv(max_programs, n_col_tiles))
     dw_partial, db_partial = _partial_sums(n_programs, N, x.device)
     _add_layer_norm_bwd_kernel[(n_programs, n_col_tiles)](
         dx, dx.stride(0), dresidual, dresidual.stride(0), dw_partial, db_partial, dw_partial.stride(0),

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-import triton
-
-from . import Settings
+from . import Settings, next_power_of_2
 
 MAX_N = 8192  # the forward holds a whole row in registers
 _MIN_BLOCK_N = 64  # narrower rows are padded (masked) to 64 lanes: LayerNorm widths are >= 128
@@ -42,7 +40,7 @@ def settings(n_cols: int, backward: bool = False, with_sum: bool = False) -> Opt
     """
     if not 1 <= n_cols <= MAX_N:
         raise ValueError(f"fastbert: add_layer_norm supports 1 <= N <= {MAX_N} columns, got {n_cols}")
-    block_n = max(triton.next_power_of_2(n_cols), _MIN_BLOCK_N)
+    block_n = max(next_power_of_2(n_cols), _MIN_BLOCK_N)
     if backward:
         if block_n > (_MAX_FUSED_BWD_DSUM_N if with_sum else _MAX_FUSED_BWD_N):
             return None

@@ -209,33 +209,58 @@ def layer_forward(hidden: Tensor, weights: Sequence[Tensor], heads: int, eps: Tu
 
 
 def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend) -> Tensor:
-    """The kernels of the separate ops, called straight one after the other."""
+    """The kernels of the separate ops, called straight one after the other. On Triton each writes
+    over an input that dies with it and keeps nothing only a backward reads: the attention's output
+    over its queries (the context is then the QKV rows' first third, no copy), each LayerNorm over
+    its GEMM's output, the GELU over its own; no log-sum-exp, no LayerNorm statistics. What the
+    GPU's queue receives per layer is then the four GEMMs, the four kernels and nothing else."""
     h = hidden.shape[-1]
     d = h // heads
+    lean = backend == "triton"
     x = hidden.reshape(-1, h)
     if not x.is_contiguous():
         x = x.contiguous()
     qkv = rows_forward(x, w.qkv_weight, w.qkv_bias, backend)
-    extra = (None, None, -1, rel, backend)  # no rotary tables, no window
+    scale = 1.0 / math.sqrt(d)
+    extra = (None, None, -1, rel)  # no rotary tables, no window
     if cu_seqlens is not None:
         q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
-        ctx = varlen_attention_fwd(q, k, v, cu_seqlens.contiguous(), max_seqlen, 1.0 / math.sqrt(d), 0.0, None, False,
-                                   *extra)[0].view(-1, h)
+        args = (q, k, v, cu_seqlens.contiguous(), max_seqlen, scale, 0.0, None, False, *extra)
+        if lean:
+            fb_backend.impl(backend, "attention").varlen_attention_forward(*args, out=q, keep_lse=False)
+            ctx = qkv.narrow(1, 0, h)
+        else:
+            ctx = varlen_attention_fwd(*args, backend)[0].view(-1, h)
     else:
         bsz, seq = hidden.shape[:2]
         q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
         keys = None if mask is None else mask.contiguous()
-        ctx = attention_fwd(q, k, v, keys, 1.0 / math.sqrt(d), 0.0, None, False, *extra)[0]
-        ctx = ctx.transpose(1, 2).reshape(-1, h)
-    attn = rows_forward(ctx, w.out_weight, w.out_bias, backend)
-    h1 = add_layer_norm_fwd(attn, x, w.norm1_weight.contiguous(), w.norm1_bias.contiguous(), float(eps[0]), 0.0, None,
-                            backend)[0]
-    inter = bias_gelu_fwd(rows_forward(h1, w.ffn_in_weight, None, backend), w.ffn_in_bias.contiguous(), approximate,
-                          backend)
-    out = rows_forward(inter, w.ffn_out_weight, w.ffn_out_bias, backend)
-    y = add_layer_norm_fwd(out, h1, w.norm2_weight.contiguous(), w.norm2_bias.contiguous(), float(eps[1]), 0.0, None,
-                           backend)[0]
+        args = (q, k, v, keys, scale, 0.0, None, False, *extra)
+        if lean:
+            fb_backend.impl(backend, "attention").attention_forward(*args, out=q, keep_lse=False)
+            ctx = qkv.narrow(1, 0, h)
+        else:
+            ctx = attention_fwd(*args, backend)[0].transpose(1, 2).reshape(-1, h)
+    h1 = _add_norm(rows_forward(ctx, w.out_weight, w.out_bias, backend), x, w.norm1_weight, w.norm1_bias, eps[0],
+                   backend)
+    inter = rows_forward(h1, w.ffn_in_weight, None, backend)
+    if lean:
+        fb_backend.impl(backend, "bias_gelu").bias_gelu_forward(inter, w.ffn_in_bias.contiguous(), approximate,
+                                                                 out=inter)
+    else:
+        inter = bias_gelu_fwd(inter, w.ffn_in_bias.contiguous(), approximate, backend)
+    y = _add_norm(rows_forward(inter, w.ffn_out_weight, w.ffn_out_bias, backend), h1, w.norm2_weight, w.norm2_bias,
+                  eps[1], backend)
     return y.view(hidden.shape)
+
+
+def _add_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float, backend: str) -> Tensor:
+    """layer_norm(x + residual) for _kernels, x a GEMM's fresh output (on Triton written over)."""
+    weight, bias = weight.contiguous(), bias.contiguous()
+    if backend == "triton":
+        return fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(x, residual, weight, bias, float(eps), 0.0,
+                                                                             None, out=x, stats=False)[0]
+    return add_layer_norm_fwd(x, residual, weight, bias, float(eps), 0.0, None, backend)[0]
 
 
 def separate_ops(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend):

@@ -4,12 +4,12 @@ puts the arguments in the kernels' form and launches them (the design: the packa
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
-import triton
 
-from .. import Settings, dropout_options
+from .. import Settings, cdiv, dropout_options, sink
 from .args import LOG2E, DistanceOptions, distance_options, optional_tensor, rope_args, rope_tables
 from .backward import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel, attention_bwd_preprocess_kernel
 from .common import mask_range_kernel
@@ -79,6 +79,14 @@ def _is_even(seq: int, *tiles: Settings) -> bool:
     return all(seq % s.block_m == 0 and seq % s.block_n == 0 for s in tiles)
 
 
+def _lse(shape: Tuple[int, ...], keep: bool, device) -> torch.Tensor:
+    """The forward's log-sum-exp, fp32 contiguous `shape`: fresh for the backward, or (keep False,
+    inference) the sink nobody reads, whole (the kernel takes its pointer and the strides)."""
+    if keep:
+        return torch.empty(shape, dtype=torch.float32, device=device)
+    return sink(math.prod(shape), device)
+
+
 def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, batch, seq, strides, scale, drop, rope,
              dist: DistanceOptions):
     """Launch the forward kernel. strides: (batch, head, row) strides of q, k, v, out (varlen:
@@ -90,7 +98,7 @@ def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, bat
     s = settings(head_dim, q.dtype, "fwd", rope is not None, dist.local or dist.relative)
     device = q.device
     q_st, k_st, v_st, o_st = strides
-    attention_fwd_kernel[(triton.cdiv(seq, s.block_m), heads, batch)](
+    attention_fwd_kernel[(cdiv(seq, s.block_m), heads, batch)](
         out, *o_st,
         lse, *lse_strides,
         optional_tensor(keep, torch.bool, device),
@@ -131,7 +139,7 @@ def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batc
         rows, pre_batch, pre_l, pre_o, pre_do = q.shape[0], 1, (0, lse_strides[1]), (0, *o_st[1:]), (0, *do_st[1:])
     else:
         rows, pre_batch, pre_l, pre_o, pre_do = seq, batch, lse_strides, o_st, do_st
-    attention_bwd_preprocess_kernel[(triton.cdiv(rows, s.block_m), heads, pre_batch)](
+    attention_bwd_preprocess_kernel[(cdiv(rows, s.block_m), heads, pre_batch)](
         delta, *pre_l, out, *pre_o, do, *pre_do, rows, head_dim,
         BLOCK_M=s.block_m, BLOCK_D=block_d(head_dim), **s.options(),
     )
@@ -153,12 +161,12 @@ def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batc
     variant = (rope is not None, dist.local or dist.relative)
     # dq first: it also replaces delta by the exact rowsum(p * dp) that dk / dv then use
     s = settings(head_dim, q.dtype, "bwd_dq", *variant)
-    attention_bwd_dq_kernel[(triton.cdiv(seq, s.block_m), heads, batch)](
+    attention_bwd_dq_kernel[(cdiv(seq, s.block_m), heads, batch)](
         dq, *g_st, *common, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **s.options(),
     )
     s = settings(head_dim, q.dtype, "bwd_dkdv", *variant)
     drel = dist.grad_buffer(device)
-    attention_bwd_dkdv_kernel[(triton.cdiv(seq, s.block_n), heads, batch)](
+    attention_bwd_dkdv_kernel[(cdiv(seq, s.block_n), heads, batch)](
         dk, *g_st, dv, *g_st, drel, *common, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **s.options(),
     )
     return dq, dk, dv, drel
@@ -188,7 +196,10 @@ def attention_forward(
     rope_sin: Optional[torch.Tensor] = None,
     window: int = -1,
     rel_bias: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    *,
+    out: Optional[torch.Tensor] = None,
+    keep_lse: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(out, lse, keep) of attention over a padded batch.
 
     q, k, v: [B, H, S, D] fp32/fp16/bf16, last dim contiguous, D in HEAD_DIMS; key_mask: None or
@@ -201,27 +212,31 @@ def attention_forward(
     local attention, query i sees the keys j with |i - j| <= window (< 0: every key); rel_bias:
     None, or float [H, 2n - 1] (n >= S) whose entry j - i + n - 1 is added to the scaled score of
     query i and key j (positions: rows, padding included).
+    For inference: out, where the output goes ([B, H, S, D] in q.dtype, last dim contiguous; q
+    itself allowed: a program reads its queries before its loop over the keys and writes the same
+    rows after it); keep_lse False: lse is not kept (None).
     """
     batch, heads, seq, head_dim = q.shape
     drop = dropout_options(dropout_p, seed, "attention")
     rope = rope_tables(rope_cos, rope_sin, head_dim, seq, q.device)
     dist = distance_options(window, rel_bias, heads, seq, q.device)
-    out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
+    lse = _lse((batch, heads, seq), keep_lse, q.device)
     keep = None
     if return_dropout_mask and drop.on:
         keep = torch.empty((batch, heads, seq, seq), dtype=torch.bool, device=q.device)
     if out.numel() == 0:
-        return out, lse, keep
+        return out, lse if keep_lse else None, keep
     q, k, v = (_aligned(t) for t in (q, k, v))
     # the debug mask output is built into the masked and varlen variants only
     even = keep is None and _is_even(seq, settings(head_dim, q.dtype, "fwd", rope is not None,
                                                    dist.local or dist.relative))
     mask, ranges = _key_mask(key_mask, batch, seq, q.device, even)
     strides = tuple(_padded_strides(t) for t in (q, k, v, out))
-    _forward(q, k, v, out, lse, lse.stride()[:2], keep, mask, ranges, None, batch, seq, strides, scale, drop, rope,
+    _forward(q, k, v, out, lse, (heads * seq, seq), keep, mask, ranges, None, batch, seq, strides, scale, drop, rope,
              dist)
-    return out, lse, keep
+    return out, lse if keep_lse else None, keep
 
 
 def attention_backward(
@@ -273,7 +288,10 @@ def varlen_attention_forward(
     rope_sin: Optional[torch.Tensor] = None,
     window: int = -1,
     rel_bias: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    *,
+    out: Optional[torch.Tensor] = None,
+    keep_lse: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(out, lse, keep) of attention over packed sequences.
 
     q, k, v: [T, H, D], sequence b = tokens cu_seqlens[b]:cu_seqlens[b + 1] (int32 [B + 1], on
@@ -282,25 +300,27 @@ def varlen_attention_forward(
     the whole block follows the dropout rule) when return_dropout_mask and dropout_p > 0, else None.
     rope_cos, rope_sin: None, or rotary tables (fp32 [P >= max_seqlen, D / 2]) by which q and k are
     rotated at each token's position within its sequence. window, rel_bias: as attention_forward's
-    (n >= max_seqlen), positions counted within each sequence.
+    (n >= max_seqlen), positions counted within each sequence. out, keep_lse: as attention_forward's
+    ([T, H, D]).
     """
     total, heads, head_dim = q.shape
     batch = cu_seqlens.shape[0] - 1
     drop = dropout_options(dropout_p, seed, "attention")
     rope = rope_tables(rope_cos, rope_sin, head_dim, max_seqlen, q.device)
     dist = distance_options(window, rel_bias, heads, max_seqlen, q.device)
-    out = torch.empty((total, heads, head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty((total, heads, head_dim), dtype=q.dtype, device=q.device)
+    lse = _lse((heads, total), keep_lse, q.device)
     keep = None
     if return_dropout_mask and drop.on:
         keep = torch.empty((batch, heads, max_seqlen, max_seqlen), dtype=torch.bool, device=q.device)
     if batch <= 0 or heads == 0 or max_seqlen <= 0:
-        return out, lse, keep
+        return out, lse if keep_lse else None, keep
     q, k, v = (_aligned(t) for t in (q, k, v))
     strides = tuple(_varlen_strides(t) for t in (q, k, v, out))
-    _forward(q, k, v, out, lse, (1, lse.stride(0)), keep, None, None, cu_seqlens, batch, max_seqlen, strides,
+    _forward(q, k, v, out, lse, (1, total), keep, None, None, cu_seqlens, batch, max_seqlen, strides,
              scale, drop, rope, dist)
-    return out, lse, keep
+    return out, lse if keep_lse else None, keep
 
 
 def varlen_attention_backward(

@@ -10,9 +10,8 @@ import os
 from typing import Dict, Tuple
 
 import torch
-import triton
 
-from .. import Settings
+from .. import Settings, next_power_of_2
 
 HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # the head dims the kernels take (multiples of 16)
 BLOCK_DS = (32, 64, 128)  # head dim blocks: D rounded up to a power of 2, at least 32
@@ -97,7 +96,7 @@ def block_d(head_dim: int) -> int:
     """The head dim block of `head_dim`: a power of 2, at least 32 (columns past D are masked)."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"fastbert: the Triton attention kernels take head_dim in {HEAD_DIMS}, got {head_dim}")
-    return max(32, triton.next_power_of_2(head_dim))
+    return max(32, next_power_of_2(head_dim))
 
 
 def settings(head_dim: int, dtype: torch.dtype, kernel: str, rope: bool = False, distance: bool = False) -> Settings:
