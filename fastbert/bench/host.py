@@ -188,7 +188,8 @@ def _op_cases() -> List[Case]:
             q, k, v = (_leaf(z.batch, z.heads, z.seq, z.hidden // z.heads, grad=training) for _ in range(3))
             mask = _mask(z)
             p = 0.1 if training else 0.0
-            return lambda: _run(lambda: ops.attention(q, k, v, mask, dropout_p=p, backend="triton"), training)
+            return lambda: _run(lambda: ops.attention(q, k, v, mask, dropout_p=p, backend="triton"), training,
+                                (q, k, v))
         return make
 
     def add_layer_norm(training: bool):
@@ -196,19 +197,20 @@ def _op_cases() -> List[Case]:
             x, r = (_leaf(z.batch * z.seq, z.hidden, grad=training) for _ in range(2))
             w, b = (_leaf(z.hidden, grad=training) for _ in range(2))
             p = 0.1 if training else 0.0
-            return lambda: _run(lambda: ops.add_layer_norm(x, r, w, b, 1e-12, dropout_p=p, backend="triton"), training)
+            return lambda: _run(lambda: ops.add_layer_norm(x, r, w, b, 1e-12, dropout_p=p, backend="triton"), training,
+                                (x, r, w, b))
         return make
 
     def bias_gelu(training: bool):
         def make(z: Sizes):
             x, b = _leaf(z.batch * z.seq, z.ffn, grad=training), _leaf(z.ffn, grad=training)
-            return lambda: _run(lambda: ops.bias_gelu(x, b, backend="triton"), training)
+            return lambda: _run(lambda: ops.bias_gelu(x, b, backend="triton"), training, (x, b))
         return make
 
     def geglu(training: bool):
         def make(z: Sizes):
             x = _leaf(z.batch * z.seq, 2 * z.ffn, grad=training)
-            return lambda: _run(lambda: ops.geglu(x, backend="triton"), training)
+            return lambda: _run(lambda: ops.geglu(x, backend="triton"), training, (x,))
         return make
 
     cases = []
@@ -219,8 +221,12 @@ def _op_cases() -> List[Case]:
     return cases
 
 
-def _run(fn: Callable[[], object], training: bool) -> None:
+def _run(fn: Callable[[], object], training: bool, leaves=()) -> None:
+    # a training step starts with no gradients (optimizer.zero_grad() sets them to None), so that the
+    # backward writes them rather than adding into last step's
     if training:
+        for t in leaves:
+            t.grad = None
         _backward(fn())
     else:
         with torch.no_grad():
@@ -252,7 +258,8 @@ def _model_case(family: str, layers: int, training: bool) -> Callable[[Sizes], C
         model = _model(family, layers, z).train(training)
         ids = torch.randint(5, 1000, (z.batch, z.seq))
         mask = _mask(z)
-        return lambda: _run(lambda: model(input_ids=ids, attention_mask=mask).last_hidden_state, training)
+        params = list(model.parameters())
+        return lambda: _run(lambda: model(input_ids=ids, attention_mask=mask).last_hidden_state, training, params)
     return make
 
 

@@ -208,11 +208,34 @@ class ModernBertEncoderLayer(nn.Module, BackendMixin):
         MLP's Wo (int8 swaps them)."""
         return [(self.attn, "Wqkv"), (self.attn, "Wo"), (self.mlp, "Wi"), (self.mlp, "Wo")]
 
+    def _one_call(self) -> bool:
+        """Whether the layer takes fastbert.ops.encoder's pre-LN inference route (the same kernels,
+        without each op's Python): inference (grad mode off, eval, not while torch.compile traces or
+        under autocast), float linear layers, a GELU GeGLU, LayerNorms (or layer 0's Identity)."""
+        return (encoder.inference_now() and not self.training and self.mlp.act in GELU_FORMS
+                and all(type(m) is nn.Linear for m in (self.attn.Wqkv, self.attn.Wo, self.mlp.Wi, self.mlp.Wo))
+                and all(type(n) in (nn.LayerNorm, nn.Identity) for n in (self.attn_norm, self.mlp_norm)))
+
+    def weights(self) -> encoder.PreNormLayerWeights:
+        """The layer's tensors as fastbert.ops.encoder.prenorm_layer_forward takes them."""
+        an, mn, attn, mlp = self.attn_norm, self.mlp_norm, self.attn, self.mlp
+        first = isinstance(an, nn.Identity)
+        return encoder.PreNormLayerWeights(None if first else an.weight, None if first else an.bias, attn.Wqkv.weight,
+                                           attn.Wqkv.bias, attn.Wo.weight, attn.Wo.bias, mn.weight, mn.bias,
+                                           mlp.Wi.weight, mlp.Wi.bias, mlp.Wo.weight, mlp.Wo.bias)
+
     def forward(self, h: torch.Tensor, delta: Optional[torch.Tensor], mask: Optional[torch.Tensor],
                 packed: Optional[Tuple[torch.Tensor, int]], want_probs: bool = False):
         """The residual stream enters as h + delta (delta: the previous layer's MLP output, None
         before the first layer) and leaves as the returned (h', delta', probabilities or None), so
         that each LayerNorm reads the sum in its fused add (rows as in ModernBertAttention.forward)."""
+        if not want_probs and self._one_call():
+            attn, eps = self.attn, (getattr(self.attn_norm, "eps", 0.0), self.mlp_norm.eps)  # (Identity: no eps)
+            window = -1 if attn.window is None else attn.window
+            out = encoder.prenorm_layer_forward(h, delta, self.weights(), attn.num_heads, eps, GELU_FORMS[self.mlp.act],
+                                                attn.rope_theta, window, mask, *(packed or (None, None)), self.backend)
+            if out is not None:
+                return (*out, None)
         if delta is None:  # the first layer: the stream is the embeddings' output
             stream, normed = h, add_norm(self.attn_norm, h, None, self.backend)
         else:

@@ -285,8 +285,13 @@ def _rope(op: str, base: Optional[float], backend: str, head_dim: int, positions
         raise ValueError(f"fastbert.ops.{op}: rotary_base must be a finite number > 1, got {base!r}")
     if head_dim % 2:
         raise ValueError(f"fastbert.ops.{op}: rotary embeddings need an even head_dim, got {head_dim}")
-    # tables in whole powers of two of rows, so that a few entries serve every length
-    return rotary_tables(float(base), head_dim, max(64, 1 << max(positions - 1, 0).bit_length()), str(device))
+    return rotary_for(float(base), head_dim, positions, device)
+
+
+def rotary_for(base: float, head_dim: int, positions: int, device):
+    """The (cos, sin) rotary tables the fused backends take for `positions` rows (unchecked
+    arguments): cached, in whole powers of two of rows, so that a few entries serve every length."""
+    return rotary_tables(base, head_dim, max(64, 1 << max(positions - 1, 0).bit_length()), str(device))
 
 
 def _check_relative(op: str, rel: Optional[torch.Tensor], q: torch.Tensor, positions: int) -> None:

@@ -3,6 +3,8 @@
     encoder_layer(hidden, weights, *, heads, eps, ...)      the public op: one post-LN layer (checked)
     layer_forward(hidden, weights, ...)                     a model's own layer, unchecked: one C++ call,
                                                             else the kernels one by one, tried once
+    prenorm_layer_forward(hidden, delta, weights, ...)       a pre-LN layer (ModernBERT's), the kernels one
+                                                            by one
     encoder_stack(hidden, layers, ...)                      a model's float32 layers, all in one C++ call
     int8_encoder_stack(hidden, hq, layers, ...)             its int8 layers, all in one C++ call
     int8_linear(hq, ...)                                    an int8 linear layer (a layer's QKV projection)
@@ -51,11 +53,12 @@ import torch
 
 from fastbert import backend as fb_backend
 from fastbert.ops import gemm
-from fastbert.ops.attention import attention, attention_fwd, check_cu_seqlens, varlen_attention, varlen_attention_fwd
+from fastbert.ops.attention import attention, attention_fwd, check_cu_seqlens, rotary_for, varlen_attention, varlen_attention_fwd
 from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_fwd
 from fastbert.ops.checks import check_approximate, check_device, check_float, check_mask, check_tensor
+from fastbert.ops.geglu import geglu_fwd
 from fastbert.ops.int8 import int8_add_layer_norm, int8_bias_gelu, int8_dequantize, int8_matmul, quantize_rows
-from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm, add_layer_norm_fwd
+from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm, add_layer_norm_fwd, add_layer_norm_sum_fwd
 from fastbert.ops.linear import linear, rows_forward
 
 Tensor = torch.Tensor
@@ -78,6 +81,25 @@ class LayerWeights(NamedTuple):
     norm2_weight: Tensor    # [H]: the LayerNorm after the feed-forward block
     norm2_bias: Tensor      # [H]
 
+
+
+class PreNormLayerWeights(NamedTuple):
+    """The parameters of one pre-LN encoder layer (ModernBERT's; hidden H, intermediate F). A bias
+    or a norm may be None: none (ModernBERT's layer 0 has no attention norm, its norms and
+    projections may have no bias)."""
+
+    attn_norm_weight: Optional[Tensor]  # [H]: the LayerNorm before the attention
+    attn_norm_bias: Optional[Tensor]
+    qkv_weight: Tensor                  # [3H, H]
+    qkv_bias: Optional[Tensor]
+    out_weight: Tensor                  # [H, H]
+    out_bias: Optional[Tensor]
+    mlp_norm_weight: Tensor             # [H]: the LayerNorm before the feed-forward block
+    mlp_norm_bias: Optional[Tensor]
+    ffn_in_weight: Tensor               # [2F, H]: the GeGLU's input and gate
+    ffn_in_bias: Optional[Tensor]
+    ffn_out_weight: Tensor              # [H, F]
+    ffn_out_bias: Optional[Tensor]
 
 
 class Int8LayerWeights(NamedTuple):
@@ -215,36 +237,15 @@ def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens,
     its GEMM's output, the GELU over its own; no log-sum-exp, no LayerNorm statistics. What the
     GPU's queue receives per layer is then the four GEMMs, the four kernels and nothing else."""
     h = hidden.shape[-1]
-    d = h // heads
-    lean = backend == "triton"
     x = hidden.reshape(-1, h)
     if not x.is_contiguous():
         x = x.contiguous()
     qkv = rows_forward(x, w.qkv_weight, w.qkv_bias, backend)
-    scale = 1.0 / math.sqrt(d)
-    extra = (None, None, -1, rel)  # no rotary tables, no window
-    if cu_seqlens is not None:
-        q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
-        args = (q, k, v, cu_seqlens.contiguous(), max_seqlen, scale, 0.0, None, False, *extra)
-        if lean:
-            fb_backend.impl(backend, "attention").varlen_attention_forward(*args, out=q, keep_lse=False)
-            ctx = qkv.narrow(1, 0, h)
-        else:
-            ctx = varlen_attention_fwd(*args, backend)[0].view(-1, h)
-    else:
-        bsz, seq = hidden.shape[:2]
-        q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
-        keys = None if mask is None else mask.contiguous()
-        args = (q, k, v, keys, scale, 0.0, None, False, *extra)
-        if lean:
-            fb_backend.impl(backend, "attention").attention_forward(*args, out=q, keep_lse=False)
-            ctx = qkv.narrow(1, 0, h)
-        else:
-            ctx = attention_fwd(*args, backend)[0].transpose(1, 2).reshape(-1, h)
+    ctx = _attention(qkv, hidden.shape, heads, mask, cu_seqlens, max_seqlen, None, -1, rel, backend)
     h1 = _add_norm(rows_forward(ctx, w.out_weight, w.out_bias, backend), x, w.norm1_weight, w.norm1_bias, eps[0],
                    backend)
     inter = rows_forward(h1, w.ffn_in_weight, None, backend)
-    if lean:
+    if backend == "triton":
         fb_backend.impl(backend, "bias_gelu").bias_gelu_forward(inter, w.ffn_in_bias.contiguous(), approximate,
                                                                  out=inter)
     else:
@@ -254,13 +255,97 @@ def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens,
     return y.view(hidden.shape)
 
 
-def _add_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float, backend: str) -> Tensor:
-    """layer_norm(x + residual) for _kernels, x a GEMM's fresh output (on Triton written over)."""
-    weight, bias = weight.contiguous(), bias.contiguous()
+def _attention(qkv: Tensor, shape, heads: int, mask, cu_seqlens, max_seqlen, rope, window: int, rel,
+               backend: str) -> Tensor:
+    """The context rows [rows, hidden] of the attention on the QKV rows qkv [rows, 3 hidden] of a
+    hidden state of shape `shape` (padded [batch, seq, hidden] with mask, or packed with cu_seqlens);
+    rope: (cos, sin) or None. On Triton written over the queries: the context is qkv's first third."""
+    h = shape[-1]
+    d = h // heads
+    lean = backend == "triton"
+    extra = (*(rope or (None, None)), window, rel)
+    if cu_seqlens is not None:
+        q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
+        args = (q, k, v, cu_seqlens.contiguous(), max_seqlen, 1.0 / math.sqrt(d), 0.0, None, False, *extra)
+        if lean:
+            fb_backend.impl(backend, "attention").varlen_attention_forward(*args, out=q, keep_lse=False)
+            return qkv.narrow(1, 0, h)
+        return varlen_attention_fwd(*args, backend)[0].view(-1, h)
+    bsz, seq = shape[:2]
+    q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
+    keys = None if mask is None else mask.contiguous()
+    args = (q, k, v, keys, 1.0 / math.sqrt(d), 0.0, None, False, *extra)
+    if lean:
+        fb_backend.impl(backend, "attention").attention_forward(*args, out=q, keep_lse=False)
+        return qkv.narrow(1, 0, h)
+    return attention_fwd(*args, backend)[0].transpose(1, 2).reshape(-1, h)
+
+
+def _add_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, backend: str) -> Tensor:
+    """layer_norm(x + residual) for the routes here, x a GEMM's fresh output (on Triton written over)."""
+    weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
     if backend == "triton":
         return fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(x, residual, weight, bias, float(eps), 0.0,
                                                                              None, out=x, stats=False)[0]
     return add_layer_norm_fwd(x, residual, weight, bias, float(eps), 0.0, None, backend)[0]
+
+
+def _add_norm_sum(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, backend: str,
+                  residual_dies: bool) -> Tuple[Tensor, Tensor]:
+    """(layer_norm(s), s), s = x + residual, for the pre-LN route, x a GEMM's output or the previous
+    layer's; on Triton the norm written over x and, where residual_dies, s over the residual."""
+    weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
+    if backend == "triton":
+        y, _, _, s = fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
+            x, residual, weight, bias, float(eps), 0.0, None, True, out=x, sum_out=residual if residual_dies else None,
+            stats=False)
+        return y, s
+    y, _, _, s = add_layer_norm_sum_fwd(x, residual, weight, bias, float(eps), 0.0, None, backend)
+    return y, s
+
+
+def prenorm_layer_forward(hidden: Tensor, delta: Optional[Tensor], weights: PreNormLayerWeights, heads: int,
+                          eps: Tuple[float, float], approximate: str, rotary_base: float, window: int,
+                          mask: Optional[Tensor], cu_seqlens: Optional[Tensor], max_seqlen: Optional[int],
+                          backend: Optional[str]) -> Optional[Tuple[Tensor, Tensor]]:
+    """One pre-LN layer (ModernBERT's) for inference, the kernels of the separate ops called
+    straight: the residual stream enters as hidden + delta (delta: the previous layer's feed-forward
+    output, None before the first layer, whose attention norm is then none) and leaves as (hidden',
+    delta'), as ModernBertEncoderLayer.forward gives them, bit for bit. Rows: padded [batch, seq,
+    width] (mask: bool [batch, seq] or None) or packed [tokens, width] (cu_seqlens, max_seqlen);
+    rotary_base: the layer's rotary embedding; window: local attention's reach (-1: every key); the
+    feed-forward block a GeGLU (approximate: its GELU form). On Triton every kernel writes over an
+    input that dies here (the stream too, but the first layer's: the embeddings' output) and keeps
+    nothing only a backward reads. None where this route does not run (the torch backend, autocast,
+    an empty input): the caller runs the separate ops."""
+    backend = fb_backend.resolve(backend, hidden)
+    w = weights
+    if (backend == "torch" or torch.is_autocast_enabled(hidden.device.type) or hidden.numel() == 0
+            or (delta is None) != (w.attn_norm_weight is None)):
+        return None
+    shape = hidden.shape
+    width = shape[-1]
+    stream = hidden.reshape(-1, width)
+    if not stream.is_contiguous():
+        stream = stream.contiguous()
+    if delta is None:
+        normed = stream
+    else:
+        normed, stream = _add_norm_sum(delta.reshape(-1, width), stream, w.attn_norm_weight, w.attn_norm_bias, eps[0],
+                                       backend, residual_dies=True)
+    positions = max_seqlen if cu_seqlens is not None else shape[1]
+    rope = rotary_for(float(rotary_base), width // heads, positions, hidden.device)
+    qkv = rows_forward(normed, w.qkv_weight, w.qkv_bias, backend)
+    ctx = _attention(qkv, shape, heads, mask, cu_seqlens, max_seqlen, rope, window, None, backend)
+    normed, stream = _add_norm_sum(rows_forward(ctx, w.out_weight, w.out_bias, backend), stream, w.mlp_norm_weight,
+                                   w.mlp_norm_bias, eps[1], backend, residual_dies=delta is not None)
+    gated = rows_forward(normed, w.ffn_in_weight, w.ffn_in_bias, backend)
+    if backend == "triton":
+        gated = fb_backend.impl(backend, "geglu").geglu_forward(gated, approximate)
+    else:
+        gated = geglu_fwd(gated, approximate, backend)
+    out = rows_forward(gated, w.ffn_out_weight, w.ffn_out_bias, backend)
+    return stream.view(shape), out.view(shape)
 
 
 def separate_ops(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend):

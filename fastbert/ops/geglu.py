@@ -22,7 +22,7 @@ def _fake_fwd(x, approximate, backend):
 
 
 @fused_op("geglu_fwd", _fake_fwd)
-def _geglu_fwd(x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
+def geglu_fwd(x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
     # x: [rows, 2d] contiguous -> y: [rows, d] in x.dtype
     return fb_backend.impl(backend, "geglu").geglu_forward(x, approximate)
 
@@ -42,7 +42,7 @@ class GegluFunction(torch.autograd.Function):
     def forward(ctx, x, approximate, backend):
         ctx.save_for_backward(x)
         ctx.approximate, ctx.backend = approximate, backend
-        return _geglu_fwd(x, approximate, backend)
+        return geglu_fwd(x, approximate, backend)
 
     @staticmethod
     def backward(ctx, dy):
@@ -69,4 +69,4 @@ def geglu(x: torch.Tensor, approximate: str = "none", *, backend: Optional[str] 
     rows = as_rows(x)
     if needs_grad(x):
         return GegluFunction.apply(rows, approximate, backend).view(shape)
-    return _geglu_fwd(rows, approximate, backend).view(shape)
+    return geglu_fwd(rows, approximate, backend).view(shape)

@@ -44,7 +44,7 @@ def _fake_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
 
 
 @fused_op("add_layer_norm_sum_fwd", _fake_sum_fwd)
-def _add_layer_norm_sum_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
+def add_layer_norm_sum_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
                             dropout_p: float, seed: Optional[Tensor],
                             backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     # as add_layer_norm_fwd -> (y, mean, rstd, s), s = dropout(x) + residual [rows, hidden] in x.dtype
@@ -103,7 +103,7 @@ class AddLayerNormSumFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
-        y, mean, rstd, s = _add_layer_norm_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
+        y, mean, rstd, s = add_layer_norm_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
         ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
         ctx.dropout_p, ctx.backend, ctx.has_bias = dropout_p, backend, bias is not None
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
@@ -166,7 +166,7 @@ def add_layer_norm(
         if grad:
             y, s = AddLayerNormSumFunction.apply(*args, backend)
         else:
-            y, _, _, s = _add_layer_norm_sum_fwd(*args, backend)
+            y, _, _, s = add_layer_norm_sum_fwd(*args, backend)
         return y.view(x.shape), s.view(x.shape)
     if grad:
         return AddLayerNormFunction.apply(*args, backend).view(x.shape)

@@ -140,6 +140,48 @@ def test_models_give_the_same_bits_through_it(family, monkeypatch):
         assert torch.equal(one_call, with_grad.detach()), (one_call - with_grad).abs().max().item()
 
 
+@pytest.mark.slow_with("triton")
+@pytest.mark.parametrize("base", ["small", "biased"])
+def test_modernbert_gives_the_same_bits_through_the_prenorm_route(backend, base, monkeypatch):
+    """ModernBERT in inference runs each layer through prenorm_layer_forward (on Triton writing over
+    what dies: the stream too, but the embeddings' output); grad mode on, the separate ops. Both must
+    give the same bits, padded (no padding, and with the padded layout forced) and packed, every
+    hidden state included, global and sliding layers, with and without biases."""
+    require(backend)
+    from fastbert.ops import encoder
+    from tests.helpers import modernbert as mb
+
+    calls = []  # the layers the route ran (it declines the torch backend: None)
+    real = encoder.prenorm_layer_forward
+
+    def spy(*args):
+        out = real(*args)
+        if out is not None:
+            calls.append(1)
+        return out
+
+    monkeypatch.setattr(encoder, "prenorm_layer_forward", spy)
+    _, model = mb.pair("ModernBertModel", mb.SMALL if base == "small" else mb.BIASED, seed=4, backend=backend,
+                       num_hidden_layers=3)
+    model.to(device_for(backend))
+    g = torch.Generator().manual_seed(5)
+    routed = 0 if backend == "torch" else 3
+    for lengths, unpad in ((None, True), ((12, 7, 2), True), ((12, 7, 2), False)):
+        ids, mask = (t.to(device_for(backend)) for t in mb.batch(3, 12, g, lengths))
+        model.unpad_inputs = unpad
+        with_grad = model(ids, mask, output_hidden_states=True)
+        assert not calls
+        with torch.no_grad():
+            routed_out = model(ids, mask, output_hidden_states=True)
+        assert len(calls) == routed, (lengths, unpad)
+        for got, want in zip((routed_out.last_hidden_state, *routed_out.hidden_states),
+                             (with_grad.last_hidden_state, *with_grad.hidden_states)):
+            assert torch.equal(got, want.detach()), (lengths, unpad, (got - want).abs().max().item())
+        with torch.no_grad():  # and without the hidden states asked for, where the stream is written over
+            assert torch.equal(model(ids, mask).last_hidden_state, routed_out.last_hidden_state)
+        calls.clear()
+
+
 @pytest.mark.parametrize("path", ["addmm", "dot", "onednn", "onednn_packed", "mkl_packed"])
 def test_one_cpp_call_gives_the_same_bits(path, monkeypatch):
     """Once its GEMM paths are known (measured, or forced), a layer on the C++ kernels runs as one call
