@@ -1,12 +1,14 @@
 """Benchmark the whole encoder on CUDA: fastbert BertModel (Triton kernels, packed batches) against
 transformers' BertModel (attn_implementation "sdpa") on the same random BERT-base weights and batches.
 
-Workloads: those of the CPU benchmark (fastbert.bench.workloads.WORKLOADS: var128, full128, var512)
-with --scale times as many sequences (a GPU needs more than 32 short ones to fill). Providers in
-each dtype: fastbert with the model cast to the dtype, transformers cast to it, and in fp16 / bf16
-transformers under torch.autocast. Two directions: inference (torch.no_grad) and a training
-step's forward and backward (the loss: a fixed random weighting of the last hidden state at the
-real tokens). Timed with triton.testing.do_bench (medians), the providers in turn on the same inputs. Every row carries the
+Workloads: those of the CPU benchmark (fastbert.bench.workloads.WORKLOADS: var128, full128, var512,
+one20) with --scale times as many sequences (a GPU needs more than 32 short ones to fill).
+Providers in each dtype: fastbert with the model cast to the dtype, transformers cast to it, in
+fp16 / bf16 transformers under torch.autocast, and in inference fastbert with CUDA graphs
+(model.cuda_graphs(): one replay a forward, captured at its bucket's first batch, before the
+timing). Two directions: inference (torch.no_grad) and a training step's forward and backward
+(the loss: a fixed random weighting of the last hidden state at the real tokens). Timed with
+triton.testing.do_bench (medians), the providers in turn on the same inputs. Every row carries the
 max abs error at the real tokens against transformers in fp32; the fp32 training row also the
 largest gradient error over all parameters, relative to that parameter's largest gradient.
 
@@ -35,7 +37,9 @@ def providers(layers: int, dtypes):
     out = {}
     for dtype in dtypes:
         tag = dtype_name(dtype)
-        out[f"fastbert {tag}"] = (fb if dtype == torch.float32 else copy.deepcopy(fb).to(dtype), None)
+        mine = fb if dtype == torch.float32 else copy.deepcopy(fb).to(dtype)
+        out[f"fastbert {tag}"] = (mine, None)
+        out[f"fastbert {tag} graphs"] = (copy.deepcopy(mine).cuda_graphs(), None)  # inference only
         out[f"transformers {tag}"] = (hf if dtype == torch.float32 else copy.deepcopy(hf).to(dtype), None)
         if dtype != torch.float32:
             out[f"transformers {tag} autocast"] = (hf, dtype)
@@ -85,7 +89,8 @@ def run_workload(name, layers, dtypes, scale, g, progress=True):
         if direction == "inference":
             fns = {n: (lambda m=m, a=a: torch.no_grad()(call)(m, a, ids, mask)) for n, (m, a) in provs.items()}
         else:
-            fns = {n: (lambda m=m, a=a: train_step(m, a, ids, mask, weights)) for n, (m, a) in provs.items()}
+            fns = {n: (lambda m=m, a=a: train_step(m, a, ids, mask, weights)) for n, (m, a) in provs.items()
+                   if not n.endswith("graphs")}  # (training runs eagerly: the graphs' row would be fastbert's)
         times = median_s(fns, device="cuda")
         fp32 = provs.get("fastbert fp32")
         gerr = grad_error(fp32[0], hf, ids, mask, weights) if direction == "training" and fp32 else None

@@ -41,8 +41,12 @@ step 240 "kernel tests" $py -m pytest -q -p no:cacheprovider tests/ops/test_atte
 wait $checks
 tail -25 "$out/selfcheck.txt"
 
+step 90 "graph and inference-route tests" $py -m pytest -q -p no:cacheprovider tests/ops/test_encoder_graphs.py \
+    tests/kernels/test_inference_options.py tests/ops/test_encoder.py -k "triton or gpu or graphs or options"
 step 150 "check_modern_cuda" $py benchmarks/check_modern_cuda.py --json "$out/modern.json"
 step 150 "bench_encoder_cuda" $py benchmarks/bench_encoder_cuda.py --json "$out/encoder.json"
+step 60 "bench_encoder_cuda one20" $py benchmarks/bench_encoder_cuda.py --workloads one20 --scale 1 \
+    --dtypes float16,bfloat16 --json "$out/encoder_one20.json"
 step 100 "bench_attention fp16" $py benchmarks/bench_attention.py --dtype float16 --json "$out/attention_fp16.json"
 step 90 "bench_ops" $py benchmarks/bench_ops.py --dtypes float32,bfloat16 --json "$out/ops.json"
 step 80 "bench_pretrain" $py benchmarks/bench_pretrain.py --device cuda --rounds 5 --budget 30 --json "$out/pretrain.json"

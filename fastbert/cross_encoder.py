@@ -45,7 +45,8 @@ def _is_pair(x) -> bool:
 
 class CrossEncoder:
     def __init__(self, path: str, *, backend: Optional[str] = None, dtype: Optional[torch.dtype] = None,
-                 device=None, max_length: Optional[int] = None, quantize: Optional[str] = None):
+                 device=None, max_length: Optional[int] = None, quantize: Optional[str] = None,
+                 cuda_graphs: bool = True):
         from fastbert.model.auto import AutoModelForSequenceClassification
 
         if not os.path.isdir(path):
@@ -54,6 +55,8 @@ class CrossEncoder:
                                                                         quantize=quantize)
         if device is not None:
             self.model.to(device)
+        # on CUDA the encoder replays CUDA graphs (fastbert.ops.encoder.EncoderGraphs); elsewhere a no-op
+        self.model.cuda_graphs(cuda_graphs)
         self.num_labels = self.model.config.num_labels
         self.activation_fn = _default_activation(path, self.num_labels)
         self.max_length = max_length_of(path, self.model, max_length, {})

@@ -200,7 +200,8 @@ def _modules(path: str) -> List[Tuple[str, str]]:
 
 class SentenceEncoder:
     def __init__(self, path: str, *, backend: Optional[str] = None, dtype: Optional[torch.dtype] = None,
-                 device=None, max_seq_length: Optional[int] = None, quantize: Optional[str] = None):
+                 device=None, max_seq_length: Optional[int] = None, quantize: Optional[str] = None,
+                 cuda_graphs: bool = True):
         from fastbert.model.auto import AutoModel
 
         if not os.path.isdir(path):
@@ -224,6 +225,8 @@ class SentenceEncoder:
                                                add_pooling_layer=False)
         if device is not None:
             self.model.to(device)
+        # on CUDA the encoder replays CUDA graphs (fastbert.ops.encoder.EncoderGraphs); elsewhere a no-op
+        self.model.cuda_graphs(cuda_graphs)
         self.dense.to(self.model.device)
         self.max_seq_length = max_length(root, self.model, max_seq_length, st_config)
         self.tokenizer = load_tokenizer(root, self.max_seq_length, WHERE)

@@ -97,20 +97,23 @@ class KernelBuild(NamedTuple):
     maxnreg: Optional[int] = None
 
 
-_SINKS: Dict[Any, Any] = {}
+_SINKS: Dict[Any, Any] = {}  # device -> every sink buffer made on it, the newest last
 
 
 def sink(numel: int, device):
     """A float32 buffer of at least `numel` elements on `device` for what a kernel must store and
     nobody reads (inference's LayerNorm statistics, attention's log-sum-exp), so that the launch
-    allocates nothing for it: one per device, grown to the largest size asked. Never read, so the
-    calls that share it (on any stream, in a CUDA graph or not) cannot disturb one another."""
+    allocates nothing for it: one per device, grown (doubling) to the largest size asked. Never
+    read, so the calls that share it (on any stream, in a CUDA graph or not) cannot disturb one
+    another. A buffer outgrown is kept, never freed: a CUDA graph captured with it writes to it at
+    every replay, and freed memory would be handed to other tensors."""
     import torch
 
-    buf = _SINKS.get(device)
-    if buf is None or buf.numel() < numel:
-        buf = _SINKS[device] = torch.empty(max(numel, 1024), dtype=torch.float32, device=device)
-    return buf
+    made = _SINKS.setdefault(device, [])
+    if not made or made[-1].numel() < numel:
+        size = max(numel, 1024, 2 * made[-1].numel() if made else 0)
+        made.append(torch.empty(size, dtype=torch.float32, device=device))
+    return made[-1]
 
 
 def aligned_args(signature: Dict[str, str]) -> Tuple[str, ...]:

@@ -84,6 +84,15 @@ class BertModel(BertPreTrainedModel):
             token_type_ids = torch.zeros((bsz, seq), dtype=torch.long, device=device)
         if position_ids is None:
             position_ids = emb.default_position_ids(input_ids, bsz, seq, device)
+        graphs = None
+        if bias is None and head_mask is None and not output_attentions and not output_hidden_states:
+            graphs = self.graphs_for(input_ids)
+        if graphs is not None:  # the encoder as one CUDA graph replay
+            hidden = graphs(encoder.pack_inputs(input_ids, token_type_ids, position_ids, key_mask),
+                            self.graph_sources())
+            out = BaseModelOutputWithPooling(last_hidden_state=hidden,
+                                             pooler_output=self.pooler(hidden) if self.pooler is not None else None)
+            return out if return_dict else out.to_tuple()
         hidden = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)
         scales = head_scales(head_mask, cfg.num_hidden_layers, cfg.num_attention_heads)
         rel = self.relative_position_bias(seq)
@@ -106,6 +115,14 @@ class BertModel(BertPreTrainedModel):
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds) -> torch.Tensor:
         """The encoder's input [batch, seq, hidden]."""
         return self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+
+    def packed_encode(self, ids, types, positions, cu_seqlens, max_seqlen: int):
+        """The embeddings and every layer on packed tokens -> the last layer's rows [tokens, hidden]
+        (what a CUDA graph captures; see BertPreTrainedModel.packed_encode)."""
+        h = self.embed(ids, types, positions, None)
+        return self._layers(h, mask=None, packed=(cu_seqlens, max_seqlen), bias=None, scales=[None] * len(self.layers),
+                            rel=self.relative_position_bias(max_seqlen), want_states=False, want_probs=False,
+                            first=None, shape=None)[0]
 
     def relative_position_bias(self, seq: int):
         """The relative position bias [heads, 2 seq - 1] every layer's attention adds to its scores

@@ -319,6 +319,11 @@ class ModernBertModel(ModernBertPreTrainedModel):
         key_mask, bias = attention_masks(attention_mask, bsz, seq, cfg.num_attention_heads)
         if bias is not None:
             raise not_supported("an attention_mask other than a padding mask")
+        graphs = None if want_probs or output_hidden_states else self.graphs_for(input_ids)
+        if graphs is not None:  # the encoder as one CUDA graph replay
+            hidden = graphs(encoder.pack_inputs(input_ids, None, None, key_mask), self.graph_sources())
+            result = BaseModelOutput(last_hidden_state=hidden)
+            return result if return_dict else result.to_tuple()
         hidden = self.embeddings(input_ids, inputs_embeds)
         if key_mask is not None and not compiling and bool(key_mask.all()):
             key_mask = None
@@ -333,6 +338,13 @@ class ModernBertModel(ModernBertPreTrainedModel):
             out, states, probs = encode(hidden, key_mask, None, lambda t: t, output_hidden_states, want_probs)
         result = BaseModelOutput(last_hidden_state=out, hidden_states=states, attentions=probs)
         return result if return_dict else result.to_tuple()
+
+    def packed_encode(self, ids, types, positions, cu_seqlens, max_seqlen: int):
+        """The embeddings, every layer and final_norm on packed tokens -> rows [tokens, hidden] (what a
+        CUDA graph captures; the rotary positions come from cu_seqlens: types and positions unread)."""
+        h = self.embeddings(ids)
+        return self._layers(h, mask=None, packed=(cu_seqlens, max_seqlen), want_states=False, want_probs=False,
+                            shape=h.shape)[0]
 
     def _encode(self, h: torch.Tensor, mask, packed, to_output, want_states: bool, want_probs: bool):
         """(last_hidden_state: to_output of the layers' output after final_norm, the hidden states

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import os
 import warnings
 from typing import Dict, Iterator, Optional
@@ -26,6 +27,7 @@ from fastbert.model.layers import BackendMixin, BertLMPredictionHead
 from fastbert.model.model_utils import ModelUtilsMixin
 from fastbert.model.quantize import CONFIG_KEY, check_quantize, quantize_model, recorded
 from fastbert.model.trainer_save import patch_trainer_if_loaded
+from fastbert.ops import encoder
 
 
 class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
@@ -48,21 +50,67 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
     quantized: Optional[str] = None  # "int8" after quantize_("int8")
     quantization: Optional[dict] = None  # its settings: {"mode": "int8", "weight_range": 127} (fastbert.model.quantize)
     gradient_checkpointing: bool = False  # set by gradient_checkpointing_enable() on the base model
+    cuda_graph_limit: int = 0  # the CUDA graphs cuda_graphs() keeps on the base model (0: none, eager)
+    _cuda_graphs: Optional[encoder.EncoderGraphs] = None  # made at the first forward that runs them
 
     def _return_dict(self, return_dict) -> bool:
         return self.config.use_return_dict if return_dict is None else return_dict
 
     def _apply(self, fn, recurse=True):
-        # to() / half() / cuda(): the plan of the one-call stack (fastbert.model.stack_plan) holds the
-        # layers' tensors, which may be the old ones now: let them go (the next forward reads anew)
+        # to() / half() / cuda(): the plan of the one-call stack (fastbert.model.stack_plan) and the
+        # CUDA graphs hold the layers' tensors, which may be the old ones now: let them go (the next
+        # forward reads anew; the graphs would also see the change by their sources)
         stack_plan.drop_plans(self)
+        self._cuda_graphs = None
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, *args, **kwargs):
         # load_state_dict(assign=True) gives the layers new tensors: let the plan's old ones go now,
         # not at the next forward (in place, the plan would still be current; dropping costs one rebuild)
         stack_plan.drop_plans(self)
+        self._cuda_graphs = None
         return super()._load_from_state_dict(*args, **kwargs)
+
+    def cuda_graphs(self, enabled: bool = True, *, max_graphs: int = encoder.MAX_GRAPHS) -> "BertPreTrainedModel":
+        """On CUDA, in inference, run the encoder (the embeddings through the last layer) as CUDA
+        graphs: one replay a forward, each captured at the first batch of its bucket of (tokens,
+        batch, longest sequence), at most max_graphs kept (fastbert.ops.encoder.EncoderGraphs, which
+        says what memory they hold). The outputs are the eager forward's on the bucket's shapes. A
+        forward that asks for what the graphs do not give (hidden states, attention probabilities,
+        an additive mask, head_mask, inputs_embeds), training, int8 weights, CPU tensors or a
+        backend other than Triton runs eagerly. enabled False: every forward eager. Returns self."""
+        if enabled and (isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1):
+            raise ValueError(f"fastbert: max_graphs must be an int >= 1, got {max_graphs!r}")
+        base = self.base_model
+        base.cuda_graph_limit = max_graphs if enabled else 0
+        base._cuda_graphs = None
+        return self
+
+    def graphs_for(self, input_ids: Optional[torch.Tensor]) -> Optional[encoder.EncoderGraphs]:
+        """The encoder's CUDA graphs when this forward runs in them (see cuda_graphs; the caller checks
+        what the forward asks for), else None."""
+        if (self.cuda_graph_limit <= 0 or input_ids is None or input_ids.device.type != "cuda" or self.training
+                or self.quantized or not encoder.inference_now()):
+            return None
+        from fastbert import backend as fb_backend
+
+        if fb_backend.resolve(self.embeddings.backend, input_ids) != "triton":
+            return None
+        if self._cuda_graphs is None:
+            self._cuda_graphs = encoder.EncoderGraphs(self.packed_encode, self.cuda_graph_limit)
+        return self._cuda_graphs
+
+    def graph_sources(self) -> tuple:
+        """What the CUDA graphs read by address: every parameter's and buffer's storage and dtype. A
+        tensor replaced (not written in place) changes it, and the graphs are captured again."""
+        return tuple((t.data_ptr(), t.dtype) for t in itertools.chain(self.parameters(), self.buffers()))
+
+    def packed_encode(self, ids: torch.Tensor, types: torch.Tensor, positions: torch.Tensor,
+                      cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        """The encoder on packed tokens (ids, token types, positions [tokens]; cu_seqlens int32
+        [batch + 1]) -> the last layer's rows [tokens, hidden]: what a CUDA graph captures. Each
+        architecture's base model gives its own."""
+        raise NotImplementedError(f"fastbert: {type(self).__name__} has no packed encoder for CUDA graphs")
 
     def _run_layer(self, layer, *args):
         """layer(*args) (an encoder layer or one of its methods), or checkpointed: its activations

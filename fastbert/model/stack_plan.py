@@ -87,6 +87,11 @@ class Plan(NamedTuple):
     forms: List[str] = []           # each layer's GELU form
     backends: frozenset = frozenset()  # the layers' backend settings
 
+    def __deepcopy__(self, memo) -> None:
+        # a copied model reads its own layers afresh (this plan's reads hold class namespaces,
+        # which no copy can take)
+        return None
+
 
 def _entry(layer: nn.Module, reads: dict, int8: bool):
     """(tensors, products, heads, eps1, eps2, form, backend) of one layer, or None where the

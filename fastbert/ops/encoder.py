@@ -479,3 +479,168 @@ def int8_add_norm(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tens
                                    quantize=quantize, return_sum=want_sum)
     total = rest.pop() if want_sum else None
     return y, (tuple(rest) if quantize else None), total
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA graphs: the encoder captured once per bucket, replayed once per forward
+#
+# On CUDA a layer sends its GEMMs and kernels from Python, and below some 30k tokens a batch waits
+# on the host that sends them (benchmarks/RESULTS.md, "The CUDA path's host cost"). Captured in a
+# CUDA graph, the encoder (the embeddings through the last layer, on the packed real tokens) is one
+# replay. A graph fixes every shape, so a batch runs in the graph of its bucket: its tokens padded
+# to a token bucket (the extra rows belong to no sequence: the attention never reads them, the
+# row-wise kernels compute them and nothing reads the result), its cu_seqlens to a batch bucket (the
+# extra sequences empty), its longest sequence to a length bucket (the attention's grid). The
+# kernels are those of the eager forward on the same shapes, so a replay gives its bits. Rows in no
+# sequence are the Triton attention's to leave alone (the C++ one checks that cu_seqlens covers
+# every row): the graphs run on the Triton backend.
+
+TOKEN_BUCKET, BATCH_BUCKET, LENGTH_BUCKET = 64, 1, 16  # the smallest bucket of each
+MAX_GRAPHS = 16  # graphs kept per model; the least recently used goes first
+
+
+def bucket(n: int, smallest: int) -> int:
+    """The bucket of n: the least of smallest * 2^k and 3/2 * smallest * 2^k (k >= 0) at or above
+    n, so that padding adds at most half again (and a few buckets serve every size)."""
+    b = smallest
+    while True:
+        if n <= b:
+            return b
+        if n <= b * 3 // 2:
+            return b * 3 // 2
+        b *= 2
+
+
+class PackedInputs(NamedTuple):
+    """A padded batch's real tokens, packed in ops.unpad's order: ids, token types and positions
+    [tokens] (int64), cu_seqlens int32 [batch + 1], the longest sequence's length, and each real
+    token's flat index in the padded batch (for ops.pad), with the padded shape (batch, seq)."""
+
+    ids: Tensor
+    types: Optional[Tensor]  # None: the model reads none (zeros in the graph's buffer)
+    positions: Optional[Tensor]
+    cu_seqlens: Tensor
+    longest: int
+    indices: Tensor
+    shape: Tuple[int, int]
+
+    @property
+    def key(self) -> Tuple[int, int, int]:
+        """The graph this batch runs in: its (tokens, batch, length) buckets."""
+        return (bucket(self.ids.numel(), TOKEN_BUCKET), bucket(self.cu_seqlens.numel() - 1, BATCH_BUCKET),
+                bucket(max(self.longest, 1), LENGTH_BUCKET))
+
+
+def pack_inputs(input_ids: Tensor, token_type_ids: Optional[Tensor], position_ids: Optional[Tensor],
+                attention_mask: Optional[Tensor]) -> PackedInputs:
+    """The real tokens of input_ids, token_type_ids and position_ids ([batch, seq] each, or None
+    where the model reads none; positions may be expanded) under attention_mask ([batch, seq],
+    None: every token), packed. Reading the mask's lengths is the one host synchronisation of a
+    replayed forward."""
+    from fastbert.ops.padding import unpad_indices
+
+    bsz, seq = input_ids.shape
+    if attention_mask is None:
+        attention_mask = torch.ones((bsz, seq), dtype=torch.bool, device=input_ids.device)
+    indices, cu_seqlens, longest = unpad_indices(attention_mask)
+
+    def take(t: Optional[Tensor]) -> Optional[Tensor]:
+        return None if t is None else t.expand(bsz, seq).reshape(-1).index_select(0, indices)
+
+    return PackedInputs(take(input_ids), take(token_type_ids), take(position_ids), cu_seqlens, longest, indices,
+                        (bsz, seq))
+
+
+# encode(ids, types, positions, cu_seqlens, max_seqlen) -> the last layer's rows [tokens, hidden]
+PackedEncoder = Callable[[Tensor, Tensor, Tensor, Tensor, int], Tensor]
+
+
+class _Bucket:
+    """One bucket's static inputs and its output; `capture`: a CUDA graph of `encode` on them
+    (else `encode` runs on them at each call: the same steps without the graph, which the CPU
+    tests run)."""
+
+    def __init__(self, key: Tuple[int, int, int], encode: PackedEncoder, device, capture: bool, pool) -> None:
+        tokens, batch, self.longest = key
+        self.ids = torch.zeros(tokens, dtype=torch.long, device=device)
+        self.types = torch.zeros_like(self.ids)
+        self.positions = torch.zeros_like(self.ids)
+        self.cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+        self.encode = encode
+        self.graph = None
+        if capture:
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):  # kernels compiled, workspaces and sinks sized, outside the graph
+                for _ in range(2):
+                    self._run()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.out = self._run()
+
+    def _run(self) -> Tensor:
+        return self.encode(self.ids, self.types, self.positions, self.cu_seqlens, self.longest)
+
+    def __call__(self, packed: PackedInputs) -> Tensor:
+        """The encoder's rows for packed's tokens [tokens, hidden], valid until the next call."""
+        n, b = packed.ids.numel(), packed.cu_seqlens.numel() - 1
+        self.ids[:n].copy_(packed.ids)  # rows past n keep earlier ids, types, positions: valid, unread
+        for static, given in ((self.types, packed.types), (self.positions, packed.positions)):
+            if given is not None:
+                static[:n].copy_(given)
+        self.cu_seqlens[:b + 1].copy_(packed.cu_seqlens)
+        self.cu_seqlens[b + 1:].fill_(n)  # the bucket's extra sequences: empty
+        if self.graph is None:
+            return self._run()[:n]
+        self.graph.replay()
+        return self.out[:n]
+
+
+class EncoderGraphs:
+    """A model's encoder as CUDA graphs, one per bucket of (tokens, batch, longest sequence),
+    captured at a bucket's first batch and replayed at every later one; at most `max_graphs`, the
+    least recently used dropped first. Every graph allocates from one memory pool, which holds about
+    one forward's activations of the largest bucket in use (replays run one at a time, so their
+    temporaries can share it). `capture` False: the same buckets and static buffers, run eagerly
+    (what the CPU tests check)."""
+
+    def __init__(self, encode: PackedEncoder, max_graphs: int = MAX_GRAPHS, capture: bool = True) -> None:
+        if max_graphs < 1:
+            raise ValueError(f"fastbert: max_graphs must be at least 1, got {max_graphs}")
+        import collections
+        import threading
+
+        self.encode, self.max_graphs, self.capture = encode, max_graphs, capture
+        self.buckets: "collections.OrderedDict[Tuple[int, int, int], _Bucket]" = collections.OrderedDict()
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.lock = threading.Lock()  # one replay at a time: their static buffers and pool are shared
+        self.sources: Optional[tuple] = None
+
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    def __deepcopy__(self, memo) -> None:
+        return None  # a copied model captures its own graphs (at its first forward that runs them)
+
+    def __reduce__(self):
+        return type(None), ()  # pickled as None: graphs live on one GPU in one process
+
+    def __call__(self, packed: PackedInputs, sources: tuple) -> Tensor:
+        """The encoder's last hidden state [batch, seq, hidden] (zeros at padding) for packed.
+        sources: what the graphs read and must not outlive (the parameters' storages): when it
+        changes, every graph is dropped and captured again."""
+        from fastbert.ops.padding import pad
+
+        with self.lock:
+            if sources != self.sources:
+                self.buckets.clear()
+                self.sources = sources
+            key = packed.key
+            run = self.buckets.get(key)
+            if run is None:
+                while len(self.buckets) >= self.max_graphs:
+                    self.buckets.popitem(last=False)
+                run = self.buckets[key] = _Bucket(key, self.encode, packed.ids.device, self.capture, self.pool)
+            self.buckets.move_to_end(key)
+            return pad(run(packed), packed.indices, *packed.shape)

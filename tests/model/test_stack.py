@@ -298,3 +298,15 @@ def test_a_forward_replaced_on_a_layer_still_runs(spy):
         spy.ran.clear()
         model(IDS, MASKS["packed"])
     assert True not in spy.ran and len(seen) == 2  # the layers one by one
+
+
+def test_a_model_that_ran_can_be_copied():
+    """copy.deepcopy after a forward: the copy reads its own layers afresh (a plan holds class
+    namespaces, which cannot be copied) and gives the same bits."""
+    import copy
+
+    model = _model()
+    with torch.no_grad():
+        want = model(IDS, MASKS["packed"]).last_hidden_state
+        twin = copy.deepcopy(model)
+        assert torch.equal(twin(IDS, MASKS["packed"]).last_hidden_state, want)
