@@ -89,7 +89,7 @@ class BertModel(BertPreTrainedModel):
             graphs = self.graphs_for(input_ids)
         if graphs is not None:  # the encoder as one CUDA graph replay
             hidden = graphs(encoder.pack_inputs(input_ids, token_type_ids, position_ids, key_mask),
-                            self.graph_sources())
+                            self.graph_sources)
             out = BaseModelOutputWithPooling(last_hidden_state=hidden,
                                              pooler_output=self.pooler(hidden) if self.pooler is not None else None)
             return out if return_dict else out.to_tuple()

@@ -321,7 +321,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
             raise not_supported("an attention_mask other than a padding mask")
         graphs = None if want_probs or output_hidden_states else self.graphs_for(input_ids)
         if graphs is not None:  # the encoder as one CUDA graph replay
-            hidden = graphs(encoder.pack_inputs(input_ids, None, None, key_mask), self.graph_sources())
+            hidden = graphs(encoder.pack_inputs(input_ids, None, None, key_mask), self.graph_sources)
             result = BaseModelOutput(last_hidden_state=hidden)
             return result if return_dict else result.to_tuple()
         hidden = self.embeddings(input_ids, inputs_embeds)

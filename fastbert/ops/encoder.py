@@ -626,21 +626,26 @@ class EncoderGraphs:
     def __reduce__(self):
         return type(None), ()  # pickled as None: graphs live on one GPU in one process
 
-    def __call__(self, packed: PackedInputs, sources: tuple) -> Tensor:
+    def __call__(self, packed: PackedInputs, sources: Callable[[], tuple]) -> Tensor:
         """The encoder's last hidden state [batch, seq, hidden] (zeros at padding) for packed.
-        sources: what the graphs read and must not outlive (the parameters' storages): when it
-        changes, every graph is dropped and captured again."""
+        sources() gives what the graphs read and must not outlive (the parameters' storages): when
+        it changes, every graph is dropped and captured again."""
         from fastbert.ops.padding import pad
 
-        with self.lock:
-            if sources != self.sources:
+        # normal tensors whatever mode the caller is in: buffers made under torch.inference_mode
+        # could not be written outside it (a later forward under no_grad alone), nor saved for later
+        with self.lock, torch.inference_mode(False), torch.no_grad():
+            if sources() != self.sources:
                 self.buckets.clear()
-                self.sources = sources
             key = packed.key
             run = self.buckets.get(key)
-            if run is None:
+            made = run is None
+            if made:
                 while len(self.buckets) >= self.max_graphs:
                     self.buckets.popitem(last=False)
                 run = self.buckets[key] = _Bucket(key, self.encode, packed.ids.device, self.capture, self.pool)
             self.buckets.move_to_end(key)
-            return pad(run(packed), packed.indices, *packed.shape)
+            rows = run(packed)
+            if made:  # read after the first run, which may have joined the QKV weights anew
+                self.sources = sources()
+            return pad(rows, packed.indices, *packed.shape)

@@ -90,22 +90,29 @@ def test_the_bucketed_encoder_gives_the_eager_forward(family, monkeypatch):
 
 
 @pytest.mark.triton
-def test_a_replaced_parameter_drops_the_graphs():
+def test_a_replaced_parameter_drops_the_graphs_and_any_mode_writes_the_buffers():
     require("triton")
     model, batches = model_and_batches("bert", "triton")
     graphs = encoder.EncoderGraphs(model.packed_encode, capture=False)
-    ids, mask = batches[0]
-    with torch.no_grad():
-        graphs(encoder.pack_inputs(ids, torch.zeros_like(ids), torch.arange(ids.shape[1]).expand_as(ids), mask),
-               model.graph_sources())
+    def packed(i):
+        ids, mask = batches[i]
+        return encoder.pack_inputs(ids, torch.zeros_like(ids), torch.arange(ids.shape[1]).expand_as(ids), mask)
+
+    with torch.no_grad():  # (the first forward joins the QKV weights: the graphs read the sources after it)
+        graphs(packed(0), model.graph_sources)
+        graphs(packed(0), model.graph_sources)
         assert len(graphs) == 1
+    with torch.inference_mode():  # a bucket's buffers made here are written again under no_grad below
+        graphs(packed(1), model.graph_sources)
+    with torch.no_grad():
+        graphs(packed(1), model.graph_sources)
+        assert len(graphs) == 2
         sources = model.graph_sources()
         model.encoder.layer[0].output.dense.weight.mul_(2)  # in place: the graphs read the new values
         assert model.graph_sources() == sources
         model.encoder.layer[0].output.dense.weight = torch.nn.Parameter(torch.randn(64, 96))  # replaced
         assert model.graph_sources() != sources
-        graphs(encoder.pack_inputs(ids, torch.zeros_like(ids), torch.arange(ids.shape[1]).expand_as(ids), mask),
-               model.graph_sources())
+        graphs(packed(0), model.graph_sources)
         assert len(graphs) == 1 and graphs.sources == model.graph_sources()
 
 
@@ -142,7 +149,7 @@ def test_a_replay_gives_the_eager_bits_on_the_gpu(family):
             packed = encoder.pack_inputs(ids, torch.zeros_like(ids), torch.arange(ids.shape[1], device="cuda")
                                          .expand_as(ids), mask)
             eager = encoder.EncoderGraphs(model.packed_encode, capture=False)
-            want = eager(packed, model.graph_sources())
+            want = eager(packed, model.graph_sources)
             assert torch.equal(got, want)
             torch.cuda.set_sync_debug_mode("error")
             try:
