@@ -178,3 +178,19 @@ def test_cpp_results_do_not_depend_on_the_thread_count(dtype):
     for other in results[1:]:
         for a, b_ in zip(results[0], other):
             assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize("return_sum", [False, True])
+def test_inference_gives_the_bits_of_the_training_forward(backend, return_sum):
+    """Under no_grad the fused backends keep no statistics (nothing will read them): the outputs
+    are still those of the forward that keeps them for a backward, dropout included."""
+    dev = device_for(backend)
+    x, res, w, b, _ = make_inputs((4, 7, 384), torch.float32, dev, 6)
+    for p, bias in ((0.0, b), (0.1, None)):
+        kw = dict(dropout_p=p, seed=11, return_sum=return_sum, backend=backend)
+        with torch.no_grad():
+            got = fastbert.ops.add_layer_norm(x, res, w, bias, 1e-5, **kw)
+        want = fastbert.ops.add_layer_norm(x, res, w.requires_grad_(), bias, 1e-5, **kw)
+        w.requires_grad_(False)
+        for g_, w_ in zip(got if return_sum else (got,), want if return_sum else (want,)):
+            assert torch.equal(g_, w_.detach()), (p, (g_ - w_).abs().max().item())

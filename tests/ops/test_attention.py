@@ -262,3 +262,25 @@ def test_unpad_errors():
         fastbert.ops.unpad(torch.randn(2, 4, 4), torch.ones(2, 3))
     with pytest.raises(ValueError, match="rows"):
         fastbert.ops.pad(torch.randn(3, 4), torch.arange(2), 1, 3)
+
+
+def test_inference_gives_the_bits_of_the_training_forward(backend):
+    """Under no_grad the fused backends keep no log-sum-exp (nothing will read it): the outputs are
+    still those of the forward that keeps it for a backward, padded and packed, with dropout, rotary
+    tables, a window and a relative bias."""
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(12)
+    q, k, v = qkv((3, 2, 13, 32), torch.float32, dev, g)
+    mask = mixed_mask(3, 13, g).to(dev)
+    rel = torch.randn(2, 2 * 13 - 1, generator=g).to(dev)
+    cu, n = torch.tensor([0, 5, 6, 13], dtype=torch.int32, device=dev), 7  # lengths 5, 1, 7
+    qp, kp, vp = qkv((13, 2, 32), torch.float32, dev, g)
+    for opts in (dict(), dict(dropout_p=0.2, seed=5), dict(rotary_base=10000.0, window=3), dict(relative_bias=rel)):
+        with torch.no_grad():
+            got = fastbert.ops.attention(q, k, v, mask, backend=backend, **opts)
+            got_packed = fastbert.ops.varlen_attention(qp, kp, vp, cu, n, backend=backend, **opts)
+        want = fastbert.ops.attention(q.requires_grad_(), k, v, mask, backend=backend, **opts)
+        want_packed = fastbert.ops.varlen_attention(qp.requires_grad_(), kp, vp, cu, n, backend=backend, **opts)
+        q.requires_grad_(False), qp.requires_grad_(False)
+        assert torch.equal(got, want.detach()), sorted(opts)
+        assert torch.equal(got_packed, want_packed.detach()), sorted(opts)
