@@ -249,13 +249,20 @@ def cpu_only(backend: Optional[str], t: torch.Tensor):
     return cpp_extension() if resolve(backend, t) == "cpp" else None
 
 
+_TRITON_MODULES: dict = {}  # kernel module name -> fastbert.kernels.<name>, imported once
+
+
 def impl(backend: str, kernel_module: str):
     """The module holding the `<op>_forward` / `<op>_backward` launchers of a fused backend:
-    the extension for "cpp", fastbert.kernels.<kernel_module> for "triton"."""
+    the extension for "cpp", fastbert.kernels.<kernel_module> for "triton" (looked up in a dict
+    after its first import: every launch on a GPU asks, and the host's time is the GPU's wait)."""
     if backend == "cpp":
         return cpp_extension()
     if backend == "triton":
-        return importlib.import_module(f"fastbert.kernels.{kernel_module}")
+        module = _TRITON_MODULES.get(kernel_module)
+        if module is None:
+            module = _TRITON_MODULES[kernel_module] = importlib.import_module(f"fastbert.kernels.{kernel_module}")
+        return module
     raise AssertionError(f"no fused launchers for backend {backend!r}")
 
 

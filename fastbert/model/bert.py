@@ -219,7 +219,7 @@ class BertModel(BertPreTrainedModel):
         not run them here; their tensors read once and kept (fastbert.model.stack_plan)."""
         int8 = hq is not None
         layers = tuple(self.layers)
-        if (count < 1 or not encoder.stack_applies(h, int8, mask)
+        if (count < 1 or not encoder.stack_applies(h, int8, mask, layers[0].backend)
                 or (not int8 and (not encoder.inference_now() or stack_plan.hooked(layers[:count])))):
             return None
         cu, n = (None, 0) if packed is None else (packed[0], int(packed[1]))

@@ -384,14 +384,15 @@ def stack_paths(products: Sequence[Tuple[Tensor, ...]], rows: int, dtype: torch.
     return out
 
 
-def stack_applies(hidden: Tensor, int8: bool, mask: Optional[Tensor] = None) -> bool:
+def stack_applies(hidden: Tensor, int8: bool, mask: Optional[Tensor] = None, backend: Optional[str] = None) -> bool:
     """Whether a model's stack of layers may run in one call of the extension (encoder_stack,
     int8_encoder_stack) on this input, as far as it shows before the layers are read: the
     extension built, CPU tensors (float32 ones for the float stack, a bool mask), not while
-    torch.compile traces."""
+    torch.compile traces, and `backend` (a layer's setting; every layer's must) the C++ one."""
     return (fb_backend.cpp_function("int8_encoder_forward" if int8 else "encoder_forward") is not None
             and hidden.device.type == "cpu" and hidden.numel() > 0 and not torch.compiler.is_compiling()
-            and (int8 or (hidden.dtype == torch.float32 and (mask is None or mask.dtype == torch.bool))))
+            and (int8 or (hidden.dtype == torch.float32 and (mask is None or mask.dtype == torch.bool)))
+            and fb_backend.resolve(backend, hidden) == "cpp")
 
 
 def _runs_stack(hidden: Tensor, int8: bool, mask: Optional[Tensor], layers: Sequence, backends) -> bool:
