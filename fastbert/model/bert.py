@@ -24,6 +24,7 @@ from fastbert import ops
 from fastbert.model import stack_plan
 from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
+from fastbert.model.joined import views_of
 from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler
 from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
@@ -31,6 +32,7 @@ from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.model.quantize import TRAINING_ERROR, InferenceOnly
 from fastbert.ops import encoder
 from fastbert.ops.bias_gelu import GELU_FORMS
+from fastbert.ops.encoder import LayerWeights
 
 
 class BertModel(BertPreTrainedModel):
@@ -199,12 +201,16 @@ class BertModel(BertPreTrainedModel):
             h, states, probs = outs[-1], (outs if want_states else []), []
         else:
             states, probs = [], []
+            kept = None
+            if not int8 and bias is None and not want_probs and all(s is None for _, s in pairs):
+                kept = self.kept_layers(len(pairs))
             for i, (layer, scale) in enumerate(pairs):
                 if int8:
                     h, hq, p = self._int8_layer(layer, h, hq, mask, packed, bias, scale, want_probs, rel, shape,
                                                 quantize_out=i < len(pairs) - 1)
                 else:
-                    h, p = self._run_layer(layer, h, mask, packed, bias, scale, want_probs, rel)
+                    h, p = self._run_layer(layer, h, mask, packed, bias, scale, want_probs, rel,
+                                           *(() if kept is None else (kept[i],)))
                 if want_states:
                     states.append(h)
                 if want_probs:
@@ -238,6 +244,28 @@ class BertModel(BertPreTrainedModel):
                 return out
             stack_plan.drop_plans(self, int8)  # a joined tensor's parts moved: the next plan joins them again
         return None
+
+    def kept_layers(self, count: int) -> Optional[list]:
+        """What the inference route reads of each of the first `count` layers (BertLayer.forward's
+        `kept`: weights(), heads, both eps, the GELU form), taken from the plan the model keeps
+        (fastbert.model.stack_plan: rebuilt whenever anything it was read from changes), so that a
+        forward whose layers run one by one (on Triton) does not read every module again; None
+        where the plan does not cover them (training, hooks, a layer of another kind) or a joined
+        QKV tensor's parts moved (the layers' own read joins them again)."""
+        layers = tuple(self.layers)
+        if count < 1 or not encoder.inference_now() or stack_plan.hooked(layers[:count]):
+            return None
+        p = stack_plan.plan(self, layers, False)
+        if not p.runs:
+            return None
+        kept = []
+        for i, tensors in enumerate(p.tensors[:count]):
+            weights, parts = LayerWeights(*tensors[:12]), tensors[12:]
+            if not (views_of(weights.qkv_weight, parts[:3]) and views_of(weights.qkv_bias, parts[3:])):
+                stack_plan.drop_plans(self, False)
+                return None
+            kept.append((weights, p.heads[i], (p.eps[2 * i], p.eps[2 * i + 1]), p.forms[i]))
+        return kept
 
     def _int8_layer(self, layer, h, hq, mask, packed, bias, scale, want_probs: bool, rel, shape, quantize_out: bool):
         """One int8 layer on rows h [rows, width] and hq, their quantized rows, around the layer's

@@ -310,3 +310,37 @@ def test_a_model_that_ran_can_be_copied():
         want = model(IDS, MASKS["packed"]).last_hidden_state
         twin = copy.deepcopy(model)
         assert torch.equal(twin(IDS, MASKS["packed"]).last_hidden_state, want)
+
+
+QUICK = (_new_parameter, _data_query, _class_property)  # the quick loop's share; the full suite runs every change
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("change", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in CHANGES],
+                         ids=[c.__name__.strip("_") for c in CHANGES])
+def test_the_kept_layers_never_go_stale(change, monkeypatch):
+    """On Triton the layers run one by one on what the model keeps of them (BertModel.kept_layers,
+    from the same plan): after each change the next forward equals one that reads every layer
+    afresh, and differs from the forward before."""
+    require("triton")
+    model = _model().set_backend("triton")
+
+    def forward():
+        with torch.no_grad():
+            return model(IDS, MASKS["packed"]).last_hidden_state
+
+    def afresh():
+        with monkeypatch.context() as patch:
+            patch.setattr(type(model), "kept_layers", lambda self, count: None)
+            return forward()
+
+    forward()
+    with torch.no_grad():
+        assert model.kept_layers(2) is not None, "the layers are not kept: the test would prove nothing"
+    before = forward()
+    assert torch.equal(before, afresh())
+    with torch.no_grad():
+        change(model, monkeypatch) if change is _class_property else change(model)
+    after = forward()
+    assert torch.equal(after, afresh()), (after - afresh()).abs().max().item()
+    assert not torch.equal(before, after), "the change did not change the output: the test would not see a stale read"
