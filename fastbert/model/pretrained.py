@@ -13,6 +13,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from fastbert import backend as fb_backend
 from fastbert.model import stack_plan
 from fastbert.model.checkpoint import (
     SAFE_WEIGHTS_NAME,
@@ -92,8 +93,6 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         if (self.cuda_graph_limit <= 0 or input_ids is None or input_ids.device.type != "cuda" or self.training
                 or self.quantized or not encoder.inference_now()):
             return None
-        from fastbert import backend as fb_backend
-
         if fb_backend.resolve(self.embeddings.backend, input_ids) != "triton":
             return None
         if self._cuda_graphs is None:

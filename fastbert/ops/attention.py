@@ -216,21 +216,29 @@ def run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed,
     if needs_grad(q, k, v, *([rel_bias] if rel_bias is not None else [])):
         out, keep = AttentionFunction.apply(*args)
     elif backend == "triton" and not torch.compiler.is_compiling():
-        # no backward to come: the launcher keeps no log-sum-exp (the host's allocations are
-        # launches on a GPU; the custom op's schema, which torch.compile sees, returns one)
-        launchers = fb_backend.impl(backend, "attention")
-        extra = dict(_extras(rope[0], rope[1], window, rel_bias), keep_lse=False)
-        seed_i = seed_int(seed)
-        if cu_seqlens is None:
-            out, _, keep = launchers.attention_forward(q, k, v, key_mask, scale, float(dropout_p), seed_i,
-                                                       bool(return_mask), **extra)
-        else:
-            out, _, keep = launchers.varlen_attention_forward(q, k, v, cu_seqlens, max_seqlen, scale, float(dropout_p),
-                                                              seed_i, bool(return_mask), **extra)
+        # no backward to come (the custom op's schema, which torch.compile sees, returns a log-sum-exp)
+        out, keep = inference_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, float(dropout_p), seed_int(seed),
+                                      bool(return_mask), rope, window, rel_bias)
     else:
         out, _, keep = _fused_fwd(*args)
     if return_mask and (keep is None or keep.numel() == 0):
         keep = torch.ones(mask_shape, dtype=torch.bool, device=q.device)
+    return out, keep
+
+
+def inference_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale: float, dropout_p: float, seed: int,
+                      return_mask: bool, rope, window: int, rel_bias, out: Optional[Tensor] = None):
+    """(out, keep-mask or None) of the Triton launchers (padded, or packed with cu_seqlens) with no
+    backward to come: no log-sum-exp kept, so nothing allocated for it (on a GPU the host's
+    allocations are launches). rope: (cos, sin) or (None, None); out: where the output goes (q
+    itself allowed, as the launchers say) or None: fresh."""
+    launchers = fb_backend.impl("triton", "attention")
+    extra = dict(_extras(rope[0], rope[1], window, rel_bias), out=out, keep_lse=False)
+    if cu_seqlens is None:
+        out, _, keep = launchers.attention_forward(q, k, v, key_mask, scale, dropout_p, seed, return_mask, **extra)
+    else:
+        out, _, keep = launchers.varlen_attention_forward(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed,
+                                                          return_mask, **extra)
     return out, keep
 
 

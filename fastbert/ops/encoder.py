@@ -46,20 +46,31 @@ cast as autocast does.
 """
 from __future__ import annotations
 
+import collections
 import math
+import threading
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 from fastbert import backend as fb_backend
 from fastbert.ops import gemm
-from fastbert.ops.attention import attention, attention_fwd, check_cu_seqlens, rotary_for, varlen_attention, varlen_attention_fwd
+from fastbert.ops.attention import (
+    attention,
+    attention_fwd,
+    check_cu_seqlens,
+    inference_forward,
+    rotary_for,
+    varlen_attention,
+    varlen_attention_fwd,
+)
 from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_fwd
 from fastbert.ops.checks import check_approximate, check_device, check_float, check_mask, check_tensor
 from fastbert.ops.geglu import geglu_fwd
 from fastbert.ops.int8 import int8_add_layer_norm, int8_bias_gelu, int8_dequantize, int8_matmul, quantize_rows
 from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm, add_layer_norm_fwd, add_layer_norm_sum_fwd
 from fastbert.ops.linear import linear, rows_forward
+from fastbert.ops.padding import pad, unpad_indices
 
 Tensor = torch.Tensor
 OP = "encoder_layer"
@@ -262,23 +273,22 @@ def _attention(qkv: Tensor, shape, heads: int, mask, cu_seqlens, max_seqlen, rop
     rope: (cos, sin) or None. On Triton written over the queries: the context is qkv's first third."""
     h = shape[-1]
     d = h // heads
-    lean = backend == "triton"
-    extra = (*(rope or (None, None)), window, rel)
+    rope = rope or (None, None)
     if cu_seqlens is not None:
         q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
-        args = (q, k, v, cu_seqlens.contiguous(), max_seqlen, 1.0 / math.sqrt(d), 0.0, None, False, *extra)
-        if lean:
-            fb_backend.impl(backend, "attention").varlen_attention_forward(*args, out=q, keep_lse=False)
-            return qkv.narrow(1, 0, h)
-        return varlen_attention_fwd(*args, backend)[0].view(-1, h)
-    bsz, seq = shape[:2]
-    q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
-    keys = None if mask is None else mask.contiguous()
-    args = (q, k, v, keys, 1.0 / math.sqrt(d), 0.0, None, False, *extra)
-    if lean:
-        fb_backend.impl(backend, "attention").attention_forward(*args, out=q, keep_lse=False)
+        keys, cu_seqlens = None, cu_seqlens.contiguous()
+    else:
+        q, k, v = qkv.view(*shape[:2], 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
+        keys = None if mask is None else mask.contiguous()
+    if backend == "triton":
+        inference_forward(q, k, v, keys, cu_seqlens, max_seqlen, 1.0 / math.sqrt(d), 0.0, None, False, rope, window,
+                          rel, out=q)
         return qkv.narrow(1, 0, h)
-    return attention_fwd(*args, backend)[0].transpose(1, 2).reshape(-1, h)
+    if cu_seqlens is not None:
+        return varlen_attention_fwd(q, k, v, cu_seqlens, max_seqlen, 1.0 / math.sqrt(d), 0.0, None, False, *rope, window,
+                                    rel, backend)[0].view(-1, h)
+    return attention_fwd(q, k, v, keys, 1.0 / math.sqrt(d), 0.0, None, False, *rope, window, rel,
+                         backend)[0].transpose(1, 2).reshape(-1, h)
 
 
 def _add_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, backend: str) -> Tensor:
@@ -538,8 +548,6 @@ def pack_inputs(input_ids: Tensor, token_type_ids: Optional[Tensor], position_id
     where the model reads none; positions may be expanded) under attention_mask ([batch, seq],
     None: every token), packed. Reading the mask's lengths is the one host synchronisation of a
     replayed forward."""
-    from fastbert.ops.padding import unpad_indices
-
     bsz, seq = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones((bsz, seq), dtype=torch.bool, device=input_ids.device)
@@ -609,9 +617,6 @@ class EncoderGraphs:
     def __init__(self, encode: PackedEncoder, max_graphs: int = MAX_GRAPHS, capture: bool = True) -> None:
         if max_graphs < 1:
             raise ValueError(f"fastbert: max_graphs must be at least 1, got {max_graphs}")
-        import collections
-        import threading
-
         self.encode, self.max_graphs, self.capture = encode, max_graphs, capture
         self.buckets: "collections.OrderedDict[Tuple[int, int, int], _Bucket]" = collections.OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
@@ -631,8 +636,6 @@ class EncoderGraphs:
         """The encoder's last hidden state [batch, seq, hidden] (zeros at padding) for packed.
         sources() gives what the graphs read and must not outlive (the parameters' storages): when
         it changes, every graph is dropped and captured again."""
-        from fastbert.ops.padding import pad
-
         # normal tensors whatever mode the caller is in: buffers made under torch.inference_mode
         # could not be written outside it (a later forward under no_grad alone), nor saved for later
         with self.lock, torch.inference_mode(False), torch.no_grad():

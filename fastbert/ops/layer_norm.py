@@ -45,8 +45,8 @@ def _fake_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
 
 @fused_op("add_layer_norm_sum_fwd", _fake_sum_fwd)
 def add_layer_norm_sum_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
-                            dropout_p: float, seed: Optional[Tensor],
-                            backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                           dropout_p: float, seed: Optional[Tensor],
+                           backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     # as add_layer_norm_fwd -> (y, mean, rstd, s), s = dropout(x) + residual [rows, hidden] in x.dtype
     return tuple(
         fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
