@@ -11,6 +11,9 @@ backward), it prints
   ops           launches + launch/alloc: what the GPU's queue receives
   host us       host microseconds per call, launches skipped (timed at tiny sizes, where the CPU's
                 arithmetic in the torch calls costs next to nothing; this CPU's figure)
+  floor us      the same call's aten calls that launch or allocate, replayed back to back: what
+                its operations cost the host with nothing around them
+  own us        host us - floor us: the host time beyond the launches (Python, autograd, views)
 
 A layer's row is its family's two-layer model less its one-layer one. The counts are exact and
 the same on every machine (tests/bench/test_host.py holds them); the times are this CPU's.

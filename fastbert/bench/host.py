@@ -12,8 +12,10 @@ one call of an op, a layer or a model it counts
 - host syncs: calls whose result the host must read (`.item()`, `.tolist()`, `nonzero`, shapes
   that depend on values), each a stall of the GPU's queue and a wall against CUDA graphs;
 
-and times the host microseconds of one call (launches skipped). The counts are exact and the same
-on every machine; the times are this CPU's.
+and times the host microseconds of one call (launches skipped), with its floor: the same aten
+calls that launch or allocate replayed back to back, so that the difference is the host time
+beyond the launches (fastbert's Python, autograd's, views, syncs). The counts are exact and the
+same on every machine; the times are this CPU's.
 
 A layer's share is the difference between a model of two layers and one of one, so that the
 embeddings, the unpadding and the pooling count once, in the model's own line.
@@ -127,13 +129,50 @@ def host_us(fn: Callable[[], object], calls: int = 20, rounds: int = 5) -> float
     `calls` calls (after one untimed call)."""
     with launches_counted():
         fn()
-        best = float("inf")
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / calls)
+        return _fastest(fn, calls, rounds)
+
+
+def _fastest(fn: Callable[[], object], calls: int, rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
     return best * 1e6
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not func.is_view and not _is_sync(func):
+            self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+def floor_us(fn: Callable[[], object], calls: int = 20, rounds: int = 5) -> float:
+    """Microseconds per call of the floor under fn's host time: the aten calls of one call of fn
+    that launch or allocate, recorded and replayed back to back with no Python of fastbert's or
+    autograd's in between (each as torch's dispatcher takes it from Python, on the recorded
+    inputs). A Triton launch costs nothing here (it is skipped in both), so host_us - floor_us is
+    the host time of everything but the launches: fastbert's Python, autograd's, views, syncs."""
+    with launches_counted():
+        fn()
+        recorder = _Recorder()
+        with recorder:
+            fn()
+    recorded = recorder.calls
+
+    def replay():
+        for func, args, kwargs in recorded:
+            func(*args, **kwargs)
+
+    replay()
+    return _fastest(replay, calls, rounds)
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,6 +320,12 @@ class Row(NamedTuple):
     training: bool
     counts: Counts
     us: Optional[float]
+    floor: Optional[float] = None
+
+    @property
+    def own(self) -> Optional[float]:
+        """Host microseconds beyond the launches: us less the floor of its aten calls."""
+        return None if self.us is None else self.us - self.floor
 
 
 def measure(selected: List[Case], time_calls: bool = True, calls: int = 20, rounds: int = 5) -> List[Row]:
@@ -289,15 +334,20 @@ def measure(selected: List[Case], time_calls: bool = True, calls: int = 20, roun
     rows = []
     for case in selected:
         counts = count(_warm(case.make(COUNTED)))
-        us = host_us(_warm(case.make(TIMED)), calls, rounds) if time_calls else None
-        rows.append(Row(case.name, case.training, counts, us))
+        us = floor = None
+        if time_calls:
+            fn = _warm(case.make(TIMED))
+            us, floor = host_us(fn, calls, rounds), floor_us(fn, calls, rounds)
+        rows.append(Row(case.name, case.training, counts, us, floor))
     by_name = {(r.name, r.training): r for r in rows}
     for family in FAMILIES:
         for training in (False, True):
             one, two = by_name.get((f"{family} x1", training)), by_name.get((f"{family} x2", training))
             if one and two:
-                us = None if one.us is None else two.us - one.us
-                rows.append(Row(f"{family} layer", training, two.counts - one.counts, us))
+                us = floor = None
+                if one.us is not None:
+                    us, floor = two.us - one.us, two.floor - one.floor
+                rows.append(Row(f"{family} layer", training, two.counts - one.counts, us, floor))
     return rows
 
 
@@ -309,11 +359,12 @@ def _warm(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def format_rows(rows: List[Row]) -> str:
-    head = f"{'call':<18}{'mode':<10}{'launches':>9}{'aten':>6}{'launch/alloc':>13}{'syncs':>6}{'ops':>5}{'host us':>9}"
+    head = (f"{'call':<18}{'mode':<10}{'launches':>9}{'aten':>6}{'launch/alloc':>13}{'syncs':>6}{'ops':>5}"
+            f"{'host us':>9}{'floor us':>9}{'own us':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         c = r.counts
-        us = "" if r.us is None else f"{r.us:9.0f}"
+        us = "" if r.us is None else f"{r.us:9.0f}{r.floor:9.0f}{r.own:8.0f}"
         lines.append(f"{r.name:<18}{'training' if r.training else 'inference':<10}{c.launches:>9}{c.aten:>6}"
                      f"{c.work:>13}{c.syncs:>6}{c.operations:>5}{us}")
     return "\n".join(lines)
@@ -321,4 +372,4 @@ def format_rows(rows: List[Row]) -> str:
 
 def as_dicts(rows: List[Row]) -> List[Dict[str, object]]:
     return [{"call": r.name, "training": r.training, **r.counts._asdict(), "operations": r.counts.operations,
-             "host_us": r.us} for r in rows]
+             "host_us": r.us, "floor_us": r.floor, "own_us": r.own} for r in rows]
