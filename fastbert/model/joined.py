@@ -2,7 +2,8 @@
 consecutive slices of one tensor, so that one GEMM serves the three with no copy and nothing that
 can fall behind them. share_storage joins; views_of checks that the parts are still the slices (a
 write in place, by any optimizer or through copy_ or load_state_dict, keeps them so; new memory
-through to(), `.data = ...` or an assignment does not), and `joined` joins again where they are not."""
+through to(), `.data = ...` or an assignment does not), and `joined` joins again where they are not.
+trainable hands the joined tensor to autograd as the parameters' concatenation, for training."""
 from __future__ import annotations
 
 from typing import List, Optional
@@ -50,3 +51,24 @@ def joined(owner, name: str, parts: List[torch.Tensor]) -> torch.Tensor:
             kept = share_storage(parts)
         owner.__dict__[key] = kept
     return kept
+
+
+class _Joined(torch.autograd.Function):
+    """fused (not differentiable), then the parameters it joins -> fused itself, whose gradient
+    arrives split into theirs."""
+
+    @staticmethod
+    def forward(ctx, fused, *params):
+        ctx.rows = [p.shape[0] for p in params]
+        return fused.view_as(fused)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None, *grad.split(ctx.rows))
+
+
+def trainable(fused: torch.Tensor, params) -> torch.Tensor:
+    """`fused` (share_storage's join of params, views_of true) as autograd takes it: the
+    concatenation of params, with no copy forward (torch.cat would make one every step) and each
+    parameter's gradient a slice of the joined one."""
+    return _Joined.apply(fused, *params)

@@ -9,9 +9,10 @@ from torch import nn
 
 from fastbert import layouts, ops
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.joined import joined, share_storage, views_of
+from fastbert.model.joined import joined, share_storage, trainable, views_of
 from fastbert.model.quantize import Int8Linear
 from fastbert.ops.bias_gelu import GELU_FORMS
+from fastbert.ops.common import DropoutSeeds
 from fastbert.ops.encoder import Int8LayerWeights, LayerWeights, inference_now, layer_forward
 
 
@@ -90,19 +91,22 @@ class BertSelfAttention(nn.Module):
         self._fused = (None, None)  # the QKV weight and bias, whose slices the three projections' parameters are
 
     def qkv_weight(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The three projections as one [3 * hidden, hidden] GEMM. Under autograd (and while
-        torch.compile traces) the concatenation is part of the graph. For inference the three
-        weights (and biases) are views into one tensor, which is then the concatenation itself: no
-        copy, and nothing that can fall behind the parameters (see views_of)."""
+        """The three projections as one [3 * hidden, hidden] GEMM. The three weights (and biases)
+        are views into one tensor, which is then the concatenation itself: no copy, and nothing that
+        can fall behind the parameters (see views_of). Under autograd it enters the graph as their
+        concatenation (joined.trainable: each gradient a slice of the joined one); while
+        torch.compile traces, as torch.cat of them."""
         weights = (self.query.weight, self.key.weight, self.value.weight)
         biases = (self.query.bias, self.key.bias, self.value.bias)
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in weights + biases)):
+        if torch.compiler.is_compiling():
             return torch.cat(weights), torch.cat(biases)
         w, b = self._fused
         if not (views_of(w, weights) and views_of(b, biases)):
             with torch.no_grad():
-                self._fused = (share_storage(weights), share_storage(biases))
-        return self._fused
+                self._fused = w, b = (share_storage(weights), share_storage(biases))
+        if torch.is_grad_enabled() and any(p.requires_grad for p in weights + biases):
+            return trainable(w, weights), trainable(b, biases)
+        return w, b
 
     def joined_qkv(self) -> tuple:
         """The three projections' tensors, each kind joined into one: (weight, bias) as qkv_weight()
@@ -165,6 +169,11 @@ class BertOutput(_DenseLayerNorm):
 
 def _dropout_p(module: nn.Module, p: float) -> float:
     return p if module.training else 0.0
+
+
+def _take(seeds: Optional[DropoutSeeds], p: float) -> Optional[int]:
+    # the seed of a dropout of probability p: from the layer's seeds, or None (the op draws one)
+    return None if seeds is None else seeds.take(p)
 
 
 def bias_activation(x: torch.Tensor, bias: torch.Tensor, act: str, backend) -> torch.Tensor:
@@ -246,9 +255,10 @@ class BertLayer(nn.Module, BackendMixin):
                         (self.attention_norm.eps, self.ffn_norm.eps), GELU_FORMS[self.ffn_act])
             weights, heads, eps, form = kept
             return layer_forward(hidden, weights, heads, eps, form, mask, cu, n, relative_bias, self.backend), None
+        seeds = DropoutSeeds() if self.training else None  # one draw for the layer's dropouts
         qkv = ops.linear(hidden, *self.self_attention.qkv_weight(), backend=self.backend)
-        ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs, relative_bias)
-        return self.feed_forward(ctx, hidden), probs
+        ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs, relative_bias, seeds)
+        return self.feed_forward(ctx, hidden, seeds), probs
 
     def _one_call(self) -> bool:
         """Whether the layer takes fastbert.ops.encoder's inference route (the same kernels, without
@@ -273,19 +283,23 @@ class BertLayer(nn.Module, BackendMixin):
         return LayerWeights(*qkv, out.weight, out.bias, n1.weight, n1.bias, ffn_in.weight, ffn_in.bias, ffn_out.weight,
                             ffn_out.bias, n2.weight, n2.bias)
 
-    def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor, seeds: Optional[DropoutSeeds] = None
+                     ) -> torch.Tensor:
         """The layer after its attention: output projection of the context ctx, add & LayerNorm
-        with the layer's input hidden, the feed-forward block, add & LayerNorm (rows of any shape)."""
+        with the layer's input hidden, the feed-forward block, add & LayerNorm (rows of any shape).
+        seeds: where the dropouts' seeds come from (None: each op draws its own)."""
         dense, ln = self.attention_output, self.attention_norm
         attn = ops.linear(ctx, dense.weight, dense.bias, backend=self.backend)
-        h1 = ops.add_layer_norm(attn, hidden, ln.weight, ln.bias, ln.eps,
-                                dropout_p=_dropout_p(self, self.attention_dropout_p), backend=self.backend)
+        p = _dropout_p(self, self.attention_dropout_p)
+        h1 = ops.add_layer_norm(attn, hidden, ln.weight, ln.bias, ln.eps, dropout_p=p, backend=self.backend,
+                                seed=_take(seeds, p))
         inter = ops.linear(h1, self.ffn_input.weight, backend=self.backend)
         inter = bias_activation(inter, self.ffn_input.bias, self.ffn_act, self.backend)
         dense, ln = self.ffn_output, self.ffn_norm
         out = ops.linear(inter, dense.weight, dense.bias, backend=self.backend)
-        return ops.add_layer_norm(out, h1, ln.weight, ln.bias, ln.eps,
-                                  dropout_p=_dropout_p(self, self.ffn_dropout_p), backend=self.backend)
+        p = _dropout_p(self, self.ffn_dropout_p)
+        return ops.add_layer_norm(out, h1, ln.weight, ln.bias, ln.eps, dropout_p=p, backend=self.backend,
+                                  seed=_take(seeds, p))
 
     def first_tokens(self, hidden: torch.Tensor, mask: Optional[torch.Tensor],
                      unpadded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
@@ -325,12 +339,13 @@ class BertLayer(nn.Module, BackendMixin):
 
     def attend(self, qkv: torch.Tensor, shape, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
                bias: Optional[torch.Tensor] = None, head_scale: Optional[torch.Tensor] = None,
-               want_probs: bool = False, relative_bias: Optional[torch.Tensor] = None
-               ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+               want_probs: bool = False, relative_bias: Optional[torch.Tensor] = None,
+               seeds: Optional[DropoutSeeds] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The attention of this layer on the QKV projection qkv [..., 3 * hidden] of a hidden state
         of shape `shape` ([tokens, hidden] packed, [batch, seq, hidden] padded; qkv may hold the rows
         of either flattened) -> (context [..., hidden] shaped `shape`, probabilities or None); the
-        arguments as in forward."""
+        arguments as in forward (seeds: as feed_forward's). packed's cu_seqlens are the model's own
+        (fastbert.ops.unpad's), not read again on the host."""
         sa = self.self_attention
         heads, d = sa.num_attention_heads, sa.attention_head_size
         p_attn = _dropout_p(self, sa.dropout_p)
@@ -338,7 +353,7 @@ class BertLayer(nn.Module, BackendMixin):
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
             ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], dropout_p=p_attn, backend=self.backend,
-                                       relative_bias=relative_bias)
+                                       relative_bias=relative_bias, seed=_take(seeds, p_attn), validate=False)
             if head_scale is not None:
                 ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1)
             return ctx.reshape(shape), None
@@ -353,7 +368,8 @@ class BertLayer(nn.Module, BackendMixin):
                 bias = spread if bias is None else bias + spread
             ctx, probs = ops.attention_weights(q, k, v, bias, dropout_p=p_attn)
         else:
-            ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend, relative_bias=relative_bias)
+            ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend, relative_bias=relative_bias,
+                                seed=_take(seeds, p_attn))
         if head_scale is not None:
             ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1, 1)
         return ctx.transpose(1, 2).reshape(bsz, seq, heads * d), probs

@@ -142,7 +142,8 @@ class ModernBertAttention(nn.Module, BackendMixin):
         opts = dict(dropout_p=dropout_p, rotary_base=self.rope_theta, window=self.window, backend=self.backend)
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
-            return ops.varlen_attention(q, k, v, packed[0], packed[1], **opts).reshape(shape), None
+            # cu_seqlens: the model's own (ops.unpad's), not read again on the host
+            return ops.varlen_attention(q, k, v, packed[0], packed[1], validate=False, **opts).reshape(shape), None
         bsz, seq = shape[:2]
         q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, d]
         probs = None

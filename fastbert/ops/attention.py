@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from fastbert import backend as fb_backend
 from fastbert import layouts, reference
 from fastbert.ops.checks import check_device, check_float, check_mask, check_tensor
-from fastbert.ops.common import fused_op, needs_grad, seed_int, seed_tensor
+from fastbert.ops.common import fused_op, needs_grad, save_seed, saved_seed, seed_int, seed_tensor
 
 # ============================================================================================
 # The fused attention launchers behind one custom-op schema each (opaque to torch.compile), and
@@ -143,7 +143,7 @@ def torch_keep_mask(
     seed: torch.Tensor, batch: int, heads: int, seq: int, p: float, starts: Optional[torch.Tensor]
 ) -> torch.Tensor:
     # the torch backend's dropout mask, opaque to torch.compile like fastbert::dropout_keep_mask
-    device = starts.device if starts is not None else seed.device
+    device = starts.device if starts is not None else "cpu"  # the seed lives on the host
     return reference.attention_keep_mask(seed, batch, heads, seq, seq, p, starts, device)
 
 
@@ -160,7 +160,7 @@ class AttentionFunction(torch.autograd.Function):
                 rel_bias, backend):
         out, lse, keep = _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask,
                                     rope, window, rel_bias, backend)
-        ctx.save_for_backward(q, k, v, out, lse, key_mask, cu_seqlens, seed, *rope, rel_bias)
+        ctx.save_for_backward(q, k, v, out, lse, key_mask, cu_seqlens, save_seed(ctx, seed), *rope, rel_bias)
         ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.window, ctx.backend = max_seqlen, scale, dropout_p, window, backend
         ctx.mark_non_differentiable(keep)
         return out, keep
@@ -168,7 +168,7 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dkeep):
         q, k, v, out, lse, key_mask, cu_seqlens, seed, rope_cos, rope_sin, rel_bias = ctx.saved_tensors
-        rest = (ctx.scale, ctx.dropout_p, seed, rope_cos, rope_sin, ctx.window, rel_bias, ctx.backend)
+        rest = (ctx.scale, ctx.dropout_p, saved_seed(ctx, seed), rope_cos, rope_sin, ctx.window, rel_bias, ctx.backend)
         if cu_seqlens is None:
             dq, dk, dv, drel = _attention_bwd(dout.contiguous(), q, k, v, out, lse, key_mask, *rest)
         else:
@@ -430,7 +430,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     return (out, keep) if return_dropout_mask else out
 
 
-def check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
+def check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor, bounds: bool = True) -> None:
+    """cu_seqlens and max_seqlen checked for q's packed rows: type, shape and device, and with
+    bounds (one read of cu_seqlens on the host) its values."""
     check_tensor(op, "cu_seqlens", cu_seqlens)
     if cu_seqlens.dtype != torch.int32:
         raise TypeError(f"fastbert.ops.{op}: cu_seqlens must be int32, got {cu_seqlens.dtype}")
@@ -439,6 +441,8 @@ def check_cu_seqlens(op: str, cu_seqlens, max_seqlen, q: torch.Tensor) -> None:
     check_device(op, "cu_seqlens", cu_seqlens, q, like="q")
     if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 0:
         raise TypeError(f"fastbert.ops.{op}: max_seqlen must be an int >= 0, got {max_seqlen!r}")
+    if not bounds:
+        return
     cu = cu_seqlens.tolist()  # one small copy: the bounds are checked on the host
     if cu[0] != 0 or cu[-1] != q.shape[0]:
         raise ValueError(
@@ -459,7 +463,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      dropout_p: float = 0.0, scale: Optional[float] = None, backend: Optional[str] = None,
                      seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                      return_dropout_mask: bool = False, rotary_base: Optional[float] = None,
-                     window: Optional[int] = None, relative_bias: Optional[torch.Tensor] = None):
+                     window: Optional[int] = None, relative_bias: Optional[torch.Tensor] = None,
+                     validate: bool = True):
     """attention over packed sequences (see the module docstring for the shapes).
 
     Each sequence attends within itself only. The same options as `attention`; the dropout mask
@@ -467,10 +472,13 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     points agree. return_dropout_mask: also return bool [batch, heads, max_seqlen, max_seqlen].
     rotary_base, window, relative_bias: as for `attention`, a token's position its index in its sequence
     (relative_bias: n >= max_seqlen).
+    validate: read cu_seqlens on the host to check its bounds against max_seqlen and the tokens (on
+    a GPU, a wait for the device); False for cu_seqlens that fastbert.ops.unpad gave, as a model
+    passes its own to every layer (its type, shape and device are checked either way).
     """
     op = "varlen_attention"
     _check_qkv(op, q, k, v, 3, "[total_tokens, heads, head_dim]")
-    check_cu_seqlens(op, cu_seqlens, max_seqlen, q)
+    check_cu_seqlens(op, cu_seqlens, max_seqlen, q, bounds=validate)
     backend = fb_backend.resolve(backend, q)
     scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, max_seqlen)
     seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None

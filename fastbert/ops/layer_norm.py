@@ -16,7 +16,7 @@ import torch
 from fastbert import backend as fb_backend
 from fastbert import reference
 from fastbert.ops.checks import check_device, check_float, check_vector
-from fastbert.ops.common import as_rows, fused_op, needs_grad, seed_int, seed_tensor
+from fastbert.ops.common import as_rows, fused_op, needs_grad, save_seed, saved_seed, seed_int, seed_tensor
 
 Tensor = torch.Tensor
 MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
@@ -30,7 +30,7 @@ def _fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
 @fused_op("add_layer_norm_fwd", _fake_fwd)
 def add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
                         dropout_p: float, seed: Optional[Tensor], backend: str) -> Tuple[Tensor, Tensor, Tensor]:
-    # x, residual: [rows, hidden]; weight, bias: [hidden] (bias None: none); seed: int64 [1] on the CPU
+    # x, residual: [rows, hidden]; weight, bias: [hidden] (bias None: none); seed: seed_tensor's
     # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
     return tuple(
         fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
@@ -85,7 +85,7 @@ class AddLayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
         y, mean, rstd = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
-        ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
+        ctx.save_for_backward(x, residual, weight, mean, rstd, save_seed(ctx, seed))
         ctx.dropout_p, ctx.backend, ctx.has_bias = dropout_p, backend, bias is not None
         return y
 
@@ -93,7 +93,7 @@ class AddLayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, residual, weight, mean, rstd, seed = ctx.saved_tensors
         dx, dres, dw, db = _add_layer_norm_bwd(
-            dy.contiguous(), x, residual, weight, mean, rstd, ctx.dropout_p, seed, ctx.backend
+            dy.contiguous(), x, residual, weight, mean, rstd, ctx.dropout_p, saved_seed(ctx, seed), ctx.backend
         )
         return dx, dres, dw, db if ctx.has_bias else None, None, None, None, None
 
@@ -104,7 +104,7 @@ class AddLayerNormSumFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
         y, mean, rstd, s = add_layer_norm_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
-        ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
+        ctx.save_for_backward(x, residual, weight, mean, rstd, save_seed(ctx, seed))
         ctx.dropout_p, ctx.backend, ctx.has_bias = dropout_p, backend, bias is not None
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         return y, s
@@ -114,7 +114,8 @@ class AddLayerNormSumFunction(torch.autograd.Function):
         x, residual, weight, mean, rstd, seed = ctx.saved_tensors
         only_sum = dy is None  # the norm unused: no gradient for weight and bias, dy = 0 for the rest
         dy = torch.zeros_like(x) if only_sum else dy.contiguous()
-        dx, dres, dw, db = _add_layer_norm_bwd(dy, x, residual, weight, mean, rstd, ctx.dropout_p, seed, ctx.backend,
+        dx, dres, dw, db = _add_layer_norm_bwd(dy, x, residual, weight, mean, rstd, ctx.dropout_p,
+                                               saved_seed(ctx, seed), ctx.backend,
                                                None if ds is None else ds.contiguous())
         if only_sum:
             dw = db = None
