@@ -21,6 +21,9 @@ without triton: the submodules import it, nothing here does.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 # Kernel modules whose variants the build report compiles. A new kernel module is added here
@@ -114,6 +117,47 @@ def sink(numel: int, device):
         size = max(numel, 1024, 2 * made[-1].numel() if made else 0)
         made.append(torch.empty(size, dtype=torch.float32, device=device))
     return made[-1]
+
+
+_PART_ALIGN = 128  # bytes: each part of empty_together starts on a line of the GPU's cache
+_APART = contextvars.ContextVar("fastbert_outputs_apart", default=False)
+
+
+@contextlib.contextmanager
+def outputs_apart():
+    """Within the block, empty_together makes each tensor its own allocation: for a launcher called
+    as a torch.library custom op's implementation, whose outputs torch requires not to share memory."""
+    token = _APART.set(True)
+    try:
+        yield
+    finally:
+        _APART.reset(token)
+
+
+def apart() -> bool:
+    """Whether outputs must not share memory here (outputs_apart)."""
+    return _APART.get()
+
+
+def empty_together(shapes, dtype, device):
+    """Uninitialised contiguous tensors of the given shapes, dtype and device, all views into one
+    allocation (one call of the allocator, not one per tensor: each costs the host a dispatcher call
+    and, on a GPU, the caching allocator's bookkeeping), each starting 128 bytes past an aligned
+    one (CUDA's caching allocator aligns to 512), the specialization the kernels are built for.
+    For outputs that die together or soon after one another (the memory is returned when the last
+    of them dies). Apart (one allocation each) inside outputs_apart."""
+    import torch
+
+    if _APART.get():
+        return tuple(torch.empty(shape, dtype=dtype, device=device) for shape in shapes)
+    step = max(1, _PART_ALIGN // dtype.itemsize)
+    sizes = [math.prod(shape) for shape in shapes]
+    starts, total = [], 0
+    for n in sizes:
+        starts.append(total)
+        total += -(-n // step) * step
+    flat = torch.empty(total, dtype=dtype, device=device)
+    return tuple(flat.narrow(0, start, n).view(shape) for start, n, shape in zip(starts, sizes, shapes))
 
 
 def aligned_args(signature: Dict[str, str]) -> Tuple[str, ...]:

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, Settings, aligned_args, cdiv, dropout_options, num_sms, sink, split_rows
+from . import KernelBuild, Settings, aligned_args, apart, cdiv, dropout_options, empty_together, num_sms, sink, split_rows
 from .layer_norm_settings import (
     MAX_N,
     PROGRAMS_PER_SM,
@@ -247,8 +247,7 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
     y = torch.empty_like(x) if out is None else out
     h = (torch.empty_like(x) if sum_out is None else sum_out) if return_sum else None
     if stats:
-        mean = torch.empty(M, dtype=torch.float32, device=x.device)
-        rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+        mean, rstd = empty_together(((M,), (M,)), torch.float32, x.device)
     else:  # both into the sink: nobody reads either
         mean = rstd = sink(M, x.device)
     if M > 0:
@@ -265,35 +264,37 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
     return (y, mean, rstd, h) if return_sum else (y, mean, rstd)
 
 
-def _partial_sums(n_programs: int, N: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The per-program partial sums of dweight and dbias the backward kernels write, fp32 [programs, N]."""
-    return (torch.empty((n_programs, N), dtype=torch.float32, device=device),
-            torch.empty((n_programs, N), dtype=torch.float32, device=device))
+def _partial_sums(n_programs: int, N: int, device) -> torch.Tensor:
+    """The per-program partial sums of dweight and dbias the backward kernels write, fp32 [2,
+    programs, N] (dweight's, then dbias's: one allocation, one reduction), each half 128-byte
+    aligned as a fresh tensor would be."""
+    n = n_programs * N
+    step = cdiv(n, 32) * 32
+    return torch.empty((2, step), dtype=torch.float32, device=device)[:, :n].view(2, n_programs, N)
 
 
 def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, s: Settings, max_programs: int,
-                         has_dropout: bool, dropout_args) -> Tuple[torch.Tensor, torch.Tensor]:
+                         has_dropout: bool, dropout_args) -> torch.Tensor:
     """Launch the backward of rows that settings() takes whole (one kernel, whole rows); the
-    per-program partial sums of dweight and dbias, fp32 [programs, N]."""
+    per-program partial sums of dweight and dbias (_partial_sums)."""
     M, N = x.shape
     rows_per_program, n_programs = split_rows(M, 1, max_programs)
-    dw_partial, db_partial = _partial_sums(n_programs, N, x.device)
+    partial = _partial_sums(n_programs, N, x.device)
     _add_layer_norm_bwd_kernel[(n_programs,)](
-        dx, dx.stride(0), dresidual, dresidual.stride(0), dw_partial, db_partial, dw_partial.stride(0),
+        dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
         dy, dy.stride(0), *optional_rows(dsum), x, x.stride(0), residual, residual.stride(0), weight, mean, rstd,
         None, None, M, N, rows_per_program, *dropout_args,
         HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=False, BLOCK_N=s.block_n, **s.options(),
     )
-    return dw_partial, db_partial
+    return partial
 
 
 def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, max_programs: int,
-                       has_dropout: bool, dropout_args) -> Tuple[torch.Tensor, torch.Tensor]:
+                       has_dropout: bool, dropout_args) -> torch.Tensor:
     """Launch the backward of wider rows: row sums, then column tiles; the per-program partial
-    sums of dweight and dbias, fp32 [programs, N]."""
+    sums of dweight and dbias (_partial_sums)."""
     M, N = x.shape
-    mean_g = torch.empty(M, dtype=torch.float32, device=x.device)
-    mean_gx = torch.empty(M, dtype=torch.float32, device=x.device)
+    mean_g, mean_gx = empty_together(((M,), (M,)), torch.float32, x.device)
     grad_y = (dy, dy.stride(0))
     inputs = (x, x.stride(0), residual, residual.stride(0), weight, mean, rstd)
     s = ROW_SUMS_SETTINGS
@@ -304,13 +305,13 @@ def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd,
     s = TILED_SETTINGS
     n_col_tiles = cdiv(N, s.block_n)
     rows_per_program, n_programs = split_rows(M, 1, cdiv(max_programs, n_col_tiles))
-    dw_partial, db_partial = _partial_sums(n_programs, N, x.device)
+    partial = _partial_sums(n_programs, N, x.device)
     _add_layer_norm_bwd_kernel[(n_programs, n_col_tiles)](
-        dx, dx.stride(0), dresidual, dresidual.stride(0), dw_partial, db_partial, dw_partial.stride(0),
+        dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
         *grad_y, *optional_rows(dsum), *inputs, mean_g, mean_gx, M, N, rows_per_program, *dropout_args,
         HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=True, BLOCK_N=s.block_n, **s.options(),
     )
-    return dw_partial, db_partial
+    return partial
 
 
 def add_layer_norm_backward(
@@ -331,8 +332,7 @@ def add_layer_norm_backward(
     contiguous rows): the gradient of return_sum's h, added to h's before it reaches dresidual and dx.
     """
     M, N = x.shape
-    dx = torch.empty_like(x)
-    dresidual = torch.empty_like(residual)
+    dx, dresidual = empty_together(((M, N), (M, N)), x.dtype, x.device)
     if M == 0:
         return dx, dresidual, torch.zeros_like(weight), torch.zeros_like(weight)
     has_dropout, seed, threshold, scale = dropout_options(dropout_p, seed, "add_layer_norm")
@@ -341,10 +341,13 @@ def add_layer_norm_backward(
     s = settings(N, backward=True, with_sum=dsum is not None)
     args = (dx, dresidual, dy, dsum, x, residual, weight, mean, rstd)
     if s is not None:  # whole rows
-        dw_partial, db_partial = _backward_whole_rows(*args, s, max_programs, has_dropout, dropout_args)
+        partial = _backward_whole_rows(*args, s, max_programs, has_dropout, dropout_args)
     else:  # wide rows: row sums, then column tiles
-        dw_partial, db_partial = _backward_two_pass(*args, max_programs, has_dropout, dropout_args)
-    return dx, dresidual, dw_partial.sum(0).to(weight.dtype), db_partial.sum(0).to(weight.dtype)
+        partial = _backward_two_pass(*args, max_programs, has_dropout, dropout_args)
+    if apart():  # a custom op's outputs: no two may share memory
+        return dx, dresidual, partial[0].sum(0).to(weight.dtype), partial[1].sum(0).to(weight.dtype)
+    dw, db = partial.sum(1).to(weight.dtype)  # both reductions in one call
+    return dx, dresidual, dw, db
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from fastbert import layouts, ops
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
 from fastbert.model.joined import joined, share_storage, trainable, views_of
 from fastbert.model.quantize import Int8Linear
+from fastbert.ops.attention import joined_attention
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.common import DropoutSeeds
 from fastbert.ops.encoder import Int8LayerWeights, LayerWeights, inference_now, layer_forward
@@ -350,6 +351,11 @@ class BertLayer(nn.Module, BackendMixin):
         heads, d = sa.num_attention_heads, sa.attention_head_size
         p_attn = _dropout_p(self, sa.dropout_p)
         probs = None
+        if head_scale is None and bias is None and not want_probs:
+            ctx = joined_attention(qkv, shape, heads, mask, packed, dropout_p=p_attn, seed=_take(seeds, p_attn),
+                                   backend=self.backend, relative_bias=relative_bias)
+            if ctx is not None:
+                return ctx, None
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
             ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], dropout_p=p_attn, backend=self.backend,

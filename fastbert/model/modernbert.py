@@ -54,6 +54,7 @@ from fastbert.model.outputs import BaseModelOutput
 from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.model.quantize import TRAINING_ERROR, InferenceOnly
 from fastbert.ops import encoder
+from fastbert.ops.attention import joined_attention
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.checks import check_ids
 
@@ -140,6 +141,10 @@ class ModernBertAttention(nn.Module, BackendMixin):
         heads, d = self.num_heads, self.head_dim
         dropout_p = self.attention_dropout if self.training else 0.0
         opts = dict(dropout_p=dropout_p, rotary_base=self.rope_theta, window=self.window, backend=self.backend)
+        if not want_probs:
+            ctx = joined_attention(qkv, shape, heads, mask, packed, seed=None, **opts)
+            if ctx is not None:
+                return ctx, None
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
             # cu_seqlens: the model's own (ops.unpad's), not read again on the host

@@ -158,16 +158,30 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window,
                 rel_bias, backend):
-        out, lse, keep = _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask,
-                                    rope, window, rel_bias, backend)
+        ctx.direct = backend == "triton" and not torch.compiler.is_compiling()
+        if ctx.direct:  # the launchers straight (no custom op, whose schema wants a tensor for every output)
+            out, lse, keep = launch_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed,
+                                            return_mask, rope, window, rel_bias, keep_lse=True)
+        else:
+            out, lse, keep = _fused_fwd(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask,
+                                        rope, window, rel_bias, backend)
         ctx.save_for_backward(q, k, v, out, lse, key_mask, cu_seqlens, save_seed(ctx, seed), *rope, rel_bias)
         ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.window, ctx.backend = max_seqlen, scale, dropout_p, window, backend
-        ctx.mark_non_differentiable(keep)
+        if keep is not None:
+            ctx.mark_non_differentiable(keep)
+        ctx.set_materialize_grads(False)  # the keep-mask's gradient arrives as None, not as a tensor of zeros
         return out, keep
 
     @staticmethod
     def backward(ctx, dout, _dkeep):
+        if dout is None:
+            return (None,) * 14
         q, k, v, out, lse, key_mask, cu_seqlens, seed, rope_cos, rope_sin, rel_bias = ctx.saved_tensors
+        if ctx.direct:
+            dq, dk, dv, drel = launch_backward(dout.contiguous(), q, k, v, out, lse, key_mask, cu_seqlens,
+                                               ctx.max_seqlen, ctx.scale, ctx.dropout_p, saved_seed(ctx, seed),
+                                               (rope_cos, rope_sin), ctx.window, rel_bias)
+            return (dq, dk, dv) + (None,) * 9 + (drel if ctx.needs_input_grad[12] else None, None)
         rest = (ctx.scale, ctx.dropout_p, saved_seed(ctx, seed), rope_cos, rope_sin, ctx.window, rel_bias, ctx.backend)
         if cu_seqlens is None:
             dq, dk, dv, drel = _attention_bwd(dout.contiguous(), q, k, v, out, lse, key_mask, *rest)
@@ -226,20 +240,126 @@ def run_fused(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed,
     return out, keep
 
 
+def launch_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale: float, dropout_p: float, seed, return_mask: bool,
+                   rope, window: int, rel_bias, out: Optional[Tensor] = None, keep_lse: bool = False):
+    """(out, lse or None, keep-mask or None) of the Triton launchers called straight (padded, or
+    packed with cu_seqlens), outside torch.compile: no custom op between, no tensor made to stand for
+    an absent output. rope: (cos, sin) or (None, None); seed: an int or None; out: where the output
+    goes (q itself allowed, as the launchers say) or None: fresh; keep_lse: keep the log-sum-exp for
+    a backward (else nothing is allocated for it)."""
+    launchers = fb_backend.impl("triton", "attention")
+    extra = dict(_extras(rope[0], rope[1], window, rel_bias), out=out, keep_lse=keep_lse)
+    if cu_seqlens is None:
+        return launchers.attention_forward(q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask, **extra)
+    return launchers.varlen_attention_forward(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed),
+                                              return_mask, **extra)
+
+
+def launch_backward(do, q, k, v, out, lse, key_mask, cu_seqlens, max_seqlen, scale: float, dropout_p: float, seed,
+                    rope, window: int, rel_bias, grads=None):
+    """(dq, dk, dv, drel or None) of the Triton launchers called straight, as launch_forward; grads:
+    where dq, dk, dv go (the launchers' grads=) or None: fresh."""
+    launchers = fb_backend.impl("triton", "attention")
+    extra = dict(_extras(rope[0], rope[1], window, rel_bias), grads=grads)
+    if cu_seqlens is None:
+        res = launchers.attention_backward(do, q, k, v, out, lse, key_mask, scale, dropout_p, seed_int(seed), **extra)
+    else:
+        res = launchers.varlen_attention_backward(do, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p,
+                                                  seed_int(seed), **extra)
+    return tuple(res) if len(res) == 4 else (*res, None)
+
+
 def inference_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale: float, dropout_p: float, seed: int,
                       return_mask: bool, rope, window: int, rel_bias, out: Optional[Tensor] = None):
-    """(out, keep-mask or None) of the Triton launchers (padded, or packed with cu_seqlens) with no
-    backward to come: no log-sum-exp kept, so nothing allocated for it (on a GPU the host's
-    allocations are launches). rope: (cos, sin) or (None, None); out: where the output goes (q
-    itself allowed, as the launchers say) or None: fresh."""
-    launchers = fb_backend.impl("triton", "attention")
-    extra = dict(_extras(rope[0], rope[1], window, rel_bias), out=out, keep_lse=False)
-    if cu_seqlens is None:
-        out, _, keep = launchers.attention_forward(q, k, v, key_mask, scale, dropout_p, seed, return_mask, **extra)
-    else:
-        out, _, keep = launchers.varlen_attention_forward(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed,
-                                                          return_mask, **extra)
+    """(out, keep-mask or None) of launch_forward with no backward to come: no log-sum-exp kept, so
+    nothing allocated for it (on a GPU the host's allocations are launches)."""
+    out, _, keep = launch_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope,
+                                  window, rel_bias, out=out)
     return out, keep
+
+
+# --------------------------------------------------------------------------------------------
+# the joined QKV route: a layer's training step on Triton
+
+
+def _qkv_views(qkv: Tensor, shape, heads: int, packed: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as views of the QKV rows qkv ([..., 3 * width] of a hidden state of `shape`): packed
+    [tokens, heads, d] each, padded [batch, heads, seq, d] each."""
+    d = shape[-1] // heads
+    if packed:
+        return qkv.view(-1, 3, heads, d).unbind(1)
+    return qkv.view(shape[0], shape[1], 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _heads_view(rows: Tensor, shape, heads: int, packed: bool) -> Tensor:
+    """rows shaped `shape` ([tokens, width] or [batch, seq, width]) as the launchers' [tokens, heads,
+    d] or [batch, heads, seq, d] (a view)."""
+    d = shape[-1] // heads
+    if packed:
+        return rows.view(-1, heads, d)
+    return rows.view(shape[0], shape[1], heads, d).transpose(1, 2)
+
+
+class JoinedAttentionFunction(torch.autograd.Function):
+    """Attention on the three slices of one QKV projection's rows, on the Triton launchers: qkv
+    ([..., 3 * width] rows of a hidden state of `shape`) in, the context rows shaped `shape` out
+    (the kernel writes them in place, no transpose copy); the backward writes dq, dk, dv into the
+    slices of one tensor, qkv's gradient, where splitting qkv by autograd would have them stacked
+    into it (a copy of all three)."""
+
+    @staticmethod
+    def forward(ctx, qkv, shape, heads, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, rope, window,
+                rel_bias):
+        packed = cu_seqlens is not None
+        q, k, v = _qkv_views(qkv, shape, heads, packed)
+        rows = qkv.new_empty(shape)
+        _, lse, _ = launch_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, False, rope,
+                                   window, rel_bias, out=_heads_view(rows, shape, heads, packed), keep_lse=True)
+        ctx.save_for_backward(qkv, rows, lse, key_mask, cu_seqlens, *rope, rel_bias)
+        ctx.args = (shape, heads, max_seqlen, scale, dropout_p, seed, window)
+        return rows
+
+    @staticmethod
+    def backward(ctx, drows):
+        qkv, rows, lse, key_mask, cu_seqlens, rope_cos, rope_sin, rel_bias = ctx.saved_tensors
+        shape, heads, max_seqlen, scale, dropout_p, seed, window = ctx.args
+        packed = cu_seqlens is not None
+        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+        *_, drel = launch_backward(_heads_view(drows.contiguous(), shape, heads, packed),
+                                   *_qkv_views(qkv, shape, heads, packed), _heads_view(rows, shape, heads, packed),
+                                   lse, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, (rope_cos, rope_sin),
+                                   window, rel_bias, grads=_qkv_views(dqkv, shape, heads, packed))
+        return (dqkv,) + (None,) * 10 + (drel if ctx.needs_input_grad[11] else None,)
+
+
+def joined_attention(qkv: Tensor, shape, heads: int, mask: Optional[Tensor], packed: Optional[Tuple[Tensor, int]], *,
+                     dropout_p: float, seed: Optional[int], backend: Optional[str], rotary_base: Optional[float] = None,
+                     window: Optional[int] = None, relative_bias: Optional[Tensor] = None) -> Optional[Tensor]:
+    """A layer's attention on its QKV projection rows qkv ([..., 3 * width], contiguous) of a hidden
+    state of `shape` ([tokens, width] with packed = (cu_seqlens, max_seqlen), the model's own; or
+    [batch, seq, width] with mask, bool [batch, seq] or None) -> the context rows shaped `shape`,
+    through JoinedAttentionFunction where it runs: the Triton backend, a gradient to come, outside
+    torch.compile. Else None: the caller splits qkv into q, k, v for attention / varlen_attention.
+    The options as theirs; seed: an int (DropoutSeeds.take) or None: drawn here."""
+    backend = fb_backend.resolve(backend, qkv)
+    if (backend != "triton" or torch.compiler.is_compiling() or not qkv.is_contiguous()
+            or not needs_grad(qkv, *(() if relative_bias is None else (relative_bias,)))):
+        return None
+    op = "attention"
+    check_float(op, "qkv", qkv)
+    q = _qkv_views(qkv, shape, heads, packed is not None)[0]  # for the checks' shapes
+    d = q.shape[-1]
+    positions = packed[1] if packed is not None else shape[1]
+    scale = _check_options(op, backend, d, dropout_p, None, positions)
+    if mask is not None:
+        mask = _as_bool_mask(op, mask, q)
+    rope = _rope(op, rotary_base, backend, d, positions, qkv.device)
+    reach = _check_window(op, window)
+    _check_relative(op, relative_bias, q, positions)
+    seed = (seed if seed is not None else seed_tensor(None)) if dropout_p > 0 else None
+    cu, max_seqlen = packed if packed is not None else (None, None)
+    return JoinedAttentionFunction.apply(qkv, tuple(shape), heads, mask, cu, max_seqlen, scale, float(dropout_p), seed,
+                                         rope, reach, relative_bias)
 
 
 def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from fastbert.kernels import outputs_apart
 from fastbert.reference import check_seed, new_seed
 
 
@@ -22,7 +23,14 @@ def fused_op(name: str, fake):
     recorded as fastbert::<name>, so a profile names fastbert's kernels."""
 
     def wrap(fn):
+        def for_op(*args):
+            # torch requires a custom op's outputs not to share memory; called straight, the
+            # launchers may give several from one allocation (fastbert.kernels.empty_together)
+            with outputs_apart():
+                return fn(*args)
+
         op = torch.library.custom_op(f"fastbert::{name}", mutates_args=())(fn)
+        op.register_kernel(("cpu", "cuda"), for_op)
         op.register_fake(fake)
         label = f"fastbert::{name}"
 

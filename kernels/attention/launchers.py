@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .. import Settings, cdiv, dropout_options, sink
+from .. import Settings, cdiv, dropout_options, empty_together, sink
 from .args import LOG2E, DistanceOptions, distance_options, optional_tensor, rope_args, rope_tables
 from .backward import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel, attention_bwd_preprocess_kernel
 from .common import mask_range_kernel
@@ -120,16 +120,18 @@ def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, bat
 
 
 def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batch, seq, strides_of, scale, drop, rope,
-              dist: DistanceOptions):
-    """Launch the three backward kernels; (dq, dk, dv), fresh and contiguous, and drel (fp32
-    [H, 2n - 1], the relative bias's gradient; empty without one). strides_of: a tensor's (batch,
-    head, row) strides (_padded_strides or _varlen_strides); rope, dist: as _forward's."""
+              dist: DistanceOptions, grads=None):
+    """Launch the three backward kernels; (dq, dk, dv), and drel (fp32 [H, 2n - 1], the relative
+    bias's gradient; empty without one). grads: where dq, dk, dv go (q's shape and dtype, last dim
+    contiguous, the three with the same strides), or None: fresh and contiguous, from one
+    allocation. strides_of: a tensor's (batch, head, row) strides (_padded_strides or
+    _varlen_strides); rope, dist: as _forward's."""
     varlen = cu_seqlens is not None
     heads = q.shape[-2] if varlen else q.shape[1]
     head_dim = q.shape[-1]
     _check_grid(batch, heads)
     device = q.device
-    dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=device) for _ in range(3))
+    dq, dk, dv = grads if grads is not None else empty_together((q.shape,) * 3, q.dtype, device)
     delta = torch.empty_like(lse)
     o_st, do_st, g_st = strides_of(out), strides_of(do), strides_of(dq)
 
@@ -177,10 +179,14 @@ def _grads(dq, dk, dv, drel, rel_bias: Optional[torch.Tensor]):
     return (dq, dk, dv) if rel_bias is None else (dq, dk, dv, drel.to(rel_bias.dtype))
 
 
-def _no_grads(q: torch.Tensor, rel_bias: Optional[torch.Tensor]):
-    # the gradients of an empty problem: zeros
-    return _grads(*(torch.zeros(q.shape, dtype=q.dtype, device=q.device) for _ in range(3)),
-                  None if rel_bias is None else torch.zeros_like(rel_bias), rel_bias)
+def _no_grads(q: torch.Tensor, rel_bias: Optional[torch.Tensor], grads=None):
+    # the gradients of an empty problem: zeros (written into grads where given)
+    if grads is None:
+        grads = tuple(torch.zeros(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+    else:
+        for g in grads:
+            g.zero_()
+    return _grads(*grads, None if rel_bias is None else torch.zeros_like(rel_bias), rel_bias)
 
 
 def attention_forward(
@@ -254,24 +260,27 @@ def attention_backward(
     rope_sin: Optional[torch.Tensor] = None,
     window: int = -1,
     rel_bias: Optional[torch.Tensor] = None,
+    *,
+    grads: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, ...]:
     """(dq, dk, dv) of attention_forward, [B, H, S, D] contiguous in q.dtype (zeros at padded
     positions), and with rel_bias its gradient drel (rel_bias's shape and dtype). do: the gradient
     of out; out, lse: from attention_forward; the same key_mask, scale, dropout_p, seed (the dropout
     mask is regenerated, not stored), rotary tables (dq, dk: the gradients of the unrotated q, k),
-    window and rel_bias."""
+    window and rel_bias. grads: where dq, dk, dv go ([B, H, S, D] in q.dtype, last dim contiguous,
+    the three with the same strides: the slices of one QKV gradient), or None: fresh."""
     batch, heads, seq, head_dim = q.shape
     drop = dropout_options(dropout_p, seed, "attention")
     rope = rope_tables(rope_cos, rope_sin, head_dim, seq, q.device)
     dist = distance_options(window, rel_bias, heads, seq, q.device)
     if q.numel() == 0:
-        return _no_grads(q, rel_bias)
+        return _no_grads(q, rel_bias, grads)
     q, k, v, out, do = (_aligned(t) for t in (q, k, v, out, do))
     variant = (rope is not None, dist.local or dist.relative)
     even = _is_even(seq, *(settings(head_dim, q.dtype, kernel, *variant) for kernel in ("bwd_dkdv", "bwd_dq")))
     mask, ranges = _key_mask(key_mask, batch, seq, q.device, even)
     return _grads(*_backward(do, q, k, v, out, lse, lse.stride()[:2], mask, ranges, None, batch, seq, _padded_strides,
-                             scale, drop, rope, dist), rel_bias)
+                             scale, drop, rope, dist, grads), rel_bias)
 
 
 def varlen_attention_forward(
@@ -339,16 +348,18 @@ def varlen_attention_backward(
     rope_sin: Optional[torch.Tensor] = None,
     window: int = -1,
     rel_bias: Optional[torch.Tensor] = None,
+    *,
+    grads: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, ...]:
     """(dq, dk, dv) of varlen_attention_forward: [T, H, D] contiguous in q.dtype, and with
     rel_bias its gradient drel; the same cu_seqlens, max_seqlen, scale, dropout_p, seed, rotary
-    tables, window and rel_bias as the forward."""
+    tables, window and rel_bias as the forward. grads: as attention_backward's ([T, H, D])."""
     batch = cu_seqlens.shape[0] - 1
     drop = dropout_options(dropout_p, seed, "attention")
     rope = rope_tables(rope_cos, rope_sin, q.shape[-1], max_seqlen, q.device)
     dist = distance_options(window, rel_bias, q.shape[1], max_seqlen, q.device)
     if batch <= 0 or max_seqlen <= 0 or q.numel() == 0:
-        return _no_grads(q, rel_bias)
+        return _no_grads(q, rel_bias, grads)
     q, k, v, out, do = (_aligned(t) for t in (q, k, v, out, do))
     return _grads(*_backward(do, q, k, v, out, lse, (1, lse.stride(0)), None, None, cu_seqlens, batch, max_seqlen,
-                             _varlen_strides, scale, drop, rope, dist), rel_bias)
+                             _varlen_strides, scale, drop, rope, dist, grads), rel_bias)
