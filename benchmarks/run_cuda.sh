@@ -41,8 +41,10 @@ step 240 "kernel tests" $py -m pytest -q -p no:cacheprovider tests/ops/test_atte
 wait $checks
 tail -25 "$out/selfcheck.txt"
 
-step 90 "graph and inference-route tests" $py -m pytest -q -p no:cacheprovider tests/ops/test_encoder_graphs.py \
-    tests/kernels/test_inference_options.py tests/ops/test_encoder.py -k "triton or gpu or graphs or options"
+step 120 "graph, inference-route and training-node tests" $py -m pytest -q -p no:cacheprovider \
+    tests/ops/test_encoder_graphs.py tests/kernels/test_inference_options.py tests/ops/test_encoder.py \
+    tests/ops/test_joined_attention.py tests/ops/test_layer_training.py tests/model/test_dropout_seeds.py \
+    -k "triton or gpu or graphs or options or waits"
 step 150 "check_modern_cuda" $py benchmarks/check_modern_cuda.py --json "$out/modern.json"
 step 150 "bench_encoder_cuda" $py benchmarks/bench_encoder_cuda.py --json "$out/encoder.json"
 step 60 "bench_encoder_cuda one20" $py benchmarks/bench_encoder_cuda.py --workloads one20 --scale 1 \

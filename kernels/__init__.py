@@ -58,21 +58,28 @@ class Dropout(NamedTuple):
     scale: float
 
 
+_NO_DROPOUT = Dropout(False, 0, 0, 1.0)
+_THRESHOLDS: Dict[float, Tuple[int, float]] = {}  # dropout_p -> (threshold, scale), a launch's host time saved
+
+
 def dropout_options(dropout_p: float, seed: Optional[int], op: str) -> Dropout:
     """The dropout arguments of probability dropout_p; a seed in [0, 2**63) is needed when it is
     above 0 (op names the caller in the error)."""
     if dropout_p <= 0.0:
-        return Dropout(False, 0, 0, 1.0)
+        return _NO_DROPOUT
     if seed is None:
         raise ValueError(f"fastbert: {op} with dropout_p > 0 needs a seed")
     if not 0 <= int(seed) < 2**63:
         raise ValueError(f"fastbert: dropout seed must be in [0, 2**63), got {seed}")
-    # imported here, not at the top: from the source tree this folder is also found as a top-level
-    # package `kernels` (transformers probes for one by that name), where `..` reaches nothing
-    from ..reference import dropout_threshold
+    known = _THRESHOLDS.get(dropout_p)
+    if known is None:
+        # imported here, not at the top: from the source tree this folder is also found as a top-level
+        # package `kernels` (transformers probes for one by that name), where `..` reaches nothing
+        from ..reference import dropout_threshold
 
-    scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0
-    return Dropout(True, int(seed), dropout_threshold(dropout_p), scale)
+        known = _THRESHOLDS[dropout_p] = (dropout_threshold(dropout_p),
+                                          1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0)
+    return Dropout(True, int(seed), *known)
 
 
 class KernelBuild(NamedTuple):
@@ -119,7 +126,6 @@ def sink(numel: int, device):
     return made[-1]
 
 
-_PART_ALIGN = 128  # bytes: each part of empty_together starts on a line of the GPU's cache
 _APART = contextvars.ContextVar("fastbert_outputs_apart", default=False)
 
 
@@ -139,25 +145,22 @@ def apart() -> bool:
     return _APART.get()
 
 
-def empty_together(shapes, dtype, device):
-    """Uninitialised contiguous tensors of the given shapes, dtype and device, all views into one
-    allocation (one call of the allocator, not one per tensor: each costs the host a dispatcher call
-    and, on a GPU, the caching allocator's bookkeeping), each starting 128 bytes past an aligned
-    one (CUDA's caching allocator aligns to 512), the specialization the kernels are built for.
-    For outputs that die together or soon after one another (the memory is returned when the last
-    of them dies). Apart (one allocation each) inside outputs_apart."""
+def empty_together(count: int, shape, dtype, device):
+    """`count` uninitialised contiguous tensors of one shape, dtype and device, views into one
+    allocation (one call of the allocator and one unbind, not one allocation each: on a GPU each
+    costs the host the caching allocator's bookkeeping), each 16-byte aligned, the specialization
+    the kernels are built for. For outputs that die together or soon after one another (the memory
+    is returned when the last of them dies). Apart (one allocation each) inside outputs_apart."""
     import torch
 
     if _APART.get():
-        return tuple(torch.empty(shape, dtype=dtype, device=device) for shape in shapes)
-    step = max(1, _PART_ALIGN // dtype.itemsize)
-    sizes = [math.prod(shape) for shape in shapes]
-    starts, total = [], 0
-    for n in sizes:
-        starts.append(total)
-        total += -(-n // step) * step
-    flat = torch.empty(total, dtype=dtype, device=device)
-    return tuple(flat.narrow(0, start, n).view(shape) for start, n, shape in zip(starts, sizes, shapes))
+        return tuple(torch.empty(shape, dtype=dtype, device=device) for _ in range(count))
+    n = math.prod(shape)
+    if n * dtype.itemsize % 16 == 0:
+        return torch.empty((count, *shape), dtype=dtype, device=device).unbind(0)
+    step = cdiv(n * dtype.itemsize, 16) * 16 // dtype.itemsize  # padded to keep the next part aligned
+    rows = torch.empty((count, step), dtype=dtype, device=device).narrow(1, 0, n).unbind(0)
+    return tuple(row.view(shape) for row in rows)
 
 
 def aligned_args(signature: Dict[str, str]) -> Tuple[str, ...]:
@@ -179,25 +182,24 @@ def next_power_of_2(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
+_SM_COUNTS: Dict[Any, int] = {}  # device -> its count, read once (launchers ask at every call)
+
+
 def num_sms(device) -> int:
     """Streaming multiprocessors of `device`; 132 (an H100) for CPU tensors under the interpreter,
     so the interpreter splits work the way a large GPU would."""
-    import torch
-
-    if getattr(device, "type", str(device)) == "cuda":
-        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return 132
-
-
-_SM_COUNTS: Dict[int, int] = {}
-
-
-def _cuda_sm_count(index: int) -> int:
-    if index not in _SM_COUNTS:
+    count = _SM_COUNTS.get(device)
+    if count is None:
         import torch
 
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
+        device = torch.device(device)
+        count = 132
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            count = torch.cuda.get_device_properties(index).multi_processor_count
+        if device.type != "cuda" or device.index is not None:  # "cuda" alone follows the current device
+            _SM_COUNTS[device] = count
+    return count
 
 
 def split_rows(n_rows: int, block_m: int, max_programs: int):

@@ -247,7 +247,7 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
     y = torch.empty_like(x) if out is None else out
     h = (torch.empty_like(x) if sum_out is None else sum_out) if return_sum else None
     if stats:
-        mean, rstd = empty_together(((M,), (M,)), torch.float32, x.device)
+        mean, rstd = empty_together(2, (M,), torch.float32, x.device)
     else:  # both into the sink: nobody reads either
         mean = rstd = sink(M, x.device)
     if M > 0:
@@ -266,11 +266,13 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
 
 def _partial_sums(n_programs: int, N: int, device) -> torch.Tensor:
     """The per-program partial sums of dweight and dbias the backward kernels write, fp32 [2,
-    programs, N] (dweight's, then dbias's: one allocation, one reduction), each half 128-byte
+    programs, N] (dweight's, then dbias's: one allocation, one reduction), each half 16-byte
     aligned as a fresh tensor would be."""
-    n = n_programs * N
-    step = cdiv(n, 32) * 32
-    return torch.empty((2, step), dtype=torch.float32, device=device)[:, :n].view(2, n_programs, N)
+    padded = n_programs
+    while padded * N % 4:  # dbias's half starts 16-byte aligned
+        padded += 1
+    partial = torch.empty((2, padded, N), dtype=torch.float32, device=device)
+    return partial if padded == n_programs else partial.narrow(1, 0, n_programs)
 
 
 def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, s: Settings, max_programs: int,
@@ -294,7 +296,7 @@ def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd,
     """Launch the backward of wider rows: row sums, then column tiles; the per-program partial
     sums of dweight and dbias (_partial_sums)."""
     M, N = x.shape
-    mean_g, mean_gx = empty_together(((M,), (M,)), torch.float32, x.device)
+    mean_g, mean_gx = empty_together(2, (M,), torch.float32, x.device)
     grad_y = (dy, dy.stride(0))
     inputs = (x, x.stride(0), residual, residual.stride(0), weight, mean, rstd)
     s = ROW_SUMS_SETTINGS
@@ -332,7 +334,7 @@ def add_layer_norm_backward(
     contiguous rows): the gradient of return_sum's h, added to h's before it reaches dresidual and dx.
     """
     M, N = x.shape
-    dx, dresidual = empty_together(((M, N), (M, N)), x.dtype, x.device)
+    dx, dresidual = empty_together(2, (M, N), x.dtype, x.device)
     if M == 0:
         return dx, dresidual, torch.zeros_like(weight), torch.zeros_like(weight)
     has_dropout, seed, threshold, scale = dropout_options(dropout_p, seed, "add_layer_norm")

@@ -6,7 +6,7 @@ through to(), `.data = ...` or an assignment does not), and `joined` joins again
 trainable hands the joined tensor to autograd as the parameters' concatenation, for training."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -54,21 +54,23 @@ def joined(owner, name: str, parts: List[torch.Tensor]) -> torch.Tensor:
 
 
 class _Joined(torch.autograd.Function):
-    """fused (not differentiable), then the parameters it joins -> fused itself, whose gradient
-    arrives split into theirs."""
+    """(fused weight, fused bias) (not differentiable), then the weights and the biases they join
+    (k of each) -> the two fused tensors themselves, whose gradients arrive split into theirs."""
 
     @staticmethod
-    def forward(ctx, fused, *params):
-        ctx.rows = [p.shape[0] for p in params]
-        return fused.view_as(fused)
+    def forward(ctx, weight, bias, *params):
+        k = len(params) // 2
+        ctx.rows = [p.shape[0] for p in params[:k]]
+        return weight.view_as(weight), bias.view_as(bias)
 
     @staticmethod
-    def backward(ctx, grad):
-        return (None, *grad.split(ctx.rows))
+    def backward(ctx, dweight, dbias):
+        return (None, None, *dweight.split(ctx.rows), *dbias.split(ctx.rows))
 
 
-def trainable(fused: torch.Tensor, params) -> torch.Tensor:
-    """`fused` (share_storage's join of params, views_of true) as autograd takes it: the
-    concatenation of params, with no copy forward (torch.cat would make one every step) and each
-    parameter's gradient a slice of the joined one."""
-    return _Joined.apply(fused, *params)
+def trainable(weight: torch.Tensor, bias: torch.Tensor, weights, biases) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`weight` and `bias` (share_storage's joins of weights and of biases, views_of true) as
+    autograd takes them: the concatenations of the parts, with no copy forward (torch.cat would
+    make one every step) and each part's gradient a slice of the joined one's; one autograd node
+    for both."""
+    return _Joined.apply(weight, bias, *weights, *biases)

@@ -11,6 +11,7 @@ from fastbert import layouts, ops
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
 from fastbert.model.joined import joined, share_storage, trainable, views_of
 from fastbert.model.quantize import Int8Linear
+from fastbert.ops import layer_training
 from fastbert.ops.attention import joined_attention
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.common import DropoutSeeds
@@ -101,12 +102,26 @@ class BertSelfAttention(nn.Module):
         biases = (self.query.bias, self.key.bias, self.value.bias)
         if torch.compiler.is_compiling():
             return torch.cat(weights), torch.cat(biases)
-        w, b = self._fused
-        if not (views_of(w, weights) and views_of(b, biases)):
-            with torch.no_grad():
-                self._fused = w, b = (share_storage(weights), share_storage(biases))
+        w, b = self.fused_qkv()
         if torch.is_grad_enabled() and any(p.requires_grad for p in weights + biases):
-            return trainable(w, weights), trainable(b, biases)
+            return trainable(w, b, weights, biases)
+        return w, b
+
+    def qkv_parameters(self) -> Tuple[torch.Tensor, ...]:
+        """The three projections' weights, then their biases (query, key, value must be plain
+        nn.Linear: the QKV route joins their parameters)."""
+        q, k, v = self.query, self.key, self.value
+        return q.weight, k.weight, v.weight, q.bias, k.bias, v.bias
+
+    def fused_qkv(self, parts: Optional[Tuple[torch.Tensor, ...]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The joined QKV weight and bias whose row slices the three projections' parameters are
+        (joined again first where one of them was given new memory): outside autograd's view.
+        parts: qkv_parameters(), when the caller has read them."""
+        parts = parts or self.qkv_parameters()
+        w, b = self._fused
+        if not (views_of(w, parts[:3]) and views_of(b, parts[3:])):
+            with torch.no_grad():
+                self._fused = w, b = (share_storage(parts[:3]), share_storage(parts[3:]))
         return w, b
 
     def joined_qkv(self) -> tuple:
@@ -257,9 +272,37 @@ class BertLayer(nn.Module, BackendMixin):
             weights, heads, eps, form = kept
             return layer_forward(hidden, weights, heads, eps, form, mask, cu, n, relative_bias, self.backend), None
         seeds = DropoutSeeds() if self.training else None  # one draw for the layer's dropouts
+        if bias is None and head_scale is None and not want_probs:
+            out = self._training_node(hidden, mask, packed, relative_bias, seeds)
+            if out is not None:
+                return out, None
         qkv = ops.linear(hidden, *self.self_attention.qkv_weight(), backend=self.backend)
         ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs, relative_bias, seeds)
         return self.feed_forward(ctx, hidden, seeds), probs
+
+    def _training_node(self, hidden: torch.Tensor, mask: Optional[torch.Tensor],
+                       packed: Optional[Tuple[torch.Tensor, int]], relative_bias: Optional[torch.Tensor],
+                       seeds: Optional[DropoutSeeds]) -> Optional[torch.Tensor]:
+        """The layer as one autograd node (fastbert.ops.layer_training) where it runs: a gradient to
+        come on the Triton backend, plain linear layers, a GELU feed-forward; else None. Each module
+        is read once (a lookup costs the host about a microsecond, and a layer has some forty)."""
+        sa, act = self.self_attention, self.ffn_act
+        if act not in GELU_FORMS or not layer_training.applies(hidden, self.backend, sa.attention_head_size):
+            return None
+        out, n1, ffn_in, ffn_out, n2 = (self.attention_output, self.attention_norm, self.ffn_input, self.ffn_output,
+                                        self.ffn_norm)
+        if any(type(m) is not nn.Linear for m in (sa.query, sa.key, sa.value, out, ffn_in, ffn_out)):
+            return None  # anything else in a linear layer's place: the separate ops, as before
+        parts = sa.qkv_parameters()
+        ps = (_dropout_p(self, sa.dropout_p), _dropout_p(self, self.attention_dropout_p),
+              _dropout_p(self, self.ffn_dropout_p))
+        opts = layer_training.TrainingLayer(sa.num_attention_heads, (n1.eps, n2.eps), GELU_FORMS[act], ps,
+                                            tuple(_take(seeds, p) for p in ps))
+        cu, n = packed if packed is not None else (None, None)
+        return layer_training.layer_training_forward(
+            hidden, hidden.shape, mask, cu, n, relative_bias, opts, sa.fused_qkv(parts), parts,
+            (out.weight, out.bias), (n1.weight, n1.bias), (ffn_in.weight, ffn_in.bias), (ffn_out.weight, ffn_out.bias),
+            (n2.weight, n2.bias))
 
     def _one_call(self) -> bool:
         """Whether the layer takes fastbert.ops.encoder's inference route (the same kernels, without

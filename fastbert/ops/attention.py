@@ -282,7 +282,7 @@ def inference_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale: float, d
 # the joined QKV route: a layer's training step on Triton
 
 
-def _qkv_views(qkv: Tensor, shape, heads: int, packed: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def qkv_views(qkv: Tensor, shape, heads: int, packed: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """q, k, v as views of the QKV rows qkv ([..., 3 * width] of a hidden state of `shape`): packed
     [tokens, heads, d] each, padded [batch, heads, seq, d] each."""
     d = shape[-1] // heads
@@ -291,7 +291,7 @@ def _qkv_views(qkv: Tensor, shape, heads: int, packed: bool) -> Tuple[Tensor, Te
     return qkv.view(shape[0], shape[1], 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
 
 
-def _heads_view(rows: Tensor, shape, heads: int, packed: bool) -> Tensor:
+def heads_view(rows: Tensor, shape, heads: int, packed: bool) -> Tensor:
     """rows shaped `shape` ([tokens, width] or [batch, seq, width]) as the launchers' [tokens, heads,
     d] or [batch, heads, seq, d] (a view)."""
     d = shape[-1] // heads
@@ -311,10 +311,10 @@ class JoinedAttentionFunction(torch.autograd.Function):
     def forward(ctx, qkv, shape, heads, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, rope, window,
                 rel_bias):
         packed = cu_seqlens is not None
-        q, k, v = _qkv_views(qkv, shape, heads, packed)
+        q, k, v = qkv_views(qkv, shape, heads, packed)
         rows = qkv.new_empty(shape)
         _, lse, _ = launch_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, False, rope,
-                                   window, rel_bias, out=_heads_view(rows, shape, heads, packed), keep_lse=True)
+                                   window, rel_bias, out=heads_view(rows, shape, heads, packed), keep_lse=True)
         ctx.save_for_backward(qkv, rows, lse, key_mask, cu_seqlens, *rope, rel_bias)
         ctx.args = (shape, heads, max_seqlen, scale, dropout_p, seed, window)
         return rows
@@ -325,10 +325,10 @@ class JoinedAttentionFunction(torch.autograd.Function):
         shape, heads, max_seqlen, scale, dropout_p, seed, window = ctx.args
         packed = cu_seqlens is not None
         dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-        *_, drel = launch_backward(_heads_view(drows.contiguous(), shape, heads, packed),
-                                   *_qkv_views(qkv, shape, heads, packed), _heads_view(rows, shape, heads, packed),
+        *_, drel = launch_backward(heads_view(drows.contiguous(), shape, heads, packed),
+                                   *qkv_views(qkv, shape, heads, packed), heads_view(rows, shape, heads, packed),
                                    lse, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, (rope_cos, rope_sin),
-                                   window, rel_bias, grads=_qkv_views(dqkv, shape, heads, packed))
+                                   window, rel_bias, grads=qkv_views(dqkv, shape, heads, packed))
         return (dqkv,) + (None,) * 10 + (drel if ctx.needs_input_grad[11] else None,)
 
 
@@ -347,7 +347,7 @@ def joined_attention(qkv: Tensor, shape, heads: int, mask: Optional[Tensor], pac
         return None
     op = "attention"
     check_float(op, "qkv", qkv)
-    q = _qkv_views(qkv, shape, heads, packed is not None)[0]  # for the checks' shapes
+    q = qkv_views(qkv, shape, heads, packed is not None)[0]  # for the checks' shapes
     d = q.shape[-1]
     positions = packed[1] if packed is not None else shape[1]
     scale = _check_options(op, backend, d, dropout_p, None, positions)

@@ -131,7 +131,7 @@ def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batc
     head_dim = q.shape[-1]
     _check_grid(batch, heads)
     device = q.device
-    dq, dk, dv = grads if grads is not None else empty_together((q.shape,) * 3, q.dtype, device)
+    dq, dk, dv = grads if grads is not None else empty_together(3, q.shape, q.dtype, device)
     delta = torch.empty_like(lse)
     o_st, do_st, g_st = strides_of(out), strides_of(do), strides_of(dq)
 

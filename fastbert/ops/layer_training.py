@@ -1,0 +1,134 @@
+"""A post-LN encoder layer's training step (BERT's, and every family on its layer) on the Triton
+kernels as one autograd node:
+
+    qkv = x Wqkv^T + bqkv -> attention (joined QKV rows) -> a = ctx Wo^T + bo
+    h1 = layer_norm(dropout(a) + x) -> i = h1 Wi^T -> g = gelu(i + bi) -> o = g Wf^T + bf
+    y = layer_norm(dropout(o) + h1)
+
+and its backward written out, the same GEMMs and kernels the separate ops run, in the same order,
+with none of their per-op costs: one autograd node for the layer instead of a dozen, each with its
+checks, its saved-tensor bookkeeping and its engine step; the residual gradients added by the
+GEMMs that produce the other half (addmm's beta = 1) instead of by the engine; the QKV weight's
+gradient one GEMM whose rows are the three projections'. On a GPU a training step at small batches
+waits on the host (benchmarks/bench_host.py counts it on any CPU); the kernels are the ones whose
+results the op tests hold to the reference, and tests/ops/test_layer_training.py holds this node to
+the separate ops, every gradient included.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from fastbert import backend as fb_backend
+from fastbert.ops.attention import TRITON_HEAD_DIMS, heads_view, launch_backward, launch_forward, qkv_views
+
+Tensor = torch.Tensor
+
+
+class TrainingLayer(NamedTuple):
+    """What the node takes of a layer besides its tensors: heads, the two LayerNorms' eps, the
+    GELU form ("none" or "tanh"), the three dropout probabilities (attention, after the output
+    projection, after the feed-forward) and their seeds (ints, or None where the probability is 0)."""
+
+    heads: int
+    eps: Tuple[float, float]
+    approximate: str
+    dropout: Tuple[float, float, float]
+    seeds: Tuple[Optional[int], Optional[int], Optional[int]]
+
+
+def applies(hidden: Tensor, backend: Optional[str], head_dim: int) -> bool:
+    """Whether the node runs this layer: the Triton backend, a gradient to come, outside
+    torch.compile (which traces the separate ops) and autocast (whose casts they make), a head dim
+    the kernels take."""
+    return (fb_backend.resolve(backend, hidden) == "triton" and torch.is_grad_enabled()
+            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(hidden.device.type)
+            and head_dim in TRITON_HEAD_DIMS and hidden.numel() > 0)
+
+
+def _rows(t: Tensor) -> Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+class _LayerFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, layout, opts: TrainingLayer, rel, qkv_w, qkv_b, out_w, out_b, n1_w, n1_b, in_w, in_b, f_w, f_b,
+                n2_w, n2_b, *qkv_parts):
+        shape, mask, cu, max_seqlen = layout
+        packed = cu is not None
+        ln = fb_backend.impl("triton", "layer_norm")
+        gelu = fb_backend.impl("triton", "bias_gelu")
+        p_attn, p1, p2 = opts.dropout
+        s_attn, s1, s2 = opts.seeds
+        xr = _rows(x)
+        qkv = torch.addmm(qkv_b, xr, qkv_w.t())
+        rows = xr.new_empty(xr.shape)
+        d = shape[-1] // opts.heads
+        _, lse, _ = launch_forward(*qkv_views(qkv, shape, opts.heads, packed), mask, cu, max_seqlen, 1.0 / math.sqrt(d), p_attn,
+                                   s_attn, False, (None, None), -1, rel, out=heads_view(rows, shape, opts.heads, packed),
+                                   keep_lse=True)
+        a = torch.addmm(out_b, rows, out_w.t())
+        h1, mean1, rstd1 = ln.add_layer_norm_forward(a, xr, n1_w, n1_b, opts.eps[0], p1, s1)
+        i = torch.mm(h1, in_w.t())
+        g = gelu.bias_gelu_forward(i, in_b, opts.approximate)
+        o = torch.addmm(f_b, g, f_w.t())
+        y, mean2, rstd2 = ln.add_layer_norm_forward(o, h1, n2_w, n2_b, opts.eps[1], p2, s2)
+        ctx.save_for_backward(xr, qkv, rows, lse, a, h1, mean1, rstd1, i, g, o, mean2, rstd2, mask, cu, rel,
+                              qkv_w, out_w, n1_w, in_w, in_b, f_w, n2_w)
+        ctx.layout, ctx.opts, ctx.x_shape = (shape, max_seqlen), opts, x.shape
+        ctx.parts = [p.shape[0] for p in qkv_parts[:3]]  # the weights' rows (the biases': the same)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (xr, qkv, rows, lse, a, h1, mean1, rstd1, i, g, o, mean2, rstd2, mask, cu, rel,
+         qkv_w, out_w, n1_w, in_w, in_b, f_w, n2_w) = ctx.saved_tensors
+        shape, max_seqlen = ctx.layout
+        opts = ctx.opts
+        packed = cu is not None
+        ln = fb_backend.impl("triton", "layer_norm")
+        gelu = fb_backend.impl("triton", "bias_gelu")
+        p_attn, p1, p2 = opts.dropout
+        s_attn, s1, s2 = opts.seeds
+        dy = _rows(dy).contiguous()
+        # y = LN2(dropout(o) + h1): do, and h1's gradient through the residual
+        do, dh1, dn2_w, dn2_b = ln.add_layer_norm_backward(dy, o, h1, n2_w, mean2, rstd2, p2, s2)
+        need = ctx.needs_input_grad  # a frozen weight's product is skipped
+        df_b, df_w = do.sum(0), do.t().mm(g) if need[12] else None
+        dg = do.mm(f_w)
+        di, din_b = gelu.bias_gelu_backward(dg, i, in_b, opts.approximate)
+        din_w = di.t().mm(h1) if need[10] else None
+        dh1 = torch.addmm(dh1, di, in_w)  # through the feed-forward, added to the residual's
+        # h1 = LN1(dropout(a) + x)
+        da, dx, dn1_w, dn1_b = ln.add_layer_norm_backward(dh1, a, xr, n1_w, mean1, rstd1, p1, s1)
+        dout_b, dout_w = da.sum(0), da.t().mm(rows) if need[6] else None
+        drows = da.mm(out_w)
+        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+        d = shape[-1] // opts.heads
+        *_, drel = launch_backward(heads_view(drows, shape, opts.heads, packed),
+                                   *qkv_views(qkv, shape, opts.heads, packed),
+                                   heads_view(rows, shape, opts.heads, packed), lse, mask, cu, max_seqlen, 1.0 / math.sqrt(d),
+                                   p_attn, s_attn, (None, None), -1, rel,
+                                   grads=qkv_views(dqkv, shape, opts.heads, packed))
+        dqkv_b = dqkv.sum(0)
+        parts_w = dqkv.t().mm(xr).split(ctx.parts) if any(need[16:19]) else (None,) * 3
+        dx = torch.addmm(dx, dqkv, qkv_w)  # through the projections, added to the residual's
+        parts_b = dqkv_b.split(ctx.parts)
+        return (dx.view(ctx.x_shape), None, None, drel if ctx.needs_input_grad[3] else None,
+                None, None, dout_w, dout_b, dn1_w, dn1_b, din_w, din_b, df_w, df_b, dn2_w, dn2_b, *parts_w, *parts_b)
+
+
+def layer_training_forward(hidden: Tensor, shape, mask: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                           max_seqlen: Optional[int], rel: Optional[Tensor], opts: TrainingLayer,
+                           qkv: Tuple[Tensor, Tensor], qkv_parts: Tuple[Tensor, ...], out: Tuple[Tensor, Tensor],
+                           norm1: Tuple[Tensor, Tensor], ffn_in: Tuple[Tensor, Tensor], ffn_out: Tuple[Tensor, Tensor],
+                           norm2: Tuple[Tensor, Tensor]) -> Tensor:
+    """The layer's output for hidden (packed [tokens, width] with cu_seqlens, max_seqlen; or padded
+    [batch, seq, width] with mask, bool [batch, seq] or None; shape: hidden's) through the node.
+    qkv: the joined QKV (weight, bias), whose row slices the parameters qkv_parts (the three weights,
+    then the three biases: joined.share_storage's) are, so that each gets its slice of the gradient;
+    the others (weight, bias) pairs; rel: MPNet's relative position bias [heads, 2n - 1] or None."""
+    return _LayerFunction.apply(hidden, (tuple(shape), mask, cu_seqlens, max_seqlen), opts, rel, *qkv, *out, *norm1,
+                                *ffn_in, *ffn_out, *norm2, *qkv_parts)
