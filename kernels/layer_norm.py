@@ -348,7 +348,8 @@ def add_layer_norm_backward(
         partial = _backward_two_pass(*args, max_programs, has_dropout, dropout_args)
     if apart():  # a custom op's outputs: no two may share memory
         return dx, dresidual, partial[0].sum(0).to(weight.dtype), partial[1].sum(0).to(weight.dtype)
-    dw, db = partial.sum(1).to(weight.dtype)  # both reductions in one call
+    sums = partial.sum(1)  # both reductions in one call
+    dw, db = (sums if sums.dtype == weight.dtype else sums.to(weight.dtype)).unbind(0)
     return dx, dresidual, dw, db
 
 

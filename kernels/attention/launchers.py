@@ -27,14 +27,18 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     """t itself when its data pointer is 16-byte aligned and every stride but the last (of a dim
     longer than 1) is a multiple of 16 elements, the specialization all the kernels are built for
     (vectorised rows); else a contiguous copy (every supported head dim is a multiple of 16)."""
-    ok = t.data_ptr() % 16 == 0 and t.stride(-1) == 1
-    ok = ok and all(st % 16 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1)
+    st = t.stride()
+    if st[-1] == 1 and t.data_ptr() % 16 == 0 and math.gcd(*st[:-1]) % 16 == 0:  # the usual case, checked quickly
+        return t
+    ok = t.data_ptr() % 16 == 0 and st[-1] == 1
+    ok = ok and all(s % 16 == 0 for n, s in zip(t.shape[:-1], st[:-1]) if n > 1)
     return t if ok else t.contiguous() if not t.is_contiguous() else t.clone()
 
 
 def _strides(t: torch.Tensor) -> Tuple[int, ...]:
     # strides of all dims but the last; a dim of length 1 is never stepped along: 0
-    return tuple(0 if n == 1 else st for n, st in zip(t.shape[:-1], t.stride()[:-1]))
+    shape, st = t.shape[:-1], t.stride()[:-1]
+    return tuple(0 if n == 1 else s for n, s in zip(shape, st)) if 1 in shape else st
 
 
 def _padded_strides(t: torch.Tensor) -> Tuple[int, int, int]:

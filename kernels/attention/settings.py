@@ -14,6 +14,7 @@ import torch
 from .. import Settings, next_power_of_2
 
 HEAD_DIMS = (16, 32, 64, 80, 96, 128)  # the head dims the kernels take (multiples of 16)
+_BLOCK_D = {d: max(32, next_power_of_2(d)) for d in HEAD_DIMS}  # block_d's answers (the launchers ask per kernel)
 BLOCK_DS = (32, 64, 128)  # head dim blocks: D rounded up to a power of 2, at least 32
 KERNELS = ("fwd", "bwd_preprocess", "bwd_dkdv", "bwd_dq")
 RANGE_SETTINGS = Settings(block_m=1, block_n=256, num_warps=4, num_stages=1, maxnreg=None)
@@ -94,9 +95,10 @@ _ROPE_DISTANCE_TABLE: Dict[Tuple[str, bool, int], Settings] = {
 
 def block_d(head_dim: int) -> int:
     """The head dim block of `head_dim`: a power of 2, at least 32 (columns past D are masked)."""
-    if head_dim not in HEAD_DIMS:
+    found = _BLOCK_D.get(head_dim)
+    if found is None:
         raise ValueError(f"fastbert: the Triton attention kernels take head_dim in {HEAD_DIMS}, got {head_dim}")
-    return max(32, next_power_of_2(head_dim))
+    return found
 
 
 def settings(head_dim: int, dtype: torch.dtype, kernel: str, rope: bool = False, distance: bool = False) -> Settings:
