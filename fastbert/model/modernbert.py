@@ -53,7 +53,7 @@ from fastbert.model.model_utils import trunc_normal_
 from fastbert.model.outputs import BaseModelOutput
 from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.model.quantize import TRAINING_ERROR, InferenceOnly
-from fastbert.ops import encoder
+from fastbert.ops import encoder, layer_training
 from fastbert.ops.attention import joined_attention
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.checks import check_ids
@@ -222,6 +222,28 @@ class ModernBertEncoderLayer(nn.Module, BackendMixin):
                 and all(type(m) is nn.Linear for m in (self.attn.Wqkv, self.attn.Wo, self.mlp.Wi, self.mlp.Wo))
                 and all(type(n) in (nn.LayerNorm, nn.Identity) for n in (self.attn_norm, self.mlp_norm)))
 
+    def _training_node(self, h: torch.Tensor, delta: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+                       packed: Optional[Tuple[torch.Tensor, int]]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """(h', delta') through the pre-LN layer's autograd node (fastbert.ops.layer_training) where
+        it runs: a gradient to come on the Triton backend, plain linear layers and LayerNorms, a GELU
+        GeGLU, no dropout (ModernBERT's are 0 by default; any other takes the separate ops); else None."""
+        attn, mlp, an, mn = self.attn, self.mlp, self.attn_norm, self.mlp_norm
+        if mlp.act not in GELU_FORMS or not layer_training.applies(h, self.backend, attn.head_dim):
+            return None
+        lin = (attn.Wqkv, attn.Wo, mlp.Wi, mlp.Wo)
+        first = delta is None
+        if (any(type(m) is not nn.Linear for m in lin) or type(mn) is not nn.LayerNorm
+                or type(an) is not (nn.Identity if first else nn.LayerNorm)
+                or (self.training and (attn.attention_dropout > 0 or mlp.drop.p > 0))):
+            return None
+        window = -1 if attn.window is None else attn.window
+        opts = layer_training.PreNormLayer(attn.num_heads, (0.0 if first else an.eps, mn.eps), GELU_FORMS[mlp.act],
+                                           attn.rope_theta, window)
+        cu, n = packed if packed is not None else (None, None)
+        return layer_training.prenorm_training_forward(
+            h, delta, h.shape, mask, cu, n, opts, (None, None) if first else (an.weight, an.bias),
+            *((m.weight, m.bias) for m in lin[:2]), (mn.weight, mn.bias), *((m.weight, m.bias) for m in lin[2:]))
+
     def weights(self) -> encoder.PreNormLayerWeights:
         """The layer's tensors as fastbert.ops.encoder.prenorm_layer_forward takes them."""
         an, mn, attn, mlp = self.attn_norm, self.mlp_norm, self.attn, self.mlp
@@ -240,6 +262,10 @@ class ModernBertEncoderLayer(nn.Module, BackendMixin):
             window = -1 if attn.window is None else attn.window
             out = encoder.prenorm_layer_forward(h, delta, self.weights(), attn.num_heads, eps, GELU_FORMS[self.mlp.act],
                                                 attn.rope_theta, window, mask, *(packed or (None, None)), self.backend)
+            if out is not None:
+                return (*out, None)
+        if not want_probs:
+            out = self._training_node(h, delta, mask, packed)
             if out is not None:
                 return (*out, None)
         if delta is None:  # the first layer: the stream is the embeddings' output

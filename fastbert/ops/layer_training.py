@@ -1,18 +1,24 @@
-"""A post-LN encoder layer's training step (BERT's, and every family on its layer) on the Triton
-kernels as one autograd node:
+"""An encoder layer's training step on the Triton kernels as one autograd node, its backward
+written out: the post-LN layer (BERT's, and every family on its layer)
 
     qkv = x Wqkv^T + bqkv -> attention (joined QKV rows) -> a = ctx Wo^T + bo
     h1 = layer_norm(dropout(a) + x) -> i = h1 Wi^T -> g = gelu(i + bi) -> o = g Wf^T + bf
     y = layer_norm(dropout(o) + h1)
 
-and its backward written out, the same GEMMs and kernels the separate ops run, in the same order,
-with none of their per-op costs: one autograd node for the layer instead of a dozen, each with its
-checks, its saved-tensor bookkeeping and its engine step; the residual gradients added by the
-GEMMs that produce the other half (addmm's beta = 1) instead of by the engine; the QKV weight's
-gradient one GEMM whose rows are the three projections'. On a GPU a training step at small batches
-waits on the host (benchmarks/bench_host.py counts it on any CPU); the kernels are the ones whose
-results the op tests hold to the reference, and tests/ops/test_layer_training.py holds this node to
-the separate ops, every gradient included.
+and the pre-LN layer (ModernBERT's), whose residual stream enters as h + delta and leaves as (s2, f):
+
+    s1 = delta + h, n1 = layer_norm(s1) (layer 0: s1 = n1 = h) -> qkv = n1 Wqkv^T -> attention
+    (rotary, window) -> o = ctx Wo^T -> s2 = o + s1, n2 = layer_norm(s2) -> u = n2 Wi^T
+    -> g = geglu(u) -> f = g Wf^T
+
+The same GEMMs and kernels the separate ops run, in the same order, with none of their per-op
+costs: one autograd node for the layer instead of a dozen, each with its checks, its saved-tensor
+bookkeeping and its engine step; residual gradients added by the GEMMs that produce the other half
+(addmm's beta = 1) or by the LayerNorm kernels (their dsum) instead of by the engine; the QKV
+weight's gradient one GEMM whose rows are the three projections'. On a GPU a training step at
+small batches waits on the host (benchmarks/bench_host.py counts it on any CPU); the kernels are
+the ones whose results the op tests hold to the reference, and tests/ops/test_layer_training.py
+holds both nodes to the separate ops, every gradient included.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from fastbert import backend as fb_backend
-from fastbert.ops.attention import TRITON_HEAD_DIMS, heads_view, launch_backward, launch_forward, qkv_views
+from fastbert.ops.attention import TRITON_HEAD_DIMS, heads_view, launch_backward, launch_forward, qkv_views, rotary_for
 
 Tensor = torch.Tensor
 
@@ -132,3 +138,108 @@ def layer_training_forward(hidden: Tensor, shape, mask: Optional[Tensor], cu_seq
     the others (weight, bias) pairs; rel: MPNet's relative position bias [heads, 2n - 1] or None."""
     return _LayerFunction.apply(hidden, (tuple(shape), mask, cu_seqlens, max_seqlen), opts, rel, *qkv, *out, *norm1,
                                 *ffn_in, *ffn_out, *norm2, *qkv_parts)
+
+
+class PreNormLayer(NamedTuple):
+    """What the pre-LN node takes of a layer besides its tensors: heads, the two LayerNorms' eps
+    (the first unused in layer 0, which has no attention norm), the GeGLU's GELU form, the rotary
+    embedding's base and the local window (-1: every key)."""
+
+    heads: int
+    eps: Tuple[float, float]
+    approximate: str
+    rotary_base: float
+    window: int
+
+
+def _linear(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
+
+
+def _linear_grads(dy: Tensor, x: Tensor, w: Tensor, has_bias: bool, need_w: bool):
+    """(dx, dw or None, db or None) of x w^T + b."""
+    return dy.mm(w), dy.t().mm(x) if need_w else None, dy.sum(0) if has_bias else None
+
+
+class _PreNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, delta, layout, opts: PreNormLayer, an_w, an_b, qkv_w, qkv_b, o_w, o_b, mn_w, mn_b, i_w, i_b,
+                f_w, f_b):
+        shape, mask, cu, max_seqlen = layout
+        packed = cu is not None
+        ln = fb_backend.impl("triton", "layer_norm")
+        hr = _rows(h)
+        first = delta is None
+        if first:  # layer 0: no attention norm, the stream is the embeddings' output
+            s1, n1, mean1, rstd1 = hr, hr, None, None
+            dr = None
+        else:
+            dr = _rows(delta)
+            n1, mean1, rstd1, s1 = ln.add_layer_norm_forward(dr, hr, an_w, an_b, opts.eps[0], 0.0, None, True)
+        qkv = _linear(n1, qkv_w, qkv_b)
+        d = shape[-1] // opts.heads
+        rope = rotary_for(opts.rotary_base, d, max_seqlen if packed else shape[1], h.device)
+        rows = hr.new_empty(hr.shape)
+        _, lse, _ = launch_forward(*qkv_views(qkv, shape, opts.heads, packed), mask, cu, max_seqlen, 1.0 / math.sqrt(d),
+                                   0.0, None, False, rope, opts.window, None,
+                                   out=heads_view(rows, shape, opts.heads, packed), keep_lse=True)
+        o = _linear(rows, o_w, o_b)
+        n2, mean2, rstd2, s2 = ln.add_layer_norm_forward(o, s1, mn_w, mn_b, opts.eps[1], 0.0, None, True)
+        u = _linear(n2, i_w, i_b)
+        g = fb_backend.impl("triton", "geglu").geglu_forward(u, opts.approximate)
+        f = _linear(g, f_w, f_b)
+        ctx.save_for_backward(dr, hr, n1, mean1, rstd1, s1, qkv, rows, lse, o, n2, mean2, rstd2, u, g, mask, cu,
+                              an_w, qkv_w, o_w, mn_w, i_w, f_w, *rope)
+        ctx.layout, ctx.opts, ctx.shape = (shape, max_seqlen), opts, h.shape
+        ctx.biases = tuple(t is not None for t in (an_b, qkv_b, o_b, mn_b, i_b, f_b))
+        return s2.view(h.shape), f.view(h.shape)
+
+    @staticmethod
+    def backward(ctx, ds2, df):
+        (dr, hr, n1, mean1, rstd1, s1, qkv, rows, lse, o, n2, mean2, rstd2, u, g, mask, cu,
+         an_w, qkv_w, o_w, mn_w, i_w, f_w, cos, sin) = ctx.saved_tensors
+        shape, max_seqlen = ctx.layout
+        opts, need = ctx.opts, ctx.needs_input_grad
+        has_an_b, has_qkv_b, has_o_b, has_mn_b, has_i_b, has_f_b = ctx.biases
+        packed = cu is not None
+        ln = fb_backend.impl("triton", "layer_norm")
+        zeros = torch.zeros(hr.shape, dtype=hr.dtype, device=hr.device) if ds2 is None or df is None else None
+        ds2 = zeros if ds2 is None else _rows(ds2).contiguous()
+        df = zeros if df is None else _rows(df).contiguous()
+        dg, df_w, df_b = _linear_grads(df, g, f_w, has_f_b, need[14])
+        du = fb_backend.impl("triton", "geglu").geglu_backward(dg, u, opts.approximate)
+        dn2, di_w, di_b = _linear_grads(du, n2, i_w, has_i_b, need[12])
+        # s2 = o + s1, n2 = LN(s2): the stream's own gradient ds2 joins the norm's in the kernel
+        do, ds1, dmn_w, dmn_b = ln.add_layer_norm_backward(dn2, o, s1, mn_w, mean2, rstd2, 0.0, None, dsum=ds2)
+        drows, do_w, do_b = _linear_grads(do, rows, o_w, has_o_b, need[8])
+        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+        d = shape[-1] // opts.heads
+        launch_backward(heads_view(drows, shape, opts.heads, packed), *qkv_views(qkv, shape, opts.heads, packed),
+                        heads_view(rows, shape, opts.heads, packed), lse, mask, cu, max_seqlen, 1.0 / math.sqrt(d),
+                        0.0, None, (cos, sin), opts.window, None, grads=qkv_views(dqkv, shape, opts.heads, packed))
+        dqkv_w = dqkv.t().mm(n1) if need[6] else None
+        dqkv_b = dqkv.sum(0) if has_qkv_b else None
+        if dr is None:  # layer 0: n1 = s1 = h
+            dh, ddelta, dan_w, dan_b = torch.addmm(ds1, dqkv, qkv_w), None, None, None
+        else:
+            dn1 = dqkv.mm(qkv_w)
+            ddelta, dh, dan_w, dan_b = ln.add_layer_norm_backward(dn1, dr, hr, an_w, mean1, rstd1, 0.0, None,
+                                                                  dsum=ds1)
+            ddelta = ddelta.view(ctx.shape)
+        return (dh.view(ctx.shape), ddelta, None, None, dan_w, dan_b if has_an_b else None, dqkv_w, dqkv_b, do_w,
+                do_b, dmn_w, dmn_b if has_mn_b else None, di_w, di_b, df_w, df_b)
+
+
+def prenorm_training_forward(h: Tensor, delta: Optional[Tensor], shape, mask: Optional[Tensor],
+                             cu_seqlens: Optional[Tensor], max_seqlen: Optional[int], opts: PreNormLayer,
+                             attn_norm: Tuple[Optional[Tensor], Optional[Tensor]], qkv: Tuple[Tensor, Optional[Tensor]],
+                             out: Tuple[Tensor, Optional[Tensor]], mlp_norm: Tuple[Tensor, Optional[Tensor]],
+                             ffn_in: Tuple[Tensor, Optional[Tensor]], ffn_out: Tuple[Tensor, Optional[Tensor]]
+                             ) -> Tuple[Tensor, Tensor]:
+    """(s2, f), a pre-LN layer's residual stream and feed-forward output (ModernBertEncoderLayer's
+    (h', delta')), through the node: h (+ delta, the previous layer's f; None before layer 0, whose
+    attn_norm is then (None, None)) packed [tokens, width] with cu_seqlens, max_seqlen, or padded
+    [batch, seq, width] with mask (bool [batch, seq] or None); each (weight, bias) pair's bias may
+    be None."""
+    return _PreNormFunction.apply(h, delta, (tuple(shape), mask, cu_seqlens, max_seqlen), opts, *attn_norm, *qkv,
+                                  *out, *mlp_norm, *ffn_in, *ffn_out)

@@ -165,3 +165,27 @@ def test_a_training_layer_never_waits_for_the_gpu():
         out.float().sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("options", ["plain", "biased"])
+@pytest.mark.parametrize("pad", [True, False], ids=["packed", "padded"])
+def test_the_prenorm_node_is_the_separate_ops(monkeypatch, pad, options):
+    # ModernBERT's layers: layer 0 (no attention norm), global and sliding ones, with and without biases
+    pytest.importorskip("transformers")
+    from tests.helpers.modernbert import BIASED, SMALL, randomize
+
+    calls = []
+    real = layer_training.prenorm_training_forward
+    monkeypatch.setattr(layer_training, "prenorm_training_forward",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    cfg = dict(SMALL if options == "plain" else BIASED, local_attention=4)
+    model = fastbert.ModernBertModel(fastbert.ModernBertConfig(**cfg))
+    randomize(model, 0)
+    model.train().to(device_for("triton")).set_backend("triton")
+    ids, mask = _ids(pad, seq=12)
+    got = _step(model, ids, mask)
+    assert len(calls) == cfg["num_hidden_layers"], "the layers did not run as the node"
+    with monkeypatch.context() as mp:
+        _separate_ops(mp)
+        want = _step(model, ids, mask)
+    _compare(got, want, rtol=1e-5, atol=1e-5)
