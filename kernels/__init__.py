@@ -41,11 +41,18 @@ class Settings(NamedTuple):
     maxnreg: Optional[int] = None  # register budget given to ptxas (None: its own choice)
 
     def options(self) -> Dict[str, int]:
-        """The launch options: num_warps, num_stages, and maxnreg when one is set."""
-        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        if self.maxnreg is not None:
-            options["maxnreg"] = self.maxnreg
+        """The launch options: num_warps, num_stages, and maxnreg when one is set (one dict per
+        settings, made once: the launchers splat it at every call and never change it)."""
+        options = _OPTIONS.get(self)
+        if options is None:
+            options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+            if self.maxnreg is not None:
+                options["maxnreg"] = self.maxnreg
+            _OPTIONS[self] = options
         return options
+
+
+_OPTIONS: Dict[Settings, Dict[str, int]] = {}
 
 
 class Dropout(NamedTuple):

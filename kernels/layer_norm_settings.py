@@ -6,6 +6,7 @@ the launch arguments of an optional tensor and the variants they give the report
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Optional, Tuple
 
 from . import Settings, next_power_of_2
@@ -21,6 +22,7 @@ ROW_SUMS_SETTINGS = Settings(block_m=1, block_n=1024, num_warps=4, num_stages=1,
 TILED_SETTINGS = Settings(block_m=1, block_n=1024, num_warps=4, num_stages=1, maxnreg=None)
 
 
+@functools.lru_cache(maxsize=None)  # (at most 4 entries a width) the launchers ask at every call
 def settings(n_cols: int, backward: bool = False, with_sum: bool = False) -> Optional[Settings]:
     """Tile shape and launch options for a [*, n_cols] problem, 1 <= n_cols <= MAX_N.
 
