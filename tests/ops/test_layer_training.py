@@ -189,3 +189,20 @@ def test_the_prenorm_node_is_the_separate_ops(monkeypatch, pad, options):
         _separate_ops(mp)
         want = _step(model, ids, mask)
     _compare(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_node_in_half_precision(monkeypatch, node_calls):
+    # a model in fp16 (no autocast): the node's GEMMs and kernels in fp16, as the separate ops run them
+    model = _bert(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1).half()
+    ids, mask = _ids(True)
+    got = _step(model, ids, mask)
+    assert node_calls
+    _separate_ops(monkeypatch)
+    (out, grads), (out_w, grads_w) = got, _step(model, ids, mask)
+    # the same kernels; the sums of the residual gradients round in another order (fp16: about one
+    # unit in the last place of a tensor's largest value; a gradient that is 0 in exact arithmetic,
+    # the key bias's, is rounding noise on either side: measured against a floor)
+    for name, a, b in [("output", out, out_w)] + [(n, grads[n], grads_w[n]) for n in grads]:
+        scale = max(b.float().abs().max().item(), 1e-2)
+        err = (a.float() - b.float()).abs().max().item()
+        assert err <= 4e-3 * scale, f"{name}: {err:.3g} against {scale:.3g}"
