@@ -215,8 +215,7 @@ class BertModel(BertPreTrainedModel):
                     weights, heads, eps, form = kept[i]
                     h, p = encoder.layer_forward(h, weights, heads, eps, form, *route, rel, layer.backend), None
                 else:
-                    h, p = self._run_layer(layer, h, mask, packed, bias, scale, want_probs, rel,
-                                           *(() if kept is None else (kept[i],)))
+                    h, p = self._run_layer(layer, h, mask, packed, bias, scale, want_probs, rel)
                 if want_states:
                     states.append(h)
                 if want_probs:
@@ -252,8 +251,9 @@ class BertModel(BertPreTrainedModel):
         return None
 
     def kept_layers(self, count: int) -> Optional[list]:
-        """What the inference route reads of each of the first `count` layers (BertLayer.forward's
-        `kept`: weights(), heads, both eps, the GELU form), taken from the plan the model keeps
+        """What the inference route (encoder.layer_forward, as BertLayer.forward calls it) reads of
+        each of the first `count` layers, (weights(), heads, both eps, the GELU form), taken from the
+        plan the model keeps
         (fastbert.model.stack_plan: rebuilt whenever anything it was read from changes), so that a
         forward whose layers run one by one (on Triton) does not read every module again; None
         where the plan does not cover them (training, hooks, a layer of another kind) or a joined

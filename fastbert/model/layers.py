@@ -254,23 +254,21 @@ class BertLayer(nn.Module, BackendMixin):
 
     def forward(self, hidden: torch.Tensor, mask: Optional[torch.Tensor], packed: Optional[Tuple[torch.Tensor, int]],
                 bias: Optional[torch.Tensor] = None, head_scale: Optional[torch.Tensor] = None,
-                want_probs: bool = False, relative_bias: Optional[torch.Tensor] = None,
-                kept: Optional[tuple] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                want_probs: bool = False, relative_bias: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """hidden: [batch, seq, hidden] (padded path, mask [batch, seq] or None) or [tokens, hidden]
         (packed path, packed = (cu_seqlens, max_seqlen)). bias (an additive mask) or want_probs take
         the explicit attention path, which also returns the probabilities; head_scale [heads]
         multiplies each head's output; relative_bias [heads, 2n - 1] (n >= seq; MPNet's relative
         position bias) is added to the scaled scores by distance, as ops.attention takes it.
-        kept: what the inference route reads of this layer, (weights(), heads, (eps, eps), GELU
-        form), as the model keeps it between forwards (BertModel.kept_layers: never stale), or
-        None: read now. -> (hidden, probabilities [batch, heads, seq, seq] or None)."""
+        -> (hidden, probabilities [batch, heads, seq, seq] or None). (A model whose layers' reads it
+        keeps, BertModel.kept_layers, runs their inference route without this call.)"""
         if bias is None and head_scale is None and not want_probs and self._one_call():
             mask, cu, n = (mask, None, None) if packed is None else (None, *packed)
-            if kept is None:
-                kept = (self.weights(), self.self_attention.num_attention_heads,
-                        (self.attention_norm.eps, self.ffn_norm.eps), GELU_FORMS[self.ffn_act])
-            weights, heads, eps, form = kept
-            return layer_forward(hidden, weights, heads, eps, form, mask, cu, n, relative_bias, self.backend), None
+            out = layer_forward(hidden, self.weights(), self.self_attention.num_attention_heads,
+                                (self.attention_norm.eps, self.ffn_norm.eps), GELU_FORMS[self.ffn_act], mask, cu, n,
+                                relative_bias, self.backend)
+            return out, None
         seeds = DropoutSeeds() if self.training else None  # one draw for the layer's dropouts
         if bias is None and head_scale is None and not want_probs:
             out = self._training_node(hidden, mask, packed, relative_bias, seeds)

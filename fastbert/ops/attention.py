@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from fastbert import backend as fb_backend
 from fastbert import layouts, reference
 from fastbert.ops.checks import check_device, check_float, check_mask, check_tensor
-from fastbert.ops.common import fused_op, needs_grad, save_seed, saved_seed, seed_int, seed_tensor
+from fastbert.ops.common import fused_op, needs_grad, op_seed, save_seed, saved_seed, seed_int
 
 # ============================================================================================
 # The fused attention launchers behind one custom-op schema each (opaque to torch.compile), and
@@ -300,21 +300,43 @@ def heads_view(rows: Tensor, shape, heads: int, packed: bool) -> Tensor:
     return rows.view(shape[0], shape[1], heads, d).transpose(1, 2)
 
 
+def joined_forward(qkv: Tensor, shape, heads: int, key_mask, cu_seqlens, max_seqlen, scale: float, dropout_p: float,
+                   seed, rope, window: int, rel_bias) -> Tuple[Tensor, Tensor]:
+    """(context rows shaped `shape`, log-sum-exp) of the attention on the QKV rows qkv of a hidden
+    state of `shape` (qkv_views), the kernel writing the context rows in place (no transpose copy):
+    the forward of a layer's training step on Triton (JoinedAttentionFunction, ops.layer_training).
+    The other arguments as launch_forward's."""
+    packed = cu_seqlens is not None
+    rows = qkv.new_empty(shape)
+    _, lse, _ = launch_forward(*qkv_views(qkv, shape, heads, packed), key_mask, cu_seqlens, max_seqlen, scale,
+                               dropout_p, seed, False, rope, window, rel_bias,
+                               out=heads_view(rows, shape, heads, packed), keep_lse=True)
+    return rows, lse
+
+
+def joined_backward(drows: Tensor, qkv: Tensor, rows: Tensor, lse: Tensor, shape, heads: int, key_mask, cu_seqlens,
+                    max_seqlen, scale: float, dropout_p: float, seed, rope, window: int, rel_bias
+                    ) -> Tuple[Tensor, Optional[Tensor]]:
+    """(dqkv, drel or None) of joined_forward: dq, dk, dv written into the slices of one tensor
+    shaped like qkv, its gradient, where splitting qkv by autograd would have them stacked into it (a
+    copy of all three). drows: the context rows' gradient; rows, lse: joined_forward's."""
+    packed = cu_seqlens is not None
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    *_, drel = launch_backward(heads_view(drows.contiguous(), shape, heads, packed), *qkv_views(qkv, shape, heads, packed),
+                               heads_view(rows, shape, heads, packed), lse, key_mask, cu_seqlens, max_seqlen, scale,
+                               dropout_p, seed, rope, window, rel_bias, grads=qkv_views(dqkv, shape, heads, packed))
+    return dqkv, drel
+
+
 class JoinedAttentionFunction(torch.autograd.Function):
-    """Attention on the three slices of one QKV projection's rows, on the Triton launchers: qkv
-    ([..., 3 * width] rows of a hidden state of `shape`) in, the context rows shaped `shape` out
-    (the kernel writes them in place, no transpose copy); the backward writes dq, dk, dv into the
-    slices of one tensor, qkv's gradient, where splitting qkv by autograd would have them stacked
-    into it (a copy of all three)."""
+    """joined_forward and joined_backward as an autograd node: qkv ([..., 3 * width] rows of a
+    hidden state of `shape`) in, the context rows shaped `shape` out."""
 
     @staticmethod
     def forward(ctx, qkv, shape, heads, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, rope, window,
                 rel_bias):
-        packed = cu_seqlens is not None
-        q, k, v = qkv_views(qkv, shape, heads, packed)
-        rows = qkv.new_empty(shape)
-        _, lse, _ = launch_forward(q, k, v, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, False, rope,
-                                   window, rel_bias, out=heads_view(rows, shape, heads, packed), keep_lse=True)
+        rows, lse = joined_forward(qkv, shape, heads, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, rope,
+                                   window, rel_bias)
         ctx.save_for_backward(qkv, rows, lse, key_mask, cu_seqlens, *rope, rel_bias)
         ctx.args = (shape, heads, max_seqlen, scale, dropout_p, seed, window)
         return rows
@@ -323,12 +345,8 @@ class JoinedAttentionFunction(torch.autograd.Function):
     def backward(ctx, drows):
         qkv, rows, lse, key_mask, cu_seqlens, rope_cos, rope_sin, rel_bias = ctx.saved_tensors
         shape, heads, max_seqlen, scale, dropout_p, seed, window = ctx.args
-        packed = cu_seqlens is not None
-        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-        *_, drel = launch_backward(heads_view(drows.contiguous(), shape, heads, packed),
-                                   *qkv_views(qkv, shape, heads, packed), heads_view(rows, shape, heads, packed),
-                                   lse, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed, (rope_cos, rope_sin),
-                                   window, rel_bias, grads=qkv_views(dqkv, shape, heads, packed))
+        dqkv, drel = joined_backward(drows, qkv, rows, lse, shape, heads, key_mask, cu_seqlens, max_seqlen, scale,
+                                     dropout_p, seed, (rope_cos, rope_sin), window, rel_bias)
         return (dqkv,) + (None,) * 10 + (drel if ctx.needs_input_grad[11] else None,)
 
 
@@ -356,7 +374,7 @@ def joined_attention(qkv: Tensor, shape, heads: int, mask: Optional[Tensor], pac
     rope = _rope(op, rotary_base, backend, d, positions, qkv.device)
     reach = _check_window(op, window)
     _check_relative(op, relative_bias, q, positions)
-    seed = (seed if seed is not None else seed_tensor(None)) if dropout_p > 0 else None
+    seed = (seed if seed is not None else op_seed(None)) if dropout_p > 0 else None
     cu, max_seqlen = packed if packed is not None else (None, None)
     return JoinedAttentionFunction.apply(qkv, tuple(shape), heads, mask, cu, max_seqlen, scale, float(dropout_p), seed,
                                          rope, reach, relative_bias)
@@ -538,7 +556,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask:
     backend = fb_backend.resolve(backend, q)
     scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, q.shape[2])
     mask = None if attention_mask is None else _as_bool_mask(op, attention_mask, q)
-    seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
+    seed_t = op_seed(seed, generator) if dropout_p > 0 else None
     rope = _rope(op, rotary_base, backend, q.shape[-1], q.shape[2], q.device)
     reach = _check_window(op, window)
     _check_relative(op, relative_bias, q, q.shape[2])
@@ -601,7 +619,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     check_cu_seqlens(op, cu_seqlens, max_seqlen, q, bounds=validate)
     backend = fb_backend.resolve(backend, q)
     scale = _check_options(op, backend, q.shape[-1], dropout_p, scale, max_seqlen)
-    seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
+    seed_t = op_seed(seed, generator) if dropout_p > 0 else None
     batch = cu_seqlens.shape[0] - 1
     rope = _rope(op, rotary_base, backend, q.shape[-1], max_seqlen, q.device)
     reach = _check_window(op, window)

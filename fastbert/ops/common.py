@@ -53,7 +53,7 @@ def needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def seed_tensor(seed, generator: Optional[torch.Generator] = None):
+def op_seed(seed, generator: Optional[torch.Generator] = None):
     """The dropout seed as the ops carry it: while torch.compile traces, an int64 CPU tensor of
     shape [1] (an input of the graph, not a constant baked into it); in eager mode a plain int, so
     that neither the forward nor the backward reads a tensor on the host. Drawn from torch's RNG
@@ -70,7 +70,7 @@ def seed_tensor(seed, generator: Optional[torch.Generator] = None):
 
 
 def seed_int(seed) -> int:
-    """The seed of seed_tensor as the int the fused launchers take (0 when there is none)."""
+    """The seed of op_seed as the int the fused launchers take (0 when there is none)."""
     if seed is None:
         return 0
     return seed if isinstance(seed, int) else int(seed.item())

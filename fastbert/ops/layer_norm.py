@@ -16,7 +16,7 @@ import torch
 from fastbert import backend as fb_backend
 from fastbert import reference
 from fastbert.ops.checks import check_device, check_float, check_vector
-from fastbert.ops.common import as_rows, fused_op, needs_grad, save_seed, saved_seed, seed_int, seed_tensor
+from fastbert.ops.common import as_rows, fused_op, needs_grad, op_seed, save_seed, saved_seed, seed_int
 
 Tensor = torch.Tensor
 MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
@@ -30,7 +30,7 @@ def _fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
 @fused_op("add_layer_norm_fwd", _fake_fwd)
 def add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
                         dropout_p: float, seed: Optional[Tensor], backend: str) -> Tuple[Tensor, Tensor, Tensor]:
-    # x, residual: [rows, hidden]; weight, bias: [hidden] (bias None: none); seed: seed_tensor's
+    # x, residual: [rows, hidden]; weight, bias: [hidden] (bias None: none); seed: op_seed's
     # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
     return tuple(
         fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
@@ -151,7 +151,7 @@ def add_layer_norm(
     """
     x, residual = _check_inputs(x, residual, weight, bias, eps, dropout_p)
     backend = fb_backend.resolve(backend, x)
-    seed_t = seed_tensor(seed, generator) if dropout_p > 0 else None
+    seed_t = op_seed(seed, generator) if dropout_p > 0 else None
     if backend == "torch" or x.numel() == 0:
         return _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed_t, return_sum)
     hidden = x.shape[-1]

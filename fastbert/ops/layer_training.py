@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from fastbert import backend as fb_backend
-from fastbert.ops.attention import TRITON_HEAD_DIMS, heads_view, launch_backward, launch_forward, qkv_views, rotary_for
+from fastbert.ops.attention import TRITON_HEAD_DIMS, joined_backward, joined_forward, rotary_for
 
 Tensor = torch.Tensor
 
@@ -58,28 +58,35 @@ def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _linear(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
+
+
+def _linear_grads(dy: Tensor, x: Tensor, w: Tensor, has_bias: bool, need_w: bool):
+    """(dx, dw or None, db or None) of x w^T + b."""
+    return dy.mm(w), dy.t().mm(x) if need_w else None, dy.sum(0) if has_bias else None
+
+
 class _LayerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layout, opts: TrainingLayer, rel, qkv_w, qkv_b, out_w, out_b, n1_w, n1_b, in_w, in_b, f_w, f_b,
                 n2_w, n2_b, *qkv_parts):
         shape, mask, cu, max_seqlen = layout
-        packed = cu is not None
         ln = fb_backend.impl("triton", "layer_norm")
         gelu = fb_backend.impl("triton", "bias_gelu")
         p_attn, p1, p2 = opts.dropout
         s_attn, s1, s2 = opts.seeds
         xr = _rows(x)
-        qkv = torch.addmm(qkv_b, xr, qkv_w.t())
-        rows = xr.new_empty(xr.shape)
+        qkv = _linear(xr, qkv_w, qkv_b)
         d = shape[-1] // opts.heads
-        _, lse, _ = launch_forward(*qkv_views(qkv, shape, opts.heads, packed), mask, cu, max_seqlen, 1.0 / math.sqrt(d), p_attn,
-                                   s_attn, False, (None, None), -1, rel, out=heads_view(rows, shape, opts.heads, packed),
-                                   keep_lse=True)
-        a = torch.addmm(out_b, rows, out_w.t())
+        rows, lse = joined_forward(qkv, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d), p_attn, s_attn,
+                                   (None, None), -1, rel)
+        rows = _rows(rows)
+        a = _linear(rows, out_w, out_b)
         h1, mean1, rstd1 = ln.add_layer_norm_forward(a, xr, n1_w, n1_b, opts.eps[0], p1, s1)
-        i = torch.mm(h1, in_w.t())
+        i = _linear(h1, in_w, None)
         g = gelu.bias_gelu_forward(i, in_b, opts.approximate)
-        o = torch.addmm(f_b, g, f_w.t())
+        o = _linear(g, f_w, f_b)
         y, mean2, rstd2 = ln.add_layer_norm_forward(o, h1, n2_w, n2_b, opts.eps[1], p2, s2)
         ctx.save_for_backward(xr, qkv, rows, lse, a, h1, mean1, rstd1, i, g, o, mean2, rstd2, mask, cu, rel,
                               qkv_w, out_w, n1_w, in_w, in_b, f_w, n2_w)
@@ -93,7 +100,6 @@ class _LayerFunction(torch.autograd.Function):
          qkv_w, out_w, n1_w, in_w, in_b, f_w, n2_w) = ctx.saved_tensors
         shape, max_seqlen = ctx.layout
         opts = ctx.opts
-        packed = cu is not None
         ln = fb_backend.impl("triton", "layer_norm")
         gelu = fb_backend.impl("triton", "bias_gelu")
         p_attn, p1, p2 = opts.dropout
@@ -102,22 +108,16 @@ class _LayerFunction(torch.autograd.Function):
         # y = LN2(dropout(o) + h1): do, and h1's gradient through the residual
         do, dh1, dn2_w, dn2_b = ln.add_layer_norm_backward(dy, o, h1, n2_w, mean2, rstd2, p2, s2)
         need = ctx.needs_input_grad  # a frozen weight's product is skipped
-        df_b, df_w = do.sum(0), do.t().mm(g) if need[12] else None
-        dg = do.mm(f_w)
+        dg, df_w, df_b = _linear_grads(do, g, f_w, True, need[12])
         di, din_b = gelu.bias_gelu_backward(dg, i, in_b, opts.approximate)
         din_w = di.t().mm(h1) if need[10] else None
         dh1 = torch.addmm(dh1, di, in_w)  # through the feed-forward, added to the residual's
         # h1 = LN1(dropout(a) + x)
         da, dx, dn1_w, dn1_b = ln.add_layer_norm_backward(dh1, a, xr, n1_w, mean1, rstd1, p1, s1)
-        dout_b, dout_w = da.sum(0), da.t().mm(rows) if need[6] else None
-        drows = da.mm(out_w)
-        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+        drows, dout_w, dout_b = _linear_grads(da, rows, out_w, True, need[6])
         d = shape[-1] // opts.heads
-        *_, drel = launch_backward(heads_view(drows, shape, opts.heads, packed),
-                                   *qkv_views(qkv, shape, opts.heads, packed),
-                                   heads_view(rows, shape, opts.heads, packed), lse, mask, cu, max_seqlen, 1.0 / math.sqrt(d),
-                                   p_attn, s_attn, (None, None), -1, rel,
-                                   grads=qkv_views(dqkv, shape, opts.heads, packed))
+        dqkv, drel = joined_backward(drows, qkv, rows, lse, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d),
+                                     p_attn, s_attn, (None, None), -1, rel)
         dqkv_b = dqkv.sum(0)
         parts_w = dqkv.t().mm(xr).split(ctx.parts) if any(need[16:19]) else (None,) * 3
         dx = torch.addmm(dx, dqkv, qkv_w)  # through the projections, added to the residual's
@@ -152,15 +152,6 @@ class PreNormLayer(NamedTuple):
     window: int
 
 
-def _linear(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
-    return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
-
-
-def _linear_grads(dy: Tensor, x: Tensor, w: Tensor, has_bias: bool, need_w: bool):
-    """(dx, dw or None, db or None) of x w^T + b."""
-    return dy.mm(w), dy.t().mm(x) if need_w else None, dy.sum(0) if has_bias else None
-
-
 class _PreNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, delta, layout, opts: PreNormLayer, an_w, an_b, qkv_w, qkv_b, o_w, o_b, mn_w, mn_b, i_w, i_b,
@@ -179,10 +170,9 @@ class _PreNormFunction(torch.autograd.Function):
         qkv = _linear(n1, qkv_w, qkv_b)
         d = shape[-1] // opts.heads
         rope = rotary_for(opts.rotary_base, d, max_seqlen if packed else shape[1], h.device)
-        rows = hr.new_empty(hr.shape)
-        _, lse, _ = launch_forward(*qkv_views(qkv, shape, opts.heads, packed), mask, cu, max_seqlen, 1.0 / math.sqrt(d),
-                                   0.0, None, False, rope, opts.window, None,
-                                   out=heads_view(rows, shape, opts.heads, packed), keep_lse=True)
+        rows, lse = joined_forward(qkv, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d), 0.0, None, rope,
+                                   opts.window, None)
+        rows = _rows(rows)
         o = _linear(rows, o_w, o_b)
         n2, mean2, rstd2, s2 = ln.add_layer_norm_forward(o, s1, mn_w, mn_b, opts.eps[1], 0.0, None, True)
         u = _linear(n2, i_w, i_b)
@@ -201,7 +191,6 @@ class _PreNormFunction(torch.autograd.Function):
         shape, max_seqlen = ctx.layout
         opts, need = ctx.opts, ctx.needs_input_grad
         has_an_b, has_qkv_b, has_o_b, has_mn_b, has_i_b, has_f_b = ctx.biases
-        packed = cu is not None
         ln = fb_backend.impl("triton", "layer_norm")
         zeros = torch.zeros(hr.shape, dtype=hr.dtype, device=hr.device) if ds2 is None or df is None else None
         ds2 = zeros if ds2 is None else _rows(ds2).contiguous()
@@ -212,11 +201,9 @@ class _PreNormFunction(torch.autograd.Function):
         # s2 = o + s1, n2 = LN(s2): the stream's own gradient ds2 joins the norm's in the kernel
         do, ds1, dmn_w, dmn_b = ln.add_layer_norm_backward(dn2, o, s1, mn_w, mean2, rstd2, 0.0, None, dsum=ds2)
         drows, do_w, do_b = _linear_grads(do, rows, o_w, has_o_b, need[8])
-        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
         d = shape[-1] // opts.heads
-        launch_backward(heads_view(drows, shape, opts.heads, packed), *qkv_views(qkv, shape, opts.heads, packed),
-                        heads_view(rows, shape, opts.heads, packed), lse, mask, cu, max_seqlen, 1.0 / math.sqrt(d),
-                        0.0, None, (cos, sin), opts.window, None, grads=qkv_views(dqkv, shape, opts.heads, packed))
+        dqkv, _ = joined_backward(drows, qkv, rows, lse, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d),
+                                  0.0, None, (cos, sin), opts.window, None)
         dqkv_w = dqkv.t().mm(n1) if need[6] else None
         dqkv_b = dqkv.sum(0) if has_qkv_b else None
         if dr is None:  # layer 0: n1 = s1 = h
