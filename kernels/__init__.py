@@ -13,10 +13,13 @@ variants).
     geglu        geglu_forward, geglu_backward
     layer_norm   add_layer_norm_forward, add_layer_norm_backward
     attention    attention_forward, attention_backward,
-                 varlen_attention_forward, varlen_attention_backward
+                 varlen_attention_forward, varlen_attention_backward,
+                 qkv_attention_forward, qkv_attention_backward (a layer's joined QKV rows,
+                 its launches bound once per specialization)
 
 Here: what every kernel module shares (a variant for the report, launch settings, the dropout
-arguments, the sink for outputs nobody reads, the GPU's size). This file must stay importable
+arguments, the sink for outputs nobody reads, outputs from one allocation, a launch bound once per
+specialization, the GPU's size). This file must stay importable
 without triton: the submodules import it, nothing here does.
 """
 from __future__ import annotations
@@ -168,6 +171,45 @@ def empty_together(count: int, shape, dtype, device):
     step = cdiv(n * dtype.itemsize, 16) * 16 // dtype.itemsize  # padded to keep the next part aligned
     rows = torch.empty((count, step), dtype=dtype, device=device).narrow(1, 0, n).unbind(0)
     return tuple(row.view(shape) for row in rows)
+
+
+class Bound:
+    """One kernel launch with all but its call's own values fixed: made once per specialization (the
+    dtypes, flags and strides that do not change with the sizes), then called with the grid and
+    those values only. What a launcher computes before a launch (checks, settings, the absent
+    arguments' stand-ins, the options) and what @triton.heuristics computes at each call are
+    computed here once, so that the host's work per launch is little more than the launch.
+
+    kernel: the @triton.jit function (or a @triton.heuristics one over it: its values are computed
+    here, from these arguments, so they must not depend on `varying`); args: the launch's positional
+    arguments as a first call passes them; options: its keyword arguments (constexprs, launch
+    options); varying: the names of the arguments each call gives (its tensors, sizes, strides that
+    follow the sizes, seeds). Their first values are dropped here: a Bound keeps no call's tensor.
+    Whoever keeps a Bound keys it on all that decides the other arguments."""
+
+    __slots__ = ("_kernel", "_args", "_slots", "_options")
+
+    def __init__(self, kernel, args, options: Dict[str, Any], varying) -> None:
+        options = dict(options)
+        names = kernel.arg_names
+        rules = getattr(kernel, "values", None)
+        if rules is not None:  # @triton.heuristics: what its run computes at every call
+            named = {**dict(zip(names, args)), **options}
+            options.update({name: rule(named) for name, rule in rules.items()})
+            kernel = kernel.fn
+        self._kernel = kernel  # its run looked up at each call, never kept: a wrapper of it (the host counts) holds
+        self._slots = tuple((names.index(name), name) for name in varying)
+        self._args = list(args)
+        for i, _ in self._slots:
+            self._args[i] = None
+        self._options = options
+
+    def __call__(self, grid, values: Dict[str, Any]) -> None:
+        """Launch on `grid` with `values`: {name: value} for every varying argument."""
+        args = self._args.copy()
+        for i, name in self._slots:
+            args[i] = values[name]
+        self._kernel.run(*args, grid=grid, warmup=False, **self._options)
 
 
 def aligned_args(signature: Dict[str, str]) -> Tuple[str, ...]:

@@ -6,7 +6,9 @@
     bias added to the scores.
 
 The package's modules: `launchers` (`attention_forward` / `attention_backward` /
-`varlen_attention_forward` / `varlen_attention_backward`, plain Python; inputs arrive validated:
+`varlen_attention_forward` / `varlen_attention_backward`, and for a layer's joined QKV rows
+`qkv_attention_forward` / `qkv_attention_backward`, whose launches are bound once per
+specialization; plain Python; inputs arrive validated:
 q, k, v of one shape, dtype and device, last dim contiguous), `forward` (the forward kernel),
 `backward` (the backward kernels), `common` (jit helpers shared by the kernels, and the kernel
 that finds a key mask's real range), `rope` (the jit functions of rotary embeddings), `distance`
@@ -97,11 +99,19 @@ anything else is copied first (`_aligned`). Offsets of whole sequences and heads
 """
 from __future__ import annotations
 
-from .launchers import attention_backward, attention_forward, varlen_attention_backward, varlen_attention_forward
+from .launchers import (
+    attention_backward,
+    attention_forward,
+    qkv_attention_backward,
+    qkv_attention_forward,
+    varlen_attention_backward,
+    varlen_attention_forward,
+)
 from .settings import BLOCK_DS, HEAD_DIMS, KERNELS, block_d, settings
 from .variants import report_configs
 
 __all__ = [
     "attention_forward", "attention_backward", "varlen_attention_forward", "varlen_attention_backward",
+    "qkv_attention_forward", "qkv_attention_backward",
     "HEAD_DIMS", "BLOCK_DS", "KERNELS", "block_d", "settings", "report_configs",
 ]
