@@ -305,9 +305,15 @@ def joined_forward(qkv: Tensor, shape, heads: int, key_mask, cu_seqlens, max_seq
     """(context rows shaped `shape`, log-sum-exp) of the attention on the QKV rows qkv of a hidden
     state of `shape` (qkv_views), the kernel writing the context rows in place (no transpose copy):
     the forward of a layer's training step on Triton (JoinedAttentionFunction, ops.layer_training).
-    The other arguments as launch_forward's."""
+    The other arguments as launch_forward's. Without a relative bias, through the launches bound
+    once per shape (the launchers' qkv_attention_forward)."""
     packed = cu_seqlens is not None
     rows = qkv.new_empty(shape)
+    if rel_bias is None:
+        seq = max_seqlen if packed else shape[1]
+        return fb_backend.impl("triton", "attention").qkv_attention_forward(
+            _joined_rows(qkv), heads, key_mask, cu_seqlens, seq, scale, *rope, window, dropout_p=dropout_p,
+            seed=seed_int(seed), out=rows, keep_lse=True)
     _, lse, _ = launch_forward(*qkv_views(qkv, shape, heads, packed), key_mask, cu_seqlens, max_seqlen, scale,
                                dropout_p, seed, False, rope, window, rel_bias,
                                out=heads_view(rows, shape, heads, packed), keep_lse=True)
@@ -321,11 +327,23 @@ def joined_backward(drows: Tensor, qkv: Tensor, rows: Tensor, lse: Tensor, shape
     shaped like qkv, its gradient, where splitting qkv by autograd would have them stacked into it (a
     copy of all three). drows: the context rows' gradient; rows, lse: joined_forward's."""
     packed = cu_seqlens is not None
+    drows = drows if drows.is_contiguous() else drows.contiguous()
+    if rel_bias is None:
+        seq = max_seqlen if packed else shape[1]
+        dqkv = fb_backend.impl("triton", "attention").qkv_attention_backward(
+            drows, _joined_rows(qkv), rows, lse, heads, key_mask, cu_seqlens, seq, scale, *rope, window,
+            dropout_p=dropout_p, seed=seed_int(seed))
+        return (dqkv if qkv.dim() == 2 else dqkv.view(qkv.shape)), None
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-    *_, drel = launch_backward(heads_view(drows.contiguous(), shape, heads, packed), *qkv_views(qkv, shape, heads, packed),
+    *_, drel = launch_backward(heads_view(drows, shape, heads, packed), *qkv_views(qkv, shape, heads, packed),
                                heads_view(rows, shape, heads, packed), lse, key_mask, cu_seqlens, max_seqlen, scale,
                                dropout_p, seed, rope, window, rel_bias, grads=qkv_views(dqkv, shape, heads, packed))
     return dqkv, drel
+
+
+def _joined_rows(qkv: Tensor) -> Tensor:
+    # the QKV rows as [rows, 3 * width] (a view where they come shaped [batch, seq, 3 * width])
+    return qkv if qkv.dim() == 2 else qkv.view(-1, qkv.shape[-1])
 
 
 class JoinedAttentionFunction(torch.autograd.Function):

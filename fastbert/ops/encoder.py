@@ -274,6 +274,11 @@ def _attention(qkv: Tensor, shape, heads: int, mask, cu_seqlens, max_seqlen, rop
     h = shape[-1]
     d = h // heads
     rope = rope or (None, None)
+    if backend == "triton" and rel is None and not torch.compiler.is_compiling():
+        # the same launches, their arguments bound once per shape
+        return fb_backend.impl(backend, "attention").qkv_attention_forward(
+            qkv, heads, mask, cu_seqlens, max_seqlen if cu_seqlens is not None else shape[1], 1.0 / math.sqrt(d),
+            *rope, window)[0]
     if cu_seqlens is not None:
         q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
         keys, cu_seqlens = None, cu_seqlens.contiguous()
