@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--no-times", action="store_true", help="counts only")
     ap.add_argument("--calls", type=int, default=20, help="calls per timed round")
-    ap.add_argument("--rounds", type=int, default=5, help="timed rounds (the fastest is kept)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds, every call in turn (the fastest is kept)")
     add_output_options(ap, png=False)
     args = ap.parse_args(argv)
     try:
