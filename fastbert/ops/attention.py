@@ -306,7 +306,7 @@ def joined_forward(qkv: Tensor, shape, heads: int, key_mask, cu_seqlens, max_seq
     state of `shape` (qkv_views), the kernel writing the context rows in place (no transpose copy):
     the forward of a layer's training step on Triton (JoinedAttentionFunction, ops.layer_training).
     The other arguments as launch_forward's. Without a relative bias, through the launches bound
-    once per shape (the launchers' qkv_attention_forward)."""
+    once per specialization (the launchers' qkv_attention_forward)."""
     packed = cu_seqlens is not None
     rows = qkv.new_empty(shape)
     if rel_bias is None:

@@ -275,7 +275,7 @@ def _attention(qkv: Tensor, shape, heads: int, mask, cu_seqlens, max_seqlen, rop
     d = h // heads
     rope = rope or (None, None)
     if backend == "triton" and rel is None and not torch.compiler.is_compiling():
-        # the same launches, their arguments bound once per shape
+        # the same launches, their arguments bound once per specialization (not per size)
         return fb_backend.impl(backend, "attention").qkv_attention_forward(
             qkv, heads, mask, cu_seqlens, max_seqlen if cu_seqlens is not None else shape[1], 1.0 / math.sqrt(d),
             *rope, window)[0]
