@@ -29,6 +29,7 @@ import torch
 
 from fastbert import backend as fb_backend
 from fastbert.ops.attention import TRITON_HEAD_DIMS, joined_backward, joined_forward, rotary_for
+from fastbert.ops.linear import rows_forward
 
 Tensor = torch.Tensor
 
@@ -58,10 +59,6 @@ def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _linear(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
-    return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
-
-
 def _linear_grads(dy: Tensor, x: Tensor, w: Tensor, has_bias: bool, need_w: bool):
     """(dx, dw or None, db or None) of x w^T + b."""
     return dy.mm(w), dy.t().mm(x) if need_w else None, dy.sum(0) if has_bias else None
@@ -77,16 +74,16 @@ class _LayerFunction(torch.autograd.Function):
         p_attn, p1, p2 = opts.dropout
         s_attn, s1, s2 = opts.seeds
         xr = _rows(x)
-        qkv = _linear(xr, qkv_w, qkv_b)
+        qkv = rows_forward(xr, qkv_w, qkv_b, "triton")
         d = shape[-1] // opts.heads
         rows, lse = joined_forward(qkv, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d), p_attn, s_attn,
                                    (None, None), -1, rel)
         rows = _rows(rows)
-        a = _linear(rows, out_w, out_b)
+        a = rows_forward(rows, out_w, out_b, "triton")
         h1, mean1, rstd1 = ln.add_layer_norm_forward(a, xr, n1_w, n1_b, opts.eps[0], p1, s1)
-        i = _linear(h1, in_w, None)
+        i = rows_forward(h1, in_w, None, "triton")
         g = gelu.bias_gelu_forward(i, in_b, opts.approximate)
-        o = _linear(g, f_w, f_b)
+        o = rows_forward(g, f_w, f_b, "triton")
         y, mean2, rstd2 = ln.add_layer_norm_forward(o, h1, n2_w, n2_b, opts.eps[1], p2, s2)
         ctx.save_for_backward(xr, qkv, rows, lse, a, h1, mean1, rstd1, i, g, o, mean2, rstd2, mask, cu, rel,
                               qkv_w, out_w, n1_w, in_w, in_b, f_w, n2_w)
@@ -167,17 +164,17 @@ class _PreNormFunction(torch.autograd.Function):
         else:
             dr = _rows(delta)
             n1, mean1, rstd1, s1 = ln.add_layer_norm_forward(dr, hr, an_w, an_b, opts.eps[0], 0.0, None, True)
-        qkv = _linear(n1, qkv_w, qkv_b)
+        qkv = rows_forward(n1, qkv_w, qkv_b, "triton")
         d = shape[-1] // opts.heads
         rope = rotary_for(opts.rotary_base, d, max_seqlen if packed else shape[1], h.device)
         rows, lse = joined_forward(qkv, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d), 0.0, None, rope,
                                    opts.window, None)
         rows = _rows(rows)
-        o = _linear(rows, o_w, o_b)
+        o = rows_forward(rows, o_w, o_b, "triton")
         n2, mean2, rstd2, s2 = ln.add_layer_norm_forward(o, s1, mn_w, mn_b, opts.eps[1], 0.0, None, True)
-        u = _linear(n2, i_w, i_b)
+        u = rows_forward(n2, i_w, i_b, "triton")
         g = fb_backend.impl("triton", "geglu").geglu_forward(u, opts.approximate)
-        f = _linear(g, f_w, f_b)
+        f = rows_forward(g, f_w, f_b, "triton")
         ctx.save_for_backward(dr, hr, n1, mean1, rstd1, s1, qkv, rows, lse, o, n2, mean2, rstd2, u, g, mask, cu,
                               an_w, qkv_w, o_w, mn_w, i_w, f_w, *rope)
         ctx.layout, ctx.opts, ctx.shape = (shape, max_seqlen), opts, h.shape

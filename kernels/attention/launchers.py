@@ -435,11 +435,14 @@ def _rows_key(t):
     return (t.dim(), t.stride()[-2:], t.dtype, t.data_ptr() % 16)
 
 
-def _keep(key, bound):
-    if len(_BOUND) >= _BOUND_LIMIT:
-        _BOUND.clear()
-    _BOUND[key] = bound
-    return bound
+def _bound(key, bind, *args):
+    # the launches kept for `key`, bound by bind(*args) at its first call (None: the launchers run it)
+    found = _BOUND.get(key, False)
+    if found is False:
+        if len(_BOUND) >= _BOUND_LIMIT:
+            _BOUND.clear()
+        found = _BOUND[key] = bind(*args)
+    return found
 
 
 def _heads(rows: torch.Tensor, heads: int, seq: int, varlen: bool) -> torch.Tensor:
@@ -510,10 +513,8 @@ def qkv_attention_forward(
     if _runs_bound(qkv, key_mask, cu_seqlens, max_seqlen, rope_cos):
         key = ("fwd", _specialization(qkv, heads, key_mask, cu_seqlens, max_seqlen, scale, rope_cos, rope_sin, window,
                                       dropout_p), None if out is None else _rows_key(out), keep_lse)
-        bound = _BOUND.get(key, False)
-        if bound is False:
-            bound = _keep(key, _bind_forward(q, k, v, o, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed,
-                                             rope_cos, rope_sin, window, keep_lse))
+        bound = _bound(key, _bind_forward, q, k, v, o, key_mask, cu_seqlens, max_seqlen, scale, dropout_p, seed,
+                       rope_cos, rope_sin, window, keep_lse)
     if bound is None:
         if varlen:
             _, lse, _ = varlen_attention_forward(q, k, v, cu_seqlens.contiguous(), max_seqlen, scale, dropout_p, seed,
@@ -521,18 +522,16 @@ def qkv_attention_forward(
         else:
             _, lse, _ = attention_forward(q, k, v, key_mask, scale, dropout_p, seed, False, rope_cos, rope_sin, window,
                                           out=o, keep_lse=keep_lse)
-        return (qkv.narrow(1, 0, width // 3) if out is None else out), lse
-    ranges, forward, block_m = bound
-    values = _values(qkv, o, q, k, v, heads, key_mask, cu_seqlens, max_seqlen, rope_cos, rope_sin,
-                     dropout_options(dropout_p, seed, "attention").seed)
-    batch = values["batch"]
-    lse_shape = (heads, rows) if varlen else (batch, heads, max_seqlen)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=qkv.device) if keep_lse else _lse(lse_shape, False,
-                                                                                               qkv.device)
-    values["LSE"] = lse
-    _find_ranges(ranges, values)
-    forward((cdiv(max_seqlen, block_m), heads, batch), values)
-    return (qkv.narrow(1, 0, width // 3) if out is None else out), (lse if keep_lse else None)
+    else:
+        ranges, forward, block_m = bound
+        values = _values(qkv, o, q, k, v, heads, key_mask, cu_seqlens, max_seqlen, rope_cos, rope_sin,
+                         dropout_options(dropout_p, seed, "attention").seed)
+        batch = values["batch"]
+        values["LSE"] = lse = _lse((heads, rows) if varlen else (batch, heads, max_seqlen), keep_lse, qkv.device)
+        _find_ranges(ranges, values)
+        forward((cdiv(max_seqlen, block_m), heads, batch), values)
+        lse = lse if keep_lse else None
+    return (qkv.narrow(1, 0, width // 3) if out is None else out), lse
 
 
 def qkv_attention_backward(
@@ -567,10 +566,8 @@ def qkv_attention_backward(
     if _runs_bound(qkv, key_mask, cu_seqlens, max_seqlen, rope_cos):
         key = ("bwd", _specialization(qkv, heads, key_mask, cu_seqlens, max_seqlen, scale, rope_cos, rope_sin, window,
                                       dropout_p), _rows_key(dout), _rows_key(out), lse.dtype, lse.is_contiguous())
-        bound = _BOUND.get(key, False)
-        if bound is False:
-            bound = _keep(key, _bind_backward(do, q, k, v, o, lse, key_mask, cu_seqlens, max_seqlen, scale, dropout_p,
-                                              seed, rope_cos, rope_sin, window, grads))
+        bound = _bound(key, _bind_backward, do, q, k, v, o, lse, key_mask, cu_seqlens, max_seqlen, scale, dropout_p,
+                       seed, rope_cos, rope_sin, window, grads)
     if bound is None:
         if varlen:
             varlen_attention_backward(do, q, k, v, o, lse, cu_seqlens.contiguous(), max_seqlen, scale, dropout_p, seed,
@@ -627,10 +624,10 @@ def _bind_layout(q, k, v, tensors, key_mask, cu_seqlens, max_seqlen, rope_cos, r
     every [.., heads, d] view the launches read or write (q, k, v among them)."""
     varlen = cu_seqlens is not None
     d = q.shape[-1]
-    for t in tensors:  # 16-byte aligned at every size: the pointers and every stride but the last
-        if t.data_ptr() % 16 or t.stride(-1) != 1 or t.stride(-3 if varlen else -2) % 16 or d % 16:
-            return None
-    if varlen and cu_seqlens.stride(0) != 1:
+    row = -3 if varlen else -2  # the views' row (token) dim
+    # 16-byte aligned at every size: the pointers and every stride but the last
+    if (d % 16 or (varlen and cu_seqlens.stride(0) != 1)
+            or any(t.data_ptr() % 16 or t.stride(-1) != 1 or t.stride(row) % 16 for t in tensors)):
         return None
     rope = rope_tables(rope_cos, rope_sin, d, max_seqlen, q.device)
     if rope is not None and (rope[0] is not rope_cos or rope[1] is not rope_sin):
