@@ -173,6 +173,39 @@ def empty_together(count: int, shape, dtype, device):
     return tuple(row.view(shape) for row in rows)
 
 
+_PART_ALIGN = 256  # bytes: every part of empty_parts starts on a boundary of the GPU's widest loads
+
+
+def empty_parts(parts, device):
+    """Uninitialised contiguous tensors of the (shape, dtype) pairs `parts`, views into one
+    allocation, each starting 256-byte aligned: what a layer's training step writes (outputs,
+    statistics, partial sums of any dtypes and shapes) for one call of the allocator instead of one
+    per tensor. The memory is returned when the last of them dies, so the parts must die together
+    (a step's saved tensors and its output; a backward's gradients and scratch). Apart (one
+    allocation each) inside outputs_apart."""
+    import torch
+
+    if _APART.get():
+        return tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in parts)
+    offsets, total = [], 0
+    for shape, dtype in parts:
+        offsets.append(total)
+        total += cdiv(math.prod(shape) * dtype.itemsize, _PART_ALIGN) * _PART_ALIGN
+    memory = torch.empty(total, dtype=torch.uint8, device=device)
+    typed: Dict[Any, Any] = {}  # one view of the memory per dtype; each part one as_strided of it
+    out = []
+    for (shape, dtype), offset in zip(parts, offsets):
+        whole = typed.get(dtype)
+        if whole is None:
+            whole = typed[dtype] = memory.view(dtype)
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.append(step)
+            step *= max(size, 1)
+        out.append(whole.as_strided(shape, strides[::-1], offset // dtype.itemsize))
+    return tuple(out)
+
+
 class Bound:
     """One kernel launch with all but its call's own values fixed: made once per specialization (the
     dtypes, flags and strides that do not change with the sizes), then called with the grid and

@@ -175,23 +175,41 @@ def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor, approximate: str, *,
     return y
 
 
-def bias_gelu_backward(
-    dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dbias): dx = dy * gelu'(x + bias) [M, N] in x.dtype, dbias = sum_rows(dx) [N] in bias.dtype."""
-    tanh = _approximate_tanh(approximate)
-    M, N = x.shape
-    dx = torch.empty_like(x)
-    if M == 0 or N == 0:
-        return dx, torch.zeros_like(bias)
+def _backward_grid(M: int, N: int, device) -> Tuple[Settings, int, int, int]:
+    # the backward's (settings, column tiles, rows per program, programs along the rows)
     s = settings(N, backward=True)
     n_col_tiles = cdiv(N, s.block_n)
-    max_row_programs = cdiv(_PROGRAMS_PER_SM * num_sms(x.device), n_col_tiles)
-    rows_per_program, n_row_programs = split_rows(M, s.block_m, max_row_programs)
-    dbias_partial = torch.empty((n_row_programs, N), dtype=torch.float32, device=x.device)
+    return (s, n_col_tiles, *split_rows(M, s.block_m, cdiv(_PROGRAMS_PER_SM * num_sms(device), n_col_tiles)))
+
+
+def backward_partials_shape(M: int, N: int, device) -> Tuple[int, int]:
+    """The shape of bias_gelu_backward's partial sums of dbias for [M, N] (M, N >= 1), fp32: what
+    its `partials` takes, for a caller that allocates a step's tensors at once (kernels.empty_parts)."""
+    return (_backward_grid(M, N, device)[3], N)
+
+
+def bias_gelu_backward(
+    dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str, *,
+    out: Optional[torch.Tensor] = None, partials: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dbias): dx = dy * gelu'(x + bias) [M, N] in x.dtype, dbias = sum_rows(dx) [N] in bias.dtype.
+    For a caller that allocates a step's tensors at once (kernels.empty_parts): out, where dx goes
+    ([M, N] in x.dtype, rows with unit stride); partials, the partial sums' memory
+    (backward_partials_shape)."""
+    tanh = _approximate_tanh(approximate)
+    M, N = x.shape
+    dx = torch.empty_like(x) if out is None else out
+    if M == 0 or N == 0:
+        return dx, torch.zeros_like(bias)
+    s, n_col_tiles, rows_per_program, n_row_programs = _backward_grid(M, N, x.device)
+    if partials is None:
+        partials = torch.empty((n_row_programs, N), dtype=torch.float32, device=x.device)
+    elif tuple(partials.shape) != (n_row_programs, N) or partials.dtype != torch.float32 or partials.stride(1) != 1:
+        raise ValueError(f"fastbert: bias_gelu_backward's partials must be fp32 {(n_row_programs, N)} with unit "
+                         f"column stride, got {partials.dtype} {tuple(partials.shape)}")
     _bias_gelu_bwd_kernel[(n_row_programs, n_col_tiles)](
         dx, dx.stride(0),
-        dbias_partial, dbias_partial.stride(0),
+        partials, partials.stride(0),
         dy, dy.stride(0),
         x, x.stride(0),
         bias,
@@ -199,7 +217,7 @@ def bias_gelu_backward(
         rows_per_program,
         APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **s.options(),
     )
-    return dx, dbias_partial.sum(0).to(bias.dtype)
+    return dx, partials.sum(0).to(bias.dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ fp32; y and dx are stored in x.dtype.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import triton
@@ -60,17 +60,21 @@ def _geglu_bwd_kernel(
 # Launchers
 
 
-def geglu_forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
-    """y = gelu(x[:, :N]) * x[:, N:]: x [M, 2N] fp32/fp16/bf16 -> y [M, N] x.dtype."""
+def geglu_forward(x: torch.Tensor, approximate: str, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = gelu(x[:, :N]) * x[:, N:]: x [M, 2N] fp32/fp16/bf16 -> y [M, N] x.dtype. out: where y goes
+    ([M, N] in x.dtype, rows with unit stride), for a caller that allocates a step's tensors at once."""
     M, N = x.shape[0], x.shape[1] // 2
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
     launch_tiles(_geglu_fwd_kernel, M, N, approximate, y, y.stride(0), x, x.stride(0))
     return y
 
 
-def geglu_backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
-    """dx [M, 2N] in x.dtype: dy * x[:, N:] * gelu'(x[:, :N]), then dy * gelu(x[:, :N])."""
-    dx = torch.empty_like(x)
+def geglu_backward(dy: torch.Tensor, x: torch.Tensor, approximate: str, *,
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """dx [M, 2N] in x.dtype: dy * x[:, N:] * gelu'(x[:, :N]), then dy * gelu(x[:, :N]). out: where
+    dx goes ([M, 2N] in x.dtype, rows with unit stride), for a caller that allocates a step's
+    tensors at once."""
+    dx = torch.empty_like(x) if out is None else out
     launch_tiles(_geglu_bwd_kernel, *dy.shape, approximate, dx, dx.stride(0), dy, dy.stride(0), x, x.stride(0),
                  backward=True)
     return dx

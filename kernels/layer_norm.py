@@ -233,7 +233,7 @@ def _add_layer_norm_bwd_kernel(
 def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                            eps: float, dropout_p: float, seed: Optional[int], return_sum: bool = False, *,
                            out: Optional[torch.Tensor] = None, sum_out: Optional[torch.Tensor] = None,
-                           stats: bool = True):
+                           stats: bool = True, stats_out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
     """(y, mean, rstd): y = layer_norm(h) [M, N] in x.dtype, h = dropout(x) + residual; mean, rstd [M] fp32.
     return_sum: (y, mean, rstd, h), h [M, N] in x.dtype, written in the same pass.
 
@@ -241,12 +241,16 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
     seed: a Python int in [0, 2**63), used when dropout_p > 0.
     For inference, where x and residual may die here: out, sum_out: where y and h go ([M, N] in
     x.dtype, rows with unit stride; x or residual themselves allowed: a program reads its rows whole
-    before it writes them); stats False: mean and rstd are not kept (returned as None).
+    before it writes them); stats False: mean and rstd are not kept (returned as None). stats_out:
+    (mean, rstd) to write them into (fp32 [M], contiguous), for a caller that allocates a step's
+    tensors at once (kernels.empty_parts).
     """
     M, N = x.shape
     y = torch.empty_like(x) if out is None else out
     h = (torch.empty_like(x) if sum_out is None else sum_out) if return_sum else None
-    if stats:
+    if stats_out is not None:
+        mean, rstd = stats_out
+    elif stats:
         mean, rstd = empty_together(2, (M,), torch.float32, x.device)
     else:  # both into the sink: nobody reads either
         mean = rstd = sink(M, x.device)
@@ -264,24 +268,51 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
     return (y, mean, rstd, h) if return_sum else (y, mean, rstd)
 
 
-def _partial_sums(n_programs: int, N: int, device) -> torch.Tensor:
+def _partial_rows(n_programs: int, N: int) -> int:
+    # the partial sums' rows: the programs', padded so that dbias's half starts 16-byte aligned
+    padded = n_programs
+    while padded * N % 4:
+        padded += 1
+    return padded
+
+
+def _partial_sums(n_programs: int, N: int, device, out: Optional[torch.Tensor]) -> torch.Tensor:
     """The per-program partial sums of dweight and dbias the backward kernels write, fp32 [2,
     programs, N] (dweight's, then dbias's: one allocation, one reduction), each half 16-byte
-    aligned as a fresh tensor would be."""
-    padded = n_programs
-    while padded * N % 4:  # dbias's half starts 16-byte aligned
-        padded += 1
-    partial = torch.empty((2, padded, N), dtype=torch.float32, device=device)
-    return partial if padded == n_programs else partial.narrow(1, 0, n_programs)
+    aligned as a fresh tensor would be; in `out` where given (backward_partials_shape)."""
+    padded = _partial_rows(n_programs, N)
+    if out is None:
+        out = torch.empty((2, padded, N), dtype=torch.float32, device=device)
+    elif tuple(out.shape) != (2, padded, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"fastbert: add_layer_norm_backward's partials must be fp32 contiguous {(2, padded, N)}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    return out if padded == n_programs else out.narrow(1, 0, n_programs)
 
 
-def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, s: Settings, max_programs: int,
-                         has_dropout: bool, dropout_args) -> torch.Tensor:
+def _programs(M: int, N: int, s: Optional[Settings], device) -> Tuple[int, int]:
+    """(rows_per_program, programs along the rows) of the backward: whole rows (s: their settings)
+    or, for wider rows (s None), the column tiles' pass."""
+    max_programs = PROGRAMS_PER_SM * num_sms(device)
+    if s is None:
+        max_programs = cdiv(max_programs, cdiv(N, TILED_SETTINGS.block_n))
+    return split_rows(M, 1, max_programs)
+
+
+def backward_partials_shape(M: int, N: int, device, with_dsum: bool = False) -> Tuple[int, int, int]:
+    """The shape of add_layer_norm_backward's partial sums for [M, N] rows (M >= 1; with_dsum: the
+    call gives dsum), fp32: what its `partials` takes, for a caller that allocates a step's tensors
+    at once (kernels.empty_parts)."""
+    _, n_programs = _programs(M, N, settings(N, backward=True, with_sum=with_dsum), device)
+    return (2, _partial_rows(n_programs, N), N)
+
+
+def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, s: Settings, has_dropout: bool,
+                         dropout_args, partials: Optional[torch.Tensor]) -> torch.Tensor:
     """Launch the backward of rows that settings() takes whole (one kernel, whole rows); the
     per-program partial sums of dweight and dbias (_partial_sums)."""
     M, N = x.shape
-    rows_per_program, n_programs = split_rows(M, 1, max_programs)
-    partial = _partial_sums(n_programs, N, x.device)
+    rows_per_program, n_programs = _programs(M, N, s, x.device)
+    partial = _partial_sums(n_programs, N, x.device, partials)
     _add_layer_norm_bwd_kernel[(n_programs,)](
         dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
         dy, dy.stride(0), *optional_rows(dsum), x, x.stride(0), residual, residual.stride(0), weight, mean, rstd,
@@ -291,8 +322,8 @@ def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rst
     return partial
 
 
-def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, max_programs: int,
-                       has_dropout: bool, dropout_args) -> torch.Tensor:
+def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, has_dropout: bool, dropout_args,
+                       partials: Optional[torch.Tensor]) -> torch.Tensor:
     """Launch the backward of wider rows: row sums, then column tiles; the per-program partial
     sums of dweight and dbias (_partial_sums)."""
     M, N = x.shape
@@ -305,10 +336,9 @@ def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd,
         HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n, **s.options(),
     )
     s = TILED_SETTINGS
-    n_col_tiles = cdiv(N, s.block_n)
-    rows_per_program, n_programs = split_rows(M, 1, cdiv(max_programs, n_col_tiles))
-    partial = _partial_sums(n_programs, N, x.device)
-    _add_layer_norm_bwd_kernel[(n_programs, n_col_tiles)](
+    rows_per_program, n_programs = _programs(M, N, None, x.device)
+    partial = _partial_sums(n_programs, N, x.device, partials)
+    _add_layer_norm_bwd_kernel[(n_programs, cdiv(N, s.block_n))](
         dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
         *grad_y, *optional_rows(dsum), *inputs, mean_g, mean_gx, M, N, rows_per_program, *dropout_args,
         HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=True, BLOCK_N=s.block_n, **s.options(),
@@ -326,26 +356,31 @@ def add_layer_norm_backward(
     dropout_p: float,
     seed: Optional[int],
     dsum: Optional[torch.Tensor] = None,
+    *,
+    out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    partials: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dresidual, dweight, dbias) of add_layer_norm_forward; dweight, dbias in weight.dtype.
 
     dy, x, residual [M, N]; weight [N]; mean, rstd [M] fp32 from the forward; the same
     dropout_p and seed as the forward (the mask is regenerated, not stored). dsum [M, N] (x.dtype,
     contiguous rows): the gradient of return_sum's h, added to h's before it reaches dresidual and dx.
+    For a caller that allocates a step's tensors at once (kernels.empty_parts): out, (dx,
+    dresidual) to write ([M, N] in x.dtype, rows with unit stride); partials, the partial sums'
+    memory (backward_partials_shape).
     """
     M, N = x.shape
-    dx, dresidual = empty_together(2, (M, N), x.dtype, x.device)
+    dx, dresidual = empty_together(2, (M, N), x.dtype, x.device) if out is None else out
     if M == 0:
         return dx, dresidual, torch.zeros_like(weight), torch.zeros_like(weight)
     has_dropout, seed, threshold, scale = dropout_options(dropout_p, seed, "add_layer_norm")
     dropout_args = (seed, threshold, scale)
-    max_programs = PROGRAMS_PER_SM * num_sms(x.device)
     s = settings(N, backward=True, with_sum=dsum is not None)
     args = (dx, dresidual, dy, dsum, x, residual, weight, mean, rstd)
     if s is not None:  # whole rows
-        partial = _backward_whole_rows(*args, s, max_programs, has_dropout, dropout_args)
+        partial = _backward_whole_rows(*args, s, has_dropout, dropout_args, partials)
     else:  # wide rows: row sums, then column tiles
-        partial = _backward_two_pass(*args, max_programs, has_dropout, dropout_args)
+        partial = _backward_two_pass(*args, has_dropout, dropout_args, partials)
     if apart():  # a custom op's outputs: no two may share memory
         return dx, dresidual, partial[0].sum(0).to(weight.dtype), partial[1].sum(0).to(weight.dtype)
     sums = partial.sum(1)  # both reductions in one call

@@ -300,20 +300,28 @@ def heads_view(rows: Tensor, shape, heads: int, packed: bool) -> Tensor:
     return rows.view(shape[0], shape[1], heads, d).transpose(1, 2)
 
 
+def joined_lse_shape(shape, heads: int, packed: bool) -> Tuple[int, ...]:
+    """The shape of joined_forward's log-sum-exp (fp32) for a hidden state of `shape`."""
+    return (heads, shape[0]) if packed else (shape[0], heads, shape[1])
+
+
 def joined_forward(qkv: Tensor, shape, heads: int, key_mask, cu_seqlens, max_seqlen, scale: float, dropout_p: float,
-                   seed, rope, window: int, rel_bias) -> Tuple[Tensor, Tensor]:
+                   seed, rope, window: int, rel_bias, out: Optional[Tensor] = None,
+                   lse_out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """(context rows shaped `shape`, log-sum-exp) of the attention on the QKV rows qkv of a hidden
     state of `shape` (qkv_views), the kernel writing the context rows in place (no transpose copy):
     the forward of a layer's training step on Triton (JoinedAttentionFunction, ops.layer_training).
     The other arguments as launch_forward's. Without a relative bias, through the launches bound
-    once per specialization (the launchers' qkv_attention_forward)."""
+    once per specialization (the launchers' qkv_attention_forward). out, lse_out: where the context
+    rows (contiguous, `shape`) and, without a relative bias, the log-sum-exp (joined_lse_shape) go,
+    for a caller that allocates a step's tensors at once."""
     packed = cu_seqlens is not None
-    rows = qkv.new_empty(shape)
+    rows = qkv.new_empty(shape) if out is None else out
     if rel_bias is None:
         seq = max_seqlen if packed else shape[1]
         return fb_backend.impl("triton", "attention").qkv_attention_forward(
             _joined_rows(qkv), heads, key_mask, cu_seqlens, seq, scale, *rope, window, dropout_p=dropout_p,
-            seed=seed_int(seed), out=rows, keep_lse=True)
+            seed=seed_int(seed), out=rows, keep_lse=True, lse_out=lse_out)
     _, lse, _ = launch_forward(*qkv_views(qkv, shape, heads, packed), key_mask, cu_seqlens, max_seqlen, scale,
                                dropout_p, seed, False, rope, window, rel_bias,
                                out=heads_view(rows, shape, heads, packed), keep_lse=True)
@@ -321,20 +329,24 @@ def joined_forward(qkv: Tensor, shape, heads: int, key_mask, cu_seqlens, max_seq
 
 
 def joined_backward(drows: Tensor, qkv: Tensor, rows: Tensor, lse: Tensor, shape, heads: int, key_mask, cu_seqlens,
-                    max_seqlen, scale: float, dropout_p: float, seed, rope, window: int, rel_bias
+                    max_seqlen, scale: float, dropout_p: float, seed, rope, window: int, rel_bias,
+                    grad_out: Optional[Tensor] = None, delta_out: Optional[Tensor] = None
                     ) -> Tuple[Tensor, Optional[Tensor]]:
     """(dqkv, drel or None) of joined_forward: dq, dk, dv written into the slices of one tensor
     shaped like qkv, its gradient, where splitting qkv by autograd would have them stacked into it (a
-    copy of all three). drows: the context rows' gradient; rows, lse: joined_forward's."""
+    copy of all three). drows: the context rows' gradient; rows, lse: joined_forward's. grad_out:
+    where dqkv goes (qkv's shape, contiguous) and delta_out, the kernels' row sums' memory (lse's
+    shape, fp32; without a relative bias), for a caller that allocates a step's tensors at once."""
     packed = cu_seqlens is not None
     drows = drows if drows.is_contiguous() else drows.contiguous()
     if rel_bias is None:
         seq = max_seqlen if packed else shape[1]
         dqkv = fb_backend.impl("triton", "attention").qkv_attention_backward(
             drows, _joined_rows(qkv), rows, lse, heads, key_mask, cu_seqlens, seq, scale, *rope, window,
-            dropout_p=dropout_p, seed=seed_int(seed))
+            dropout_p=dropout_p, seed=seed_int(seed), grad_out=None if grad_out is None else _joined_rows(grad_out),
+            delta_out=delta_out)
         return (dqkv if qkv.dim() == 2 else dqkv.view(qkv.shape)), None
-    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device) if grad_out is None else grad_out
     *_, drel = launch_backward(heads_view(drows, shape, heads, packed), *qkv_views(qkv, shape, heads, packed),
                                heads_view(rows, shape, heads, packed), lse, key_mask, cu_seqlens, max_seqlen, scale,
                                dropout_p, seed, rope, window, rel_bias, grads=qkv_views(dqkv, shape, heads, packed))

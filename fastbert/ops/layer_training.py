@@ -28,7 +28,8 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from fastbert import backend as fb_backend
-from fastbert.ops.attention import TRITON_HEAD_DIMS, joined_backward, joined_forward, rotary_for
+from fastbert.kernels import empty_parts
+from fastbert.ops.attention import TRITON_HEAD_DIMS, joined_backward, joined_forward, joined_lse_shape, rotary_for
 from fastbert.ops.linear import rows_forward
 
 Tensor = torch.Tensor
@@ -76,15 +77,24 @@ class _LayerFunction(torch.autograd.Function):
         xr = _rows(x)
         qkv = rows_forward(xr, qkv_w, qkv_b, "triton")
         d = shape[-1] // opts.heads
+        # what the step writes besides its products' outputs, from one allocation: all of it is saved
+        # for the backward or is the output (the next layer's saved input), so it dies together
+        R, H, F = xr.shape[0], xr.shape[1], in_w.shape[0]
+        stats = ((R,), torch.float32)
+        parts = [(shape, x.dtype), ((R, H), x.dtype), stats, stats, ((R, F), x.dtype), ((R, H), x.dtype), stats,
+                 stats]
+        if rel is None:
+            parts.append((joined_lse_shape(shape, opts.heads, cu is not None), torch.float32))
+        rows, h1, mean1, rstd1, g, y, mean2, rstd2, *lse_out = empty_parts(parts, x.device)
         rows, lse = joined_forward(qkv, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d), p_attn, s_attn,
-                                   (None, None), -1, rel)
+                                   (None, None), -1, rel, rows, *lse_out)
         rows = _rows(rows)
         a = rows_forward(rows, out_w, out_b, "triton")
-        h1, mean1, rstd1 = ln.add_layer_norm_forward(a, xr, n1_w, n1_b, opts.eps[0], p1, s1)
+        ln.add_layer_norm_forward(a, xr, n1_w, n1_b, opts.eps[0], p1, s1, out=h1, stats_out=(mean1, rstd1))
         i = rows_forward(h1, in_w, None, "triton")
-        g = gelu.bias_gelu_forward(i, in_b, opts.approximate)
+        gelu.bias_gelu_forward(i, in_b, opts.approximate, out=g)
         o = rows_forward(g, f_w, f_b, "triton")
-        y, mean2, rstd2 = ln.add_layer_norm_forward(o, h1, n2_w, n2_b, opts.eps[1], p2, s2)
+        ln.add_layer_norm_forward(o, h1, n2_w, n2_b, opts.eps[1], p2, s2, out=y, stats_out=(mean2, rstd2))
         ctx.save_for_backward(xr, qkv, rows, lse, a, h1, mean1, rstd1, i, g, o, mean2, rstd2, mask, cu, rel,
                               qkv_w, out_w, n1_w, in_w, in_b, f_w, n2_w)
         ctx.layout, ctx.opts, ctx.x_shape = (shape, max_seqlen), opts, x.shape
@@ -102,19 +112,34 @@ class _LayerFunction(torch.autograd.Function):
         p_attn, p1, p2 = opts.dropout
         s_attn, s1, s2 = opts.seeds
         dy = _rows(dy).contiguous()
+        R, H, F = xr.shape[0], xr.shape[1], i.shape[1]
+        # the backward's gradients and scratch from one allocation (none of it leaves the step: the
+        # input's gradient and every parameter's are the GEMMs' and the sums' own outputs); the
+        # gradients of the two biased products' outputs side by side, so that one sum gives both biases
+        ln_partials = (ln.backward_partials_shape(R, H, xr.device), torch.float32)
+        parts = [((2, R, H), xr.dtype), ((R, H), xr.dtype), ln_partials, ((R, F), xr.dtype),
+                 (gelu.backward_partials_shape(R, F, xr.device), torch.float32), ((R, H), xr.dtype), ln_partials,
+                 (qkv.shape, qkv.dtype)]
+        if rel is None:
+            parts.append((lse.shape, torch.float32))
+        d_out, dh1, partials2, di, gelu_partials, dx, partials1, dqkv, *delta = empty_parts(parts, xr.device)
+        do, da = d_out.unbind(0)
         # y = LN2(dropout(o) + h1): do, and h1's gradient through the residual
-        do, dh1, dn2_w, dn2_b = ln.add_layer_norm_backward(dy, o, h1, n2_w, mean2, rstd2, p2, s2)
+        _, _, dn2_w, dn2_b = ln.add_layer_norm_backward(dy, o, h1, n2_w, mean2, rstd2, p2, s2, out=(do, dh1),
+                                                        partials=partials2)
         need = ctx.needs_input_grad  # a frozen weight's product is skipped
-        dg, df_w, df_b = _linear_grads(do, g, f_w, True, need[12])
-        di, din_b = gelu.bias_gelu_backward(dg, i, in_b, opts.approximate)
+        dg, df_w, _ = _linear_grads(do, g, f_w, False, need[12])
+        _, din_b = gelu.bias_gelu_backward(dg, i, in_b, opts.approximate, out=di, partials=gelu_partials)
         din_w = di.t().mm(h1) if need[10] else None
         dh1 = torch.addmm(dh1, di, in_w)  # through the feed-forward, added to the residual's
         # h1 = LN1(dropout(a) + x)
-        da, dx, dn1_w, dn1_b = ln.add_layer_norm_backward(dh1, a, xr, n1_w, mean1, rstd1, p1, s1)
-        drows, dout_w, dout_b = _linear_grads(da, rows, out_w, True, need[6])
+        _, _, dn1_w, dn1_b = ln.add_layer_norm_backward(dh1, a, xr, n1_w, mean1, rstd1, p1, s1, out=(da, dx),
+                                                        partials=partials1)
+        drows, dout_w, _ = _linear_grads(da, rows, out_w, False, need[6])
+        df_b, dout_b = d_out.sum(1).unbind(0)  # both biases in one reduction
         d = shape[-1] // opts.heads
         dqkv, drel = joined_backward(drows, qkv, rows, lse, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d),
-                                     p_attn, s_attn, (None, None), -1, rel)
+                                     p_attn, s_attn, (None, None), -1, rel, dqkv, *delta)
         dqkv_b = dqkv.sum(0)
         parts_w = dqkv.t().mm(xr).split(ctx.parts) if any(need[16:19]) else (None,) * 3
         dx = torch.addmm(dx, dqkv, qkv_w)  # through the projections, added to the residual's
@@ -158,22 +183,34 @@ class _PreNormFunction(torch.autograd.Function):
         ln = fb_backend.impl("triton", "layer_norm")
         hr = _rows(h)
         first = delta is None
+        R, H = hr.shape
+        d = shape[-1] // opts.heads
+        # what the step writes besides its products' outputs, from one allocation: saved for the
+        # backward, or an output (s2, the next layer's saved stream), so it dies together
+        stats = ((R,), torch.float32)
+        parts = [(shape, h.dtype), (joined_lse_shape(shape, opts.heads, packed), torch.float32), ((R, H), h.dtype),
+                 ((R, H), h.dtype), stats, stats, ((R, i_w.shape[0] // 2), h.dtype)]
+        if not first:
+            parts += [((R, H), h.dtype), ((R, H), h.dtype), stats, stats]
+        rows, lse, n2, s2, mean2, rstd2, g, *first_norm = empty_parts(parts, h.device)
         if first:  # layer 0: no attention norm, the stream is the embeddings' output
             s1, n1, mean1, rstd1 = hr, hr, None, None
             dr = None
         else:
             dr = _rows(delta)
-            n1, mean1, rstd1, s1 = ln.add_layer_norm_forward(dr, hr, an_w, an_b, opts.eps[0], 0.0, None, True)
+            n1, s1, mean1, rstd1 = first_norm
+            ln.add_layer_norm_forward(dr, hr, an_w, an_b, opts.eps[0], 0.0, None, True, out=n1, sum_out=s1,
+                                      stats_out=(mean1, rstd1))
         qkv = rows_forward(n1, qkv_w, qkv_b, "triton")
-        d = shape[-1] // opts.heads
         rope = rotary_for(opts.rotary_base, d, max_seqlen if packed else shape[1], h.device)
         rows, lse = joined_forward(qkv, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d), 0.0, None, rope,
-                                   opts.window, None)
+                                   opts.window, None, rows, lse)
         rows = _rows(rows)
         o = rows_forward(rows, o_w, o_b, "triton")
-        n2, mean2, rstd2, s2 = ln.add_layer_norm_forward(o, s1, mn_w, mn_b, opts.eps[1], 0.0, None, True)
+        ln.add_layer_norm_forward(o, s1, mn_w, mn_b, opts.eps[1], 0.0, None, True, out=n2, sum_out=s2,
+                                  stats_out=(mean2, rstd2))
         u = rows_forward(n2, i_w, i_b, "triton")
-        g = fb_backend.impl("triton", "geglu").geglu_forward(u, opts.approximate)
+        fb_backend.impl("triton", "geglu").geglu_forward(u, opts.approximate, out=g)
         f = rows_forward(g, f_w, f_b, "triton")
         ctx.save_for_backward(dr, hr, n1, mean1, rstd1, s1, qkv, rows, lse, o, n2, mean2, rstd2, u, g, mask, cu,
                               an_w, qkv_w, o_w, mn_w, i_w, f_w, *rope)
@@ -192,23 +229,34 @@ class _PreNormFunction(torch.autograd.Function):
         zeros = torch.zeros(hr.shape, dtype=hr.dtype, device=hr.device) if ds2 is None or df is None else None
         ds2 = zeros if ds2 is None else _rows(ds2).contiguous()
         df = zeros if df is None else _rows(df).contiguous()
+        R, H = hr.shape
+        # the backward's gradients and scratch from one allocation; what leaves it (the stream's and
+        # delta's gradients) goes on to the layer before, whose backward comes next
+        ln_partials = (ln.backward_partials_shape(R, H, hr.device, with_dsum=True), torch.float32)
+        parts = [(u.shape, u.dtype), ((R, H), hr.dtype), ((R, H), hr.dtype), ln_partials, (qkv.shape, qkv.dtype),
+                 (lse.shape, torch.float32)]
+        if dr is not None:
+            parts += [((R, H), hr.dtype), ((R, H), hr.dtype), ln_partials]
+        du, do, ds1, partials2, dqkv, delta, *first_norm = empty_parts(parts, hr.device)
         dg, df_w, df_b = _linear_grads(df, g, f_w, has_f_b, need[14])
-        du = fb_backend.impl("triton", "geglu").geglu_backward(dg, u, opts.approximate)
+        fb_backend.impl("triton", "geglu").geglu_backward(dg, u, opts.approximate, out=du)
         dn2, di_w, di_b = _linear_grads(du, n2, i_w, has_i_b, need[12])
         # s2 = o + s1, n2 = LN(s2): the stream's own gradient ds2 joins the norm's in the kernel
-        do, ds1, dmn_w, dmn_b = ln.add_layer_norm_backward(dn2, o, s1, mn_w, mean2, rstd2, 0.0, None, dsum=ds2)
+        _, _, dmn_w, dmn_b = ln.add_layer_norm_backward(dn2, o, s1, mn_w, mean2, rstd2, 0.0, None, dsum=ds2,
+                                                        out=(do, ds1), partials=partials2)
         drows, do_w, do_b = _linear_grads(do, rows, o_w, has_o_b, need[8])
         d = shape[-1] // opts.heads
         dqkv, _ = joined_backward(drows, qkv, rows, lse, shape, opts.heads, mask, cu, max_seqlen, 1.0 / math.sqrt(d),
-                                  0.0, None, (cos, sin), opts.window, None)
+                                  0.0, None, (cos, sin), opts.window, None, dqkv, delta)
         dqkv_w = dqkv.t().mm(n1) if need[6] else None
         dqkv_b = dqkv.sum(0) if has_qkv_b else None
         if dr is None:  # layer 0: n1 = s1 = h
             dh, ddelta, dan_w, dan_b = torch.addmm(ds1, dqkv, qkv_w), None, None, None
         else:
             dn1 = dqkv.mm(qkv_w)
-            ddelta, dh, dan_w, dan_b = ln.add_layer_norm_backward(dn1, dr, hr, an_w, mean1, rstd1, 0.0, None,
-                                                                  dsum=ds1)
+            ddelta, dh, partials1 = first_norm
+            _, _, dan_w, dan_b = ln.add_layer_norm_backward(dn1, dr, hr, an_w, mean1, rstd1, 0.0, None, dsum=ds1,
+                                                            out=(ddelta, dh), partials=partials1)
             ddelta = ddelta.view(ctx.shape)
         return (dh.view(ctx.shape), ddelta, None, None, dan_w, dan_b if has_an_b else None, dqkv_w, dqkv_b, do_w,
                 do_b, dmn_w, dmn_b if has_mn_b else None, di_w, di_b, df_w, df_b)

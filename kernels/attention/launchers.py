@@ -489,6 +489,7 @@ def qkv_attention_forward(
     seed: Optional[int] = None,
     out: Optional[torch.Tensor] = None,
     keep_lse: bool = False,
+    lse_out: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Attention over the joined QKV rows of a layer: qkv [rows, 3 * hidden] (rows: batch * seq
     padded, or the packed tokens with cu_seqlens, int32 [B + 1]; seq: max_seqlen), each third
@@ -497,7 +498,9 @@ def qkv_attention_forward(
     context rows go ([rows, hidden] or [batch, seq, hidden], unit last stride), or None: over the
     queries (for inference: the context is then qkv's first third); keep_lse: keep the log-sum-exp
     for qkv_attention_backward (fresh fp32: [heads, T] packed, [B, heads, S] padded), else nothing
-    is kept. -> (the context rows, the log-sum-exp or None).
+    is kept; lse_out: where the kept log-sum-exp goes (fp32 contiguous, its shape), for a caller that
+    allocates a step's tensors at once (kernels.empty_parts). -> (the context rows, the log-sum-exp
+    or None).
 
     The result of attention_forward / varlen_attention_forward on the views, bit for bit, through
     the same launches, whose arguments are bound once per specialization (kernels.Bound: dtypes,
@@ -522,12 +525,22 @@ def qkv_attention_forward(
         else:
             _, lse, _ = attention_forward(q, k, v, key_mask, scale, dropout_p, seed, False, rope_cos, rope_sin, window,
                                           out=o, keep_lse=keep_lse)
+        if keep_lse and lse_out is not None:
+            lse = lse_out.copy_(lse)
     else:
         ranges, forward, block_m = bound
         values = _values(qkv, o, q, k, v, heads, key_mask, cu_seqlens, max_seqlen, rope_cos, rope_sin,
                          dropout_options(dropout_p, seed, "attention").seed)
         batch = values["batch"]
-        values["LSE"] = lse = _lse((heads, rows) if varlen else (batch, heads, max_seqlen), keep_lse, qkv.device)
+        shape = (heads, rows) if varlen else (batch, heads, max_seqlen)
+        if keep_lse and lse_out is not None:
+            if tuple(lse_out.shape) != shape or lse_out.dtype != torch.float32 or not lse_out.is_contiguous():
+                raise ValueError(f"fastbert: lse_out must be fp32 contiguous {shape}, got {lse_out.dtype} "
+                                 f"{tuple(lse_out.shape)}")
+            lse = lse_out
+        else:
+            lse = _lse(shape, keep_lse, qkv.device)
+        values["LSE"] = lse
         _find_ranges(ranges, values)
         forward((cdiv(max_seqlen, block_m), heads, batch), values)
         lse = lse if keep_lse else None
@@ -550,17 +563,28 @@ def qkv_attention_backward(
     *,
     dropout_p: float = 0.0,
     seed: Optional[int] = None,
+    grad_out: Optional[torch.Tensor] = None,
+    delta_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The gradient of qkv [rows, 3 * hidden], fresh, for qkv_attention_forward(..., out=out,
     keep_lse=True): dout, out: the context rows' gradient and the context rows (unit last stride);
     lse: the forward's; every other argument the forward's. dq, dk, dv are written into its three
     thirds (where splitting qkv by autograd would stack them: a copy). Bound once per
-    specialization, as the forward."""
+    specialization, as the forward. For a caller that allocates a step's tensors at once
+    (kernels.empty_parts): grad_out, where the gradient goes (qkv's shape and dtype, contiguous);
+    delta_out, the backward's row sums' memory (fp32 contiguous, lse's shape; the bound launches
+    use it, the launchers their own)."""
     rows, width = qkv.shape
     varlen = cu_seqlens is not None
     q, k, v = _qkv(qkv, heads, max_seqlen, varlen)
     do, o = _heads(dout, heads, max_seqlen, varlen), _heads(out, heads, max_seqlen, varlen)
-    dqkv = torch.empty((rows, width), dtype=qkv.dtype, device=qkv.device)
+    if grad_out is None:
+        dqkv = torch.empty((rows, width), dtype=qkv.dtype, device=qkv.device)
+    elif tuple(grad_out.shape) != (rows, width) or grad_out.dtype != qkv.dtype or not grad_out.is_contiguous():
+        raise ValueError(f"fastbert: grad_out must be {qkv.dtype} contiguous {(rows, width)}, got {grad_out.dtype} "
+                         f"{tuple(grad_out.shape)}")
+    else:
+        dqkv = grad_out
     grads = _qkv(dqkv, heads, max_seqlen, varlen)
     bound = None
     if _runs_bound(qkv, key_mask, cu_seqlens, max_seqlen, rope_cos):
@@ -582,7 +606,14 @@ def qkv_attention_backward(
     batch = values["batch"]
     dq, dk, dv = grads
     d_rows = dqkv.stride(0)
-    values.update(LSE=lse, DELTA=torch.empty(lse.shape, dtype=torch.float32, device=qkv.device), DO=do, DQ=dq, DK=dk,
+    if delta_out is None:
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=qkv.device)
+    elif delta_out.shape != lse.shape or delta_out.dtype != torch.float32 or not delta_out.is_contiguous():
+        raise ValueError(f"fastbert: delta_out must be fp32 contiguous {tuple(lse.shape)}, got {delta_out.dtype} "
+                         f"{tuple(delta_out.shape)}")
+    else:
+        delta = delta_out
+    values.update(LSE=lse, DELTA=delta, DO=do, DQ=dq, DK=dk,
                   DV=dv, rows_total=rows if varlen else max_seqlen, stride_dob=max_seqlen * dout.stride(-2),
                   stride_dqb=max_seqlen * d_rows, stride_dkb=max_seqlen * d_rows, stride_dvb=max_seqlen * d_rows)
     _find_ranges(ranges, values)

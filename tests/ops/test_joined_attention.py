@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastbert import ops
-from fastbert.kernels import empty_together
+from fastbert.kernels import empty_parts, empty_together, outputs_apart
 from fastbert.ops.attention import joined_attention
 from tests.helpers.backends import device_for, require
 
@@ -105,3 +105,19 @@ def test_empty_together_gives_aligned_independent_parts(shape):
         p.fill_(i)
     assert all(torch.all(p == i) for i, p in enumerate(parts)), "the parts overlap"
     assert len({p.untyped_storage().data_ptr() for p in parts}) == 1  # one allocation
+
+
+def test_empty_parts_gives_aligned_independent_parts_of_any_shape_and_dtype():
+    specs = [((3, 5), torch.float16), ((7,), torch.float32), ((2, 0, 4), torch.bfloat16), ((1, 3, 1), torch.float64),
+             ((5,), torch.int32)]
+    parts = empty_parts(specs, "cpu")
+    assert [(tuple(p.shape), p.dtype) for p in parts] == specs
+    base = parts[0].untyped_storage().data_ptr()
+    assert all(p.is_contiguous() and (p.numel() == 0 or (p.data_ptr() - base) % 256 == 0) for p in parts)
+    for i, p in enumerate(parts):
+        p.fill_(i + 1)
+    assert all(torch.all(p == i + 1) for i, p in enumerate(parts)), "the parts overlap"
+    assert len({p.untyped_storage().data_ptr() for p in parts}) == 1  # one allocation
+    with outputs_apart():
+        apart = empty_parts(specs, "cpu")
+    assert len({p.untyped_storage().data_ptr() for p in apart}) == len(specs)

@@ -206,3 +206,39 @@ def test_the_node_in_half_precision(monkeypatch, node_calls):
         scale = max(b.float().abs().max().item(), 1e-2)
         err = (a.float() - b.float()).abs().max().item()
         assert err <= 4e-3 * scale, f"{name}: {err:.3g} against {scale:.3g}"
+
+
+def test_the_launchers_write_into_given_memory_what_they_would_allocate():
+    # the step hands the kernels memory from one allocation (kernels.empty_parts): the same bits as
+    # the launchers' own outputs, and memory of the wrong shape refused with a one-line error
+    from fastbert import backend as fb_backend
+    from fastbert.kernels import empty_parts
+
+    ln, gelu, geglu = (fb_backend.impl("triton", op) for op in ("layer_norm", "bias_gelu", "geglu"))
+    dev = device_for("triton")
+    g = torch.Generator().manual_seed(0)
+    M, N, F = 37, 64, 96
+    x, r, dy = (torch.randn(M, N, generator=g).to(dev) for _ in range(3))
+    w, b = torch.randn(N, generator=g).to(dev), torch.randn(N, generator=g).to(dev)
+    u, du, fb = torch.randn(M, F, generator=g).to(dev), torch.randn(M, F, generator=g).to(dev), torch.randn(F).to(dev)
+    stats = ((M,), torch.float32)
+    y, mean, rstd, dx, dres, partials, di, gelu_partials, gg, dgg = empty_parts(
+        [((M, N), x.dtype), stats, stats, ((M, N), x.dtype), ((M, N), x.dtype),
+         (ln.backward_partials_shape(M, N, dev), torch.float32), ((M, F), x.dtype),
+         (gelu.backward_partials_shape(M, F, dev), torch.float32), ((M, F // 2), x.dtype), ((M, F), x.dtype)], dev)
+    own = ln.add_layer_norm_forward(x, r, w, b, 1e-5, 0.0, None)
+    given = ln.add_layer_norm_forward(x, r, w, b, 1e-5, 0.0, None, out=y, stats_out=(mean, rstd))
+    assert given[0] is y and all(torch.equal(a, c) for a, c in zip(own, given))
+    own = ln.add_layer_norm_backward(dy, x, r, w, mean, rstd, 0.0, None)
+    given = ln.add_layer_norm_backward(dy, x, r, w, mean, rstd, 0.0, None, out=(dx, dres), partials=partials)
+    assert given[0] is dx and given[1] is dres and all(torch.equal(a, c) for a, c in zip(own, given))
+    own = gelu.bias_gelu_backward(du, u, fb, "none")
+    given = gelu.bias_gelu_backward(du, u, fb, "none", out=di, partials=gelu_partials)
+    assert given[0] is di and all(torch.equal(a, c) for a, c in zip(own, given))
+    assert torch.equal(geglu.geglu_forward(u, "tanh", out=gg), geglu.geglu_forward(u, "tanh"))
+    dh = torch.randn(M, F // 2, generator=g).to(dev)
+    assert torch.equal(geglu.geglu_backward(dh, u, "tanh", out=dgg), geglu.geglu_backward(dh, u, "tanh"))
+    with pytest.raises(ValueError, match="partials must be fp32"):
+        ln.add_layer_norm_backward(dy, x, r, w, mean, rstd, 0.0, None, partials=partials[:, :1])
+    with pytest.raises(ValueError, match="partials must be fp32"):
+        gelu.bias_gelu_backward(du, u, fb, "none", partials=gelu_partials[:1])
