@@ -16,7 +16,7 @@ Both give the same values at real tokens; hidden states at padded positions are 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -33,6 +33,14 @@ from fastbert.model.quantize import TRAINING_ERROR, InferenceOnly
 from fastbert.ops import encoder
 from fastbert.ops.bias_gelu import GELU_FORMS
 from fastbert.ops.encoder import LayerWeights
+
+
+class KeptLayers(NamedTuple):
+    """BertModel.kept_layers: each layer's (weights, heads, eps, GELU form), and the layers' backend
+    settings."""
+
+    layers: list
+    backends: frozenset
 
 
 class BertModel(BertPreTrainedModel):
@@ -197,22 +205,25 @@ class BertModel(BertPreTrainedModel):
         if (bias is None and not want_probs and all(s is None for _, s in pairs)
                 and (packed is not None or not int8)):
             outs = self._stack(h, hq, mask, packed, rel, len(pairs), want_states)
+        kept = None
+        if outs is None and not int8 and bias is None and not want_probs and all(s is None for _, s in pairs):
+            kept = self.kept_layers(len(pairs))
+        if outs is None and kept is not None and len(kept.backends) == 1:
+            # what BertLayer.forward runs for each layer (kept_layers: no hook, eval mode, inference),
+            # without the calls' host time, the route decided once for the stack
+            route = (mask, None, None) if packed is None else (None, *packed)
+            outs = encoder.layers_forward(h, kept.layers, *route, rel, next(iter(kept.backends)), want_states)
         if outs is not None:
             h, states, probs = outs[-1], (outs if want_states else []), []
         else:
             states, probs = [], []
-            kept = None
-            if not int8 and bias is None and not want_probs and all(s is None for _, s in pairs):
-                kept = self.kept_layers(len(pairs))
             route = (mask, None, None) if packed is None else (None, *packed)
             for i, (layer, scale) in enumerate(pairs):
                 if int8:
                     h, hq, p = self._int8_layer(layer, h, hq, mask, packed, bias, scale, want_probs, rel, shape,
                                                 quantize_out=i < len(pairs) - 1)
-                elif kept is not None:
-                    # what BertLayer.forward runs for the layer (kept_layers: no hook, eval mode,
-                    # inference), without the call's host time: about 25 us a layer
-                    weights, heads, eps, form = kept[i]
+                elif kept is not None:  # layers of more than one backend setting: each its own
+                    weights, heads, eps, form = kept.layers[i]
                     h, p = encoder.layer_forward(h, weights, heads, eps, form, *route, rel, layer.backend), None
                 else:
                     h, p = self._run_layer(layer, h, mask, packed, bias, scale, want_probs, rel)
@@ -250,27 +261,31 @@ class BertModel(BertPreTrainedModel):
             stack_plan.drop_plans(self, int8)  # a joined tensor's parts moved: the next plan joins them again
         return None
 
-    def kept_layers(self, count: int) -> Optional[list]:
+    def kept_layers(self, count: int) -> Optional["KeptLayers"]:
         """What the inference route (encoder.layer_forward, as BertLayer.forward calls it) reads of
-        each of the first `count` layers, (weights(), heads, both eps, the GELU form), taken from the
-        plan the model keeps
+        each of the first `count` layers, (weights(), heads, both eps, the GELU form) in .layers,
+        and their backend settings (.backends), taken from the plan the model keeps
         (fastbert.model.stack_plan: rebuilt whenever anything it was read from changes), so that a
         forward whose layers run one by one (on Triton) does not read every module again; None
         where the plan does not cover them (training, hooks, a layer of another kind) or a joined
-        QKV tensor's parts moved (the layers' own read joins them again)."""
+        QKV tensor's parts moved (the layers' own read joins them again). Made once per plan and
+        count; the joined tensors' parts are checked at every call."""
         layers = tuple(self.layers)
         if count < 1 or not encoder.inference_now() or stack_plan.hooked(layers[:count]):
             return None
         p = stack_plan.plan(self, layers, False)
         if not p.runs:
             return None
-        kept = []
-        for i, tensors in enumerate(p.tensors[:count]):
-            weights, parts = LayerWeights(*tensors[:12]), tensors[12:]
-            if not (views_of(weights.qkv_weight, parts[:3]) and views_of(weights.qkv_bias, parts[3:])):
+        kept = p.made.get(("kept", count))
+        if kept is None:
+            kept = p.made[("kept", count)] = KeptLayers(
+                [(LayerWeights(*tensors[:12]), p.heads[i], (p.eps[2 * i], p.eps[2 * i + 1]), p.forms[i])
+                 for i, tensors in enumerate(p.tensors[:count])], p.backends)
+        for tensors in p.tensors[:count]:
+            parts = tensors[12:]
+            if not (views_of(tensors[0], parts[:3]) and views_of(tensors[1], parts[3:])):
                 stack_plan.drop_plans(self, False)
                 return None
-            kept.append((weights, p.heads[i], (p.eps[2 * i], p.eps[2 * i + 1]), p.forms[i]))
         return kept
 
     def _int8_layer(self, layer, h, hq, mask, packed, bias, scale, want_probs: bool, rel, shape, quantize_out: bool):

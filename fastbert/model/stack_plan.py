@@ -86,6 +86,7 @@ class Plan(NamedTuple):
     eps: List[float] = []           # two a layer
     forms: List[str] = []           # each layer's GELU form
     backends: frozenset = frozenset()  # the layers' backend settings
+    made: Optional[dict] = None     # what a model makes of the plan once (BertModel.kept_layers), kept with it
 
     def __deepcopy__(self, memo) -> None:
         # a copied model reads its own layers afresh (this plan's reads hold class namespaces,
@@ -130,7 +131,7 @@ def _build(layers: tuple, int8: bool) -> Plan:
     tensors, products, heads, eps1, eps2, forms, backends = zip(*entries)
     eps = [e for pair in zip(eps1, eps2) for e in pair]
     return Plan(layers, list(reads.values()), True, list(tensors), list(products), list(heads), eps, list(forms),
-                frozenset(backends))
+                frozenset(backends), {})
 
 
 def _current(plan: Optional[Plan], layers: tuple) -> bool:

@@ -241,6 +241,28 @@ def layer_forward(hidden: Tensor, weights: Sequence[Tensor], heads: int, eps: Tu
     return _kernels(hidden, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
 
 
+def layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                   max_seqlen: Optional[int], rel: Optional[Tensor], backend: Optional[str],
+                   keep_states: bool) -> List[Tensor]:
+    """layer_forward of each of `layers` ((weights, heads, eps, GELU form) each, a model's kept
+    reads of its layers, one backend setting for all) in turn on hidden -> [every layer's output]
+    (keep_states) or [the last]. The route is decided once for the stack (the backend, autocast,
+    an empty input), not at every layer: on Triton the kernels are then called straight."""
+    backend = fb_backend.resolve(backend, hidden)
+    outs = []
+    if backend == "triton" and not torch.is_autocast_enabled(hidden.device.type) and hidden.numel() > 0:
+        for w, heads, eps, approximate in layers:
+            hidden = _kernels(hidden, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
+            if keep_states:
+                outs.append(hidden)
+    else:
+        for w, heads, eps, approximate in layers:
+            hidden = layer_forward(hidden, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
+            if keep_states:
+                outs.append(hidden)
+    return outs if keep_states else [hidden]
+
+
 def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend) -> Tensor:
     """The kernels of the separate ops, called straight one after the other. On Triton each writes
     over an input that dies with it and keeps nothing only a backward reads: the attention's output
