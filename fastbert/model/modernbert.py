@@ -214,13 +214,26 @@ class ModernBertEncoderLayer(nn.Module, BackendMixin):
         MLP's Wo (int8 swaps them)."""
         return [(self.attn, "Wqkv"), (self.attn, "Wo"), (self.mlp, "Wi"), (self.mlp, "Wo")]
 
-    def _one_call(self) -> bool:
-        """Whether the layer takes fastbert.ops.encoder's pre-LN inference route (the same kernels,
-        without each op's Python): inference (grad mode off, eval, not while torch.compile traces or
-        under autocast), float linear layers, a GELU GeGLU, LayerNorms (or layer 0's Identity)."""
-        return (encoder.inference_now() and not self.training and self.mlp.act in GELU_FORMS
-                and all(type(m) is nn.Linear for m in (self.attn.Wqkv, self.attn.Wo, self.mlp.Wi, self.mlp.Wo))
-                and all(type(n) in (nn.LayerNorm, nn.Identity) for n in (self.attn_norm, self.mlp_norm)))
+    def _inference_reads(self):
+        """(the layer's tensors, heads, both eps, the GeGLU's GELU form, the rotary base, the window) as
+        fastbert.ops.encoder.prenorm_layer_forward takes them, where the layer takes that route (the
+        same kernels, without each op's Python): float linear layers, a GELU GeGLU, LayerNorms (layer
+        0's attention norm an Identity); else None. Each module read once (a read costs the host about
+        a microsecond). The caller checks inference (grad mode off, eval, not while torch.compile
+        traces or under autocast)."""
+        an, attn, mn, mlp = self.attn_norm, self.attn, self.mlp_norm, self.mlp
+        act = mlp.act
+        qkv, wo, wi, wf = attn.Wqkv, attn.Wo, mlp.Wi, mlp.Wo
+        first = type(an) is nn.Identity
+        if (act not in GELU_FORMS or type(mn) is not nn.LayerNorm or not (first or type(an) is nn.LayerNorm)
+                or any(type(m) is not nn.Linear for m in (qkv, wo, wi, wf))):
+            return None
+        weights = encoder.PreNormLayerWeights(None if first else an.weight, None if first else an.bias, qkv.weight,
+                                              qkv.bias, wo.weight, wo.bias, mn.weight, mn.bias, wi.weight, wi.bias,
+                                              wf.weight, wf.bias)
+        window = attn.window
+        return (weights, attn.num_heads, (0.0 if first else an.eps, mn.eps), GELU_FORMS[act], attn.rope_theta,
+                -1 if window is None else window)
 
     def _training_node(self, h: torch.Tensor, delta: Optional[torch.Tensor], mask: Optional[torch.Tensor],
                        packed: Optional[Tuple[torch.Tensor, int]]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
@@ -244,24 +257,14 @@ class ModernBertEncoderLayer(nn.Module, BackendMixin):
             h, delta, h.shape, mask, cu, n, opts, (None, None) if first else (an.weight, an.bias),
             *((m.weight, m.bias) for m in lin[:2]), (mn.weight, mn.bias), *((m.weight, m.bias) for m in lin[2:]))
 
-    def weights(self) -> encoder.PreNormLayerWeights:
-        """The layer's tensors as fastbert.ops.encoder.prenorm_layer_forward takes them."""
-        an, mn, attn, mlp = self.attn_norm, self.mlp_norm, self.attn, self.mlp
-        first = isinstance(an, nn.Identity)
-        return encoder.PreNormLayerWeights(None if first else an.weight, None if first else an.bias, attn.Wqkv.weight,
-                                           attn.Wqkv.bias, attn.Wo.weight, attn.Wo.bias, mn.weight, mn.bias,
-                                           mlp.Wi.weight, mlp.Wi.bias, mlp.Wo.weight, mlp.Wo.bias)
-
     def forward(self, h: torch.Tensor, delta: Optional[torch.Tensor], mask: Optional[torch.Tensor],
                 packed: Optional[Tuple[torch.Tensor, int]], want_probs: bool = False):
         """The residual stream enters as h + delta (delta: the previous layer's MLP output, None
         before the first layer) and leaves as the returned (h', delta', probabilities or None), so
         that each LayerNorm reads the sum in its fused add (rows as in ModernBertAttention.forward)."""
-        if not want_probs and self._one_call():
-            attn, eps = self.attn, (getattr(self.attn_norm, "eps", 0.0), self.mlp_norm.eps)  # (Identity: no eps)
-            window = -1 if attn.window is None else attn.window
-            out = encoder.prenorm_layer_forward(h, delta, self.weights(), attn.num_heads, eps, GELU_FORMS[self.mlp.act],
-                                                attn.rope_theta, window, mask, *(packed or (None, None)), self.backend)
+        reads = None if want_probs or self.training or not encoder.inference_now() else self._inference_reads()
+        if reads is not None:
+            out = encoder.prenorm_layer_forward(h, delta, *reads, mask, *(packed or (None, None)), self.backend)
             if out is not None:
                 return (*out, None)
         if not want_probs:
