@@ -27,6 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from fastbert import token_outputs
+
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # the pooling_mode_* flags sentence-transformers wrote before version 5
 _LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
@@ -160,10 +162,11 @@ def pad_batch(ids: List[List[int]], pad_id: int, device) -> Tuple[torch.Tensor, 
     return input_ids.to(device), mask.to(device)
 
 
-def longest_first(model, lengths: Sequence[int], batch_size: int, out: torch.Tensor, run, desc: str,
-                  progress: bool) -> torch.Tensor:
-    """out[chunk] = run(chunk) for chunks of batch_size indices taken longest first (each batch then
-    pads little), with `model` in eval mode meanwhile (its mode restored after); returns out."""
+def longest_first(model, lengths: Sequence[int], batch_size: int, out, run, desc: str, progress: bool,
+                  store=None):
+    """out[chunk] = run(chunk) (or store(chunk, run(chunk))) for chunks of batch_size indices taken
+    longest first (each batch then pads little), with `model` in eval mode meanwhile (its mode
+    restored after); returns out."""
     from tqdm import tqdm
 
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -177,7 +180,10 @@ def longest_first(model, lengths: Sequence[int], batch_size: int, out: torch.Ten
         for s in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress,
                       file=sys.stderr):
             chunk = order[s : s + batch_size]
-            out[chunk] = run(chunk).cpu()
+            if store is None:
+                out[chunk] = run(chunk).cpu()
+            else:
+                store(chunk, run(chunk))
     finally:
         for m in training:
             m.training = True
@@ -230,6 +236,11 @@ class SentenceEncoder:
         self.dense.to(self.model.device)
         self.max_seq_length = max_length(root, self.model, max_seq_length, st_config)
         self.tokenizer = load_tokenizer(root, self.max_seq_length, WHERE)
+        # BGE-M3's sparse and ColBERT heads, where the directory ships them (fastbert.token_outputs)
+        self.token_heads = token_outputs.TokenHeads.load(
+            (path, root), self.model.config.hidden_size, token_outputs.special_ids(root, self.model.config), WHERE)
+        if self.token_heads is not None:
+            self.token_heads.to(self.model.device)
 
     @property
     def dim(self) -> int:
@@ -264,25 +275,57 @@ class SentenceEncoder:
         """Embeddings [len(ids), dim] of token id lists, one batch; prompt_lengths: the leading
         tokens of each row (or of all rows, an int) the pooling leaves out; normalize=False skips
         the model's Normalize module."""
+        return self.outputs_of_ids(ids, prompt_lengths, ("dense",), normalize)["dense"]
+
+    def outputs_of_ids(self, ids: List[List[int]], prompt_lengths, outputs: Sequence[str],
+                       normalize: bool = True) -> dict:
+        """{output: value} for the outputs asked ("dense", "sparse", "colbert") of token id lists,
+        one batch, from one forward: dense as embed_ids gives it; sparse, per row (token ids,
+        weights); colbert, per row its vectors [tokens - 1, dim] (fastbert.token_outputs)."""
         input_ids, mask = pad_batch(ids, self.model.config.pad_token_id or 0, self.model.device)
-        hidden = self.model(input_ids, mask).last_hidden_state.float()
-        lengths = [prompt_lengths] * len(ids) if isinstance(prompt_lengths, int) else list(prompt_lengths)
-        if any(lengths):  # include_prompt False: the prompt's tokens take no part in the pooling
-            mask = mask.clone()
-            for row, n in enumerate(lengths):
-                mask[row, :n] = 0
-        emb = self.dense(pool(hidden, mask, self.pooling_modes))
-        if self.normalize and normalize:
-            emb = torch.nn.functional.normalize(emb, p=2, dim=1)
-        return emb
+        hidden = self.model(input_ids, mask).last_hidden_state
+        out = {}
+        if "sparse" in outputs:
+            out["sparse"] = self.token_heads.sparse(hidden, input_ids, mask)
+        if "colbert" in outputs:
+            out["colbert"] = self.token_heads.colbert(hidden, mask)
+        if "dense" in outputs:
+            hidden = hidden.float()
+            lengths = [prompt_lengths] * len(ids) if isinstance(prompt_lengths, int) else list(prompt_lengths)
+            if any(lengths):  # include_prompt False: the prompt's tokens take no part in the pooling
+                mask = mask.clone()
+                for row, n in enumerate(lengths):
+                    mask[row, :n] = 0
+            emb = self.dense(pool(hidden, mask, self.pooling_modes))
+            if self.normalize and normalize:
+                emb = torch.nn.functional.normalize(emb, p=2, dim=1)
+            out["dense"] = emb
+        return out
+
+    def _check_output(self, output: str) -> Tuple[str, ...]:
+        if output not in token_outputs.OUTPUTS:
+            raise ValueError(f"{WHERE}.encode: output must be one of {token_outputs.OUTPUTS}, got {output!r}")
+        wanted = ("dense", "sparse", "colbert") if output == "all" else (output,)
+        heads = self.token_heads
+        for name, file in (("sparse", token_outputs.SPARSE_FILE), ("colbert", token_outputs.COLBERT_FILE)):
+            if name in wanted and (heads is None or getattr(heads, f"{name}_linear") is None):
+                raise ValueError(f"{WHERE}.encode: output={output!r} needs a {name} head, and this model has none "
+                                 f"({file} beside its config, as BGE-M3 ships it)")
+        return wanted
 
     @torch.no_grad()
     def encode(self, sentences, batch_size: int = 32, *, prompt_name: Optional[str] = None,
                prompt: Optional[str] = None, normalize_embeddings: bool = False, convert_to_numpy: bool = True,
-               convert_to_tensor: bool = False, show_progress_bar: bool = False):
+               convert_to_tensor: bool = False, show_progress_bar: bool = False, output: str = "dense"):
         """Embeddings [n, dim] (numpy float32, or a torch tensor), in the order of `sentences`.
         prompt_name picks one of the model's prompts (e5's "query" / "passage"; the default prompt
-        when the model names one), prompt gives the text itself; it is put before every sentence."""
+        when the model names one), prompt gives the text itself; it is put before every sentence.
+
+        output (a model with BGE-M3's heads, fastbert.token_outputs): "sparse", per sentence its
+        lexical weights as (token ids int64 ascending, weights float32); "colbert", per sentence its
+        multi-vector [tokens - 1, dim] float32 (normalised); "all", {"dense", "sparse", "colbert"}
+        from one forward each batch; "dense" (the default), the embeddings alone. Lists of numpy
+        arrays, or of tensors with convert_to_tensor / convert_to_numpy=False."""
         single = isinstance(sentences, str)
         if single:
             sentences = [sentences]
@@ -290,14 +333,31 @@ class SentenceEncoder:
             raise TypeError(f"{WHERE}.encode: sentences must be strings")
         if batch_size < 1:
             raise ValueError(f"{WHERE}.encode: batch_size must be >= 1, got {batch_size}")
+        wanted = self._check_output(output)
         text, prompt_length = self.prompt(prompt_name, prompt)
         ids = self.tokenize([text + s for s in sentences])
-        out = longest_first(self.model, [len(x) for x in ids], batch_size, torch.empty(len(ids), self.dim),
-                            lambda chunk: self.embed_ids([ids[i] for i in chunk], prompt_length), "encode",
-                            show_progress_bar)
+        lengths = [len(x) for x in ids]
+        dense = torch.empty(len(ids), self.dim)
+        per_text = {name: [None] * len(ids) for name in wanted if name != "dense"}
+
+        def store(chunk, got):
+            if "dense" in got:
+                dense[chunk] = got["dense"].cpu()
+            for name, items in per_text.items():
+                for i, item in zip(chunk, got[name]):
+                    items[i] = tuple(t.cpu() for t in item) if name == "sparse" else item.cpu()
+
+        longest_first(self.model, lengths, batch_size, None,
+                      lambda chunk: self.outputs_of_ids([ids[i] for i in chunk], prompt_length, wanted), "encode",
+                      show_progress_bar, store=store)
         if normalize_embeddings:
-            out = torch.nn.functional.normalize(out, p=2, dim=1)
+            dense = torch.nn.functional.normalize(dense, p=2, dim=1)
+        numpy = convert_to_numpy and not convert_to_tensor
+        result = {"dense": dense.numpy() if numpy else dense} if "dense" in wanted else {}
+        for name, items in per_text.items():
+            result[name] = [(tuple(t.numpy() for t in item) if name == "sparse" else item.numpy()) if numpy else item
+                            for item in items]
         if single:
-            out = out[0]
-        return out.numpy() if convert_to_numpy and not convert_to_tensor else out
+            result = {name: value[0] for name, value in result.items()}
+        return result if output == "all" else result[output]
 

@@ -133,3 +133,23 @@ def reranker_directory(directory, family: str = "xlm-roberta"):
     out = os.path.join(str(directory), "ce")
     CrossEncoder(hf, device="cpu").save(out)
     return out
+
+
+def bge_m3_directory(directory, colbert: bool = True, sparse: bool = True):
+    """A BGE-M3-shaped directory: XLM-R (random weights, the Unigram tokenizer), CLS pooling,
+    Normalize, saved by sentence-transformers, and beside them BGE-M3's heads as FlagEmbedding saves
+    them: sparse_linear.pt (hidden -> 1) and colbert_linear.pt (hidden -> hidden), state dicts of
+    nn.Linear drawn so that the weights spread (some tokens zero after the ReLU, some not)."""
+    from sentence_transformers import SentenceTransformer
+
+    Transformer, Pooling, _, Normalize = st_modules()
+    hf = xlmr_checkpoint(os.path.join(str(directory), "hf"), initializer_range=0.2)
+    first = Transformer(hf)
+    out = os.path.join(str(directory), "st")
+    SentenceTransformer(modules=[first, Pooling(64, pooling_mode="cls"), Normalize()], device="cpu").save(out)
+    torch.manual_seed(2)
+    if sparse:
+        torch.save(torch.nn.Linear(64, 1).state_dict(), os.path.join(out, "sparse_linear.pt"))
+    if colbert:
+        torch.save(torch.nn.Linear(64, 64).state_dict(), os.path.join(out, "colbert_linear.pt"))
+    return out
