@@ -279,12 +279,15 @@ class SentenceEncoder:
 
     def outputs_of_ids(self, ids: List[List[int]], prompt_lengths, outputs: Sequence[str],
                        normalize: bool = True) -> dict:
-        """{output: value} for the outputs asked ("dense", "sparse", "colbert") of token id lists,
-        one batch, from one forward: dense as embed_ids gives it; sparse, per row (token ids,
-        weights); colbert, per row its vectors [tokens - 1, dim] (fastbert.token_outputs)."""
+        """{output: value} for the outputs asked ("dense", "sparse", "colbert", "tokens") of token id
+        lists, one batch, from one forward: dense as embed_ids gives it; sparse, per row (token ids,
+        weights); colbert, per row its vectors [tokens - 1, dim] (fastbert.token_outputs); tokens,
+        per row its tokens' last hidden states [tokens, width] (float32)."""
         input_ids, mask = pad_batch(ids, self.model.config.pad_token_id or 0, self.model.device)
         hidden = self.model(input_ids, mask).last_hidden_state
         out = {}
+        if "tokens" in outputs:
+            out["tokens"] = [h[:len(x)].float() for h, x in zip(hidden, ids)]
         if "sparse" in outputs:
             out["sparse"] = self.token_heads.sparse(hidden, input_ids, mask)
         if "colbert" in outputs:

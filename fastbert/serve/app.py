@@ -3,6 +3,8 @@ answering with Starlette's Request and Response (create_app says why not its rou
 
     POST /embed          {"inputs": str | [str], "normalize": true, "truncate": false, "prompt_name": null}
                          -> [[float]]
+    POST /embed_sparse   {"inputs", "truncate", "prompt_name"} -> [[{"index", "value"}]]: BGE-M3's sparse weights
+    POST /embed_all      {"inputs", "truncate", "prompt_name"} -> [[[float]]]: token vectors (ColBERT's, BGE-M3)
     POST /v1/embeddings  {"input": str | [str], "model": str, "encoding_format": "float" | "base64",
                           "dimensions": int} -> OpenAI's {"object": "list", "data": [...], "usage": {...}}
     POST /rerank         {"query": str, "texts": [str], "raw_scores": false, "return_text": false,
@@ -105,11 +107,11 @@ class App:
             raise Refused(413, f"batch size {n} > maximum allowed batch size {self.max_client_batch_size} "
                                "(--max-client-batch-size)")
 
-    async def _run(self, rows, finish=None):
-        """The model's outputs of the rows, or finish(outputs): the torch work runs in the model's
-        worker, not on the event loop."""
+    async def _run(self, rows, finish=None, outputs=None):
+        """The model's outputs of the rows (or its named outputs: Batcher.submit), or
+        finish(outputs): the torch work runs in the model's worker, not on the event loop."""
         try:
-            future = self.batcher.submit(rows, finish)
+            future = self.batcher.submit(rows, finish, outputs)
         except Overloaded as e:
             raise Refused(429, f"Model is overloaded: {e}") from None
         try:
@@ -119,9 +121,12 @@ class App:
 
     def needs(self, route: Route) -> None:
         """Refused 404 when the served model does not answer the route."""
-        if not route.answers(self.served.kind):
+        if route.models is not None and self.served.kind not in route.models:
             raise Refused(404, f"this server runs {_a(self.served.kind)} model; the route needs "
                                f"{' or '.join(map(_a, route.models))} model")
+        if not route.answers(self.served.kind, self.served.heads):
+            raise Refused(404, f"this model has no {route.head} head ({route.head}_linear.pt beside its config, as "
+                               "BGE-M3 ships it); the route needs one")
 
     # ---- routes: each takes the values of its body's fields (ROUTES)
 
@@ -129,6 +134,19 @@ class App:
         rows = self.served.text_rows(self._texts(args["inputs"], "inputs"), args["truncate"], args["prompt_name"])
         normalize = args["normalize"]
         return _json_response(await self._run(rows, lambda out: _normalized(out, None, normalize)))
+
+    async def embed_sparse(self, args):
+        rows = self.served.text_rows(self._texts(args["inputs"], "inputs"), args["truncate"], args["prompt_name"])
+        return _json_response(await self._run(rows, lambda out: [
+            [{"index": int(i), "value": float(v)} for i, v in zip(ids.tolist(), weights.tolist())]
+            for ids, weights in out["sparse"]], ("sparse",)))
+
+    async def embed_all(self, args):
+        # the model's token vectors: BGE-M3's ColBERT vectors where it ships that head, else (as
+        # text-embeddings-inference) every token's last hidden state
+        rows = self.served.text_rows(self._texts(args["inputs"], "inputs"), args["truncate"], args["prompt_name"])
+        name = "colbert" if "colbert" in self.served.heads else "tokens"
+        return _json_response(await self._run(rows, lambda out: out[name], (name,)))
 
     async def openai_embeddings(self, args):
         rows = self.served.text_rows(self._texts(args["input"], "input"), args["truncate"], args["prompt_name"])
@@ -205,7 +223,7 @@ class App:
 
             self._description = describe(ROUTES, kind=self.served.kind, limits=self.limits,
                                          api_key=self.api_key is not None, model_id=self.model_id,
-                                         version=fastbert.__version__)
+                                         version=fastbert.__version__, heads=self.served.heads)
         return self._description
 
     async def openapi(self, args):
@@ -252,6 +270,8 @@ _TEXTS_EXAMPLES = ("What is Deep Learning?", ["안녕하세요 세계", "Deep Le
 
 EMBED_BODY = (Field("inputs", TEXTS, doc="the text or texts to embed", examples=_TEXTS_EXAMPLES),
               Field("normalize", BOOL, True, "L2-normalize each embedding"), _TRUNCATE, _PROMPT)
+TOKEN_VECTORS_BODY = (Field("inputs", TEXTS, doc="the text or texts to embed", examples=_TEXTS_EXAMPLES), _TRUNCATE,
+                      _PROMPT)
 OPENAI_BODY = (Field("input", TEXTS, doc="the text or texts to embed", examples=_TEXTS_EXAMPLES),
                Field("model", STRING, None, "any name, answered back (default: the server's --model-id)"),
                Field("encoding_format", one_of("float", "base64"), "float",
@@ -270,6 +290,8 @@ TOKENIZE_BODY = (Field("inputs", TEXTS, doc="the text or texts to tokenize", exa
                  _PROMPT)
 
 _NUMBERS = {"type": "array", "items": {"type": "number"}}
+_SPARSE = {"type": "array", "items": {"type": "object", "required": ["index", "value"], "properties": {
+    "index": {"type": "integer"}, "value": {"type": "number"}}}}
 _OPENAI_DATA = {"type": "object", "required": ["object", "index", "embedding"],
                 "properties": {"object": {"const": "embedding"}, "index": {"type": "integer"},
                                "embedding": {"oneOf": [_NUMBERS, {"type": "string", "contentEncoding": "base64"}]}}}
@@ -293,6 +315,14 @@ _INFO = {"type": "object", "required": ["model_id", "model_type", "max_input_len
 ROUTES = [
     Route("/embed", "POST", "embed", "Embed texts (text-embeddings-inference's /embed)",
           {"type": "array", "items": _NUMBERS}, body=EMBED_BODY, models=(EMBED,), runs_model=True),
+    Route("/embed_sparse", "POST", "embed_sparse", "Each text's sparse lexical weights, {index: token id, value}, "
+          "ids ascending (text-embeddings-inference's /embed_sparse; BGE-M3's sparse head)",
+          {"type": "array", "items": _SPARSE}, body=TOKEN_VECTORS_BODY, models=(EMBED,), runs_model=True,
+          head="sparse"),
+    Route("/embed_all", "POST", "embed_all", "Each text's token vectors (text-embeddings-inference's /embed_all): "
+          "BGE-M3's ColBERT vectors (every token after the first, normalised) where the model ships that head, "
+          "else every token's last hidden state", {"type": "array", "items": {"type": "array", "items": _NUMBERS}},
+          body=TOKEN_VECTORS_BODY, models=(EMBED,), runs_model=True),
     Route("/v1/embeddings", "POST", "openai_embeddings", "Embed texts (OpenAI's embeddings API)", _OPENAI_ANSWER,
           body=OPENAI_BODY, models=(EMBED,), runs_model=True),
     Route("/rerank", "POST", "rerank", "Score texts against a query, best first", _RANKS, body=RERANK_BODY,

@@ -47,8 +47,9 @@ class Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     finish: Optional[Callable[[np.ndarray], Any]] = None
+    outputs: Optional[tuple] = None  # named outputs of the model's run (None: its one array)
     enqueued: float = field(default_factory=time.perf_counter)
-    out: Optional[np.ndarray] = None
+    out: Any = None  # numpy [len(rows), ...], or with outputs {output: [each row's]}
     left: int = 0
     failed: bool = False
 
@@ -81,11 +82,14 @@ class Batcher:
     def in_flight(self) -> int:
         return len(self._jobs) + self._busy
 
-    def submit(self, rows: Sequence, finish: Optional[Callable[[np.ndarray], Any]] = None) -> asyncio.Future:
+    def submit(self, rows: Sequence, finish: Optional[Callable[[np.ndarray], Any]] = None,
+               outputs: Optional[Sequence[str]] = None) -> asyncio.Future:
         """A future of the rows' outputs (numpy [len(rows), ...]), or of finish(outputs), run by the
-        worker (call from the event loop)."""
+        worker (call from the event loop). outputs: named outputs of the model's run instead
+        (run(rows, outputs), for all the jobs of a batch at once), given as {output: [each row's,
+        its tensors as numpy]}."""
         loop = asyncio.get_running_loop()
-        job = Job(rows, loop.create_future(), loop, finish)
+        job = Job(rows, loop.create_future(), loop, finish, None if outputs is None else tuple(outputs))
         with self._cv:
             if self._stopping:
                 raise Overloaded("the server is shutting down")
@@ -161,8 +165,13 @@ class Batcher:
             if not live:
                 continue
             t0 = time.perf_counter()
+            # the named outputs the batch's jobs ask for, made by one run (the plain jobs' array as "dense")
+            named = sorted({o for j, _ in live for o in (j.outputs or ())})
+            if named and any(j.outputs is None for j, _ in live) and "dense" not in named:
+                named.append("dense")
             try:
-                out = self.run([j.rows[i] for j, i in live])
+                rows = [j.rows[i] for j, i in live]
+                out = self.run(rows, tuple(named)) if named else self.run(rows)
             except Exception as exc:  # noqa: BLE001 - the jobs of this batch fail, the server goes on
                 failed = list({id(j): j for j, _ in live}.values())
                 for job in failed:
@@ -171,7 +180,14 @@ class Batcher:
                 continue
             if self.metrics is not None:
                 self.metrics.batch(len(live), sum(len(j.rows[i]) for j, i in live), time.perf_counter() - t0)
-            _answer([_finish(job) for job in _scatter(live, out)])
+            if named:
+                plain = [(j, i) for j, i in live if j.outputs is None]
+                done = _scatter(plain, out["dense"][[k for k, (j, _) in enumerate(live) if j.outputs is None]]) \
+                    if plain else []
+                done += _scatter_named([(k, j, i) for k, (j, i) in enumerate(live) if j.outputs is not None], out)
+            else:
+                done = _scatter(live, out)
+            _answer([_finish(job) for job in done])
 
     def _gauge(self) -> None:
         if self.metrics is not None:
@@ -205,6 +221,27 @@ def _scatter(live: List[tuple], out: torch.Tensor) -> List[Job]:
         if job.left == 0:
             done.append(job)
     return done
+
+
+def _scatter_named(live: List[tuple], out: dict) -> List[Job]:
+    """Each job's rows of the batch's named outputs ((place in the batch, job, row index) each) into
+    job.out, {output: [each row's, numpy]}; returns the jobs whose last row this was."""
+    done = []
+    for k, job, i in live:
+        if job.out is None:
+            job.out = {name: [None] * len(job.rows) for name in job.outputs}
+        for name in job.outputs:
+            value = out[name][k]
+            job.out[name][i] = tuple(_numpy(t) for t in value) if isinstance(value, tuple) else _numpy(value)
+        job.left -= 1
+        if job.left == 0:
+            done.append(job)
+    return done
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def _finish(job: Job) -> tuple:

