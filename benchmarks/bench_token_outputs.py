@@ -6,7 +6,13 @@ Normalize, sparse_linear.pt and colbert_linear.pt), a word-level tokenizer over 
 sentences: --sentences of 16..128 words. Each output's time is the fastest of --rounds rounds taken
 in turn; the ratio all / dense is the cost of the two heads and of their per-text results.
 
-    python benchmarks/bench_token_outputs.py [--size base|large] [--sentences 64] [--rounds 5] [--json PATH]
+With --quantize int8 the same encoder in int8 (fastbert.model.quantize; the heads stay fp32) is timed
+too, and its outputs are held to fp32's: the dense embeddings' cosine, the share of each text's ten
+heaviest sparse terms that int8 keeps among its ten, and BGE-M3's sparse and ColBERT scores of
+consecutive sentence pairs (their largest difference, relative to fp32's score).
+
+    python benchmarks/bench_token_outputs.py [--size base|large] [--sentences 64] [--rounds 5]
+        [--quantize int8] [--json PATH]
 """
 from __future__ import annotations
 
@@ -65,6 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sentences", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quantize", choices=["int8"], default=None, help="also int8, timed and held to fp32")
     add_output_options(ap, png=False)
     args = ap.parse_args(argv)
     import fastbert
@@ -72,29 +79,61 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(1)
     lengths = torch.randint(16, 129, (args.sentences,), generator=g).tolist()
     sentences = [" ".join(f"w{int(i)}" for i in torch.randint(0, WORDS, (n,), generator=g)) for n in lengths]
+    precisions = ["fp32"] + (["int8"] if args.quantize else [])
     with tempfile.TemporaryDirectory() as path:
         write_directory(path, args.size)
-        enc = fastbert.SentenceEncoder(path)
-        best = {"dense": float("inf"), "all": float("inf")}
-        for output in best:  # one untimed call each
-            enc.encode(sentences, batch_size=args.batch_size, output=output)
+        encoders = {p: fastbert.SentenceEncoder(path, quantize="int8" if p == "int8" else None) for p in precisions}
+        best = {(p, o): float("inf") for p in precisions for o in ("dense", "all")}
+        outs = {p: encoders[p].encode(sentences, batch_size=args.batch_size, output="all") for p in precisions}
+        for p, o in best:  # one untimed call each
+            encoders[p].encode(sentences, batch_size=args.batch_size, output=o)
         for _ in range(args.rounds):
-            for output in best:
+            for p, o in best:
                 t0 = time.perf_counter()
-                enc.encode(sentences, batch_size=args.batch_size, output=output)
-                best[output] = min(best[output], time.perf_counter() - t0)
+                encoders[p].encode(sentences, batch_size=args.batch_size, output=o)
+                best[p, o] = min(best[p, o], time.perf_counter() - t0)
     tokens = sum(lengths) + 2 * len(lengths)
-    rows = [{"output": o, "seconds": s, "tokens_per_s": tokens / s, "over_dense": s / best["dense"]}
-            for o, s in best.items()]
+    rows = [{"precision": p, "output": o, "seconds": s, "tokens_per_s": tokens / s,
+             "over_dense": s / best[p, "dense"], "over_fp32": s / best["fp32", o]} for (p, o), s in best.items()]
+    accuracy = int8_accuracy(outs["fp32"], outs["int8"]) if args.quantize else None
 
     def show(rows):
         print(f"# {args.size}: {args.sentences} sentences of 16..128 words ({tokens} tokens), batch {args.batch_size}")
-        print(f"{'output':<8}{'seconds':>10}{'tokens/s':>11}{'/ dense':>9}")
+        print(f"{'precision':<10}{'output':<8}{'seconds':>10}{'tokens/s':>11}{'/ dense':>9}{'/ fp32':>8}")
         for r in rows:
-            print(f"{r['output']:<8}{r['seconds']:>10.3f}{r['tokens_per_s']:>11.0f}{r['over_dense']:>9.3f}")
+            print(f"{r['precision']:<10}{r['output']:<8}{r['seconds']:>10.3f}{r['tokens_per_s']:>11.0f}"
+                  f"{r['over_dense']:>9.3f}{r['over_fp32']:>8.3f}")
+        if accuracy is not None:
+            print("# int8 against fp32: " + ", ".join(f"{k} {v:.4g}" for k, v in accuracy.items()))
 
-    finish(rows, show, argv, json_path=args.json)
+    finish(rows, show, argv, json_path=args.json, int8_accuracy=accuracy)
     return 0
+
+
+def int8_accuracy(fp32: dict, int8: dict, top: int = 10) -> dict:
+    """int8's outputs held to fp32's (see the module docstring)."""
+    import numpy as np
+
+    from fastbert.token_outputs import colbert_score, sparse_score
+
+    a, b = fp32["dense"], int8["dense"]
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    kept = []
+    for (ids_a, w_a), (ids_b, w_b) in zip(fp32["sparse"], int8["sparse"]):
+        heaviest_a = set(ids_a[np.argsort(-w_a)[:top]].tolist())
+        heaviest_b = set(ids_b[np.argsort(-w_b)[:top]].tolist())
+        if heaviest_a:
+            kept.append(len(heaviest_a & heaviest_b) / len(heaviest_a))
+    pairs = range(len(a) - 1)
+    sparse_err = max(abs(sparse_score(int8["sparse"][i], int8["sparse"][i + 1])
+                         - sparse_score(fp32["sparse"][i], fp32["sparse"][i + 1]))
+                     / max(abs(sparse_score(fp32["sparse"][i], fp32["sparse"][i + 1])), 1e-12) for i in pairs)
+    colbert_err = max(abs(colbert_score(int8["colbert"][i], int8["colbert"][i + 1])
+                          - colbert_score(fp32["colbert"][i], fp32["colbert"][i + 1]))
+                      / max(abs(colbert_score(fp32["colbert"][i], fp32["colbert"][i + 1])), 1e-12) for i in pairs)
+    return {"dense cosine min": float(cos.min()), f"top-{top} sparse terms kept (mean)": float(np.mean(kept)),
+            f"top-{top} sparse terms kept (min)": float(np.min(kept)),
+            "sparse score rel. error (max)": float(sparse_err), "ColBERT score rel. error (max)": float(colbert_err)}
 
 
 if __name__ == "__main__":
