@@ -77,10 +77,10 @@ class Embedder:
     (benchmarks/LOG.md, "fastbert.ray: the model loaded in the thread of the actor's calls")."""
 
     def __init__(self, model_dir: str, text_field: str, id_field: str, batch_size: int, threads: int,
-                 quantize: Optional[str], prompt_name: Optional[str], output_dtype: str):
+                 quantize: Optional[str], prompt_name: Optional[str], output_dtype: str, outputs=job.DENSE):
         self.model_dir, self.threads, self.quantize, self.prompt_name = model_dir, threads, quantize, prompt_name
         self.text_field, self.id_field = text_field, id_field
-        self.batch_size, self.output_dtype = batch_size, output_dtype
+        self.batch_size, self.output_dtype, self.outputs = batch_size, output_dtype, tuple(outputs)
         self.encoder = None
         self.trim = Trimmer()  # the heap's free pages back to the system now and then (fastbert.memory)
 
@@ -107,9 +107,10 @@ class Embedder:
                 what = "empty" if isinstance(text, str) else f"{type(text).__name__}, not a string"
                 raise ValueError(f"{WHERE}: the text of id {ident!r} is {what}")
             records.append(readers.Record(ident, text, 0))
-        emb = (job.embed_records(self.encoder, records, self.prompt, self.skip, self.batch_size) if records
-               else np.zeros((0, self.encoder.dim), np.float32))
-        cols = shards.columns(ids, emb, self.output_dtype)
+        out = (job.embed_records(self.encoder, records, self.prompt, self.skip, self.batch_size, None, self.outputs)
+               if records else {name: np.zeros((0, self.encoder.dim), np.float32) if name == "dense" else []
+                                for name in self.outputs})
+        cols = shards.columns(ids, out, self.output_dtype)
         cols["id"] = batch.column(self.id_field)  # the ids as given, their type kept
         self.trim()
         return pa.table(cols)
@@ -194,16 +195,18 @@ def check_prompt(model_dir: str, prompt_name: Optional[str]) -> None:
 def embed_dataset(ds, model_dir: str, *, text_field: str = "text", id_field: Optional[str] = None,
                   batch_size: int = 64, concurrency: Optional[int] = None, threads_per_actor: Optional[int] = None,
                   quantize: Optional[str] = None, prompt_name: Optional[str] = None, output_dtype: str = "float32",
-                  rows_per_call: Optional[int] = None):
+                  rows_per_call: Optional[int] = None, outputs=job.DENSE):
     """A Ray Dataset of the columns id and embedding (and scale for output_dtype="int8") of `ds`'s
-    rows, in their order. id_field: the column holding the ids (None: the column "id"; a dataset
-    without one is refused, as Ray Data numbers no rows: add one, or embed files with embed_files,
-    which numbers records by position). concurrency: the actors, an int or a (min, max) pair (default:
-    as many as the nodes hold, each claiming threads_per_actor CPUs, except on a dataset still to be
-    read, where together they claim all but one CPU of each node: a pool holding every CPU would
-    leave the read tasks waiting forever; the module's docstring says more); threads_per_actor:
-    torch threads in each (default 1); rows_per_call: rows handed to an actor at a time, embedded
-    longest first in batches of batch_size (default 32 batches)."""
+    rows, in their order; outputs: ("dense",) by default, and with BGE-M3's heads "sparse"
+    (sparse_indices, sparse_values) and "colbert" (fastbert.corpus_embedding.shards' columns).
+    id_field: the column holding the ids (None: the column "id"; a dataset without one is refused,
+    as Ray Data numbers no rows: add one, or embed files with embed_files, which numbers records by
+    position). concurrency: the actors, an int or a (min, max) pair (default: as many as the nodes
+    hold, each claiming threads_per_actor CPUs, except on a dataset still to be read, where together
+    they claim all but one CPU of each node: a pool holding every CPU would leave the read tasks
+    waiting forever; the module's docstring says more); threads_per_actor: torch threads in each
+    (default 1); rows_per_call: rows handed to an actor at a time, embedded longest first in batches
+    of batch_size (default 32 batches)."""
     import ray
 
     if output_dtype not in shards.OUTPUT_DTYPES:
@@ -213,6 +216,7 @@ def embed_dataset(ds, model_dir: str, *, text_field: str = "text", id_field: Opt
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"{WHERE}: model directory {model_dir} does not exist")
     check_prompt(model_dir, prompt_name)
+    job.check_outputs(tuple(outputs), model_dir, f"{WHERE}: outputs")
     names = ds.columns() if hasattr(ds, "columns") else ds.schema().names
     id_column = id_field if id_field is not None else "id"
     for column, what in ((text_field, "text_field"), (id_column, "id_field")):
@@ -231,7 +235,7 @@ def embed_dataset(ds, model_dir: str, *, text_field: str = "text", id_field: Opt
         compute=pool.strategy(), num_cpus=pool.cpus_per_actor,
         fn_constructor_kwargs=dict(model_dir=os.path.abspath(model_dir), text_field=text_field, id_field=id_column,
                                    batch_size=batch_size, threads=threads, quantize=quantize,
-                                   prompt_name=prompt_name, output_dtype=output_dtype))
+                                   prompt_name=prompt_name, output_dtype=output_dtype, outputs=tuple(outputs)))
 
 
 def connect(address: str, progress: bool = True) -> bool:
@@ -277,7 +281,8 @@ def _windows(run: job.Run, window: int):
 
 
 def _embed_window(records: List[readers.Record], args, actors: int, threads: int):
-    """float32 embeddings of the records, in their order, from the cluster: arrays [rows, dim] as they come."""
+    """The records' outputs (job.embed_records', float32), in their order, from the cluster, a part
+    at a time as they come."""
     import pyarrow as pa
     import ray
 
@@ -287,14 +292,14 @@ def _embed_window(records: List[readers.Record], args, actors: int, threads: int
     ds = ray.data.from_arrow(blocks)
     out = embed_dataset(ds, args.model, text_field="text", id_field="pos", batch_size=args.batch_size,
                         concurrency=actors, threads_per_actor=threads, quantize=args.quantize,
-                        prompt_name=args.prompt_name, output_dtype="float32", rows_per_call=per)
+                        prompt_name=args.prompt_name, output_dtype="float32", rows_per_call=per,
+                        outputs=job.outputs_of(args))
     at = 0
     for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
         pos = batch.column("id").to_numpy()
         if len(pos) and (pos[0] != at or pos[-1] != at + len(pos) - 1):
             raise RuntimeError(f"{WHERE}: rows came back out of order (position {pos[0]}, expected {at})")
-        emb = batch.column("embedding").combine_chunks()
-        yield emb.flatten().to_numpy(zero_copy_only=False).reshape(len(pos), emb.type.list_size)
+        yield shards.outputs_of(batch, job.outputs_of(args))
         at += len(pos)
     if at != len(records):
         raise RuntimeError(f"{WHERE}: {at} rows came back of {len(records)}")
@@ -302,7 +307,7 @@ def _embed_window(records: List[readers.Record], args, actors: int, threads: int
 
 def _write_window(run: job.Run, group, parts) -> Optional[int]:
     """Each shard of the window written as soon as its rows are back; the embeddings' width (None:
-    no rows in this window)."""
+    no rows in this window, or no dense output)."""
     pending, have, dim = [], 0, None
     for chunk, n_skipped in group:
         if not chunk:
@@ -311,12 +316,14 @@ def _write_window(run: job.Run, group, parts) -> Optional[int]:
         while have < len(chunk):
             part = next(parts)
             pending.append(part)
-            have += len(part)
-        emb = np.concatenate(pending) if len(pending) > 1 else pending[0]
-        dim = emb.shape[1]
-        run.add_shard([r.id for r in chunk], emb[:len(chunk)], chunk[0].position, chunk[-1].position + 1, n_skipped)
-        rest = emb[len(chunk):]
-        pending, have = ([rest] if len(rest) else []), len(rest)
+            have += job.rows_of(part)
+        out = job.concat(pending)
+        if "dense" in out:
+            dim = out["dense"].shape[1]
+        run.add_shard([r.id for r in chunk], job.take(out, 0, len(chunk)), chunk[0].position,
+                      chunk[-1].position + 1, n_skipped)
+        rest = job.take(out, len(chunk))
+        pending, have = ([rest] if job.rows_of(rest) else []), job.rows_of(rest)
     return dim
 
 

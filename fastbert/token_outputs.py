@@ -67,6 +67,19 @@ def special_ids(root: str, config) -> List[int]:
     return sorted(int(i) for i in ids)
 
 
+def heads_in(path: str) -> set:
+    """The heads ("sparse", "colbert") whose files a sentence-transformers directory holds, beside
+    its modules.json or in its Transformer module's directory (where TokenHeads.load looks)."""
+    places = [path]
+    modules = os.path.join(path, "modules.json")
+    if os.path.isfile(modules):
+        with open(modules, encoding="utf-8") as f:
+            first = (json.load(f) or [{}])[0]
+        places.append(os.path.join(path, first.get("path", "")))
+    return {name for name, file in (("sparse", SPARSE_FILE), ("colbert", COLBERT_FILE))
+            if any(os.path.isfile(os.path.join(p, file)) for p in places)}
+
+
 class TokenHeads(nn.Module):
     """BGE-M3's sparse and ColBERT heads (either may be absent) over an encoder's last hidden state."""
 

@@ -1,7 +1,8 @@
 """`fastbert embed`: a whole corpus into Parquet embedding shards, streaming and resumable.
 
     fastbert embed MODEL_DIR --input PATH [PATH ...] --output DIR [--text-field text] [--id-field id]
-                   [--output-dtype float32|int8|binary] [--quantize int8] [--prompt-name NAME]
+                   [--output-dtype float32|int8|binary] [--outputs dense,sparse,colbert] [--quantize int8]
+                   [--prompt-name NAME]
                    [--shard-size 10000] [--batch-size 64] [--on-error fail|skip] [--overwrite] [--ray ADDRESS]
 
 The job (what is computed and written, how a killed run resumes): fastbert.corpus_embedding.job; run in this
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-field", default="text", help="the text's field (JSON Lines) or column (Parquet)")
     p.add_argument("--id-field", default=None, help="the id's field or column (default: the record's position)")
     p.add_argument("--output-dtype", choices=shards.OUTPUT_DTYPES, default="float32")
+    p.add_argument("--outputs", type=lambda v: tuple(x.strip() for x in v.split(",") if x.strip()), default=("dense",),
+                   help="what to write, comma-separated: dense (the embedding), and with BGE-M3's heads sparse "
+                        "(sparse_indices, sparse_values) and colbert (each text's vectors); default dense")
     p.add_argument("--quantize", choices=["int8"], default=None, help="run the model's linear layers in int8")
     p.add_argument("--prompt-name", default=None, help="one of the model's prompts (e5: query, passage)")
     p.add_argument("--shard-size", type=int, default=10000, help="rows per shard (default %(default)s)")

@@ -18,25 +18,36 @@ The runners share this module's prologue and epilogue and differ only in where t
 
 fastbert.corpus_embedding.local runs the model in this process; fastbert.ray on a Ray cluster. `args` holds
 what `fastbert embed` parses (fastbert.commands.embed): model, input, output, text_field,
-id_field, output_dtype, quantize, prompt_name, shard_size, batch_size, on_error, overwrite.
+id_field, output_dtype, outputs, quantize, prompt_name, shard_size, batch_size, on_error, overwrite.
 """
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
+from fastbert import token_outputs
 from fastbert.corpus_embedding import readers, shards
+
+DENSE = ("dense",)
+
+
+def outputs_of(args) -> tuple:
+    """The outputs a run writes (--outputs; "dense" alone by default)."""
+    return tuple(getattr(args, "outputs", None) or DENSE)
 
 
 def settings_of(args) -> dict:
     """What a resumed run must share with the run it continues."""
     inputs = [[os.path.abspath(p), os.path.getsize(p), int(os.path.getmtime(p))] for p in args.input]
-    return {"model": os.path.abspath(args.model), "inputs": inputs, "text_field": args.text_field,
-            "id_field": args.id_field, "output_dtype": args.output_dtype, "quantize": args.quantize,
-            "prompt_name": args.prompt_name, "shard_size": args.shard_size}
+    settings = {"model": os.path.abspath(args.model), "inputs": inputs, "text_field": args.text_field,
+                "id_field": args.id_field, "output_dtype": args.output_dtype, "quantize": args.quantize,
+                "prompt_name": args.prompt_name, "shard_size": args.shard_size}
+    if outputs_of(args) != DENSE:  # (a run of the dense output alone keeps the settings it always had)
+        settings["outputs"] = list(outputs_of(args))
+    return settings
 
 
 def finished(args) -> Optional[dict]:
@@ -53,6 +64,20 @@ def check(args) -> None:
         raise FileNotFoundError(f"model directory {args.model} does not exist")
     if args.shard_size < 1 or args.batch_size < 1:
         raise ValueError("--shard-size and --batch-size must be >= 1")
+    check_outputs(outputs_of(args), args.model, "--outputs")
+
+
+def check_outputs(outputs: Sequence[str], model_dir: str, name: str) -> None:
+    """An error naming what is wrong with the outputs asked of the model in model_dir: an unknown
+    one, or one whose head (BGE-M3's) the model does not ship."""
+    unknown = [o for o in outputs if o not in shards.OUTPUTS]
+    if unknown or not outputs:
+        raise ValueError(f"{name} takes {', '.join(shards.OUTPUTS)} (comma-separated), got {','.join(outputs)}")
+    missing = [o for o in outputs if o != "dense" and o not in token_outputs.heads_in(model_dir)]
+    if missing:
+        files = {"sparse": token_outputs.SPARSE_FILE, "colbert": token_outputs.COLBERT_FILE}
+        raise ValueError(f"{name} {','.join(missing)}: the model has no {' or '.join(missing)} head "
+                         f"({', '.join(files[m] for m in missing)} beside its config, as BGE-M3 ships them)")
 
 
 def record_chunks(args, start: int, skipped: Optional[readers.Skipped]):
@@ -71,18 +96,46 @@ def record_chunks(args, start: int, skipped: Optional[readers.Skipped]):
 
 
 @torch.no_grad()
-def embed_records(encoder, records: List[readers.Record], prompt: str, skip: int, batch_size: int, bar=None) -> np.ndarray:
-    """Embeddings [len(records), dim] (float32, in the records' order), batches longest first (so each
-    batch pads little)."""
+def embed_records(encoder, records: List[readers.Record], prompt: str, skip: int, batch_size: int, bar=None,
+                  outputs: Sequence[str] = DENSE) -> Dict[str, object]:
+    """{output: its values, in the records' order}: "dense", embeddings [len(records), dim] float32;
+    "sparse", each record's (token ids, weights); "colbert", each record's vectors (numpy); batches
+    longest first (so each batch pads little)."""
     ids = encoder.tokenize([prompt + r.text for r in records])
-    out = np.empty((len(ids), encoder.dim), np.float32)
+    out: Dict[str, object] = {name: [None] * len(ids) for name in outputs if name != "dense"}
+    if "dense" in outputs:
+        out["dense"] = np.empty((len(ids), encoder.dim), np.float32)
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     for s in range(0, len(order), batch_size):
         chunk = order[s:s + batch_size]
-        out[chunk] = encoder.embed_ids([ids[i] for i in chunk], skip).float().cpu().numpy()
+        got = encoder.outputs_of_ids([ids[i] for i in chunk], skip, outputs)
+        for name, value in got.items():
+            if name == "dense":
+                out["dense"][chunk] = value.float().cpu().numpy()
+                continue
+            for i, item in zip(chunk, value):
+                out[name][i] = tuple(t.cpu().numpy() for t in item) if name == "sparse" else item.cpu().numpy()
         if bar is not None:
             bar.update(len(chunk))
     return out
+
+
+def rows_of(outputs: Dict[str, object]) -> int:
+    """How many texts' outputs `outputs` holds."""
+    return len(next(iter(outputs.values())))
+
+
+def take(outputs: Dict[str, object], start: int, stop: Optional[int] = None) -> Dict[str, object]:
+    """The outputs of texts start..stop."""
+    return {name: value[start:stop] for name, value in outputs.items()}
+
+
+def concat(parts: List[Dict[str, object]]) -> Dict[str, object]:
+    """The outputs of consecutive texts joined, in order."""
+    if len(parts) == 1:
+        return parts[0]
+    return {name: (np.concatenate([p[name] for p in parts]) if name == "dense" else [x for p in parts for x in p[name]])
+            for name in parts[0]}
 
 
 class Run:
@@ -104,9 +157,10 @@ class Run:
     def skipped_after_last(self, count: int) -> None:
         self.tail_skipped += count
 
-    def add_shard(self, ids: List, emb: np.ndarray, first_position: int, next_position: int, skipped: int) -> None:
-        """The next shard (ids and float32 embeddings [rows, dim]) written in the output dtype and listed."""
-        shards.add_shard(self.args.output, self.manifest, shards.columns(ids, emb, self.args.output_dtype),
+    def add_shard(self, ids: List, outputs: Dict[str, object], first_position: int, next_position: int,
+                  skipped: int) -> None:
+        """The next shard (ids and their outputs, embed_records') written in the output dtype and listed."""
+        shards.add_shard(self.args.output, self.manifest, shards.columns(ids, outputs, self.args.output_dtype),
                          first_position=first_position, next_position=next_position, skipped=skipped)
 
     def finish(self, dim: int) -> dict:

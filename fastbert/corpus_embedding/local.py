@@ -96,8 +96,8 @@ def run(args) -> dict:
     try:
         for chunk, n_skipped in _staged(this.chunks()):
             if chunk:
-                emb = job.embed_records(encoder, chunk, prompt, skip, args.batch_size, bar)
-                writer.put(([r.id for r in chunk], emb, chunk[0].position, chunk[-1].position + 1, n_skipped))
+                out = job.embed_records(encoder, chunk, prompt, skip, args.batch_size, bar, job.outputs_of(args))
+                writer.put(([r.id for r in chunk], out, chunk[0].position, chunk[-1].position + 1, n_skipped))
                 trim()
             else:
                 this.skipped_after_last(n_skipped)

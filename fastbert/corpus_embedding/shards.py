@@ -15,6 +15,10 @@ Embedding columns by --output-dtype:
               (each vector scaled so that its largest component is +-127)
     binary    embedding fixed_size_list<uint8>[dim / 8]: the signs, packed 8 to a byte, first
               dimension in the top bit (sentence-transformers' "ubinary")
+
+and with --outputs (BGE-M3's heads, fastbert.token_outputs), whatever the output dtype:
+    sparse    sparse_indices list<int64> (token ids, ascending) and sparse_values list<float32>
+    colbert   colbert list<fixed_size_list<float32>[dim]>: the text's ColBERT vectors
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from fastbert.files import read_json, write_json
 MANIFEST = "manifest.json"
 FORMAT = "fastbert-embeddings"
 OUTPUT_DTYPES = ("float32", "int8", "binary")
+OUTPUTS = ("dense", "sparse", "colbert")  # what a run may write (--outputs)
 
 
 class OutputError(ValueError):
@@ -38,13 +43,51 @@ def shard_name(k: int) -> str:
     return f"part-{k:05d}.parquet"
 
 
-def columns(ids: List, emb: np.ndarray, output_dtype: str) -> Dict[str, object]:
-    """The shard's columns (pyarrow arrays) of ids and float32 embeddings [n, dim]."""
+def columns(ids: List, outputs: Dict[str, object], output_dtype: str) -> Dict[str, object]:
+    """The shard's columns (pyarrow arrays) of ids and the texts' outputs (job.embed_records'):
+    "dense", float32 embeddings [n, dim], in the output dtype; "sparse" and "colbert", each text's."""
+    import pyarrow as pa
+
+    out: Dict[str, object] = {"id": pa.array(ids)}
+    if "dense" in outputs:
+        out.update(_dense_columns(outputs["dense"], output_dtype))
+    if "sparse" in outputs:
+        out["sparse_indices"] = pa.array([ids_ for ids_, _ in outputs["sparse"]], pa.list_(pa.int64()))
+        out["sparse_values"] = pa.array([w for _, w in outputs["sparse"]], pa.list_(pa.float32()))
+    if "colbert" in outputs:
+        vecs = outputs["colbert"]
+        width = vecs[0].shape[1] if vecs else 0
+        offsets = np.concatenate([[0], np.cumsum([len(v) for v in vecs])]).astype(np.int32)
+        flat = np.concatenate([np.asarray(v, np.float32).reshape(-1) for v in vecs]) if vecs else np.zeros(0, np.float32)
+        out["colbert"] = pa.ListArray.from_arrays(pa.array(offsets),
+                                                  pa.FixedSizeListArray.from_arrays(pa.array(flat), width))
+    return out
+
+
+def outputs_of(table, names) -> Dict[str, object]:
+    """columns()'s inverse for a float32 table: {output: the texts' values} of the outputs `names`."""
+    out: Dict[str, object] = {}
+    if "dense" in names:
+        emb = table.column("embedding").combine_chunks()
+        out["dense"] = emb.flatten().to_numpy(zero_copy_only=False).reshape(len(table), emb.type.list_size)
+    if "sparse" in names:
+        out["sparse"] = [(np.asarray(i, np.int64), np.asarray(w, np.float32)) for i, w in
+                         zip(table.column("sparse_indices").to_pylist(), table.column("sparse_values").to_pylist())]
+    if "colbert" in names:
+        col = table.column("colbert").combine_chunks()
+        width = col.type.value_type.list_size
+        flat = col.flatten().flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+        offsets = col.offsets.to_numpy()
+        out["colbert"] = [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    return out
+
+
+def _dense_columns(emb: np.ndarray, output_dtype: str) -> Dict[str, object]:
     import pyarrow as pa
 
     emb = np.ascontiguousarray(emb, dtype=np.float32)
     n, dim = emb.shape
-    out: Dict[str, object] = {"id": pa.array(ids)}
+    out: Dict[str, object] = {}
     if output_dtype == "float32":
         out["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim)
     elif output_dtype == "int8":

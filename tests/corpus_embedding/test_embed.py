@@ -194,3 +194,44 @@ def test_a_finished_run_run_again_succeeds_and_changes_nothing(minilm, tmp_path,
     assert embed(minilm, *args, "--overwrite") == 0  # starts over
     after = _files(out)
     assert sorted(after) == sorted(before) and all(after[n][1] != before[n][1] for n in before)
+
+
+def test_bge_m3_s_sparse_and_colbert_outputs_as_parquet_list_columns(tmp_path):
+    pytest.importorskip("sentence_transformers")
+    from tests.helpers.st_dirs import KOREAN, bge_m3_directory
+
+    model = bge_m3_directory(tmp_path / "m3")
+    lines = KOREAN[:20] + texts(30, seed=3)
+    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    want = fastbert.SentenceEncoder(model).encode(lines, output="all")
+    out = str(tmp_path / "out")
+    assert embed(model, "--input", str(tmp_path / "a.txt"), "--output", out, "--shard-size", "16",
+                 "--outputs", "dense,sparse,colbert", "--output-dtype", "int8") == 0
+    table = pa.concat_tables([pq.read_table(os.path.join(out, s["file"])) for s in shards.read_manifest(out)["shards"]])
+    assert table.schema.field("sparse_indices").type == pa.list_(pa.int64())
+    assert table.schema.field("sparse_values").type == pa.list_(pa.float32())
+    assert table.schema.field("colbert").type == pa.list_(pa.list_(pa.float32(), 64))
+    assert table.schema.field("embedding").type == pa.list_(pa.int8(), 64)  # the dense output in the output dtype
+    got = shards.outputs_of(table, ("sparse", "colbert"))
+    for (ids, w), (want_ids, want_w) in zip(got["sparse"], want["sparse"]):
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(w, want_w, atol=2e-5, rtol=1e-4)
+    for vecs, want_vecs in zip(got["colbert"], want["colbert"]):
+        np.testing.assert_allclose(vecs, want_vecs, atol=2e-5, rtol=1e-4)
+    assert shards.read_manifest(out)["settings"]["outputs"] == ["dense", "sparse", "colbert"]
+    # the run again with other outputs is another run's settings: refused
+    assert embed(model, "--input", str(tmp_path / "a.txt"), "--output", out, "--shard-size", "16",
+                 "--outputs", "sparse", "--output-dtype", "int8") != 0
+    sparse_only = str(tmp_path / "sparse")
+    assert embed(model, "--input", str(tmp_path / "a.txt"), "--output", sparse_only, "--outputs", "sparse") == 0
+    assert pq.read_schema(os.path.join(sparse_only, "part-00000.parquet")).names == ["id", "sparse_indices",
+                                                                                        "sparse_values"]
+
+
+def test_outputs_a_model_cannot_give_are_one_line_errors(minilm, tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("하나\n둘\n", encoding="utf-8")
+    for outputs, message in (("sparse", "no sparse head (sparse_linear.pt"), ("dense,lexical", "--outputs takes")):
+        assert embed(minilm, "--input", str(tmp_path / "a.txt"), "--output", str(tmp_path / "o"),
+                     "--outputs", outputs) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err

