@@ -191,10 +191,16 @@ def longest_first(model, lengths: Sequence[int], batch_size: int, out, run, desc
 
 
 def _modules(path: str) -> List[Tuple[str, str]]:
-    """(kind, directory) of each module in modules.json, checked."""
+    """(kind, directory) of each module in modules.json, checked: Transformer, Pooling, then any
+    Dense and Normalize modules; or a SPLADE model's MLMTransformer then SpladePooling."""
     modules = read_json(os.path.join(path, "modules.json"), "modules.json")
     found = [(m.get("type", "").rsplit(".", 1)[-1], os.path.join(path, m.get("path", ""))) for m in modules]
     kinds = [k for k, _ in found]
+    if kinds[:1] == ["MLMTransformer"]:
+        if kinds != ["MLMTransformer", "SpladePooling"]:
+            raise ValueError(f"{WHERE}: {path}: a sparse encoder's modules must be MLMTransformer then SpladePooling "
+                             f"(SPLADE), got {kinds}")
+        return found
     if not kinds or kinds[0] != "Transformer" or "Pooling" not in kinds:
         raise ValueError(f"{WHERE}: {path}: expected a Transformer module then Pooling, got {kinds}")
     unsupported = [k for k in kinds if k not in ("Transformer", "Pooling", "Dense", "Normalize")]
@@ -216,9 +222,20 @@ class SentenceEncoder:
         root = modules[0][1]
         st_file = os.path.join(root, "sentence_bert_config.json")
         st_config = read_json(st_file, "sentence_bert_config.json") if os.path.isfile(st_file) else {}
-        pooling = read_json(os.path.join(dict(modules)["Pooling"], "config.json"), "the pooling config")
-        self.pooling_modes = pooling_modes(pooling)
-        self.include_prompt = bool(pooling.get("include_prompt", True))
+        # SPLADE (an MLM head pooled over the vocabulary: fastbert.token_outputs.splade) or a dense encoder
+        self.splade: Optional[str] = None
+        if modules[0][0] == "MLMTransformer":
+            pooling = read_json(os.path.join(dict(modules)["SpladePooling"], "config.json"), "the SPLADE pooling config")
+            self.splade = pooling.get("pooling_strategy", "max")
+            if self.splade not in token_outputs.SPLADE_POOLING or pooling.get("activation_function", "relu") != "relu":
+                raise ValueError(f"{WHERE}: {path}: SPLADE pooling {self.splade!r} with activation "
+                                 f"{pooling.get('activation_function')!r} is not supported; supported: max or sum "
+                                 "of log(1 + relu)")
+            self.pooling_modes, self.include_prompt = (), True
+        else:
+            pooling = read_json(os.path.join(dict(modules)["Pooling"], "config.json"), "the pooling config")
+            self.pooling_modes = pooling_modes(pooling)
+            self.include_prompt = bool(pooling.get("include_prompt", True))
         self.dense = nn.Sequential(*[Dense(d) for k, d in modules if k == "Dense"])
         self.normalize = modules[-1][0] == "Normalize"
         prompts_file = os.path.join(path, "config_sentence_transformers.json")
@@ -226,9 +243,13 @@ class SentenceEncoder:
         self.prompts: Dict[str, str] = dict(st_model.get("prompts") or {})
         self.default_prompt_name: Optional[str] = st_model.get("default_prompt_name")
         self.do_lower_case = bool(st_config.get("do_lower_case", False))
-        # no pooler: sentence-transformers pools the token vectors itself
-        self.model = AutoModel.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize,
-                                               add_pooling_layer=False)
+        if self.splade is not None:
+            from fastbert.model.auto import AutoModelForMaskedLM
+
+            self.model = AutoModelForMaskedLM.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize)
+        else:  # no pooler: sentence-transformers pools the token vectors itself
+            self.model = AutoModel.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize,
+                                                   add_pooling_layer=False)
         if device is not None:
             self.model.to(device)
         # on CUDA the encoder replays CUDA graphs (fastbert.ops.encoder.EncoderGraphs); elsewhere a no-op
@@ -237,13 +258,16 @@ class SentenceEncoder:
         self.max_seq_length = max_length(root, self.model, max_seq_length, st_config)
         self.tokenizer = load_tokenizer(root, self.max_seq_length, WHERE)
         # BGE-M3's sparse and ColBERT heads, where the directory ships them (fastbert.token_outputs)
-        self.token_heads = token_outputs.TokenHeads.load(
+        self.token_heads = None if self.splade is not None else token_outputs.TokenHeads.load(
             (path, root), self.model.config.hidden_size, token_outputs.special_ids(root, self.model.config), WHERE)
         if self.token_heads is not None:
             self.token_heads.to(self.model.device)
 
     @property
     def dim(self) -> int:
+        """The embedding's width (a SPLADE model's: its vocabulary's size)."""
+        if self.splade is not None:
+            return self.model.config.vocab_size
         if len(self.dense):
             return self.dense[-1].out_features
         return self.model.config.hidden_size * len(self.pooling_modes)
@@ -284,6 +308,8 @@ class SentenceEncoder:
         weights); colbert, per row its vectors [tokens - 1, dim] (fastbert.token_outputs); tokens,
         per row its tokens' last hidden states [tokens, width] (float32)."""
         input_ids, mask = pad_batch(ids, self.model.config.pad_token_id or 0, self.model.device)
+        if self.splade is not None:  # SPLADE: the MLM logits pooled over the vocabulary
+            return {"sparse": token_outputs.splade(self.model(input_ids, mask).logits, mask, self.splade)}
         hidden = self.model(input_ids, mask).last_hidden_state
         out = {}
         if "tokens" in outputs:
@@ -305,9 +331,16 @@ class SentenceEncoder:
             out["dense"] = emb
         return out
 
-    def _check_output(self, output: str) -> Tuple[str, ...]:
+    def _check_output(self, output: Optional[str]) -> Tuple[str, ...]:
+        if output is None:
+            output = "sparse" if self.splade is not None else "dense"
         if output not in token_outputs.OUTPUTS:
             raise ValueError(f"{WHERE}.encode: output must be one of {token_outputs.OUTPUTS}, got {output!r}")
+        if self.splade is not None:
+            if output != "sparse":
+                raise ValueError(f"{WHERE}.encode: a SPLADE model gives sparse vectors only (output='sparse'), "
+                                 f"not output={output!r}")
+            return ("sparse",)
         wanted = ("dense", "sparse", "colbert") if output == "all" else (output,)
         heads = self.token_heads
         for name, file in (("sparse", token_outputs.SPARSE_FILE), ("colbert", token_outputs.COLBERT_FILE)):
@@ -319,7 +352,7 @@ class SentenceEncoder:
     @torch.no_grad()
     def encode(self, sentences, batch_size: int = 32, *, prompt_name: Optional[str] = None,
                prompt: Optional[str] = None, normalize_embeddings: bool = False, convert_to_numpy: bool = True,
-               convert_to_tensor: bool = False, show_progress_bar: bool = False, output: str = "dense"):
+               convert_to_tensor: bool = False, show_progress_bar: bool = False, output: Optional[str] = None):
         """Embeddings [n, dim] (numpy float32, or a torch tensor), in the order of `sentences`.
         prompt_name picks one of the model's prompts (e5's "query" / "passage"; the default prompt
         when the model names one), prompt gives the text itself; it is put before every sentence.
@@ -327,8 +360,9 @@ class SentenceEncoder:
         output (a model with BGE-M3's heads, fastbert.token_outputs): "sparse", per sentence its
         lexical weights as (token ids int64 ascending, weights float32); "colbert", per sentence its
         multi-vector [tokens - 1, dim] float32 (normalised); "all", {"dense", "sparse", "colbert"}
-        from one forward each batch; "dense" (the default), the embeddings alone. Lists of numpy
-        arrays, or of tensors with convert_to_tensor / convert_to_numpy=False."""
+        from one forward each batch; "dense" (the default), the embeddings alone. A SPLADE model
+        (MLMTransformer, SpladePooling) gives "sparse" (its default): per sentence (vocabulary ids,
+        weights). Lists of numpy arrays, or of tensors with convert_to_tensor / convert_to_numpy=False."""
         single = isinstance(sentences, str)
         if single:
             sentences = [sentences]
@@ -362,5 +396,5 @@ class SentenceEncoder:
                             for item in items]
         if single:
             result = {name: value[0] for name, value in result.items()}
-        return result if output == "all" else result[output]
+        return result if output == "all" else result[wanted[0]]
 

@@ -1,5 +1,7 @@
 """What a sentence encoder gives besides its dense embedding, from the same forward: sparse lexical
-weights and ColBERT multi-vectors, as BGE-M3 computes them (FlagEmbedding's BGEM3FlagModel).
+weights and ColBERT multi-vectors, as BGE-M3 computes them (FlagEmbedding's BGEM3FlagModel), and
+SPLADE's sparse vectors over the vocabulary (sentence-transformers' SparseEncoder: an MLM head,
+log(1 + relu) and a max over the tokens: `splade`).
 
 BGE-M3's directory holds two heads beside the encoder, each the state dict of an nn.Linear:
 
@@ -67,17 +69,21 @@ def special_ids(root: str, config) -> List[int]:
     return sorted(int(i) for i in ids)
 
 
-def heads_in(path: str) -> set:
-    """The heads ("sparse", "colbert") whose files a sentence-transformers directory holds, beside
-    its modules.json or in its Transformer module's directory (where TokenHeads.load looks)."""
+def outputs_in(path: str) -> set:
+    """The outputs ("dense", "sparse", "colbert") the model of a sentence-transformers directory
+    gives: a SPLADE model's (MLMTransformer first) "sparse" alone; another's "dense", and the BGE-M3
+    heads whose files it holds beside its modules.json or in its Transformer module's directory
+    (where TokenHeads.load looks)."""
     places = [path]
     modules = os.path.join(path, "modules.json")
     if os.path.isfile(modules):
         with open(modules, encoding="utf-8") as f:
             first = (json.load(f) or [{}])[0]
+        if str(first.get("type", "")).endswith("MLMTransformer"):
+            return {"sparse"}
         places.append(os.path.join(path, first.get("path", "")))
-    return {name for name, file in (("sparse", SPARSE_FILE), ("colbert", COLBERT_FILE))
-            if any(os.path.isfile(os.path.join(p, file)) for p in places)}
+    return {"dense"} | {name for name, file in (("sparse", SPARSE_FILE), ("colbert", COLBERT_FILE))
+                        if any(os.path.isfile(os.path.join(p, file)) for p in places)}
 
 
 class TokenHeads(nn.Module):
@@ -122,6 +128,23 @@ class TokenHeads(nn.Module):
         vecs = torch.nn.functional.normalize(vecs * mask[:, 1:, None].to(vecs.dtype), dim=-1)
         lengths = (mask.sum(1) - 1).clamp(min=0).tolist()
         return [v[:n] for v, n in zip(vecs, lengths)]
+
+
+SPLADE_POOLING = ("max", "sum")
+
+
+def splade(logits: torch.Tensor, mask: torch.Tensor, pooling: str = "max") -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """SPLADE's sparse vectors (sentence-transformers' SpladePooling): per row of the MLM logits
+    [batch, seq, vocab] (mask [batch, seq]), log(1 + relu(logit)) of its tokens pooled over them
+    ("max" or "sum") -> (the vocabulary ids with a weight above 0, ascending; their weights float32).
+    A row at a time, so that the [seq, vocab] intermediate is one row's."""
+    out = []
+    for row, m in zip(logits, mask.bool()):
+        w = torch.log1p(torch.relu(row[m].float()))
+        pooled = w.amax(0) if pooling == "max" else w.sum(0)
+        ids = pooled.nonzero().squeeze(1)
+        out.append((ids, pooled[ids]))
+    return out
 
 
 def sparse_score(a, b) -> float:

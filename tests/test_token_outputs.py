@@ -10,7 +10,7 @@ import torch
 
 import fastbert
 from fastbert import token_outputs
-from tests.helpers.st_dirs import KOREAN, bge_m3_directory
+from tests.helpers.st_dirs import KOREAN, bge_m3_directory, splade_directory
 
 pytest.importorskip("sentence_transformers")
 SENTENCES = KOREAN[:12] + ["The model reads Korean text such as 한국어 문장.", "짧다", "서울 서울 서울역 서울",
@@ -115,3 +115,31 @@ def test_a_head_of_the_wrong_width_is_refused(tmp_path):
     torch.save(torch.nn.Linear(32, 1).state_dict(), os.path.join(path, "sparse_linear.pt"))
     with pytest.raises(ValueError, match=r"sparse_linear.pt must hold a linear layer's weight \[out, 64\]"):
         fastbert.SentenceEncoder(path)
+
+
+@pytest.fixture(scope="module")
+def splade(tmp_path_factory):
+    return splade_directory(tmp_path_factory.mktemp("splade"))
+
+
+def test_splade_gives_sentence_transformers_sparse_vectors(splade):
+    from sentence_transformers import SparseEncoder
+
+    want = SparseEncoder(splade, device="cpu").encode(SENTENCES, batch_size=4).to_dense().numpy()
+    enc = fastbert.SentenceEncoder(splade)
+    assert enc.dim == want.shape[1]
+    got = enc.encode(SENTENCES, batch_size=3)  # a SPLADE model's default output: sparse
+    assert len(got) == len(SENTENCES)
+    for (ids, weights), row in zip(got, want):
+        assert ids.dtype == np.int64 and weights.dtype == np.float32 and np.all(np.diff(ids) > 0)
+        assert np.all(weights > 0)
+        dense = np.zeros_like(row)
+        dense[ids] = weights
+        # fp32 rounding of logits of a few units (these weights are drawn wide): 1e-4 apart; a
+        # vocabulary entry whose logit is that close to 0 may be in one vector and not the other
+        np.testing.assert_allclose(dense, row, atol=3e-4, rtol=1e-4)
+    assert min(len(ids) for ids, _ in got) > 0 and max(len(ids) for ids, _ in got) < want.shape[1]
+    ids, weights = enc.encode("서울역 근처 식당", output="sparse", convert_to_tensor=True)
+    assert isinstance(ids, torch.Tensor) and token_outputs.sparse_score((ids, weights), (ids, weights)) > 0
+    with pytest.raises(ValueError, match="SPLADE model gives sparse vectors only"):
+        enc.encode(["서울"], output="dense")

@@ -73,7 +73,10 @@ def check_outputs(outputs: Sequence[str], model_dir: str, name: str) -> None:
     unknown = [o for o in outputs if o not in shards.OUTPUTS]
     if unknown or not outputs:
         raise ValueError(f"{name} takes {', '.join(shards.OUTPUTS)} (comma-separated), got {','.join(outputs)}")
-    missing = [o for o in outputs if o != "dense" and o not in token_outputs.heads_in(model_dir)]
+    given = token_outputs.outputs_in(model_dir)
+    missing = [o for o in outputs if o not in given]
+    if missing and given == {"sparse"}:
+        raise ValueError(f"{name} {','.join(outputs)}: a SPLADE model gives sparse vectors only (sparse)")
     if missing:
         files = {"sparse": token_outputs.SPARSE_FILE, "colbert": token_outputs.COLBERT_FILE}
         raise ValueError(f"{name} {','.join(missing)}: the model has no {' or '.join(missing)} head "

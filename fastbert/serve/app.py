@@ -124,9 +124,11 @@ class App:
         if route.models is not None and self.served.kind not in route.models:
             raise Refused(404, f"this server runs {_a(self.served.kind)} model; the route needs "
                                f"{' or '.join(map(_a, route.models))} model")
-        if not route.answers(self.served.kind, self.served.heads):
-            raise Refused(404, f"this model has no {route.head} head ({route.head}_linear.pt beside its config, as "
-                               "BGE-M3 ships it); the route needs one")
+        if not route.answers(self.served.kind, self.served.outputs):
+            if self.served.outputs == {"sparse"}:
+                raise Refused(404, "this server runs a SPLADE model, which gives sparse vectors only (/embed_sparse)")
+            raise Refused(404, f"this model gives no {route.output} vectors ({route.output}_linear.pt beside its "
+                               "config, as BGE-M3 ships it, or a SPLADE model); the route needs them")
 
     # ---- routes: each takes the values of its body's fields (ROUTES)
 
@@ -145,7 +147,7 @@ class App:
         # the model's token vectors: BGE-M3's ColBERT vectors where it ships that head, else (as
         # text-embeddings-inference) every token's last hidden state
         rows = self.served.text_rows(self._texts(args["inputs"], "inputs"), args["truncate"], args["prompt_name"])
-        name = "colbert" if "colbert" in self.served.heads else "tokens"
+        name = "colbert" if "colbert" in self.served.outputs else "tokens"
         return _json_response(await self._run(rows, lambda out: out[name], (name,)))
 
     async def openai_embeddings(self, args):
@@ -223,7 +225,7 @@ class App:
 
             self._description = describe(ROUTES, kind=self.served.kind, limits=self.limits,
                                          api_key=self.api_key is not None, model_id=self.model_id,
-                                         version=fastbert.__version__, heads=self.served.heads)
+                                         version=fastbert.__version__, outputs=self.served.outputs)
         return self._description
 
     async def openapi(self, args):
@@ -314,17 +316,17 @@ _INFO = {"type": "object", "required": ["model_id", "model_type", "max_input_len
 
 ROUTES = [
     Route("/embed", "POST", "embed", "Embed texts (text-embeddings-inference's /embed)",
-          {"type": "array", "items": _NUMBERS}, body=EMBED_BODY, models=(EMBED,), runs_model=True),
+          {"type": "array", "items": _NUMBERS}, body=EMBED_BODY, models=(EMBED,), runs_model=True, output="dense"),
     Route("/embed_sparse", "POST", "embed_sparse", "Each text's sparse lexical weights, {index: token id, value}, "
           "ids ascending (text-embeddings-inference's /embed_sparse; BGE-M3's sparse head)",
           {"type": "array", "items": _SPARSE}, body=TOKEN_VECTORS_BODY, models=(EMBED,), runs_model=True,
-          head="sparse"),
+          output="sparse"),
     Route("/embed_all", "POST", "embed_all", "Each text's token vectors (text-embeddings-inference's /embed_all): "
           "BGE-M3's ColBERT vectors (every token after the first, normalised) where the model ships that head, "
           "else every token's last hidden state", {"type": "array", "items": {"type": "array", "items": _NUMBERS}},
-          body=TOKEN_VECTORS_BODY, models=(EMBED,), runs_model=True),
+          body=TOKEN_VECTORS_BODY, models=(EMBED,), runs_model=True, output="tokens"),
     Route("/v1/embeddings", "POST", "openai_embeddings", "Embed texts (OpenAI's embeddings API)", _OPENAI_ANSWER,
-          body=OPENAI_BODY, models=(EMBED,), runs_model=True),
+          body=OPENAI_BODY, models=(EMBED,), runs_model=True, output="dense"),
     Route("/rerank", "POST", "rerank", "Score texts against a query, best first", _RANKS, body=RERANK_BODY,
           models=(RERANK,), runs_model=True),
     Route("/predict", "POST", "predict", "Every label's score of a text or pair of texts, best first (a list of "

@@ -73,12 +73,16 @@ class Served:
             self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
             self.max_input_length = self.encoder.max_seq_length
             heads = self.encoder.token_heads
-            self.heads = frozenset(name for name in ("sparse", "colbert")
-                                   if heads is not None and getattr(heads, f"{name}_linear") is not None)
+            if self.encoder.splade is not None:  # SPLADE: sparse vectors only
+                self.outputs = frozenset({"sparse"})
+            else:  # the embedding, every token's hidden state, and BGE-M3's heads where it ships them
+                self.outputs = frozenset({"dense", "tokens"} | {
+                    name for name in ("sparse", "colbert")
+                    if heads is not None and getattr(heads, f"{name}_linear") is not None})
         else:
             from fastbert.cross_encoder import CrossEncoder
 
-            self.heads = frozenset()  # BGE-M3's sparse and ColBERT heads, which embedding models may ship
+            self.outputs = frozenset()  # what an embedding model gives (dense, tokens, sparse, colbert)
             self.cross = CrossEncoder(path, quantize=quantize, dtype=dtype, backend=backend)
             self.model, self.tokenizer = self.cross.model, self.cross.tokenizer
             self.max_input_length = self.cross.max_length
@@ -183,7 +187,8 @@ class Served:
             tokens = min(warm_up_tokens(bucket), max_batch_tokens)
             rows = [Row([token] * min(longest, tokens - done), [0] * min(longest, tokens - done))
                     for done in range(0, tokens, longest)]
-            self.run(rows)
+            # (a SPLADE model runs its sparse output: it has no other)
+            self.run(rows, ("sparse",) if self.kind == EMBED and "dense" not in self.outputs else None)
             runs += 1
             if bucket >= max_batch_tokens:
                 return runs

@@ -15,8 +15,8 @@ models answer it. The statuses a route gives follow from what it does:
     429  a full queue, 500 a failed batch                      routes that run the model
 
 The description lists the routes the served model answers; the others (/rerank and /predict on an
-embedding model, /embed and /v1/embeddings on a reranker or classifier, /embed_sparse on a model
-without BGE-M3's sparse head) answer 404 and are named in the description's summary. Errors are
+embedding model, /embed and /v1/embeddings on a reranker or classifier or a SPLADE model,
+/embed_sparse on a model without sparse vectors) answer 404 and are named in the description's summary. Errors are
 text-embeddings-inference's {"error", "error_type"}, OpenAI's
 {"error": {"message", "type", "code"}} under /v1/.
 """
@@ -55,10 +55,10 @@ class Route:
     models: Optional[Tuple[str, ...]] = None  # the kinds of model that answer it; None: every kind
     runs_model: bool = False
     open: bool = False  # answered without the API key
-    head: Optional[str] = None  # a head the model must ship besides its kind's ("sparse": BGE-M3's)
+    output: Optional[str] = None  # what the embedding model must give: "dense", "sparse" (BGE-M3's or SPLADE's)...
 
-    def answers(self, kind: str, heads: frozenset = frozenset()) -> bool:
-        return (self.models is None or kind in self.models) and (self.head is None or self.head in heads)
+    def answers(self, kind: str, outputs: frozenset = frozenset()) -> bool:
+        return (self.models is None or kind in self.models) and (self.output is None or self.output in outputs)
 
     def statuses(self, api_key: bool) -> List[int]:
         takes_inputs = any(f.kind in (TEXTS, PREDICT_INPUTS) for f in self.body)
@@ -108,25 +108,25 @@ def _a(word: str) -> str:
 
 
 def describe(routes: Iterable[Route], *, kind: str, limits: Dict[str, Any], api_key: bool, model_id: str,
-             version: str, heads: frozenset = frozenset()) -> dict:
-    """The OpenAPI document of the routes a server of a `kind` model (with `heads`) answers."""
+             version: str, outputs: frozenset = frozenset()) -> dict:
+    """The OpenAPI document of the routes a server of a `kind` model (giving `outputs`) answers."""
     routes = list(routes)
     paths: Dict[str, dict] = {}
     for r in routes:
-        if not r.answers(kind, heads):
+        if not r.answers(kind, outputs):
             continue
         op: dict = {"summary": r.summary, "operationId": r.handler, "responses": _responses(r, api_key)}
         if r.models is not None:
             op["description"] = f"Served by {' or '.join(_a(m) for m in r.models)} model only."
-        if r.head is not None:
-            op["description"] = f"Served by an embedding model with a {r.head} head (BGE-M3's) only."
+        if r.output == "sparse":
+            op["description"] = "Served by an embedding model that gives sparse vectors (BGE-M3's head, SPLADE) only."
         if r.body:
             op["requestBody"] = {"required": True,
                                  "content": {"application/json": {"schema": body_schema(r.body, limits)}}}
         if api_key and r.open:
             op["security"] = []
         paths.setdefault(r.path, {})[r.method.lower()] = op
-    others = sorted({r.path for r in routes if not r.answers(kind, heads)})
+    others = sorted({r.path for r in routes if not r.answers(kind, outputs)})
     text = (f"{model_id}: {_a(kind)} model. Errors are text-embeddings-inference's {{\"error\", \"error_type\"}} "
             "(OpenAI's {\"error\": {\"message\", \"type\", \"code\"}} on /v1/); a path not listed here answers 404")
     if others:

@@ -235,3 +235,22 @@ def test_outputs_a_model_cannot_give_are_one_line_errors(minilm, tmp_path, capsy
                      "--outputs", outputs) != 0
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_a_splade_model_writes_its_sparse_vectors_and_refuses_the_dense_output(tmp_path, capsys):
+    pytest.importorskip("sentence_transformers")
+    from tests.helpers.st_dirs import splade_directory
+
+    model = splade_directory(tmp_path / "splade")
+    capsys.readouterr()  # what building the directory printed
+    lines = texts(12, seed=5)
+    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert embed(model, "--input", str(tmp_path / "a.txt"), "--output", str(tmp_path / "dense")) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SPLADE model gives sparse vectors only" in err[0], err
+    out = str(tmp_path / "out")
+    assert embed(model, "--input", str(tmp_path / "a.txt"), "--output", out, "--outputs", "sparse") == 0
+    got = shards.outputs_of(pq.read_table(os.path.join(out, "part-00000.parquet")), ("sparse",))["sparse"]
+    for (ids, w), (want_ids, want_w) in zip(got, fastbert.SentenceEncoder(model).encode(lines)):
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(w, want_w, atol=2e-5, rtol=1e-4)

