@@ -18,8 +18,9 @@ LAYERS = [
                      "fastbert.reference", "fastbert.kernels"]),
     ("ops", ["fastbert.ops", "fastbert.masking"]),
     ("models and data", ["fastbert.model", "fastbert.data", "fastbert.plotting"]),
-    ("what is built on the models", ["fastbert.hf", "fastbert.sentence", "fastbert.cross_encoder", "fastbert.attention_maps",
-                                     "fastbert.pretraining", "fastbert.selfcheck"]),
+    ("what is built on the models", ["fastbert.hf", "fastbert.sentence", "fastbert.token_outputs",
+                                     "fastbert.cross_encoder", "fastbert.attention_maps", "fastbert.pretraining",
+                                     "fastbert.selfcheck"]),
     ("services", ["fastbert.serve", "fastbert.corpus_embedding", "fastbert.ray", "fastbert.bench"]),
     ("the command line", ["fastbert.commands", "fastbert.cli", "fastbert.__main__"]),
 ]

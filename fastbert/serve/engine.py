@@ -187,8 +187,10 @@ class Served:
             tokens = min(warm_up_tokens(bucket), max_batch_tokens)
             rows = [Row([token] * min(longest, tokens - done), [0] * min(longest, tokens - done))
                     for done in range(0, tokens, longest)]
-            # (a SPLADE model runs its sparse output: it has no other)
-            self.run(rows, ("sparse",) if self.kind == EMBED and "dense" not in self.outputs else None)
+            if self.kind == EMBED and "dense" not in self.outputs:
+                self.run(rows, ("sparse",))  # a SPLADE model: its sparse output is the one it has
+            else:
+                self.run(rows)
             runs += 1
             if bucket >= max_batch_tokens:
                 return runs

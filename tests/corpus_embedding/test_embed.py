@@ -23,6 +23,7 @@ from fastbert import cli  # noqa: E402
 from fastbert.commands import embed as embed_command  # noqa: E402
 from fastbert.corpus_embedding import shards  # noqa: E402
 from tests.helpers.random_text import texts  # noqa: E402
+from tests.helpers.token_outputs import assert_same_outputs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -212,12 +213,7 @@ def test_bge_m3_s_sparse_and_colbert_outputs_as_parquet_list_columns(tmp_path):
     assert table.schema.field("sparse_values").type == pa.list_(pa.float32())
     assert table.schema.field("colbert").type == pa.list_(pa.list_(pa.float32(), 64))
     assert table.schema.field("embedding").type == pa.list_(pa.int8(), 64)  # the dense output in the output dtype
-    got = shards.outputs_of(table, ("sparse", "colbert"))
-    for (ids, w), (want_ids, want_w) in zip(got["sparse"], want["sparse"]):
-        np.testing.assert_array_equal(ids, want_ids)
-        np.testing.assert_allclose(w, want_w, atol=2e-5, rtol=1e-4)
-    for vecs, want_vecs in zip(got["colbert"], want["colbert"]):
-        np.testing.assert_allclose(vecs, want_vecs, atol=2e-5, rtol=1e-4)
+    assert_same_outputs(shards.outputs_of(table, ("sparse", "colbert")), want)
     assert shards.read_manifest(out)["settings"]["outputs"] == ["dense", "sparse", "colbert"]
     # the run again with other outputs is another run's settings: refused
     assert embed(model, "--input", str(tmp_path / "a.txt"), "--output", out, "--shard-size", "16",
@@ -250,7 +246,5 @@ def test_a_splade_model_writes_its_sparse_vectors_and_refuses_the_dense_output(t
     assert len(err) == 1 and "SPLADE model gives sparse vectors only" in err[0], err
     out = str(tmp_path / "out")
     assert embed(model, "--input", str(tmp_path / "a.txt"), "--output", out, "--outputs", "sparse") == 0
-    got = shards.outputs_of(pq.read_table(os.path.join(out, "part-00000.parquet")), ("sparse",))["sparse"]
-    for (ids, w), (want_ids, want_w) in zip(got, fastbert.SentenceEncoder(model).encode(lines)):
-        np.testing.assert_array_equal(ids, want_ids)
-        np.testing.assert_allclose(w, want_w, atol=2e-5, rtol=1e-4)
+    assert_same_outputs(shards.outputs_of(pq.read_table(os.path.join(out, "part-00000.parquet")), ("sparse",)),
+                        {"sparse": fastbert.SentenceEncoder(model).encode(lines)})

@@ -21,6 +21,7 @@ import fastbert.ray  # noqa: E402
 from fastbert import cli  # noqa: E402
 from fastbert.corpus_embedding import shards  # noqa: E402
 from tests.helpers.random_text import texts  # noqa: E402
+from tests.helpers.token_outputs import assert_same_outputs  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -251,11 +252,5 @@ def test_bge_m3_s_outputs_on_the_cluster_are_the_single_process_s(cluster, tmp_p
     for name in sorted(f for f in os.listdir(single) if f.endswith(".parquet")):
         a, b = (pa.parquet.read_table(os.path.join(d, name)) for d in (single, distributed))
         assert a.schema == b.schema and a.column("id").equals(b.column("id"))
-        x, y = shards.outputs_of(a, names), shards.outputs_of(b, names)
-        np.testing.assert_allclose(y["dense"], x["dense"], atol=2e-5, rtol=1e-4)
-        for (ids, w), (ids2, w2) in zip(x["sparse"], y["sparse"]):
-            np.testing.assert_array_equal(ids, ids2)
-            np.testing.assert_allclose(w2, w, atol=2e-5, rtol=1e-4)
-        for v, v2 in zip(x["colbert"], y["colbert"]):
-            np.testing.assert_allclose(v2, v, atol=2e-5, rtol=1e-4)
+        assert_same_outputs(shards.outputs_of(b, names), shards.outputs_of(a, names))
     assert shards.read_manifest(single)["settings"]["outputs"] == ["sparse", "colbert", "dense"]
