@@ -200,7 +200,9 @@ class App:
 
         served = self.served
         if served.kind == EMBED:
-            model_type = {"embedding": {"pooling": ",".join(served.encoder.pooling_modes)}}
+            # (text-embeddings-inference names a SPLADE model's pooling "splade")
+            pooling = "splade" if served.encoder.splade is not None else ",".join(served.encoder.pooling_modes)
+            model_type = {"embedding": {"pooling": pooling}}
         else:
             model_type = {served.kind: {"id2label": {str(i): n for i, n in enumerate(served.labels)},
                                         "label2id": {n: i for i, n in enumerate(served.labels)}}}

@@ -263,6 +263,7 @@ def test_splade_server_answers_embed_sparse_and_404_on_the_dense_routes(tmp_path
             answer = httpx.post(server.url + route, json={"inputs": "x", "input": "x"})
             assert answer.status_code == 404 and "SPLADE" in answer.text, (route, answer.text)
         assert set(httpx.get(server.url + "/openapi.json").json()["paths"]) & {"/embed", "/embed_all"} == set()
+        assert httpx.get(server.url + "/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
     finally:
         assert server.stop() == 0
     assert unexpected_lines(server) == []
