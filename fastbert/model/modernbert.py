@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastbert import ops, reference
+from fastbert.model import stack_plan
 from fastbert.model.checks import check_id_tensor, check_input_shape
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
 from fastbert.model.layers import BackendMixin, embed_words
@@ -53,6 +54,7 @@ from fastbert.model.model_utils import trunc_normal_
 from fastbert.model.outputs import BaseModelOutput
 from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.model.quantize import TRAINING_ERROR, InferenceOnly
+from fastbert.model.stack_plan import module_of
 from fastbert.ops import encoder, layer_training
 from fastbert.ops.attention import joined_attention
 from fastbert.ops.bias_gelu import GELU_FORMS
@@ -224,9 +226,10 @@ class ModernBertEncoderLayer(nn.Module, BackendMixin):
         an, attn, mn, mlp = self.attn_norm, self.attn, self.mlp_norm, self.mlp
         act = mlp.act
         qkv, wo, wi, wf = attn.Wqkv, attn.Wo, mlp.Wi, mlp.Wo
-        first = type(an) is nn.Identity
-        if (act not in GELU_FORMS or type(mn) is not nn.LayerNorm or not (first or type(an) is nn.LayerNorm)
-                or any(type(m) is not nn.Linear for m in (qkv, wo, wi, wf))):
+        first = type(module_of(an)) is nn.Identity  # (module_of: self may be a stack_plan.Reader of the layer)
+        if (act not in GELU_FORMS or type(module_of(mn)) is not nn.LayerNorm
+                or not (first or type(module_of(an)) is nn.LayerNorm)
+                or any(type(module_of(m)) is not nn.Linear for m in (qkv, wo, wi, wf))):
             return None
         weights = encoder.PreNormLayerWeights(None if first else an.weight, None if first else an.bias, qkv.weight,
                                               qkv.bias, wo.weight, wo.bias, mn.weight, mn.bias, wi.weight, wi.bias,
@@ -278,6 +281,22 @@ class ModernBertEncoderLayer(nn.Module, BackendMixin):
         out, probs = self.attn(normed, mask, packed, want_probs)
         normed, stream = add_norm_sum(self.mlp_norm, out, stream, self.backend)
         return stream, self.mlp(normed), probs
+
+
+# the layer's methods as defined: a layer whose forward or reads are others (a subclass's, or set on the
+# class or the instance later) runs as it is, never from what the model keeps
+_LAYER_FORWARD, _LAYER_READS = ModernBertEncoderLayer.forward, ModernBertEncoderLayer._inference_reads
+
+
+def _kept_entry(layer) -> Optional[tuple]:
+    """What a ModernBertModel keeps of a layer for its inference forwards (stack_plan.kept_reads;
+    layer: a Reader of it): ModernBertEncoderLayer._inference_reads() and its backend, where its
+    forward is the class's as defined, it is in eval mode and it takes that route; else None."""
+    if (layer.training or getattr(layer.forward, "__func__", None) is not _LAYER_FORWARD
+            or getattr(layer._inference_reads, "__func__", None) is not _LAYER_READS):
+        return None
+    reads = layer._inference_reads()
+    return None if reads is None else (*reads, layer.backend)
 
 
 class ModernBertPreTrainedModel(BertPreTrainedModel):
@@ -409,6 +428,10 @@ class ModernBertModel(ModernBertPreTrainedModel):
         output, the last after final_norm; then each layer's probabilities when want_probs)."""
         layers = list(self.layers)
         int8 = self.quantized is not None and len(layers) > 0
+        if not int8 and not want_states and not want_probs and layers:
+            out = self._kept_layers(h, tuple(layers), mask, packed)
+            if out is not None:
+                return (self.apply_final_norm(*out),)
         states, probs = [h], []
         delta = None
         xq = ops.quantize_rows(h) if int8 else None  # layer 0's attn_norm is Identity (the embeddings end in a LayerNorm)
@@ -428,6 +451,19 @@ class ModernBertModel(ModernBertPreTrainedModel):
         if want_states:
             states[-1] = out  # transformers gives the last layer's output after final_norm
         return (*(states if want_states else [out]), *(probs if want_probs else ()))
+
+    def _kept_layers(self, h: torch.Tensor, layers: tuple, mask, packed) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """(h, delta) after every layer, each run as its forward would run it in inference, from
+        what the model keeps of them (stack_plan.kept_reads: read again whenever anything they were
+        read from changes), with no module read and no layer call; None where that route does not
+        take them (training, a hook, a layer of another kind, layers of more than one backend)."""
+        if not encoder.inference_now() or stack_plan.hooked(layers):
+            return None
+        entries = stack_plan.kept_reads(self, layers, _kept_entry).entries
+        if entries is None or len({e[-1] for e in entries}) != 1:
+            return None
+        return encoder.prenorm_layers_forward(h, [e[:-1] for e in entries], mask, *(packed or (None, None)),
+                                              entries[0][-1])
 
     def _int8_layer(self, layer, stream: torch.Tensor, xq, next_norm: nn.Module, mask, packed, shape, last: bool,
                     want_sum: bool, want_probs: bool):

@@ -29,6 +29,9 @@ from fastbert.model.quantize import Int8Linear
 from fastbert.ops.bias_gelu import GELU_FORMS
 
 _ABSENT = object()
+# BertLayer.forward as defined: a layer whose forward is another (a subclass's, or one set on the class
+# or the instance later) runs as it is, never from a plan
+_BERT_FORWARD = BertLayer.forward
 
 
 class Reader:
@@ -102,7 +105,7 @@ def _entry(layer: nn.Module, reads: dict, int8: bool):
     r = Reader(layer, reads)
     act, linear = r.ffn_act, Int8Linear if int8 else nn.Linear
     sa = r.self_attention
-    if (act not in GELU_FORMS or r.training or getattr(r.forward, "__func__", None) is not BertLayer.forward
+    if (act not in GELU_FORMS or r.training or getattr(r.forward, "__func__", None) is not _BERT_FORWARD
             or any(type(module_of(m)) is not linear for m in (sa.query, sa.key, sa.value, r.attention_output,
                                                              r.ffn_input, r.ffn_output))):
         return None
@@ -144,13 +147,45 @@ def _current(plan: Optional[Plan], layers: tuple) -> bool:
 
 
 _PLAN_KEYS = ("_stack_plan", "_stack_plan_int8")
+_KEPT_KEY = "_kept_reads"
 
 
 def drop_plans(model: nn.Module, int8: Optional[bool] = None) -> None:
-    """Forget the model's plans (they hold its layers' tensors; int8: only that one): to() and the
-    like give it new ones, and a joined tensor whose parts moved is joined again as a plan is read."""
-    for key in _PLAN_KEYS if int8 is None else (_PLAN_KEYS[int8],):
+    """Forget the model's plans (they hold its layers' tensors; int8: only that one; None: every
+    plan and kept_reads'): to() and the like give it new ones, and a joined tensor whose parts moved
+    is joined again as a plan is read."""
+    for key in (*_PLAN_KEYS, _KEPT_KEY) if int8 is None else (_PLAN_KEYS[int8],):
         model.__dict__.pop(key, None)
+
+
+class KeptReads(NamedTuple):
+    layers: tuple   # the layer modules, in order
+    reads: list     # (namespace, name, value): every attribute the entries were read from
+    entries: Optional[list]  # per layer what `entry` read of it; None where it read None of one
+
+    def __deepcopy__(self, memo) -> None:
+        return None  # as Plan's: a copied model reads its own layers afresh
+
+
+def kept_reads(model: nn.Module, layers: tuple, entry) -> KeptReads:
+    """What entry(reader) reads of each layer (a Reader: every attribute it reads is recorded),
+    kept on the model and read again only when something it was read from changed (as plan()'s
+    plan); .entries None where entry gave None for a layer (the layers then run as they are). For a
+    family whose layers the extension's stack does not run (ModernBERT's), so that an inference
+    forward does not read every module of every layer again."""
+    kept = model.__dict__.get(_KEPT_KEY)
+    if not _current(kept, layers):
+        reads: dict = {}
+        entries: Optional[list] = []
+        with torch.no_grad():
+            for layer in layers:
+                got = entry(Reader(layer, reads))
+                if got is None:
+                    entries = None
+                    break
+                entries.append(got)
+        kept = model.__dict__[_KEPT_KEY] = KeptReads(layers, list(reads.values()), entries)
+    return kept
 
 
 def plan(model: nn.Module, layers: tuple, int8: bool) -> Plan:

@@ -356,10 +356,39 @@ def prenorm_layer_forward(hidden: Tensor, delta: Optional[Tensor], weights: PreN
     nothing only a backward reads. None where this route does not run (the torch backend, autocast,
     an empty input): the caller runs the separate ops."""
     backend = fb_backend.resolve(backend, hidden)
-    w = weights
-    if (backend == "torch" or torch.is_autocast_enabled(hidden.device.type) or hidden.numel() == 0
-            or (delta is None) != (w.attn_norm_weight is None)):
+    if (not _prenorm_route(hidden, backend)) or (delta is None) != (weights.attn_norm_weight is None):
         return None
+    return _prenorm_kernels(hidden, delta, weights, heads, eps, approximate, rotary_base, window, mask, cu_seqlens,
+                            max_seqlen, backend)
+
+
+def prenorm_layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Optional[Tensor],
+                           cu_seqlens: Optional[Tensor], max_seqlen: Optional[int],
+                           backend: Optional[str]) -> Optional[Tuple[Tensor, Tensor]]:
+    """prenorm_layer_forward of each of `layers` ((weights, heads, eps, GeGLU form, rotary base,
+    window) each, a model's kept reads of its layers, one backend setting for all) in turn, the
+    stream entering as hidden alone -> (hidden', delta') after the last, the route decided once
+    for the stack; None where it does not run them (as prenorm_layer_forward's None; also where
+    the first layer has an attention norm or a later one has none): nothing has run then."""
+    backend = fb_backend.resolve(backend, hidden)
+    if not _prenorm_route(hidden, backend) or any((i == 0) != (w.attn_norm_weight is None)
+                                                  for i, (w, *_) in enumerate(layers)):
+        return None
+    delta = None
+    for w, heads, eps, approximate, rotary_base, window in layers:
+        hidden, delta = _prenorm_kernels(hidden, delta, w, heads, eps, approximate, rotary_base, window, mask,
+                                         cu_seqlens, max_seqlen, backend)
+    return hidden, delta
+
+
+def _prenorm_route(hidden: Tensor, backend: str) -> bool:
+    # the kernels one by one (not the separate ops): not the torch backend, no autocast, an input
+    return backend != "torch" and not torch.is_autocast_enabled(hidden.device.type) and hidden.numel() > 0
+
+
+def _prenorm_kernels(hidden, delta, w: PreNormLayerWeights, heads, eps, approximate, rotary_base, window, mask,
+                     cu_seqlens, max_seqlen, backend) -> Tuple[Tensor, Tensor]:
+    """prenorm_layer_forward after its checks: the layer's kernels, called straight."""
     shape = hidden.shape
     width = shape[-1]
     stream = hidden.reshape(-1, width)

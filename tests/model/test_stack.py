@@ -344,3 +344,17 @@ def test_the_kept_layers_never_go_stale(change, monkeypatch):
     after = forward()
     assert torch.equal(after, afresh()), (after - afresh()).abs().max().item()
     assert not torch.equal(before, after), "the change did not change the output: the test would not see a stale read"
+
+
+def test_a_forward_set_on_the_layer_class_runs_instead_of_the_plan(spy, monkeypatch):
+    """The plan stands for BertLayer.forward as defined: one set on the class after a plan was made
+    (a patch, a wrapper) is what runs."""
+    model = _model()
+    before = spy.check(model)
+    real = BertLayer.forward
+    monkeypatch.setattr(BertLayer, "forward", lambda self, *args, **kwargs: (real(self, *args, **kwargs)[0] * 2, None))
+    with torch.no_grad():
+        spy.ran.clear()
+        after = model(IDS, MASKS["packed"]).last_hidden_state
+    assert True not in spy.ran, "the layers ran in one call, not through their forward"
+    assert not torch.equal(after, before)
