@@ -1,7 +1,8 @@
-"""What a model's stack of encoder layers hands fastbert.ops.encoder's one-call routes
-(encoder_stack, int8_encoder_stack): each layer's tensors (BertLayer.weights(), then the parts of its
-joined QKV tensors), heads, epsilons, GELU form and backend, read from its modules once and kept in a
-Plan on the model. Reading them afresh on every call costs far more than checking the kept plan
+"""What a model keeps of its layers' reads (a ModernBERT model's: kept_reads, on the same terms). What a
+stack of BERT-family layers hands fastbert.ops.encoder's one-call routes (encoder_stack,
+int8_encoder_stack): each layer's tensors (BertLayer.weights(), then the parts of its joined QKV
+tensors), heads, epsilons, GELU form and backend, read from its modules once and kept in a Plan on
+the model. Reading them afresh on every call costs far more than checking the kept plan
 (benchmarks/RESULTS.md has both), and the plan can never be stale:
 - every attribute read to build it is recorded where nn.Module keeps it (the instance __dict__,
   _parameters, _buffers, _modules), along the family's role properties (self_attention, ffn_norm,
@@ -96,6 +97,9 @@ class Plan(NamedTuple):
         # which no copy can take)
         return None
 
+    def __reduce__(self):
+        return type(None), ()  # pickled as None: an unpickled model reads its layers afresh (as a copy)
+
 
 def _entry(layer: nn.Module, reads: dict, int8: bool):
     """(tensors, products, heads, eps1, eps2, form, backend) of one layer, or None where the
@@ -165,6 +169,9 @@ class KeptReads(NamedTuple):
 
     def __deepcopy__(self, memo) -> None:
         return None  # as Plan's: a copied model reads its own layers afresh
+
+    def __reduce__(self):
+        return type(None), ()  # as Plan's
 
 
 def kept_reads(model: nn.Module, layers: tuple, entry) -> KeptReads:

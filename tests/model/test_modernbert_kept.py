@@ -2,7 +2,8 @@
 (fastbert.model.stack_plan.kept_reads, read again whenever anything it was read from changes): after
 every way of changing a layer (its tensors in place or anew, through .data, load_state_dict, to(), an
 optimizer; a new module, parameter, eps, window, rotary base or GELU form; train(); a hook; the
-layer's class), the next forward equals one that reads every layer afresh, bit for bit."""
+layer's class), the next forward equals one that reads every layer afresh, bit for bit; and a model
+that ran copies and pickles (BERT's too: what a model keeps is left behind, read afresh)."""
 import pytest
 import torch
 from torch import nn
@@ -156,3 +157,14 @@ def test_a_model_that_ran_can_be_copied_and_gives_the_same_bits():
         want = model(input_ids=IDS, attention_mask=MASK).last_hidden_state
         twin = copy.deepcopy(model)
         assert torch.equal(twin(input_ids=IDS, attention_mask=MASK).last_hidden_state, want)
+
+
+def test_a_model_that_ran_pickles_and_gives_the_same_bits():
+    import pickle
+
+    for model in (_model(), fastbert.BertModel(fastbert.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                                                   num_attention_heads=4, intermediate_size=96)).eval()):
+        with torch.no_grad():
+            want = model(input_ids=IDS, attention_mask=MASK).last_hidden_state
+            twin = pickle.loads(pickle.dumps(model))
+            assert torch.equal(twin(input_ids=IDS, attention_mask=MASK).last_hidden_state, want)
