@@ -206,6 +206,24 @@ def empty_parts(parts, device):
     return tuple(out)
 
 
+def fresh_or_given(given, shape, dtype, device, what: str, *, unit_columns: bool = False):
+    """Where a launcher writes an output: a fresh tensor of `shape` and `dtype`, or `given` (memory a
+    caller allocated with others, empty_parts) after checking that it is that: its shape, its dtype,
+    contiguous (unit_columns: rows of unit column stride, as the kernel steps them); a one-line
+    ValueError naming `what` otherwise."""
+    import torch
+
+    if given is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    layout_ok = given.stride(-1) == 1 if unit_columns else given.is_contiguous()
+    if tuple(given.shape) != tuple(shape) or given.dtype != dtype or not layout_ok:
+        name = str(dtype).replace("torch.float", "fp").replace("torch.bfloat", "bf")
+        layout = "with unit column stride" if unit_columns else "contiguous"
+        raise ValueError(f"fastbert: {what} must be {name} {layout} {tuple(shape)}, got {given.dtype} "
+                         f"{tuple(given.shape)}")
+    return given
+
+
 class Bound:
     """One kernel launch with all but its call's own values fixed: made once per specialization (the
     dtypes, flags and strides that do not change with the sizes), then called with the grid and

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, Settings, aligned_args, cdiv, next_power_of_2, num_sms, split_rows
+from . import KernelBuild, Settings, aligned_args, cdiv, fresh_or_given, next_power_of_2, num_sms, split_rows
 
 _SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
@@ -202,11 +202,8 @@ def bias_gelu_backward(
     if M == 0 or N == 0:
         return dx, torch.zeros_like(bias)
     s, n_col_tiles, rows_per_program, n_row_programs = _backward_grid(M, N, x.device)
-    if partials is None:
-        partials = torch.empty((n_row_programs, N), dtype=torch.float32, device=x.device)
-    elif tuple(partials.shape) != (n_row_programs, N) or partials.dtype != torch.float32 or partials.stride(1) != 1:
-        raise ValueError(f"fastbert: bias_gelu_backward's partials must be fp32 {(n_row_programs, N)} with unit "
-                         f"column stride, got {partials.dtype} {tuple(partials.shape)}")
+    partials = fresh_or_given(partials, (n_row_programs, N), torch.float32, x.device, "bias_gelu_backward's partials",
+                              unit_columns=True)
     _bias_gelu_bwd_kernel[(n_row_programs, n_col_tiles)](
         dx, dx.stride(0),
         partials, partials.stride(0),

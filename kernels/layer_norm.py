@@ -29,7 +29,19 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, Settings, aligned_args, apart, cdiv, dropout_options, empty_together, num_sms, sink, split_rows
+from . import (
+    KernelBuild,
+    Settings,
+    aligned_args,
+    apart,
+    cdiv,
+    dropout_options,
+    empty_together,
+    fresh_or_given,
+    num_sms,
+    sink,
+    split_rows,
+)
 from .layer_norm_settings import (
     MAX_N,
     PROGRAMS_PER_SM,
@@ -281,11 +293,7 @@ def _partial_sums(n_programs: int, N: int, device, out: Optional[torch.Tensor]) 
     programs, N] (dweight's, then dbias's: one allocation, one reduction), each half 16-byte
     aligned as a fresh tensor would be; in `out` where given (backward_partials_shape)."""
     padded = _partial_rows(n_programs, N)
-    if out is None:
-        out = torch.empty((2, padded, N), dtype=torch.float32, device=device)
-    elif tuple(out.shape) != (2, padded, N) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"fastbert: add_layer_norm_backward's partials must be fp32 contiguous {(2, padded, N)}, "
-                         f"got {out.dtype} {tuple(out.shape)}")
+    out = fresh_or_given(out, (2, padded, N), torch.float32, device, "add_layer_norm_backward's partials")
     return out if padded == n_programs else out.narrow(1, 0, n_programs)
 
 

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .. import Bound, Settings, cdiv, dropout_options, empty_together, sink
+from .. import Bound, Settings, cdiv, dropout_options, empty_together, fresh_or_given, sink
 from .args import LOG2E, DistanceOptions, distance_options, optional_tensor, rope_args, rope_tables
 from .backward import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel, attention_bwd_preprocess_kernel
 from .common import mask_range_kernel
@@ -534,10 +534,7 @@ def qkv_attention_forward(
         batch = values["batch"]
         shape = (heads, rows) if varlen else (batch, heads, max_seqlen)
         if keep_lse and lse_out is not None:
-            if tuple(lse_out.shape) != shape or lse_out.dtype != torch.float32 or not lse_out.is_contiguous():
-                raise ValueError(f"fastbert: lse_out must be fp32 contiguous {shape}, got {lse_out.dtype} "
-                                 f"{tuple(lse_out.shape)}")
-            lse = lse_out
+            lse = fresh_or_given(lse_out, shape, torch.float32, qkv.device, "lse_out")
         else:
             lse = _lse(shape, keep_lse, qkv.device)
         values["LSE"] = lse
@@ -578,13 +575,7 @@ def qkv_attention_backward(
     varlen = cu_seqlens is not None
     q, k, v = _qkv(qkv, heads, max_seqlen, varlen)
     do, o = _heads(dout, heads, max_seqlen, varlen), _heads(out, heads, max_seqlen, varlen)
-    if grad_out is None:
-        dqkv = torch.empty((rows, width), dtype=qkv.dtype, device=qkv.device)
-    elif tuple(grad_out.shape) != (rows, width) or grad_out.dtype != qkv.dtype or not grad_out.is_contiguous():
-        raise ValueError(f"fastbert: grad_out must be {qkv.dtype} contiguous {(rows, width)}, got {grad_out.dtype} "
-                         f"{tuple(grad_out.shape)}")
-    else:
-        dqkv = grad_out
+    dqkv = fresh_or_given(grad_out, (rows, width), qkv.dtype, qkv.device, "grad_out")
     grads = _qkv(dqkv, heads, max_seqlen, varlen)
     bound = None
     if _runs_bound(qkv, key_mask, cu_seqlens, max_seqlen, rope_cos):
@@ -606,16 +597,10 @@ def qkv_attention_backward(
     batch = values["batch"]
     dq, dk, dv = grads
     d_rows = dqkv.stride(0)
-    if delta_out is None:
-        delta = torch.empty(lse.shape, dtype=torch.float32, device=qkv.device)
-    elif delta_out.shape != lse.shape or delta_out.dtype != torch.float32 or not delta_out.is_contiguous():
-        raise ValueError(f"fastbert: delta_out must be fp32 contiguous {tuple(lse.shape)}, got {delta_out.dtype} "
-                         f"{tuple(delta_out.shape)}")
-    else:
-        delta = delta_out
-    values.update(LSE=lse, DELTA=delta, DO=do, DQ=dq, DK=dk,
-                  DV=dv, rows_total=rows if varlen else max_seqlen, stride_dob=max_seqlen * dout.stride(-2),
-                  stride_dqb=max_seqlen * d_rows, stride_dkb=max_seqlen * d_rows, stride_dvb=max_seqlen * d_rows)
+    delta = fresh_or_given(delta_out, lse.shape, torch.float32, qkv.device, "delta_out")
+    values.update(LSE=lse, DELTA=delta, DO=do, DQ=dq, DK=dk, DV=dv, rows_total=rows if varlen else max_seqlen,
+                  stride_dob=max_seqlen * dout.stride(-2), stride_dqb=max_seqlen * d_rows,
+                  stride_dkb=max_seqlen * d_rows, stride_dvb=max_seqlen * d_rows)
     _find_ranges(ranges, values)
     for launch, block, rows_grid in launches:
         grid_rows = rows if rows_grid and varlen else max_seqlen
