@@ -124,13 +124,15 @@ def int8_accuracy(fp32: dict, int8: dict, top: int = 10) -> dict:
         heaviest_b = set(ids_b[np.argsort(-w_b)[:top]].tolist())
         if heaviest_a:
             kept.append(len(heaviest_a & heaviest_b) / len(heaviest_a))
-    pairs = range(len(a) - 1)
-    sparse_err = max(abs(sparse_score(int8["sparse"][i], int8["sparse"][i + 1])
-                         - sparse_score(fp32["sparse"][i], fp32["sparse"][i + 1]))
-                     / max(abs(sparse_score(fp32["sparse"][i], fp32["sparse"][i + 1])), 1e-12) for i in pairs)
-    colbert_err = max(abs(colbert_score(int8["colbert"][i], int8["colbert"][i + 1])
-                          - colbert_score(fp32["colbert"][i], fp32["colbert"][i + 1]))
-                      / max(abs(colbert_score(fp32["colbert"][i], fp32["colbert"][i + 1])), 1e-12) for i in pairs)
+
+    def worst(score, name):  # the largest relative difference of int8's score of a consecutive pair from fp32's
+        errors = []
+        for i in range(len(a) - 1):
+            want = score(fp32[name][i], fp32[name][i + 1])
+            errors.append(abs(score(int8[name][i], int8[name][i + 1]) - want) / max(abs(want), 1e-12))
+        return max(errors)
+
+    sparse_err, colbert_err = worst(sparse_score, "sparse"), worst(colbert_score, "colbert")
     return {"dense cosine min": float(cos.min()), f"top-{top} sparse terms kept (mean)": float(np.mean(kept)),
             f"top-{top} sparse terms kept (min)": float(np.min(kept)),
             "sparse score rel. error (max)": float(sparse_err), "ColBERT score rel. error (max)": float(colbert_err)}

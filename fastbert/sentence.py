@@ -257,9 +257,11 @@ class SentenceEncoder:
         self.dense.to(self.model.device)
         self.max_seq_length = max_length(root, self.model, max_seq_length, st_config)
         self.tokenizer = load_tokenizer(root, self.max_seq_length, WHERE)
-        # BGE-M3's sparse and ColBERT heads, where the directory ships them (fastbert.token_outputs)
+        # what the model gives ("dense", "tokens", "sparse", "colbert"), and BGE-M3's sparse and ColBERT
+        # heads where the directory ships them (fastbert.token_outputs)
+        self.outputs = token_outputs.outputs_in(path)
         self.token_heads = None if self.splade is not None else token_outputs.TokenHeads.load(
-            (path, root), self.model.config.hidden_size, token_outputs.special_ids(root, self.model.config), WHERE)
+            path, self.model.config.hidden_size, token_outputs.special_ids(root, self.model.config), WHERE)
         if self.token_heads is not None:
             self.token_heads.to(self.model.device)
 
@@ -336,17 +338,10 @@ class SentenceEncoder:
             output = "sparse" if self.splade is not None else "dense"
         if output not in token_outputs.OUTPUTS:
             raise ValueError(f"{WHERE}.encode: output must be one of {token_outputs.OUTPUTS}, got {output!r}")
-        if self.splade is not None:
-            if output != "sparse":
-                raise ValueError(f"{WHERE}.encode: a SPLADE model gives sparse vectors only (output='sparse'), "
-                                 f"not output={output!r}")
-            return ("sparse",)
         wanted = ("dense", "sparse", "colbert") if output == "all" else (output,)
-        heads = self.token_heads
-        for name, file in (("sparse", token_outputs.SPARSE_FILE), ("colbert", token_outputs.COLBERT_FILE)):
-            if name in wanted and (heads is None or getattr(heads, f"{name}_linear") is None):
-                raise ValueError(f"{WHERE}.encode: output={output!r} needs a {name} head, and this model has none "
-                                 f"({file} beside its config, as BGE-M3 ships it)")
+        missing = [name for name in wanted if name not in self.outputs]
+        if missing:
+            raise ValueError(f"{WHERE}.encode: output={output!r}: {token_outputs.lacking(missing, self.outputs)}")
         return wanted
 
     @torch.no_grad()
@@ -377,23 +372,22 @@ class SentenceEncoder:
         dense = torch.empty(len(ids), self.dim)
         per_text = {name: [None] * len(ids) for name in wanted if name != "dense"}
 
+        numpy = convert_to_numpy and not convert_to_tensor
+
         def store(chunk, got):
             if "dense" in got:
                 dense[chunk] = got["dense"].cpu()
             for name, items in per_text.items():
                 for i, item in zip(chunk, got[name]):
-                    items[i] = tuple(t.cpu() for t in item) if name == "sparse" else item.cpu()
+                    items[i] = token_outputs.on_cpu(item, numpy)
 
         longest_first(self.model, lengths, batch_size, None,
                       lambda chunk: self.outputs_of_ids([ids[i] for i in chunk], prompt_length, wanted), "encode",
                       show_progress_bar, store=store)
         if normalize_embeddings:
             dense = torch.nn.functional.normalize(dense, p=2, dim=1)
-        numpy = convert_to_numpy and not convert_to_tensor
         result = {"dense": dense.numpy() if numpy else dense} if "dense" in wanted else {}
-        for name, items in per_text.items():
-            result[name] = [(tuple(t.numpy() for t in item) if name == "sparse" else item.numpy()) if numpy else item
-                            for item in items]
+        result.update(per_text)
         if single:
             result = {name: value[0] for name, value in result.items()}
         return result if output == "all" else result[wanted[0]]

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 SPARSE_FILE = "sparse_linear.pt"
 COLBERT_FILE = "colbert_linear.pt"
+HEAD_FILES = {"sparse": SPARSE_FILE, "colbert": COLBERT_FILE}
 OUTPUTS = ("dense", "sparse", "colbert", "all")
 
 
@@ -69,21 +70,61 @@ def special_ids(root: str, config) -> List[int]:
     return sorted(int(i) for i in ids)
 
 
-def outputs_in(path: str) -> set:
-    """The outputs ("dense", "sparse", "colbert") the model of a sentence-transformers directory
-    gives: a SPLADE model's (MLMTransformer first) "sparse" alone; another's "dense", and the BGE-M3
-    heads whose files it holds beside its modules.json or in its Transformer module's directory
-    (where TokenHeads.load looks)."""
-    places = [path]
+def _first_module(path: str) -> dict:
     modules = os.path.join(path, "modules.json")
-    if os.path.isfile(modules):
-        with open(modules, encoding="utf-8") as f:
-            first = (json.load(f) or [{}])[0]
-        if str(first.get("type", "")).endswith("MLMTransformer"):
-            return {"sparse"}
-        places.append(os.path.join(path, first.get("path", "")))
-    return {"dense"} | {name for name, file in (("sparse", SPARSE_FILE), ("colbert", COLBERT_FILE))
-                        if any(os.path.isfile(os.path.join(p, file)) for p in places)}
+    if not os.path.isfile(modules):
+        return {}
+    with open(modules, encoding="utf-8") as f:
+        return (json.load(f) or [{}])[0]
+
+
+def _splade(first: dict) -> bool:
+    return str(first.get("type", "")).endswith("MLMTransformer")
+
+
+def head_files(path: str) -> Dict[str, str]:
+    """{head ("sparse", "colbert"): its file} of the BGE-M3 heads a sentence-transformers directory
+    ships, each found beside its modules.json or else in its Transformer module's directory; none for
+    a SPLADE model (MLMTransformer first)."""
+    first = _first_module(path)
+    if _splade(first):
+        return {}
+    places = [path, os.path.join(path, first.get("path", ""))]
+    found = {}
+    for name, file in HEAD_FILES.items():
+        for place in places:
+            if os.path.isfile(os.path.join(place, file)):
+                found[name] = os.path.join(place, file)
+                break
+    return found
+
+
+def outputs_in(path: str) -> frozenset:
+    """What the model of a sentence-transformers directory gives: a SPLADE model's "sparse" alone;
+    another's "dense" and "tokens" (every token's last hidden state), and its BGE-M3 heads' outputs
+    (head_files)."""
+    if _splade(_first_module(path)):
+        return frozenset({"sparse"})
+    return frozenset({"dense", "tokens", *head_files(path)})
+
+
+def lacking(missing: Sequence[str], given: frozenset) -> str:
+    """Why a model that gives `given` (outputs_in) gives none of `missing`, in one line."""
+    if "dense" not in given:
+        return "a SPLADE model gives sparse vectors only"
+    return (f"the model has no {' or '.join(missing)} head ({', '.join(HEAD_FILES[m] for m in missing)} beside its "
+            "config, as BGE-M3 ships them)")
+
+
+def on_cpu(value, numpy: bool):
+    """One text's output (a tensor, or sparse's (ids, weights)) on the CPU; numpy arrays with numpy
+    (bf16 as fp32, which numpy lacks)."""
+    if isinstance(value, tuple):
+        return tuple(on_cpu(t, numpy) for t in value)
+    value = value.detach().cpu()
+    if not numpy:
+        return value
+    return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
 
 
 class TokenHeads(nn.Module):
@@ -96,15 +137,13 @@ class TokenHeads(nn.Module):
         self.register_buffer("skip_ids", torch.tensor(sorted(skip_ids), dtype=torch.long), persistent=False)
 
     @classmethod
-    def load(cls, directories: Sequence[str], hidden: int, skip_ids: Sequence[int],
-             where: str) -> Optional["TokenHeads"]:
-        """The heads whose files are in the first of `directories` that has any; None where none has."""
-        for d in directories:
-            sparse, colbert = (os.path.join(d, f) for f in (SPARSE_FILE, COLBERT_FILE))
-            if os.path.isfile(sparse) or os.path.isfile(colbert):
-                return cls(_linear(sparse, hidden, where) if os.path.isfile(sparse) else None,
-                           _linear(colbert, hidden, where) if os.path.isfile(colbert) else None, skip_ids)
-        return None
+    def load(cls, path: str, hidden: int, skip_ids: Sequence[int], where: str) -> Optional["TokenHeads"]:
+        """The heads a sentence-transformers directory ships (head_files); None where it ships none."""
+        files = head_files(path)
+        if not files:
+            return None
+        return cls(*(_linear(files[name], hidden, where) if name in files else None for name in HEAD_FILES),
+                   skip_ids)
 
     def sparse(self, hidden: torch.Tensor, input_ids: torch.Tensor,
                mask: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:

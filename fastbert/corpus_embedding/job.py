@@ -75,12 +75,8 @@ def check_outputs(outputs: Sequence[str], model_dir: str, name: str) -> None:
         raise ValueError(f"{name} takes {', '.join(shards.OUTPUTS)} (comma-separated), got {','.join(outputs)}")
     given = token_outputs.outputs_in(model_dir)
     missing = [o for o in outputs if o not in given]
-    if missing and given == {"sparse"}:
-        raise ValueError(f"{name} {','.join(outputs)}: a SPLADE model gives sparse vectors only (sparse)")
     if missing:
-        files = {"sparse": token_outputs.SPARSE_FILE, "colbert": token_outputs.COLBERT_FILE}
-        raise ValueError(f"{name} {','.join(missing)}: the model has no {' or '.join(missing)} head "
-                         f"({', '.join(files[m] for m in missing)} beside its config, as BGE-M3 ships them)")
+        raise ValueError(f"{name} {','.join(missing)}: {token_outputs.lacking(missing, given)}")
 
 
 def record_chunks(args, start: int, skipped: Optional[readers.Skipped]):
@@ -117,7 +113,7 @@ def embed_records(encoder, records: List[readers.Record], prompt: str, skip: int
                 out["dense"][chunk] = value.float().cpu().numpy()
                 continue
             for i, item in zip(chunk, value):
-                out[name][i] = tuple(t.cpu().numpy() for t in item) if name == "sparse" else item.cpu().numpy()
+                out[name][i] = token_outputs.on_cpu(item, numpy=True)
         if bar is not None:
             bar.update(len(chunk))
     return out

@@ -249,17 +249,13 @@ def layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Optional[Tenso
     (keep_states) or [the last]. The route is decided once for the stack (the backend, autocast,
     an empty input), not at every layer: on Triton the kernels are then called straight."""
     backend = fb_backend.resolve(backend, hidden)
+    straight = backend == "triton" and not torch.is_autocast_enabled(hidden.device.type) and hidden.numel() > 0
+    run = _kernels if straight else layer_forward
     outs = []
-    if backend == "triton" and not torch.is_autocast_enabled(hidden.device.type) and hidden.numel() > 0:
-        for w, heads, eps, approximate in layers:
-            hidden = _kernels(hidden, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
-            if keep_states:
-                outs.append(hidden)
-    else:
-        for w, heads, eps, approximate in layers:
-            hidden = layer_forward(hidden, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
-            if keep_states:
-                outs.append(hidden)
+    for w, heads, eps, approximate in layers:
+        hidden = run(hidden, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
+        if keep_states:
+            outs.append(hidden)
     return outs if keep_states else [hidden]
 
 

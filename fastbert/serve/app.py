@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from fastbert import token_outputs
 from fastbert.serve.batching import Batcher, Overloaded
 from fastbert.serve.engine import CLASSIFY, EMBED, RERANK, InputError, Served
 from fastbert.serve.fields import BOOL, PREDICT_INPUTS, PROMPT, STRING, TEXTS, Field, FieldError, int_up_to, one_of, read
@@ -125,10 +126,8 @@ class App:
             raise Refused(404, f"this server runs {_a(self.served.kind)} model; the route needs "
                                f"{' or '.join(map(_a, route.models))} model")
         if not route.answers(self.served.kind, self.served.outputs):
-            if self.served.outputs == {"sparse"}:
-                raise Refused(404, "this server runs a SPLADE model, which gives sparse vectors only (/embed_sparse)")
-            raise Refused(404, f"this model gives no {route.output} vectors ({route.output}_linear.pt beside its "
-                               "config, as BGE-M3 ships it, or a SPLADE model); the route needs them")
+            raise Refused(404, f"{token_outputs.lacking([route.output], self.served.outputs)}; the route needs "
+                               f"{route.output} vectors")
 
     # ---- routes: each takes the values of its body's fields (ROUTES)
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence
 import numpy as np
 import torch
 
+from fastbert import token_outputs
 from fastbert.memory import Trimmer
 
 
@@ -197,8 +198,7 @@ class Batcher:
 def _scatter(live: List[tuple], out: torch.Tensor) -> List[Job]:
     """Each job's rows of the batch's outputs into job.out (numpy, one array a job, its rows in its
     own order); returns the jobs whose last row this was. One copy a job, not a torch op a row."""
-    values = out.detach().cpu()  # the same tensor when it is on the CPU already
-    values = (values.float() if values.dtype == torch.bfloat16 else values).numpy()
+    values = token_outputs.on_cpu(out, numpy=True)  # (no copy when it is on the CPU already)
     rows: dict = {}  # id(job) -> (job, its row indices, their places in the batch)
     for k, (job, i) in enumerate(live):
         entry = rows.get(id(job))
@@ -231,17 +231,11 @@ def _scatter_named(live: List[tuple], out: dict) -> List[Job]:
         if job.out is None:
             job.out = {name: [None] * len(job.rows) for name in job.outputs}
         for name in job.outputs:
-            value = out[name][k]
-            job.out[name][i] = tuple(_numpy(t) for t in value) if isinstance(value, tuple) else _numpy(value)
+            job.out[name][i] = token_outputs.on_cpu(out[name][k], numpy=True)
         job.left -= 1
         if job.left == 0:
             done.append(job)
     return done
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu()
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def _finish(job: Job) -> tuple:

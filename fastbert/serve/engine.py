@@ -72,13 +72,7 @@ class Served:
             self.encoder = SentenceEncoder(path, quantize=quantize, dtype=dtype, backend=backend)
             self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
             self.max_input_length = self.encoder.max_seq_length
-            heads = self.encoder.token_heads
-            if self.encoder.splade is not None:  # SPLADE: sparse vectors only
-                self.outputs = frozenset({"sparse"})
-            else:  # the embedding, every token's hidden state, and BGE-M3's heads where it ships them
-                self.outputs = frozenset({"dense", "tokens"} | {
-                    name for name in ("sparse", "colbert")
-                    if heads is not None and getattr(heads, f"{name}_linear") is not None})
+            self.outputs = self.encoder.outputs  # dense, tokens, BGE-M3's heads' outputs; SPLADE's sparse alone
         else:
             from fastbert.cross_encoder import CrossEncoder
 
