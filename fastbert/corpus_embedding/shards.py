@@ -68,18 +68,20 @@ def outputs_of(table, names) -> Dict[str, object]:
     """columns()'s inverse for a float32 table: {output: the texts' values} of the outputs `names`."""
     out: Dict[str, object] = {}
     if "dense" in names:
-        emb = table.column("embedding").combine_chunks()
-        out["dense"] = emb.flatten().to_numpy(zero_copy_only=False).reshape(len(table), emb.type.list_size)
+        out["dense"] = _list_rows(table.column("embedding").combine_chunks())
     if "sparse" in names:
         out["sparse"] = [(np.asarray(i, np.int64), np.asarray(w, np.float32)) for i, w in
                          zip(table.column("sparse_indices").to_pylist(), table.column("sparse_values").to_pylist())]
     if "colbert" in names:
         col = table.column("colbert").combine_chunks()
-        width = col.type.value_type.list_size
-        flat = col.flatten().flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
-        offsets = col.offsets.to_numpy()
+        flat, offsets = _list_rows(col.flatten()), col.offsets.to_numpy()
         out["colbert"] = [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
     return out
+
+
+def _list_rows(array) -> np.ndarray:
+    """A fixed_size_list array (one chunk) as numpy [rows, its list size]."""
+    return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, array.type.list_size)
 
 
 def _dense_columns(emb: np.ndarray, output_dtype: str) -> Dict[str, object]:
@@ -201,7 +203,5 @@ def read_embeddings(directory: str):
     for shard in manifest["shards"]:
         table = pq.read_table(os.path.join(directory, shard["file"]))
         ids += table.column("id").to_pylist()
-        emb = table.column("embedding").combine_chunks()
-        width = emb.type.list_size
-        parts.append(emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, width))
+        parts.append(_list_rows(table.column("embedding").combine_chunks()))
     return ids, (np.concatenate(parts) if parts else np.zeros((0, 0), np.float32))
