@@ -1,4 +1,4 @@
-"""ModernBERT-base (or MPNet-base, --model mpnet) on fastbert against transformers' own model and,
+"""ModernBERT-base (or MPNet-base, --model mpnet, or gte-multilingual-base, --model gte) on fastbert against transformers' own model and,
 with the peers, the same model exported to ONNX and run by ONNX Runtime and by OpenVINO, on the
 CPU, same random weights, same batches, in one process.
 
@@ -12,7 +12,9 @@ transformers' MPNetConfig defaults (all-mpnet-base-v2's size: 12 layers, hidden 
 30,527; the relative position bias read by distance inside fastbert's attention kernel), against
 transformers' default attention for MPNet (switching its config to "sdpa" after construction
 changed its outputs by 0.17 here: the bias was lost); its positions stop at 512 tokens, so one2048
-is not run for it.
+is not run for it. --model gte: transformers' GteConfig defaults (gte-multilingual-base's: 12 layers,
+hidden 768, gated feed-forward 3072, vocabulary 250,048, rotary base 160,000), sdpa, against
+fastbert's post-LN encoder with the rotation inside the attention kernel and the GeGLU fused.
 
 The peers (--peers, both by default; the optional extra `pip install -e .[peers]`; a missing one
 is skipped with a printed reason): transformers' model is exported once to ONNX, into a temporary
@@ -49,7 +51,7 @@ against transformers' fp32 output, fastbert's included, and an int8 engine whose
 to it over the real tokens is under INT8_LEAST_COSINE is reported as disagreeing and not timed.
 "vs X" is X's time over fastbert's: fastbert's speed-up over X.
 
-    python benchmarks/bench_modernbert.py [--model modernbert|mpnet] [--workloads var128,var512,one2048]
+    python benchmarks/bench_modernbert.py [--model modernbert|mpnet|gte] [--workloads var128,var512,one2048]
         [--layers N] [--rounds 5] [--peers onnxruntime,openvino] [--dtype float32|bfloat16|int8] [--json PATH]
 """
 from __future__ import annotations
@@ -66,7 +68,7 @@ from fastbert.bench.workloads import MODERN_ARCHS, WORKLOADS, make_batch, modern
 
 MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512")}, "one2048": dict(batch=1, lo=2048, hi=2048),
                     "small": dict(batch=4, lo=40, hi=160)}
-DEFAULT_WORKLOADS = {"modernbert": "var128,var512,one2048", "mpnet": "var128,var512"}
+DEFAULT_WORKLOADS = {"modernbert": "var128,var512,one2048", "mpnet": "var128,var512", "gte": "var128,var512"}
 # max abs error at real tokens that is still rounding noise (values up to about 4): fp32 (1e-6 measured);
 # bf16, every engine rounding its own way through 22 layers
 TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 0.5}
@@ -194,8 +196,8 @@ def main(argv=None):
     ap = parser(__doc__)
     ap.add_argument("--model", default="modernbert", choices=sorted(MODERN_ARCHS))
     ap.add_argument("--workloads", default=None,
-                    help=f"of {', '.join(MODERN_WORKLOADS)} (default: {DEFAULT_WORKLOADS['modernbert']}; mpnet: "
-                         f"{DEFAULT_WORKLOADS['mpnet']})")
+                    help=f"of {', '.join(MODERN_WORKLOADS)} (default: {DEFAULT_WORKLOADS['modernbert']}; mpnet "
+                         f"and gte: {DEFAULT_WORKLOADS['mpnet']})")
     ap.add_argument("--layers", type=int, default=None, help="default: the model's base depth (22, 12)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--peers", default=",".join(ONNX_PEERS),

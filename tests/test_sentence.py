@@ -109,10 +109,12 @@ def test_bad_pooling_is_one_clear_error(e5, tmp_path):
         fastbert.SentenceEncoder(path)
 
 
-@pytest.mark.parametrize("family,cls", [("mpnet", "MPNetModel"), ("modernbert", "ModernBertModel")])
-def test_mpnet_and_modernbert_directories(tmp_path, family, cls):
-    """all-mpnet-base-v2's layout (MPNet, mean pooling, Normalize) and modernbert-embed's
-    (ModernBERT, mean pooling, Normalize), random weights, on the cpp backend."""
+@pytest.mark.parametrize("family,cls", [("mpnet", "MPNetModel"), ("modernbert", "ModernBertModel"),
+                                        ("gte", "GteModel")])
+def test_mpnet_modernbert_and_gte_directories(tmp_path, family, cls):
+    """all-mpnet-base-v2's layout (MPNet, mean pooling, Normalize), modernbert-embed's (ModernBERT,
+    mean pooling, Normalize) and gte-multilingual-base's (GTE, [CLS] pooling, Normalize), random
+    weights, on the cpp backend."""
     from tests.helpers.backends import require
 
     require("cpp")

@@ -85,7 +85,8 @@ def real_sentences(n):
 
 
 # the newer encoders the ModernBERT benchmarks run: transformers' class, its config and the base depth
-MODERN_ARCHS = {"modernbert": ("ModernBertModel", "ModernBertConfig", 22), "mpnet": ("MPNetModel", "MPNetConfig", 12)}
+MODERN_ARCHS = {"modernbert": ("ModernBertModel", "ModernBertConfig", 22), "mpnet": ("MPNetModel", "MPNetConfig", 12),
+                "gte": ("GteModel", "GteConfig", 12)}
 
 
 def modern_models(name: str, layers: int, backend: str, int8: bool = False):
@@ -100,7 +101,7 @@ def modern_models(name: str, layers: int, backend: str, int8: bool = False):
     config = getattr(transformers, config_cls)(num_hidden_layers=layers)
     torch.manual_seed(0)
     theirs = getattr(transformers, cls)(config).eval()
-    if name == "modernbert":  # MPNet runs transformers' default: its sdpa setting loses the relative bias
+    if name != "mpnet":  # MPNet runs transformers' default: its sdpa setting loses the relative bias
         theirs.config._attn_implementation = "sdpa"
     ours = getattr(fastbert, cls)(getattr(fastbert, config_cls)(**config.to_dict())).eval()
     ours.load_state_dict(theirs.state_dict())

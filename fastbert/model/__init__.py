@@ -4,7 +4,8 @@ data flow): config.py, outputs.py, layers.py, pretrained.py (loading and saving)
 models), quantize.py (int8 inference: quantize_ and the int8 encoder); the other families as adapters of the same
 encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py, distilbert.py; ModernBERT (pre-LN, rotary and
 local attention, GeGLU: a layer of its own on the same ops): modernbert.py and modernbert_heads.py; MPNet (a relative
-position bias in every layer's attention): mpnet.py; auto.py (the class for a model_type)."""
+position bias in every layer's attention): mpnet.py; GTE (BERT's layer with rotary positions and a gated
+feed-forward): gte.py; auto.py (the class for a model_type)."""
 from fastbert.model.auto import (
     AutoConfig,
     AutoModel,
@@ -20,6 +21,7 @@ from fastbert.model.config import (
     CamembertConfig,
     DistilBertConfig,
     ElectraConfig,
+    GteConfig,
     ModernBertConfig,
     MPNetConfig,
     RobertaConfig,
@@ -39,6 +41,12 @@ from fastbert.model.electra import (
     ElectraForSequenceClassification,
     ElectraForTokenClassification,
     ElectraModel,
+)
+from fastbert.model.gte import (
+    GteForMaskedLM,
+    GteForSequenceClassification,
+    GteForTokenClassification,
+    GteModel,
 )
 from fastbert.model.heads import (
     BertForMaskedLM,
@@ -110,5 +118,6 @@ __all__ += [
     "ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
     "ModernBertForTokenClassification", "ModernBertForQuestionAnswering",
     "MPNetConfig", "MPNetModel", "MPNetForMaskedLM", "MPNetForSequenceClassification", "MPNetForTokenClassification",
-    "MPNetForQuestionAnswering",
+    "MPNetForQuestionAnswering", "GteConfig", "GteModel", "GteForMaskedLM", "GteForSequenceClassification",
+    "GteForTokenClassification",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from fastbert.model import distilbert, electra, modernbert_heads, mpnet, roberta
+from fastbert.model import distilbert, electra, gte, modernbert_heads, mpnet, roberta
 from fastbert.model.bert import BertModel
 from fastbert.model.config import read_config
 from fastbert.model.heads import (
@@ -19,7 +19,8 @@ TASKS = ("model", "masked-lm", "sequence-classification", "token-classification"
 
 
 def _family(*classes) -> Dict[str, type]:
-    """{task: class} of a family's classes, given in TASKS' order."""
+    """{task: class} of a family's classes, given in TASKS' order (a family with fewer has none for
+    the last tasks: GTE has no question-answering head)."""
     return dict(zip(TASKS, classes))
 
 
@@ -39,6 +40,7 @@ FAMILIES: Dict[str, Dict[str, type]] = {
                        electra.ElectraForTokenClassification, electra.ElectraForQuestionAnswering),
     "modernbert": _family(*modernbert_heads.MODERNBERT_CLASSES),
     "mpnet": _family(*mpnet.MPNET_CLASSES),
+    "gte": _family(*gte.GTE_CLASSES),
 }
 # as transformers' AutoModelForPreTraining: the families without a pretraining head of their own train MLM
 PRETRAINING = {**{family: classes["masked-lm"] for family, classes in FAMILIES.items()},
@@ -61,8 +63,8 @@ class _Auto:
 
     @classmethod
     def classes(cls) -> Dict[str, type]:
-        """{model_type: the class for this task}."""
-        return {model_type: family[cls.task] for model_type, family in FAMILIES.items()}
+        """{model_type: the class for this task} (the families that have one)."""
+        return {model_type: family[cls.task] for model_type, family in FAMILIES.items() if cls.task in family}
 
     @classmethod
     def class_for(cls, model_type: str, where: str = "") -> type:

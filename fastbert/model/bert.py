@@ -24,8 +24,8 @@ from fastbert import ops
 from fastbert.model import stack_plan
 from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.joined import views_of
-from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler
+from fastbert.model.joined import joined, views_of
+from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler, gated_activation
 from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.pretrained import BertPreTrainedModel
@@ -109,6 +109,7 @@ class BertModel(BertPreTrainedModel):
         explicit = bias is not None or bool(output_attentions)
         first_only = (_pooled_only and not self.quantized and cfg.num_hidden_layers > 0
                       and not explicit and not output_hidden_states and not compiling
+                      and self.layers[-1].rotary_base is None  # (first_tokens takes absolute positions)
                       and (key_mask is None or bool(key_mask[:, 0].all())))
         hidden, states, probs = self._encode(hidden, key_mask, bias, scales, bool(output_hidden_states),
                                              bool(output_attentions), first_only, rel)
@@ -297,7 +298,17 @@ class BertModel(BertPreTrainedModel):
         ctx, p = layer.attend(qkv, h.shape if packed is not None else shape, mask, packed, bias, scale, want_probs,
                               rel)
         act = layer.ffn_act
-        h, hq = encoder.int8_layer_rest(ctx.reshape(-1, h.shape[-1]), h, w,
-                                        (layer.attention_norm.eps, layer.ffn_norm.eps),
-                                        GELU_FORMS[act] if act in GELU_FORMS else OTHER_ACTIVATIONS[act], quantize_out)
+        eps = (layer.attention_norm.eps, layer.ffn_norm.eps)
+        if layer.ffn_gated:
+            gate, up = layer.ffn_input, layer.ffn_up
+            gate_up = (joined(layer, "int8_gate_up_weight", [gate.weight, up.weight]),
+                       joined(layer, "int8_gate_up_scale", [gate.weight_scale, up.weight_scale]),
+                       None if gate.bias is None else joined(layer, "int8_gate_up_bias", [gate.bias, up.bias]))
+            h, hq = encoder.int8_gated_layer_rest(ctx.reshape(-1, h.shape[-1]), h, w, gate_up, eps,
+                                                  functools.partial(gated_activation, act=act, backend=layer.backend),
+                                                  quantize_out)
+        else:
+            h, hq = encoder.int8_layer_rest(ctx.reshape(-1, h.shape[-1]), h, w, eps,
+                                            GELU_FORMS[act] if act in GELU_FORMS else OTHER_ACTIVATIONS[act],
+                                            quantize_out)
         return h, hq, p

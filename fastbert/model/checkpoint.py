@@ -3,7 +3,8 @@ the key names older checkpoints used."""
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+import re
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -20,6 +21,60 @@ def normalise_keys(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
             k = k.replace(".gamma", ".weight").replace(".beta", ".bias")
         out[k] = v
     return out
+
+
+class KeyFormat(NamedTuple):
+    """How a family's checkpoint files name its weights where the names differ from its modules'
+    (GTE's files keep the original model's names, and transformers writes them so too): renames
+    (the file's part of a key, the model's), joins (the file's part of a key whose tensor is the
+    model's parts concatenated along dim 0, in order: a joined QKV projection) and old prefixes (a
+    file prefix read as the model's base prefix). read() takes either naming; write() gives the files'."""
+
+    renames: Tuple[Tuple[str, str], ...] = ()
+    joins: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    old_prefixes: Tuple[str, ...] = ()
+
+    @staticmethod
+    def _sub(key: str, old: str, new: str) -> str:
+        """key with `old` replaced by `new` where it starts the key or a dotted part of it."""
+        return re.sub(r"(^|\.)" + re.escape(old), lambda m: m.group(1) + new, key)
+
+    @staticmethod
+    def _has(key: str, part: str) -> bool:
+        return re.search(r"(^|\.)" + re.escape(part), key) is not None
+
+    def read(self, state: Dict[str, torch.Tensor], base_prefix: str) -> Dict[str, torch.Tensor]:
+        """The file's tensors under the model's names (keys already so named pass as they are)."""
+        out = {}
+        for key, value in state.items():
+            for old in self.old_prefixes:
+                if key.startswith(old + "."):
+                    key = base_prefix + key[len(old):]
+            for old, new in self.renames:
+                key = self._sub(key, old, new)
+            for joined, parts in self.joins:
+                if self._has(key, joined):
+                    for part, chunk in zip(parts, value.chunk(len(parts), dim=0)):
+                        out[self._sub(key, joined, part)] = chunk
+                    break
+            else:
+                out[key] = value
+        return out
+
+    def write(self, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """The model's tensors under the files' names, each join's parts concatenated."""
+        out = dict(state)
+        for joined, parts in self.joins:
+            for key in [k for k in out if self._has(k, parts[0])]:
+                names = [self._sub(key, parts[0], part) for part in parts]
+                if all(n in out for n in names):
+                    out[self._sub(key, parts[0], joined)] = torch.cat([out.pop(n) for n in names])
+        renamed = {}
+        for key, value in out.items():
+            for old, new in self.renames:
+                key = self._sub(key, new, old)
+            renamed[key] = value
+        return renamed
 
 
 def load_state_dict(path: str) -> Dict[str, torch.Tensor]:
@@ -42,12 +97,14 @@ def load_state_dict(path: str) -> Dict[str, torch.Tensor]:
 
 
 def match_state_dict(own: Dict[str, torch.Tensor], state: Dict[str, torch.Tensor], base_prefix: str,
-                     tied: Dict[str, str]):
-    """(the checkpoint's tensors under the model's names, loading info). Handles old key names, a
-    BertModel checkpoint into a model with heads and the reverse, and tied keys the checkpoint left
-    out; loading info: missing_keys, unexpected_keys, mismatched_keys (name, checkpoint shape,
-    model shape), error_msgs, as transformers reports them."""
+                     tied: Dict[str, str], key_format: Optional[KeyFormat] = None):
+    """(the checkpoint's tensors under the model's names, loading info). Handles old key names, the
+    family's file names (key_format), a BertModel checkpoint into a model with heads and the
+    reverse, and tied keys the checkpoint left out; loading info: missing_keys, unexpected_keys,
+    mismatched_keys (name, checkpoint shape, model shape), error_msgs, as transformers reports them."""
     state = normalise_keys(state)
+    if key_format is not None:
+        state = key_format.read(state, base_prefix)
     prefix = base_prefix + "."
     has_prefix = any(k.startswith(prefix) for k in own)
     renamed = {}

@@ -48,3 +48,20 @@ def check_inputs(config, input_ids, token_type_ids, position_ids, shape) -> None
     check_id_tensor("input_ids", input_ids, None, config.vocab_size, "the vocabulary")
     check_id_tensor("token_type_ids", token_type_ids, shape, config.type_vocab_size, "type_vocab_size")
     check_id_tensor("position_ids", position_ids, None, config.max_position_embeddings, "max_position_embeddings")
+
+
+def check_counting_positions(position_ids: Optional[torch.Tensor], bsz: int, seq: int, family: str) -> None:
+    """position_ids [batch or 1, seq] of a rotary family must count 0, 1, 2, ... along each row, up to
+    a constant (the kernels rotate by the index within the sequence; a constant shift leaves every
+    score as it is)."""
+    if position_ids is None:
+        return
+    check_ids(WHERE, "position_ids", position_ids)
+    if position_ids.dim() not in (1, 2) or position_ids.shape[-1] != seq or (
+            position_ids.dim() == 2 and position_ids.shape[0] not in (1, bsz)):
+        raise ValueError(f"{WHERE}: position_ids has shape {tuple(position_ids.shape)}; it must be [batch, seq] = "
+                         f"({bsz}, {seq}) or [1, seq]")
+    rows = position_ids.reshape(-1, seq)
+    if not torch.equal(rows - rows[:, :1], torch.arange(seq, device=rows.device).expand_as(rows)):
+        raise NotImplementedError(f"{WHERE}: position_ids other than 0, 1, 2, ... along each row is not supported "
+                                  f"for {family} yet")

@@ -310,3 +310,39 @@ class ModernBertConfig(BertConfig):
 
     def rope_theta(self, layer_type: str) -> float:
         return float(self.rope_parameters[layer_type]["rope_theta"])
+
+
+class GteConfig(BertConfig):
+    """transformers' GteConfig: its fields and defaults (gte-multilingual-base's). A post-LN encoder
+    with rotary positions (rope_parameters' rope_theta, 160000 by default; a rope_theta written at the
+    top level, as configs before transformers 5 have it, is read into it) and a gated feed-forward;
+    token types where type_vocab_size > 0 (gte-base-en-v1.5 has none). max_position_embeddings is
+    the length the model was trained to, not a table (there is none)."""
+
+    model_type = "gte"
+    _defaults = dict(vocab_size=250048, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                     intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.1,
+                     attention_probs_dropout_prob=0.0, max_position_embeddings=8192, type_vocab_size=1,
+                     initializer_range=0.02, layer_norm_eps=1e-12, pad_token_id=1, classifier_dropout=None,
+                     bos_token_id=None, eos_token_id=None, tie_word_embeddings=True, rope_parameters=None,
+                     problem_type=None, output_hidden_states=False, output_attentions=False, return_dict=True)
+    position_embedding_type = "absolute"  # (no position table: BertConfig's check of the field holds)
+    default_rope_theta = 160000.0
+
+    def __init__(self, **kwargs):
+        theta = kwargs.pop("rope_theta", None)
+        scaling = kwargs.pop("rope_scaling", None)
+        super().__init__(**kwargs)
+        rope = dict(self.rope_parameters or {})
+        rope.update(scaling or {})
+        rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope.setdefault("rope_theta", self.default_rope_theta if theta is None else theta)
+        self.rope_parameters = rope
+        where = f"fastbert.{type(self).__name__}"
+        if rope["rope_type"] != "default":
+            raise ValueError(f"{where}: rope_type {rope['rope_type']!r} is not supported; fastbert runs the default "
+                             "rotary embedding")
+
+    @property
+    def rope_theta(self) -> float:
+        return float(self.rope_parameters["rope_theta"])

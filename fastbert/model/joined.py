@@ -68,9 +68,25 @@ class _Joined(torch.autograd.Function):
         return (None, None, *dweight.split(ctx.rows), *dbias.split(ctx.rows))
 
 
-def trainable(weight: torch.Tensor, bias: torch.Tensor, weights, biases) -> Tuple[torch.Tensor, torch.Tensor]:
-    """`weight` and `bias` (share_storage's joins of weights and of biases, views_of true) as
-    autograd takes them: the concatenations of the parts, with no copy forward (torch.cat would
-    make one every step) and each part's gradient a slice of the joined one's; one autograd node
-    for both."""
+class _JoinedWeight(torch.autograd.Function):
+    """_Joined for parts with no bias: the fused weight, then the weights it joins."""
+
+    @staticmethod
+    def forward(ctx, weight, *params):
+        ctx.rows = [p.shape[0] for p in params]
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, dweight):
+        return (None, *dweight.split(ctx.rows))
+
+
+def trainable(weight: torch.Tensor, bias: Optional[torch.Tensor], weights, biases
+              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """`weight` and `bias` (share_storage's joins of weights and of biases, views_of true; bias None
+    where the parts have none) as autograd takes them: the concatenations of the parts, with no copy
+    forward (torch.cat would make one every step) and each part's gradient a slice of the joined
+    one's; one autograd node for both."""
+    if bias is None:
+        return _JoinedWeight.apply(weight, *weights), None
     return _Joined.apply(weight, bias, *weights, *biases)

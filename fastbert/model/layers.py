@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastbert import layouts, ops
+from fastbert import layouts, ops, reference
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
 from fastbert.model.joined import joined, share_storage, trainable, views_of
 from fastbert.model.quantize import Int8Linear
@@ -198,12 +198,29 @@ def bias_activation(x: torch.Tensor, bias: torch.Tensor, act: str, backend) -> t
     return OTHER_ACTIVATIONS[act](x + bias)
 
 
+def gated_activation(h: torch.Tensor, act: str, backend) -> torch.Tensor:
+    """act(a) * b of a gated feed-forward's joined input product h = [a, b] (one fused GeGLU for the
+    GELU forms)."""
+    if act in GELU_FORMS:
+        return ops.geglu(h, GELU_FORMS[act], backend=backend)
+    a, b = h.chunk(2, dim=-1)
+    return OTHER_ACTIVATIONS[act](a) * b
+
+
 class BertLayer(nn.Module, BackendMixin):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
+
+    # What a family's layer may add to BERT's (GTE's): rotary positions inside the attention (their
+    # base; None: the embeddings gave absolute positions) and a gated feed-forward (ffn_gated:
+    # act(ffn_input(h)) * ffn_up(h), the two products joined into one, then ffn_output). The
+    # extension's whole-layer routes (encoder.layer_forward, the stacks, the training node) run
+    # neither: such a layer takes the separate ops, in every precision.
+    rotary_base: Optional[float] = None
+    ffn_gated: bool = False
 
     # The layer's parts by role. Everything that runs a layer (here, quantize.py) reads them through
     # these, so a family whose modules have other names (DistilBERT's TransformerBlock) is this
@@ -245,6 +262,26 @@ class BertLayer(nn.Module, BackendMixin):
     def ffn_dropout_p(self) -> float:
         return self.output.dropout.p
 
+    # a gated feed-forward's second input product (ffn_gated) and the dropout between its activation
+    # and ffn_output
+    ffn_up: Optional[nn.Linear] = None
+    ffn_inner_dropout_p: float = 0.0
+
+    def gate_up(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """A gated feed-forward's two input products (ffn_input, then ffn_up) as one GEMM: their
+        weights (and biases, where they have them) joined as the QKV projections' are (see
+        BertSelfAttention.qkv_weight): no copy, nothing that can fall behind the parameters."""
+        parts = (self.ffn_input, self.ffn_up)
+        weights = [m.weight for m in parts]
+        biases = None if parts[0].bias is None else [m.bias for m in parts]
+        if torch.compiler.is_compiling():
+            return torch.cat(weights), None if biases is None else torch.cat(biases)
+        w = joined(self, "gate_up_weight", weights)
+        b = None if biases is None else joined(self, "gate_up_bias", biases)
+        if torch.is_grad_enabled() and any(p.requires_grad for p in weights + (biases or [])):
+            return trainable(w, b, weights, biases)
+        return w, b
+
     def linear_slots(self):
         """(owner module, attribute name) of the six linear layers: query, key, value, attention
         output, FFN input, FFN output (int8 swaps them)."""
@@ -263,7 +300,7 @@ class BertLayer(nn.Module, BackendMixin):
         position bias) is added to the scaled scores by distance, as ops.attention takes it.
         -> (hidden, probabilities [batch, heads, seq, seq] or None). (A model whose layers' reads it
         keeps, BertModel.kept_layers, runs their inference route without this call.)"""
-        if bias is None and head_scale is None and not want_probs and self._one_call():
+        if bias is None and head_scale is None and not want_probs and self._one_call():  # (BERT's layers only)
             mask, cu, n = (mask, None, None) if packed is None else (None, *packed)
             out = layer_forward(hidden, self.weights(), self.self_attention.num_attention_heads,
                                 (self.attention_norm.eps, self.ffn_norm.eps), GELU_FORMS[self.ffn_act], mask, cu, n,
@@ -285,7 +322,8 @@ class BertLayer(nn.Module, BackendMixin):
         come on the Triton backend, plain linear layers, a GELU feed-forward; else None. Each module
         is read once (a lookup costs the host about a microsecond, and a layer has some forty)."""
         sa, act = self.self_attention, self.ffn_act
-        if act not in GELU_FORMS or not layer_training.applies(hidden, self.backend, sa.attention_head_size):
+        if (act not in GELU_FORMS or self.ffn_gated or self.rotary_base is not None
+                or not layer_training.applies(hidden, self.backend, sa.attention_head_size)):
             return None
         out, n1, ffn_in, ffn_out, n2 = (self.attention_output, self.attention_norm, self.ffn_input, self.ffn_output,
                                         self.ffn_norm)
@@ -307,7 +345,7 @@ class BertLayer(nn.Module, BackendMixin):
         each op's Python): inference (grad mode off, eval, not while torch.compile traces or under
         autocast, whose casts the separate ops make), float linear layers, a GELU feed-forward."""
         return (inference_now() and not self.training and self.ffn_act in GELU_FORMS
-                and type(self.ffn_output) is nn.Linear)
+                and type(self.ffn_output) is nn.Linear and not self.ffn_gated and self.rotary_base is None)
 
     def weights(self) -> Union[LayerWeights, Int8LayerWeights]:
         """The layer's tensors as fastbert.ops.encoder takes them: LayerWeights, or Int8LayerWeights
@@ -335,8 +373,13 @@ class BertLayer(nn.Module, BackendMixin):
         p = _dropout_p(self, self.attention_dropout_p)
         h1 = ops.add_layer_norm(attn, hidden, ln.weight, ln.bias, ln.eps, dropout_p=p, backend=self.backend,
                                 seed=_take(seeds, p))
-        inter = ops.linear(h1, self.ffn_input.weight, backend=self.backend)
-        inter = bias_activation(inter, self.ffn_input.bias, self.ffn_act, self.backend)
+        if self.ffn_gated:
+            inter = gated_activation(ops.linear(h1, *self.gate_up(), backend=self.backend), self.ffn_act, self.backend)
+            p = _dropout_p(self, self.ffn_inner_dropout_p)
+            inter = F.dropout(inter, p) if p > 0 else inter
+        else:
+            inter = ops.linear(h1, self.ffn_input.weight, backend=self.backend)
+            inter = bias_activation(inter, self.ffn_input.bias, self.ffn_act, self.backend)
         dense, ln = self.ffn_output, self.ffn_norm
         out = ops.linear(inter, dense.weight, dense.bias, backend=self.backend)
         p = _dropout_p(self, self.ffn_dropout_p)
@@ -391,16 +434,18 @@ class BertLayer(nn.Module, BackendMixin):
         sa = self.self_attention
         heads, d = sa.num_attention_heads, sa.attention_head_size
         p_attn = _dropout_p(self, sa.dropout_p)
+        rotary = self.rotary_base
         probs = None
         if head_scale is None and bias is None and not want_probs:
             ctx = joined_attention(qkv, shape, heads, mask, packed, dropout_p=p_attn, seed=_take(seeds, p_attn),
-                                   backend=self.backend, relative_bias=relative_bias)
+                                   backend=self.backend, relative_bias=relative_bias, rotary_base=rotary)
             if ctx is not None:
                 return ctx, None
         if packed is not None:
             q, k, v = qkv.view(-1, 3, heads, d).unbind(1)  # [tokens, heads, d] each
             ctx = ops.varlen_attention(q, k, v, packed[0], packed[1], dropout_p=p_attn, backend=self.backend,
-                                       relative_bias=relative_bias, seed=_take(seeds, p_attn), validate=False)
+                                       relative_bias=relative_bias, seed=_take(seeds, p_attn), validate=False,
+                                       rotary_base=rotary)
             if head_scale is not None:
                 ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1)
             return ctx.reshape(shape), None
@@ -413,10 +458,13 @@ class BertLayer(nn.Module, BackendMixin):
             if relative_bias is not None:  # spread to [heads, seq, seq] for the explicit path
                 spread = layouts.relative_bias_matrix(relative_bias, seq).float()
                 bias = spread if bias is None else bias + spread
+            if rotary is not None:  # q and k rotated at their positions, as the fused kernels rotate them
+                cos, sin = reference.rotary_tables(rotary, d, seq, q.device)
+                q, k = reference.rotate(q, cos, sin), reference.rotate(k, cos, sin)
             ctx, probs = ops.attention_weights(q, k, v, bias, dropout_p=p_attn)
         else:
             ctx = ops.attention(q, k, v, mask, dropout_p=p_attn, backend=self.backend, relative_bias=relative_bias,
-                                seed=_take(seeds, p_attn))
+                                seed=_take(seeds, p_attn), rotary_base=rotary)
         if head_scale is not None:
             ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1, 1)
         return ctx.transpose(1, 2).reshape(bsz, seq, heads * d), probs

@@ -46,9 +46,9 @@ from torch import nn
 
 from fastbert import ops, reference
 from fastbert.model import stack_plan
-from fastbert.model.checks import check_id_tensor, check_input_shape
+from fastbert.model.checks import check_counting_positions, check_id_tensor, check_input_shape
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
-from fastbert.model.layers import BackendMixin, embed_words
+from fastbert.model.layers import BackendMixin, embed_words, gated_activation
 from fastbert.model.masks import attention_masks
 from fastbert.model.model_utils import trunc_normal_
 from fastbert.model.outputs import BaseModelOutput
@@ -58,7 +58,6 @@ from fastbert.model.stack_plan import module_of
 from fastbert.ops import encoder, layer_training
 from fastbert.ops.attention import joined_attention
 from fastbert.ops.bias_gelu import GELU_FORMS
-from fastbert.ops.checks import check_ids
 
 
 def not_supported(what: str) -> NotImplementedError:
@@ -191,10 +190,7 @@ class ModernBertMLP(nn.Module, BackendMixin):
 
     def gated(self, h: torch.Tensor) -> torch.Tensor:
         """act(input) * gate of Wi's output h = [input, gate] (one fused GeGLU for the GELU forms)."""
-        if self.act in GELU_FORMS:
-            return ops.geglu(h, GELU_FORMS[self.act], backend=self.backend)
-        inp, gate = h.chunk(2, dim=-1)
-        return OTHER_ACTIVATIONS[self.act](inp) * gate
+        return gated_activation(h, self.act, self.backend)
 
 
 class ModernBertEncoderLayer(nn.Module, BackendMixin):
@@ -369,7 +365,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
         compiling = torch.compiler.is_compiling()
         if not compiling:  # value checks read the tensors: skipped while torch.compile traces
             check_id_tensor("input_ids", input_ids, None, cfg.vocab_size, "the vocabulary")
-            _check_positions(position_ids, bsz, seq)
+            check_counting_positions(position_ids, bsz, seq, "ModernBERT")
         key_mask, bias = attention_masks(attention_mask, bsz, seq, cfg.num_attention_heads)
         if bias is not None:
             raise not_supported("an attention_mask other than a padding mask")
@@ -498,18 +494,3 @@ class ModernBertModel(ModernBertPreTrainedModel):
         # (the model's backend as set_backend gave it to its modules); no layers: no delta
         backend = self.embeddings.backend
         return add_norm(self.final_norm, h, None, backend) if delta is None else add_norm(self.final_norm, delta, h, backend)
-
-
-def _check_positions(position_ids: Optional[torch.Tensor], bsz: int, seq: int) -> None:
-    """position_ids [batch or 1, seq] must count 0, 1, 2, ... along each row, up to a constant (the
-    kernels rotate by the row index; a constant shift leaves every score as it is)."""
-    if position_ids is None:
-        return
-    check_ids("fastbert", "position_ids", position_ids)
-    if position_ids.dim() not in (1, 2) or position_ids.shape[-1] != seq or (
-            position_ids.dim() == 2 and position_ids.shape[0] not in (1, bsz)):
-        raise ValueError(f"fastbert: position_ids has shape {tuple(position_ids.shape)}; it must be [batch, seq] = "
-                         f"({bsz}, {seq}) or [1, seq]")
-    rows = position_ids.reshape(-1, seq)
-    if not torch.equal(rows - rows[:, :1], torch.arange(seq, device=rows.device).expand_as(rows)):
-        raise not_supported("position_ids other than 0, 1, 2, ... along each row")

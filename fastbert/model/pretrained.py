@@ -18,6 +18,7 @@ from fastbert.model import stack_plan
 from fastbert.model.checkpoint import (
     SAFE_WEIGHTS_NAME,
     WEIGHTS_NAME,
+    KeyFormat,
     apply_config_overrides,
     load_state_dict,
     match_state_dict,
@@ -38,6 +39,8 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
     config_class = BertConfig  # each family's own (RobertaConfig, ...): what from_pretrained reads
     # keys that share a tensor with another key: not written by save_pretrained, tied on load
     _tied_weights_keys: Dict[str, str] = {}
+    # how the family's checkpoint files name weights where they differ from the modules (GTE's); None: alike
+    checkpoint_format: Optional[KeyFormat] = None
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -203,6 +206,8 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         # copies: safetensors refuses tensors that share memory (the QKV projections are slices of one)
         state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()
                  if k not in self._tied_weights_keys}
+        if self.checkpoint_format is not None:
+            state = self.checkpoint_format.write(state)
         name = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
         tmp = os.path.join(directory, name + ".tmp")
         if safe_serialization:
@@ -255,7 +260,8 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         with _without_init():  # every weight the checkpoint holds is about to be overwritten
             model = cls(config, **init_kwargs)
         state = load_state_dict(path)
-        _, fit = match_state_dict(model.state_dict(), state, model.base_model_prefix, model._tied_weights_keys)
+        _, fit = match_state_dict(model.state_dict(), state, model.base_model_prefix, model._tied_weights_keys,
+                                  model.checkpoint_format)
         if fit["missing_keys"] or fit["mismatched_keys"]:  # a new head: the random init it would have had
             model.post_init()
         dropped = ("pooler.",) if init_kwargs.get("add_pooling_layer") is False else ()  # asked for: not worth a warning
@@ -281,7 +287,8 @@ class BertPreTrainedModel(ModelUtilsMixin, nn.Module):
         loaded); a head's missing or left-over keys (but those starting with one of unused_ok) are
         named in a warning. Returns them all (as transformers' loading info)."""
         own = self.state_dict()
-        renamed, info = match_state_dict(own, state, self.base_model_prefix, self._tied_weights_keys)
+        renamed, info = match_state_dict(own, state, self.base_model_prefix, self._tied_weights_keys,
+                                         self.checkpoint_format)
         if info["mismatched_keys"] and not ignore_mismatched_sizes:
             bad = "; ".join(f"{k}: checkpoint {tuple(a)} vs model {tuple(b)}" for k, a, b in info["mismatched_keys"])
             raise ValueError(f"fastbert: {source} does not fit this config: {bad} "

@@ -521,6 +521,20 @@ def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple
     return h2, xq
 
 
+def int8_gated_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights,
+                          gate_up: Tuple[Tensor, Tensor, Optional[Tensor]], eps: Tuple[float, float],
+                          gated: Callable[[Tensor], Tensor], quantize_out: bool):
+    """int8_layer_rest for a layer with a gated feed-forward (GTE's): gate_up = (int8 weight, scale,
+    bias or None) of its two input products joined, gated: act(a) * b of their float output [a, b].
+    -> (the layer's output [rows, h], its quantized rows or None unless quantize_out)."""
+    h1, xq, _ = int8_add_norm(quantize_rows(ctx), w.out_weight, w.out_scale, w.out_bias, hidden, w.norm1_weight,
+                              w.norm1_bias, eps[0], True, False)
+    xq = quantize_rows(gated(int8_linear(xq, *gate_up, hidden.dtype)))
+    h2, xq, _ = int8_add_norm(xq, w.ffn_out_weight, w.ffn_out_scale, w.ffn_out_bias, h1, w.norm2_weight,
+                              w.norm2_bias, eps[1], quantize_out, False)
+    return h2, xq
+
+
 def int8_linear(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tensor, bias: Optional[Tensor],
                 dtype: torch.dtype) -> Tensor:
     """An int8 linear layer (weight int8, per-channel scale, float bias or None) of the quantized

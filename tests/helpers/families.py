@@ -1,4 +1,4 @@
-"""The other BERT families (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT) beside transformers'
+"""The other BERT families (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, GTE) beside transformers'
 classes: each family's configuration at a small size, random-weight pairs, batches and labels."""
 import pytest
 import torch
@@ -19,9 +19,11 @@ CONFIGS = {
     # DistilBERT's own field names
     "distilbert": dict(vocab_size=97, dim=64, n_layers=2, n_heads=2, hidden_dim=96, dropout=0.0, attention_dropout=0.0,
                        max_position_embeddings=64),
+    # rotary positions (no table), a gated feed-forward, two token types (gte-multilingual-base has one)
+    "gte": dict(SMALL, vocab_size=120, type_vocab_size=2, pad_token_id=1),
 }
 PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "electra": "Electra",
-          "distilbert": "DistilBert"}
+          "distilbert": "DistilBert", "gte": "Gte"}
 
 
 def hf_config(family, **kw):

@@ -81,9 +81,9 @@ def e5_directory(directory, pooling: str = "mean", dense: bool = False):
 def family_st_directory(directory, family: str):
     """A sentence-transformers directory of `family` at a small width, random weights: "mpnet" in
     all-mpnet-base-v2's layout (MPNet with its pooler, 514 positions), "modernbert" in
-    modernbert-embed's (global and sliding layers, a window the sentences outgrow); either with the
-    Unigram tokenizer (<s> 0, <pad> 1, </s> 2: MPNet's ids, given to ModernBERT's config too), mean
-    pooling, Normalize."""
+    modernbert-embed's (global and sliding layers, a window the sentences outgrow), "gte" in
+    gte-multilingual-base's ([CLS] pooling); each with the Unigram tokenizer (<s> 0, <pad> 1, </s> 2:
+    MPNet's ids, given to the other configs too), mean pooling (GTE's: [CLS]), Normalize."""
     import transformers
     from sentence_transformers import SentenceTransformer
 
@@ -93,8 +93,12 @@ def family_st_directory(directory, family: str):
     small = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                  intermediate_size=128, initializer_range=0.2, pad_token_id=1, bos_token_id=0, eos_token_id=2)
     torch.manual_seed(0)
+    pooling = "mean"
     if family == "mpnet":
         model = transformers.MPNetModel(transformers.MPNetConfig(max_position_embeddings=514, **small))
+    elif family == "gte":  # gte-multilingual-base's layout: one token type, [CLS] pooling
+        model = transformers.GteModel(transformers.GteConfig(type_vocab_size=1, **small))
+        pooling = "cls"
     else:
         model = transformers.ModernBertModel(transformers.ModernBertConfig(
             cls_token_id=0, sep_token_id=2, local_attention=8, global_attn_every_n_layers=2, **small))
@@ -102,7 +106,7 @@ def family_st_directory(directory, family: str):
     model.save_pretrained(hf)
     tok.save_pretrained(hf)
     first = Transformer(hf)
-    model = SentenceTransformer(modules=[first, Pooling(64, pooling_mode="mean"), Normalize()], device="cpu")
+    model = SentenceTransformer(modules=[first, Pooling(64, pooling_mode=pooling), Normalize()], device="cpu")
     out = os.path.join(str(directory), "st")
     model.save(out)
     return out
