@@ -1,6 +1,6 @@
-"""ModernBERT-base (or MPNet-base, --model mpnet, or gte-multilingual-base, --model gte) on fastbert against transformers' own model and,
-with the peers, the same model exported to ONNX and run by ONNX Runtime and by OpenVINO, on the
-CPU, same random weights, same batches, in one process.
+"""ModernBERT-base (or MPNet-base, --model mpnet, or gte-multilingual-base, --model gte) on fastbert
+against transformers' own model and, with the peers, the same model exported to ONNX and run by ONNX
+Runtime and by OpenVINO, on the CPU, same random weights, same batches, in one process.
 
 The model: transformers' ModernBertConfig defaults, which are ModernBERT-base's (22 layers, hidden
 768, 12 heads, GeGLU 1152, vocabulary 50,368, a global layer every third with rotary base 160,000,

@@ -33,7 +33,6 @@ from fastbert.model.layers import BackendMixin, BertLayer, BertPooler, RenamedSe
 from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.model.roberta import RobertaLMHead
 
-
 # GTE's files keep the original model's names (transformers reads them into its modules' names, and
 # writes them back): the QKV projections joined, gate and up joined (up first), other names for the
 # norms, the layers under encoder.layer, a task model's encoder under "new." in the original files

@@ -105,7 +105,7 @@ def _entry(layer: nn.Module, reads: dict, int8: bool):
     """(tensors, products, heads, eps1, eps2, form, backend) of one layer, or None where the
     extension's whole layer does not run it: what BertLayer._one_call asks of a float layer that
     does not change from call to call (eval mode, nn.Linear layers, a GELU feed-forward, BERT's
-    absolute positions); int8: Int8Linear layers, a GELU feed-forward, absolute positions.""" 
+    absolute positions); int8: Int8Linear layers, a GELU feed-forward, absolute positions."""
     r = Reader(layer, reads)
     act, linear = r.ffn_act, Int8Linear if int8 else nn.Linear
     sa = r.self_attention
