@@ -1,12 +1,13 @@
 """Korean text through the families Korean users deploy: a KLUE-style RoBERTa (a WordPiece vocabulary
-of Hangul syllables, model_type "roberta", one token type) and XLM-R with a Unigram tokenizer, both
-against transformers on the same tokenized Korean sentences, in fp32 and int8."""
+of Hangul syllables, model_type "roberta", one token type), XLM-R with a Unigram tokenizer and
+gte-multilingual-reranker-base's shape (GTE on XLM-R's tokenizer), each against transformers on the
+same tokenized Korean sentences, in fp32 and int8."""
 import pytest
 import torch
 
 import fastbert
 from fastbert.data.vocab import train_wordpiece
-from tests.helpers.st_dirs import KOREAN, xlmr_checkpoint
+from tests.helpers.st_dirs import KOREAN, unigram_tokenizer, xlmr_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,10 +27,24 @@ def klue_style_checkpoint(directory):
     return str(directory)
 
 
-@pytest.mark.parametrize("kind", ["klue-roberta", "xlm-roberta"])
+def gte_multilingual_checkpoint(directory):
+    """A GTE sequence classifier (one token type, rotary base 160000) on an XLM-R-style Unigram tokenizer."""
+    tok = unigram_tokenizer()
+    cfg = transformers.GteConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=128, type_vocab_size=1, pad_token_id=tok.pad_token_id, num_labels=3,
+                                 initializer_range=0.1)
+    torch.manual_seed(0)
+    transformers.GteForSequenceClassification(cfg).eval().save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.mark.parametrize("kind", ["klue-roberta", "xlm-roberta", "gte-multilingual"])
 def test_korean_sentences_match_transformers(tmp_path, kind):
     if kind == "klue-roberta":
         path = klue_style_checkpoint(tmp_path / "m")
+    elif kind == "gte-multilingual":
+        path = gte_multilingual_checkpoint(tmp_path / "m")
     else:
         path = xlmr_checkpoint(tmp_path / "m", head="XLMRobertaForSequenceClassification", num_labels=3,
                                initializer_range=0.1)
