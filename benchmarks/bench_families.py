@@ -1,7 +1,9 @@
 """The families on fastbert's one encoder, each built by transformers from its real base configuration
 with random weights (roberta-base, xlm-roberta-base with its 250,002-token vocabulary, camembert-base,
 electra-small-discriminator with its 128-wide embeddings and their projection, distilbert-base,
-bert-base), at --layers layers:
+bert-base, gte-multilingual-base (rotary, gated feed-forward, 250,048 tokens), nomic-embed-text-v1.5
+(no biases, SwiGLU), jina-embeddings-v3 (XLM-R large's widths, rotary)), at --layers layers; a class
+transformers does not have for a family (GTE's question answering) is left out:
 
 1. family x class: the max abs error of fastbert's outputs (at real tokens) and of every parameter's
    gradient (over the largest gradient of any parameter) against transformers in fp32 on the same
@@ -41,6 +43,11 @@ REAL = {  # each family's published base configuration (what its config.json hol
                                     layer_norm_eps=1e-5)),
     "electra": ("Electra", dict(embedding_size=128, hidden_size=256, num_attention_heads=4, intermediate_size=1024)),
     "distilbert": ("DistilBert", dict()),  # distilbert-base: BERT-base's widths under its own names
+    "gte": ("Gte", dict(vocab_size=250048, max_position_embeddings=8192, type_vocab_size=1, pad_token_id=1)),
+    "nomic_bert": ("NomicBert", dict(vocab_size=30528, max_position_embeddings=2048, type_vocab_size=2, pad_token_id=0)),
+    "jina_embeddings_v3": ("JinaEmbeddingsV3", dict(vocab_size=250002, hidden_size=1024, num_attention_heads=16,
+                                                    intermediate_size=4096, max_position_embeddings=8194,
+                                                    type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5)),
 }
 HEADS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"]
 
@@ -122,8 +129,12 @@ def int8_cosine(hm, ids, mask):
 def family_table(layers):
     g = torch.Generator().manual_seed(0)
     print(f"\n{'family':<12} {'class':<36} {'out err':>9} {'grad err':>9} {'reload':>7} {'int8 cos mean/min':>18}")
+    import transformers
+
     for family in REAL:
         for head in HEADS:
+            if not hasattr(transformers, REAL[family][0] + head):
+                continue
             hm, fm = build(family, head, layers)
             ids, mask = batch(hm.config, g)
             out_err, grad_err = errors(hm, fm, ids, mask)

@@ -100,12 +100,15 @@ def memory_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2 * nbytes / best / 1e9
 
 
+GATED_FAMILIES = ("modernbert", "gte", "nomic_bert")  # model types whose feed-forward is gated
+
+
 def _product_flops_per_token(config) -> float:
     """FLOPs of one token through one layer's products: the four attention projections and the
-    feed-forward (ModernBERT's GeGLU: a projection to twice the intermediate size, then back),
-    2 FLOPs per multiply-add."""
+    feed-forward (a gated one, ModernBERT's, GTE's and NomicBERT's: a projection to twice the
+    intermediate size, then back), 2 FLOPs per multiply-add."""
     d, f = config.hidden_size, config.intermediate_size
-    geglu = getattr(config, "model_type", None) == "modernbert"
+    geglu = getattr(config, "model_type", None) in GATED_FAMILIES
     return 2 * (4 * d * d + (3 if geglu else 2) * d * f)
 
 

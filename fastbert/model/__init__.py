@@ -5,7 +5,8 @@ models), quantize.py (int8 inference: quantize_ and the int8 encoder); the other
 encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py, distilbert.py; ModernBERT (pre-LN, rotary and
 local attention, GeGLU: a layer of its own on the same ops): modernbert.py and modernbert_heads.py; MPNet (a relative
 position bias in every layer's attention): mpnet.py; GTE (BERT's layer with rotary positions and a gated
-feed-forward): gte.py; auto.py (the class for a model_type)."""
+feed-forward): gte.py, NomicBERT (GTE's layer without biases): nomic_bert.py, Jina embeddings v3 (GTE's
+layer with BERT's feed-forward, RoBERTa's heads): jina_embeddings_v3.py; auto.py (the class for a model_type)."""
 from fastbert.model.auto import (
     AutoConfig,
     AutoModel,
@@ -22,8 +23,10 @@ from fastbert.model.config import (
     DistilBertConfig,
     ElectraConfig,
     GteConfig,
+    JinaEmbeddingsV3Config,
     ModernBertConfig,
     MPNetConfig,
+    NomicBertConfig,
     RobertaConfig,
     XLMRobertaConfig,
 )
@@ -55,6 +58,13 @@ from fastbert.model.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from fastbert.model.jina_embeddings_v3 import (
+    JinaEmbeddingsV3ForMaskedLM,
+    JinaEmbeddingsV3ForQuestionAnswering,
+    JinaEmbeddingsV3ForSequenceClassification,
+    JinaEmbeddingsV3ForTokenClassification,
+    JinaEmbeddingsV3Model,
+)
 from fastbert.model.modernbert import ModernBertModel
 from fastbert.model.modernbert_heads import (
     ModernBertForMaskedLM,
@@ -68,6 +78,12 @@ from fastbert.model.mpnet import (
     MPNetForSequenceClassification,
     MPNetForTokenClassification,
     MPNetModel,
+)
+from fastbert.model.nomic_bert import (
+    NomicBertForMaskedLM,
+    NomicBertForSequenceClassification,
+    NomicBertForTokenClassification,
+    NomicBertModel,
 )
 from fastbert.model.outputs import (
     BaseModelOutputWithPooling,
@@ -119,5 +135,8 @@ __all__ += [
     "ModernBertForTokenClassification", "ModernBertForQuestionAnswering",
     "MPNetConfig", "MPNetModel", "MPNetForMaskedLM", "MPNetForSequenceClassification", "MPNetForTokenClassification",
     "MPNetForQuestionAnswering", "GteConfig", "GteModel", "GteForMaskedLM", "GteForSequenceClassification",
-    "GteForTokenClassification",
+    "GteForTokenClassification", "NomicBertConfig", "NomicBertModel", "NomicBertForMaskedLM",
+    "NomicBertForSequenceClassification", "NomicBertForTokenClassification", "JinaEmbeddingsV3Config",
+    "JinaEmbeddingsV3Model", "JinaEmbeddingsV3ForMaskedLM", "JinaEmbeddingsV3ForSequenceClassification",
+    "JinaEmbeddingsV3ForTokenClassification", "JinaEmbeddingsV3ForQuestionAnswering",
 ]

@@ -346,3 +346,42 @@ class GteConfig(BertConfig):
     @property
     def rope_theta(self) -> float:
         return float(self.rope_parameters["rope_theta"])
+
+
+class NomicBertConfig(GteConfig):
+    """transformers' NomicBertConfig: its fields and defaults (nomic-embed-text-v1.5's): GTE's
+    structure without biases, SwiGLU (hidden_act "silu"), two token types, rope_theta 1000. head_dim,
+    which transformers keeps, must be hidden_size / num_attention_heads."""
+
+    model_type = "nomic_bert"
+    _defaults = dict(vocab_size=30528, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                     intermediate_size=3072, hidden_act="silu", hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, max_position_embeddings=2048, type_vocab_size=2,
+                     initializer_range=0.02, layer_norm_eps=1e-12, pad_token_id=0, classifier_dropout=None,
+                     bos_token_id=None, eos_token_id=None, tie_word_embeddings=True, rope_parameters=None,
+                     problem_type=None, output_hidden_states=False, output_attentions=False, return_dict=True)
+    default_rope_theta = 1000.0
+
+    def __init__(self, **kwargs):
+        head_dim = kwargs.pop("head_dim", None)
+        super().__init__(**kwargs)
+        if head_dim is not None and head_dim != self.head_dim:
+            raise ValueError(f"fastbert.{type(self).__name__}: head_dim {head_dim} is not hidden_size / "
+                             f"num_attention_heads ({self.head_dim}); fastbert runs heads that split the hidden size")
+
+    def to_dict(self):
+        return dict(sorted({**super().to_dict(), "head_dim": self.head_dim}.items()))
+
+
+class JinaEmbeddingsV3Config(GteConfig):
+    """transformers' JinaEmbeddingsV3Config: its fields and defaults (jina-embeddings-v3's: XLM-R large's
+    shape, 24 layers, hidden 1024, rotary base 20000, one token type, a plain GELU feed-forward)."""
+
+    model_type = "jina_embeddings_v3"
+    _defaults = dict(vocab_size=250002, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                     intermediate_size=4096, hidden_act="gelu", hidden_dropout_prob=0.1,
+                     attention_probs_dropout_prob=0.1, max_position_embeddings=8194, type_vocab_size=1,
+                     initializer_range=0.02, layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                     use_cache=True, classifier_dropout=None, tie_word_embeddings=True, rope_parameters=None,
+                     problem_type=None, output_hidden_states=False, output_attentions=False, return_dict=True)
+    default_rope_theta = 20000.0

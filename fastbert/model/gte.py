@@ -81,29 +81,32 @@ class GteAttention(RenamedSelfAttention):
 
 
 class GteMLP(nn.Module):
-    """gate_proj, up_proj (no biases), dropout, down_proj: down_proj(dropout(act(gate_proj(h)) * up_proj(h)))."""
+    """gate_proj, up_proj (no biases), dropout, down_proj: down_proj(dropout(act(gate_proj(h)) * up_proj(h)))
+    (biased False: down_proj without a bias and no dropout, NomicBERT's)."""
 
-    def __init__(self, config: GteConfig):
+    def __init__(self, config: GteConfig, biased: bool = True):
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=biased)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if biased else 0.0)
         self.hidden_act = config.hidden_act
 
 
 class GteLayer(BertLayer):
-    """BertLayer (its code: fused ops, packed and padded, int8) on GTE's modules, rotary and gated."""
+    """BertLayer (its code: fused ops, packed and padded, int8) on GTE's modules, rotary and gated
+    (biased False: no bias in any projection, NomicBERT's layer)."""
 
     ffn_gated = True
+    biased = True
 
     def __init__(self, config: GteConfig):
         nn.Module.__init__(self)
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.post_attention_dropout = nn.Dropout(config.hidden_dropout_prob)
         self.post_mlp_dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.mlp = GteMLP(config)
-        self.self_attn = GteAttention(config)
+        self.mlp = GteMLP(config, self.biased)
+        self.self_attn = GteAttention(config, bias=self.biased)
         self.post_mlp_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.rotary_base = config.rope_theta
 
@@ -132,13 +135,14 @@ class GteModel(BertModel):
     config_class = GteConfig
     base_model_prefix = "gte"
     embeddings_class = GteEmbeddings
+    layer_class = GteLayer
     checkpoint_format = CHECKPOINT_FORMAT
 
     def __init__(self, config: GteConfig, add_pooling_layer: bool = False):
         BertPreTrainedModel.__init__(self, config)
         self.embeddings = GteEmbeddings(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None  # (before the layers, as transformers orders them)
-        self.layers = nn.ModuleList([GteLayer(config) for _ in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList([self.layer_class(config) for _ in range(config.num_hidden_layers)])
         self.post_init()
 
     @property

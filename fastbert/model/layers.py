@@ -82,29 +82,29 @@ class BertSelfAttention(nn.Module):
     # family's own names, with the output projection)
     names: Tuple[str, ...] = ("query", "key", "value")
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, bias: bool = True):
         super().__init__()
         self.num_attention_heads = config.num_attention_heads
         self.attention_head_size = config.head_dim
         self.all_head_size = config.hidden_size
-        for name in self.names:
-            setattr(self, name, nn.Linear(config.hidden_size, config.hidden_size))
+        for name in self.names:  # (bias False: NomicBERT's projections have none)
+            setattr(self, name, nn.Linear(config.hidden_size, config.hidden_size, bias=bias))
         self.dropout_p = config.attention_probs_dropout_prob
         self._fused = (None, None)  # the QKV weight and bias, whose slices the three projections' parameters are
 
-    def qkv_weight(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def qkv_weight(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The three projections as one [3 * hidden, hidden] GEMM. The three weights (and biases)
         are views into one tensor, which is then the concatenation itself: no copy, and nothing that
         can fall behind the parameters (see views_of). Under autograd it enters the graph as their
         concatenation (joined.trainable: each gradient a slice of the joined one); while
-        torch.compile traces, as torch.cat of them."""
+        torch.compile traces, as torch.cat of them. The bias is None where the projections have none."""
         weights = (self.query.weight, self.key.weight, self.value.weight)
         biases = (self.query.bias, self.key.bias, self.value.bias)
         if torch.compiler.is_compiling():
-            return torch.cat(weights), torch.cat(biases)
+            return torch.cat(weights), None if biases[0] is None else torch.cat(biases)
         w, b = self.fused_qkv()
-        if torch.is_grad_enabled() and any(p.requires_grad for p in weights + biases):
-            return trainable(w, b, weights, biases)
+        if torch.is_grad_enabled() and any(p is not None and p.requires_grad for p in weights + biases):
+            return trainable(w, b, weights, None if b is None else biases)
         return w, b
 
     def qkv_parameters(self) -> Tuple[torch.Tensor, ...]:
@@ -119,10 +119,11 @@ class BertSelfAttention(nn.Module):
         parts: qkv_parameters(), when the caller has read them."""
         parts = parts or self.qkv_parameters()
         w, b = self._fused
-        if not (views_of(w, parts[:3]) and views_of(b, parts[3:])):
+        biased = parts[3] is not None
+        if not (views_of(w, parts[:3]) and (not biased or views_of(b, parts[3:]))):
             with torch.no_grad():
-                self._fused = w, b = (share_storage(parts[:3]), share_storage(parts[3:]))
-        return w, b
+                self._fused = w, b = (share_storage(parts[:3]), share_storage(parts[3:]) if biased else None)
+        return w, (b if biased else None)
 
     def joined_qkv(self) -> tuple:
         """The three projections' tensors, each kind joined into one: (weight, bias) as qkv_weight()
@@ -131,7 +132,7 @@ class BertSelfAttention(nn.Module):
         if isinstance(mods[0], Int8Linear):
             return (joined(self, "int8_weight", [m.weight for m in mods]),
                     joined(self, "int8_scale", [m.weight_scale for m in mods]),
-                    joined(self, "int8_bias", [m.bias for m in mods]))
+                    None if mods[0].bias is None else joined(self, "int8_bias", [m.bias for m in mods]))
         return self.qkv_weight()
 
 

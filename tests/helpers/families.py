@@ -1,5 +1,6 @@
-"""The other BERT families (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, GTE) beside transformers'
-classes: each family's configuration at a small size, random-weight pairs, batches and labels."""
+"""The other BERT families (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, GTE, NomicBERT, Jina v3)
+beside transformers' classes: each family's configuration at a small size, random-weight pairs, batches
+and labels."""
 import pytest
 import torch
 
@@ -21,9 +22,14 @@ CONFIGS = {
                        max_position_embeddings=64),
     # rotary positions (no table), a gated feed-forward, two token types (gte-multilingual-base has one)
     "gte": dict(SMALL, vocab_size=120, type_vocab_size=2, pad_token_id=1),
+    # GTE's layer without biases, SwiGLU
+    "nomic_bert": dict(SMALL, vocab_size=120, type_vocab_size=2),
+    # GTE's layer with BERT's feed-forward, RoBERTa's heads
+    "jina_embeddings_v3": dict(SMALL, vocab_size=120, type_vocab_size=1, pad_token_id=1),
 }
 PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "electra": "Electra",
-          "distilbert": "DistilBert", "gte": "Gte"}
+          "distilbert": "DistilBert", "gte": "Gte",
+          "nomic_bert": "NomicBert", "jina_embeddings_v3": "JinaEmbeddingsV3"}
 
 
 def hf_config(family, **kw):
