@@ -14,7 +14,10 @@ transformers' default attention for MPNet (switching its config to "sdpa" after 
 changed its outputs by 0.17 here: the bias was lost); its positions stop at 512 tokens, so one2048
 is not run for it. --model gte: transformers' GteConfig defaults (gte-multilingual-base's: 12 layers,
 hidden 768, gated feed-forward 3072, vocabulary 250,048, rotary base 160,000), sdpa, against
-fastbert's post-LN encoder with the rotation inside the attention kernel and the GeGLU fused.
+fastbert's post-LN encoder with the rotation inside the attention kernel and the GeGLU fused;
+--model nomic_bert (nomic-embed-text-v1.5's: GTE's layer without biases, SwiGLU, rotary base 1000)
+and --model jina_embeddings_v3 (jina-embeddings-v3's: 24 layers, hidden 1024, rotary base 20000, a
+plain GELU feed-forward) the same way.
 
 The peers (--peers, both by default; the optional extra `pip install -e .[peers]`; a missing one
 is skipped with a printed reason): transformers' model is exported once to ONNX, into a temporary
@@ -51,8 +54,9 @@ against transformers' fp32 output, fastbert's included, and an int8 engine whose
 to it over the real tokens is under INT8_LEAST_COSINE is reported as disagreeing and not timed.
 "vs X" is X's time over fastbert's: fastbert's speed-up over X.
 
-    python benchmarks/bench_modernbert.py [--model modernbert|mpnet|gte] [--workloads var128,var512,one2048]
-        [--layers N] [--rounds 5] [--peers onnxruntime,openvino] [--dtype float32|bfloat16|int8] [--json PATH]
+    python benchmarks/bench_modernbert.py [--model modernbert|mpnet|gte|nomic_bert|jina_embeddings_v3]
+        [--workloads var128,var512,one2048] [--layers N] [--rounds 5] [--peers onnxruntime,openvino]
+        [--dtype float32|bfloat16|int8] [--json PATH]
 """
 from __future__ import annotations
 
@@ -68,7 +72,8 @@ from fastbert.bench.workloads import MODERN_ARCHS, WORKLOADS, make_batch, modern
 
 MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512")}, "one2048": dict(batch=1, lo=2048, hi=2048),
                     "small": dict(batch=4, lo=40, hi=160)}
-DEFAULT_WORKLOADS = {"modernbert": "var128,var512,one2048", "mpnet": "var128,var512", "gte": "var128,var512"}
+DEFAULT_WORKLOADS = {"modernbert": "var128,var512,one2048", "mpnet": "var128,var512", "gte": "var128,var512",
+                     "nomic_bert": "var128,var512", "jina_embeddings_v3": "var128,var512"}
 # max abs error at real tokens that is still rounding noise (values up to about 4): fp32 (1e-6 measured);
 # bf16, every engine rounding its own way through 22 layers
 TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 0.5}
@@ -196,9 +201,9 @@ def main(argv=None):
     ap = parser(__doc__)
     ap.add_argument("--model", default="modernbert", choices=sorted(MODERN_ARCHS))
     ap.add_argument("--workloads", default=None,
-                    help=f"of {', '.join(MODERN_WORKLOADS)} (default: {DEFAULT_WORKLOADS['modernbert']}; mpnet "
-                         f"and gte: {DEFAULT_WORKLOADS['mpnet']})")
-    ap.add_argument("--layers", type=int, default=None, help="default: the model's base depth (22, 12)")
+                    help=f"of {', '.join(MODERN_WORKLOADS)} (default: {DEFAULT_WORKLOADS['modernbert']}; the "
+                         f"others: {DEFAULT_WORKLOADS['mpnet']})")
+    ap.add_argument("--layers", type=int, default=None, help="default: the model's base depth (22, 12, 24)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--peers", default=",".join(ONNX_PEERS),
                     help=f"comma-separated, of {', '.join(ONNX_PEERS)} (default: both; '' for none)")
