@@ -128,7 +128,7 @@ def int8_cosine(hm, ids, mask):
 
 def family_table(layers):
     g = torch.Generator().manual_seed(0)
-    print(f"\n{'family':<12} {'class':<36} {'out err':>9} {'grad err':>9} {'reload':>7} {'int8 cos mean/min':>18}")
+    print(f"\n{'family':<19} {'class':<42} {'out err':>9} {'grad err':>9} {'reload':>7} {'int8 cos mean/min':>18}")
     import transformers
 
     for family in REAL:
@@ -141,7 +141,7 @@ def family_table(layers):
             ok = reloads(hm, fm, ids, mask)
             cos = int8_cosine(hm, ids, mask) if head == "Model" else None
             cos_text = f"{cos[0]:.5f}/{cos[1]:.5f}" if cos else ""
-            print(f"{family:<12} {type(fm).__name__:<36} {out_err:>9.2e} {grad_err:>9.2e} {'yes' if ok else 'NO':>7} "
+            print(f"{family:<19} {type(fm).__name__:<42} {out_err:>9.2e} {grad_err:>9.2e} {'yes' if ok else 'NO':>7} "
                   f"{cos_text:>18}", flush=True)
 
 
