@@ -48,17 +48,18 @@ def pair(name, base=None, seed=0, backend=None, **kw):
     return hm, fm.set_backend(backend)
 
 
-def batch(bsz, seq, g, lengths=None, left=False):
-    """(input_ids starting with [CLS] and ending each sequence with [SEP], attention_mask)."""
+def batch(bsz, seq, g, lengths=None, left=False, config=SMALL):
+    """(input_ids starting with [CLS] and ending each sequence with [SEP], attention_mask): the ids of
+    `config` (vocab_size, cls_token_id, sep_token_id, pad_token_id; ModernBERT's small one by default)."""
     lengths = lengths or (seq,) * bsz
-    ids = torch.randint(3, SMALL["vocab_size"], (bsz, seq), generator=g)
+    ids = torch.randint(3, config["vocab_size"], (bsz, seq), generator=g)
     mask = torch.zeros(bsz, seq, dtype=torch.long)
     for b, n in enumerate(lengths):
         span = slice(seq - n, seq) if left else slice(0, n)
         mask[b, span] = 1
-        ids[b, span.start] = SMALL["cls_token_id"]
-        ids[b, span.stop - 1] = SMALL["sep_token_id"]
-    return ids.masked_fill(mask == 0, SMALL["pad_token_id"]), mask
+        ids[b, span.start] = config["cls_token_id"]
+        ids[b, span.stop - 1] = config["sep_token_id"]
+    return ids.masked_fill(mask == 0, config["pad_token_id"]), mask
 
 
 def inputs(name, seed, lengths=LENGTHS, left=False):
@@ -91,6 +92,40 @@ def check_close(errors, tag, got, want):
     scale = max(want.abs().max().item() if want.numel() else 0.0, FLOOR)
     errors[tag] = err
     assert err <= REL * scale, f"{tag}: max abs error {err:.3e} > {REL:g} x {scale:.3e}"
+
+
+def parity(hm, fm, ids, mask, extra=None, grads=True, grad_check=None, **kwargs):
+    """Every output of fastbert's model against transformers' (per-token ones at the real tokens),
+    then every parameter's gradient of (loss + random-weighted outputs). -> {what: max abs error}.
+    grad_check(errors, name, ours, theirs): a family's own check of a parameter's gradient, True
+    where it made one (MPNet's key bias, which has none in exact arithmetic)."""
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    hout, fout = (m(input_ids=ids, attention_mask=mask, **(extra or {}), **kwargs) for m in (hm, fm))
+    assert list(fout.keys()) == list(hout.keys())
+    errors, totals = {}, [0.0, 0.0]
+    g = torch.Generator().manual_seed(5)
+    for key in fout.keys():
+        many = key in ("hidden_states", "attentions")  # one per layer; attentions: every row, padded ones too
+        assert not many or len(fout[key]) == len(hout[key]), key
+        pairs = zip(fout[key], hout[key]) if many else [(fout[key], hout[key])]
+        for i, (a, b) in enumerate(pairs):
+            if a.dim() >= 2 and tuple(a.shape[:2]) == tuple(ids.shape):
+                a, b = a[real], b[real]
+            check_close(errors, f"{key}[{i}]" if many else key, a, b)
+            w = torch.randn(a.shape, generator=g)
+            totals = [totals[0] + (a * w).sum(), totals[1] + (b * w).sum()]
+    if not grads:
+        return errors
+    for total in totals:
+        total.backward()
+    theirs = dict(hm.named_parameters(remove_duplicate=False))  # a tied weight under either name
+    ours = dict(fm.named_parameters())
+    assert set(ours) <= set(theirs) and len(ours) == len(dict(hm.named_parameters()))
+    for pname, p in ours.items():
+        assert p.grad is not None and theirs[pname].grad is not None, f"no gradient for {pname}"
+        if grad_check is None or not grad_check(errors, pname, p, theirs):
+            check_close(errors, f"grad {pname}", p.grad, theirs[pname].grad)
+    return errors
 
 
 def assert_full_size_matches(hm, parity, seq, short, pad=None, **kw):

@@ -22,7 +22,9 @@ from tests.helpers.modernbert import (
     assert_paths_agree,
     check_close,
     labels_for,
+    parity,
 )
+from tests.helpers.modernbert import batch as shared_batch
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,6 +32,7 @@ SMALL = dict(vocab_size=100, hidden_size=64, num_attention_heads=4, num_hidden_l
              type_vocab_size=2, hidden_dropout_prob=0.0, pad_token_id=1, rope_parameters={"rope_theta": 500.0,
                                                                                           "rope_type": "default"})
 CLS, PAD, SEP = 0, 1, 2
+IDS = dict(vocab_size=SMALL["vocab_size"], cls_token_id=CLS, sep_token_id=SEP, pad_token_id=PAD)
 NAMES = ["GteModel", "GteForMaskedLM", "GteForSequenceClassification", "GteForTokenClassification"]
 MAIN = {"GteModel": "last_hidden_state"}
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -61,45 +64,8 @@ def pair(name, seed=0, **kw):
 
 def batch(bsz, seq, g, lengths=None, left=False):
     """(input_ids: [CLS] ... [SEP] then padding, attention_mask, token_type_ids: 1 on the second half)."""
-    lengths = lengths or (seq,) * bsz
-    ids = torch.randint(3, SMALL["vocab_size"], (bsz, seq), generator=g)
-    mask = torch.zeros(bsz, seq, dtype=torch.long)
-    for b, n in enumerate(lengths):
-        span = slice(seq - n, seq) if left else slice(0, n)
-        mask[b, span] = 1
-        ids[b, span.start], ids[b, span.stop - 1] = CLS, SEP
-    types = (torch.arange(seq) >= seq // 2).long().expand(bsz, seq) * mask
-    return ids.masked_fill(mask == 0, PAD), mask, types
-
-
-def parity(hm, fm, ids, mask, extra=None, grads=True, **kwargs):
-    """Every output of fastbert's model against transformers' (per-token ones at the real tokens),
-    then every parameter's gradient of (loss + random-weighted outputs). -> {what: max abs error}."""
-    extra = extra or {}
-    real = mask.bool()
-    hout, fout = (m(input_ids=ids, attention_mask=mask, **extra, **kwargs) for m in (hm, fm))
-    assert list(fout.keys()) == list(hout.keys())
-    errors, totals = {}, [0.0, 0.0]
-    g = torch.Generator().manual_seed(5)
-    for key in fout.keys():
-        pairs = zip(fout[key], hout[key]) if key in ("hidden_states", "attentions") else [(fout[key], hout[key])]
-        for i, (a, b) in enumerate(pairs):
-            if a.dim() >= 2 and tuple(a.shape[:2]) == tuple(ids.shape):
-                a, b = a[real], b[real]
-            check_close(errors, key if key not in ("hidden_states", "attentions") else f"{key}[{i}]", a, b)
-            w = torch.randn(a.shape, generator=g)
-            totals = [totals[0] + (a * w).sum(), totals[1] + (b * w).sum()]
-    if not grads:
-        return errors
-    totals[0].backward()
-    totals[1].backward()
-    theirs = dict(hm.named_parameters(remove_duplicate=False))
-    ours = dict(fm.named_parameters())
-    assert set(ours) <= set(theirs) and len(ours) == len(dict(hm.named_parameters()))
-    for pname, p in ours.items():
-        assert p.grad is not None and theirs[pname].grad is not None, f"no gradient for {pname}"
-        check_close(errors, f"grad {pname}", p.grad, theirs[pname].grad)
-    return errors
+    ids, mask = shared_batch(bsz, seq, g, lengths, left, config=IDS)
+    return ids, mask, (torch.arange(seq) >= seq // 2).long().expand(bsz, seq) * mask
 
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])

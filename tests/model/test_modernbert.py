@@ -28,6 +28,7 @@ from tests.helpers.modernbert import (
     check_close,
     inputs,
     pair,
+    parity,
     randomize,
 )
 
@@ -37,37 +38,6 @@ MAIN = {"ModernBertModel": "last_hidden_state", "ModernBertForMaskedLM": "logits
         "ModernBertForSequenceClassification": "logits", "ModernBertForTokenClassification": "logits"}
 # tiny models: one thread runs them as fast as two, and far faster when the cores are shared
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def parity(hm, fm, ids, mask, extra=None, grads=True, **kwargs):
-    """Every output of fastbert's model against transformers' (per-token ones at the real tokens),
-    then every parameter's gradient of (loss + random-weighted outputs). -> {what: max abs error}."""
-    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-    hout, fout = (m(input_ids=ids, attention_mask=mask, **(extra or {}), **kwargs) for m in (hm, fm))
-    assert list(fout.keys()) == list(hout.keys())
-    errors, totals = {}, [0.0, 0.0]
-    g = torch.Generator().manual_seed(5)
-    for key in fout.keys():
-        many = key in ("hidden_states", "attentions")  # one per layer; attentions: every row, padded ones too
-        assert not many or len(fout[key]) == len(hout[key]), key
-        pairs = zip(fout[key], hout[key]) if many else [(fout[key], hout[key])]
-        for i, (a, b) in enumerate(pairs):
-            if a.dim() >= 2 and tuple(a.shape[:2]) == tuple(ids.shape):
-                a, b = a[real], b[real]
-            check_close(errors, f"{key}[{i}]" if many else key, a, b)
-            w = torch.randn(a.shape, generator=g)
-            totals = [totals[0] + (a * w).sum(), totals[1] + (b * w).sum()]
-    if not grads:
-        return errors
-    for total in totals:
-        total.backward()
-    theirs = dict(hm.named_parameters(remove_duplicate=False))  # a tied weight under either name
-    ours = dict(fm.named_parameters())
-    assert set(ours) <= set(theirs) and len(ours) == len(dict(hm.named_parameters()))
-    for pname, p in ours.items():
-        assert p.grad is not None and theirs[pname].grad is not None, f"no gradient for {pname}"
-        check_close(errors, f"grad {pname}", p.grad, theirs[pname].grad)
-    return errors
 
 
 CASES = [("ModernBertModel", {}), ("ModernBertForMaskedLM", {}),

@@ -20,6 +20,7 @@ from tests.helpers.modernbert import (
     check_close,
     labels_for,
 )
+from tests.helpers.modernbert import parity as shared_parity
 
 transformers = pytest.importorskip("transformers")
 
@@ -75,43 +76,22 @@ def batch(bsz, seq, g, lengths=None):
     return ids.masked_fill(mask == 0, PAD), mask
 
 
-def parity(hm, fm, ids, mask, extra=None, grads=True, **kwargs):
-    """Every output of fastbert's model against transformers' (per-token ones at the real tokens),
-    then every parameter's gradient of (loss + random-weighted outputs). -> {what: max abs error}.
-    The key projection's bias has no gradient in exact arithmetic (it adds the same amount to every
+def key_bias_check(errors, pname, p, theirs):
+    """The key projection's bias has no gradient in exact arithmetic (it adds the same amount to every
     score of a query, which the softmax cancels): its rounding noise is measured against the query
     bias's gradient."""
-    extra = extra or {}
-    real = mask.bool()
-    hout, fout = (m(input_ids=ids, attention_mask=mask, **extra, **kwargs) for m in (hm, fm))
-    assert list(fout.keys()) == list(hout.keys())
-    errors, totals = {}, [0.0, 0.0]
-    g = torch.Generator().manual_seed(5)
-    for key in fout.keys():
-        pairs = zip(fout[key], hout[key]) if key in ("hidden_states", "attentions") else [(fout[key], hout[key])]
-        for i, (a, b) in enumerate(pairs):
-            if a.dim() >= 2 and tuple(a.shape[:2]) == tuple(ids.shape):
-                a, b = a[real], b[real]
-            check_close(errors, key if key not in ("hidden_states", "attentions") else f"{key}[{i}]", a, b)
-            w = torch.randn(a.shape, generator=g)
-            totals = [totals[0] + (a * w).sum(), totals[1] + (b * w).sum()]
-    if not grads:
-        return errors
-    totals[0].backward()
-    totals[1].backward()
-    theirs = dict(hm.named_parameters(remove_duplicate=False))  # a tied weight under either name
-    ours = dict(fm.named_parameters())
-    assert set(ours) <= set(theirs) and len(ours) == len(dict(hm.named_parameters()))
-    for pname, p in ours.items():
-        assert p.grad is not None and theirs[pname].grad is not None, f"no gradient for {pname}"
-        if pname.endswith("attn.k.bias"):
-            err = (p.grad - theirs[pname].grad).abs().max().item()
-            errors[f"grad {pname}"] = err
-            scale = max(theirs[pname.replace(".k.", ".q.")].grad.abs().max().item(), FLOOR)
-            assert err <= REL * scale, f"grad {pname}: max abs error {err:.3e} > {REL:g} x {scale:.3e}"
-        else:
-            check_close(errors, f"grad {pname}", p.grad, theirs[pname].grad)
-    return errors
+    if not pname.endswith("attn.k.bias"):
+        return False
+    err = (p.grad - theirs[pname].grad).abs().max().item()
+    errors[f"grad {pname}"] = err
+    scale = max(theirs[pname.replace(".k.", ".q.")].grad.abs().max().item(), FLOOR)
+    assert err <= REL * scale, f"grad {pname}: max abs error {err:.3e} > {REL:g} x {scale:.3e}"
+    return True
+
+
+def parity(hm, fm, ids, mask, extra=None, grads=True, **kwargs):
+    """The shared parity (tests.helpers.modernbert.parity) with the key bias's own check."""
+    return shared_parity(hm, fm, ids, mask, extra, grads, grad_check=key_bias_check, **kwargs)
 
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
