@@ -57,6 +57,7 @@ class GteEmbeddings(nn.Module, BackendMixin):
             self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.model_type = config.model_type  # (named in errors: GTE's, NomicBERT's, Jina v3's embeddings)
 
     def default_position_ids(self, input_ids, bsz: int, seq: int, device) -> None:
         return None  # the rotary positions count along each sequence inside the attention
@@ -64,7 +65,7 @@ class GteEmbeddings(nn.Module, BackendMixin):
     def forward(self, input_ids, token_type_ids, position_ids, inputs_embeds=None) -> torch.Tensor:
         words = embed_words(self.word_embeddings, input_ids) if inputs_embeds is None else inputs_embeds
         if not torch.compiler.is_compiling():  # (a value check: skipped while torch.compile traces)
-            check_counting_positions(position_ids, words.shape[0], words.shape[1], "GTE")
+            check_counting_positions(position_ids, words.shape[0], words.shape[1], self.model_type)
         norm = self.LayerNorm
         if hasattr(self, "token_type_embeddings"):
             types = self.token_type_embeddings(token_type_ids).to(words.dtype)

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family,name", [("xlm-roberta", "XLMRobertaForSequenceClassification"),
-                                         ("electra", "ElectraForMaskedLM")])
+                                         ("electra", "ElectraForMaskedLM"), ("gte", "GteForSequenceClassification")])
 def test_torch_compile_fullgraph_like_eager(family, name):
     _, model = pair(family, name)
     g = torch.Generator().manual_seed(3)
@@ -48,7 +48,7 @@ def test_torch_compile_fullgraph_like_eager(family, name):
 
 
 @pytest.mark.parametrize("family,name", [("xlm-roberta", "XLMRobertaForMaskedLM"),
-                                         ("electra", "ElectraForSequenceClassification")])
+                                         ("electra", "ElectraForSequenceClassification"), ("gte", "GteForMaskedLM")])
 def test_bf16_autocast_within_transformers_bound(family, name):
     require("cpp")
     hm, fm = pair(family, name)
