@@ -24,7 +24,7 @@ from fastbert import ops
 from fastbert.model import stack_plan
 from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.joined import joined, views_of
+from fastbert.model.joined import views_of
 from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler, gated_activation
 from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
@@ -298,17 +298,10 @@ class BertModel(BertPreTrainedModel):
         ctx, p = layer.attend(qkv, h.shape if packed is not None else shape, mask, packed, bias, scale, want_probs,
                               rel)
         act = layer.ffn_act
-        eps = (layer.attention_norm.eps, layer.ffn_norm.eps)
-        if layer.ffn_gated:
-            gate, up = layer.ffn_input, layer.ffn_up
-            gate_up = (joined(layer, "int8_gate_up_weight", [gate.weight, up.weight]),
-                       joined(layer, "int8_gate_up_scale", [gate.weight_scale, up.weight_scale]),
-                       None if gate.bias is None else joined(layer, "int8_gate_up_bias", [gate.bias, up.bias]))
-            h, hq = encoder.int8_gated_layer_rest(ctx.reshape(-1, h.shape[-1]), h, w, gate_up, eps,
-                                                  functools.partial(gated_activation, act=act, backend=layer.backend),
-                                                  quantize_out)
+        if layer.ffn_gated:  # (w's FFN input: the gate and up products joined, whose output this gates)
+            activation = functools.partial(gated_activation, act=act, backend=layer.backend)
         else:
-            h, hq = encoder.int8_layer_rest(ctx.reshape(-1, h.shape[-1]), h, w, eps,
-                                            GELU_FORMS[act] if act in GELU_FORMS else OTHER_ACTIVATIONS[act],
-                                            quantize_out)
+            activation = GELU_FORMS[act] if act in GELU_FORMS else OTHER_ACTIVATIONS[act]
+        h, hq = encoder.int8_layer_rest(ctx.reshape(-1, h.shape[-1]), h, w,
+                                        (layer.attention_norm.eps, layer.ffn_norm.eps), activation, quantize_out)
         return h, hq, p

@@ -106,7 +106,7 @@ class GteLayer(BertLayer):
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.post_attention_dropout = nn.Dropout(config.hidden_dropout_prob)
         self.post_mlp_dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.mlp = GteMLP(config, self.biased)
+        self.mlp = self.make_mlp(config)
         self.self_attn = GteAttention(config, bias=self.biased)
         self.post_mlp_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.rotary_base = config.rope_theta
@@ -122,6 +122,10 @@ class GteLayer(BertLayer):
     ffn_output = property(lambda self: self.mlp.down_proj)
     ffn_norm = property(lambda self: self.post_mlp_layernorm)
     ffn_dropout_p = property(lambda self: self.post_mlp_dropout.p)
+
+    def make_mlp(self, config: GteConfig) -> nn.Module:
+        """The layer's feed-forward module (Jina v3's layer makes BERT's)."""
+        return GteMLP(config, self.biased)
 
     def linear_slots(self):
         a, m = self.self_attn, self.mlp

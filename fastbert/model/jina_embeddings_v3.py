@@ -50,9 +50,8 @@ class JinaEmbeddingsV3Layer(GteLayer):
     ffn_input = property(lambda self: self.mlp.fc1)
     ffn_output = property(lambda self: self.mlp.fc2)
 
-    def __init__(self, config: JinaEmbeddingsV3Config):
-        super().__init__(config)
-        self.mlp = JinaEmbeddingsV3MLP(config)
+    def make_mlp(self, config: JinaEmbeddingsV3Config) -> nn.Module:
+        return JinaEmbeddingsV3MLP(config)
 
     def linear_slots(self):
         a, m = self.self_attn, self.mlp

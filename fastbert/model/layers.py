@@ -268,13 +268,19 @@ class BertLayer(nn.Module, BackendMixin):
     ffn_up: Optional[nn.Linear] = None
     ffn_inner_dropout_p: float = 0.0
 
-    def gate_up(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def gate_up(self) -> tuple:
         """A gated feed-forward's two input products (ffn_input, then ffn_up) as one GEMM: their
         weights (and biases, where they have them) joined as the QKV projections' are (see
-        BertSelfAttention.qkv_weight): no copy, nothing that can fall behind the parameters."""
+        BertSelfAttention.qkv_weight): no copy, nothing that can fall behind the parameters.
+        (weight, bias or None); once quantized (Int8Linear), (int8 weight, scale, bias or None), as
+        BertSelfAttention.joined_qkv gives the QKV's."""
         parts = (self.ffn_input, self.ffn_up)
-        weights = [m.weight for m in parts]
         biases = None if parts[0].bias is None else [m.bias for m in parts]
+        if isinstance(parts[0], Int8Linear):
+            return (joined(self, "int8_gate_up_weight", [m.weight for m in parts]),
+                    joined(self, "int8_gate_up_scale", [m.weight_scale for m in parts]),
+                    None if biases is None else joined(self, "int8_gate_up_bias", biases))
+        weights = [m.weight for m in parts]
         if torch.compiler.is_compiling():
             return torch.cat(weights), None if biases is None else torch.cat(biases)
         w = joined(self, "gate_up_weight", weights)
@@ -354,15 +360,20 @@ class BertLayer(nn.Module, BackendMixin):
         return self.weights_with(self.self_attention.joined_qkv())
 
     def weights_with(self, qkv: tuple) -> Union[LayerWeights, Int8LayerWeights]:
-        """weights(), the joined QKV tensors `qkv` given (self_attention.joined_qkv())."""
-        out, n1, ffn_in, ffn_out, n2 = (self.attention_output, self.attention_norm, self.ffn_input, self.ffn_output,
-                                        self.ffn_norm)
-        if len(qkv) == 3:
-            return Int8LayerWeights(*qkv, out.weight, out.weight_scale, out.bias, n1.weight, n1.bias, ffn_in.weight,
-                                    ffn_in.weight_scale, ffn_in.bias, ffn_out.weight, ffn_out.weight_scale,
-                                    ffn_out.bias, n2.weight, n2.bias)
-        return LayerWeights(*qkv, out.weight, out.bias, n1.weight, n1.bias, ffn_in.weight, ffn_in.bias, ffn_out.weight,
-                            ffn_out.bias, n2.weight, n2.bias)
+        """weights(), the joined QKV tensors `qkv` given (self_attention.joined_qkv()). A gated
+        feed-forward's two input products stand joined in the FFN input's place (gate_up())."""
+        out, n1, ffn_out, n2 = self.attention_output, self.attention_norm, self.ffn_output, self.ffn_norm
+        int8 = len(qkv) == 3
+        if self.ffn_gated:
+            ffn_in = self.gate_up()
+        else:
+            m = self.ffn_input
+            ffn_in = (m.weight, m.weight_scale, m.bias) if int8 else (m.weight, m.bias)
+        if int8:
+            return Int8LayerWeights(*qkv, out.weight, out.weight_scale, out.bias, n1.weight, n1.bias, *ffn_in,
+                                    ffn_out.weight, ffn_out.weight_scale, ffn_out.bias, n2.weight, n2.bias)
+        return LayerWeights(*qkv, out.weight, out.bias, n1.weight, n1.bias, *ffn_in, ffn_out.weight, ffn_out.bias,
+                            n2.weight, n2.bias)
 
     def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor, seeds: Optional[DropoutSeeds] = None
                      ) -> torch.Tensor:

@@ -507,7 +507,8 @@ def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple
                     activation: Union[str, Callable[[Tensor], Tensor]], quantize_out: bool):
     """An int8 layer after its attention: ctx [rows, h] the attention's context, hidden [rows, h]
     the layer's input; activation: a GELU form ("none", "tanh"; fused with the bias and the
-    quantization) or a function of float rows. -> (the layer's output [rows, h], its quantized rows
+    quantization) or a function of float rows (a gated feed-forward's: act(a) * b of [a, b], w's FFN
+    input then the joined gate and up products). -> (the layer's output [rows, h], its quantized rows
     (q, scale, offset), or None unless quantize_out)."""
     h1, xq, _ = int8_add_norm(quantize_rows(ctx), w.out_weight, w.out_scale, w.out_bias, hidden, w.norm1_weight,
                               w.norm1_bias, eps[0], True, False)
@@ -516,20 +517,6 @@ def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple
         xq = int8_bias_gelu(int8_matmul(q, w.ffn_in_weight), s, o, w.ffn_in_scale, w.ffn_in_bias, activation)
     else:
         xq = quantize_rows(activation(int8_linear(xq, w.ffn_in_weight, w.ffn_in_scale, w.ffn_in_bias, hidden.dtype)))
-    h2, xq, _ = int8_add_norm(xq, w.ffn_out_weight, w.ffn_out_scale, w.ffn_out_bias, h1, w.norm2_weight,
-                              w.norm2_bias, eps[1], quantize_out, False)
-    return h2, xq
-
-
-def int8_gated_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights,
-                          gate_up: Tuple[Tensor, Tensor, Optional[Tensor]], eps: Tuple[float, float],
-                          gated: Callable[[Tensor], Tensor], quantize_out: bool):
-    """int8_layer_rest for a layer with a gated feed-forward (GTE's): gate_up = (int8 weight, scale,
-    bias or None) of its two input products joined, gated: act(a) * b of their float output [a, b].
-    -> (the layer's output [rows, h], its quantized rows or None unless quantize_out)."""
-    h1, xq, _ = int8_add_norm(quantize_rows(ctx), w.out_weight, w.out_scale, w.out_bias, hidden, w.norm1_weight,
-                              w.norm1_bias, eps[0], True, False)
-    xq = quantize_rows(gated(int8_linear(xq, *gate_up, hidden.dtype)))
     h2, xq, _ = int8_add_norm(xq, w.ffn_out_weight, w.ffn_out_scale, w.ffn_out_bias, h1, w.norm2_weight,
                               w.norm2_bias, eps[1], quantize_out, False)
     return h2, xq
