@@ -10,6 +10,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from fastbert.model.quantize import Int8Linear
+
 
 def share_storage(params) -> torch.Tensor:
     """Move the parameters' values into one new tensor (their concatenation along dim 0) and make
@@ -90,3 +92,25 @@ def trainable(weight: torch.Tensor, bias: Optional[torch.Tensor], weights, biase
     if bias is None:
         return _JoinedWeight.apply(weight, *weights), None
     return _Joined.apply(weight, bias, *weights, *biases)
+
+
+def joined_linear(owner, name: str, modules) -> tuple:
+    """Linear layers that read the same input (a gated feed-forward's gate and up, a layer's Q, K and
+    V) as one GEMM's tensors, their weights (and biases, where they have them) joined into one
+    tensor kept on `owner` under `name`: no copy, nothing that can fall behind the parameters. Float
+    (nn.Linear): (weight, bias or None), under autograd the parts' concatenation (trainable); while
+    torch.compile traces, torch.cat of them. Once quantized (Int8Linear): (int8 weight, scale, bias
+    or None)."""
+    biases = None if modules[0].bias is None else [m.bias for m in modules]
+    if isinstance(modules[0], Int8Linear):
+        return (joined(owner, f"int8_{name}_weight", [m.weight for m in modules]),
+                joined(owner, f"int8_{name}_scale", [m.weight_scale for m in modules]),
+                None if biases is None else joined(owner, f"int8_{name}_bias", biases))
+    weights = [m.weight for m in modules]
+    if torch.compiler.is_compiling():
+        return torch.cat(weights), None if biases is None else torch.cat(biases)
+    w = joined(owner, f"{name}_weight", weights)
+    b = None if biases is None else joined(owner, f"{name}_bias", biases)
+    if torch.is_grad_enabled() and any(p.requires_grad for p in weights + (biases or [])):
+        return trainable(w, b, weights, biases)
+    return w, b

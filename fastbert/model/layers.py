@@ -9,7 +9,7 @@ from torch import nn
 
 from fastbert import layouts, ops, reference
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.joined import joined, share_storage, trainable, views_of
+from fastbert.model.joined import joined, joined_linear, share_storage, trainable, views_of
 from fastbert.model.quantize import Int8Linear
 from fastbert.ops import layer_training
 from fastbert.ops.attention import joined_attention
@@ -269,25 +269,10 @@ class BertLayer(nn.Module, BackendMixin):
     ffn_inner_dropout_p: float = 0.0
 
     def gate_up(self) -> tuple:
-        """A gated feed-forward's two input products (ffn_input, then ffn_up) as one GEMM: their
-        weights (and biases, where they have them) joined as the QKV projections' are (see
-        BertSelfAttention.qkv_weight): no copy, nothing that can fall behind the parameters.
-        (weight, bias or None); once quantized (Int8Linear), (int8 weight, scale, bias or None), as
-        BertSelfAttention.joined_qkv gives the QKV's."""
-        parts = (self.ffn_input, self.ffn_up)
-        biases = None if parts[0].bias is None else [m.bias for m in parts]
-        if isinstance(parts[0], Int8Linear):
-            return (joined(self, "int8_gate_up_weight", [m.weight for m in parts]),
-                    joined(self, "int8_gate_up_scale", [m.weight_scale for m in parts]),
-                    None if biases is None else joined(self, "int8_gate_up_bias", biases))
-        weights = [m.weight for m in parts]
-        if torch.compiler.is_compiling():
-            return torch.cat(weights), None if biases is None else torch.cat(biases)
-        w = joined(self, "gate_up_weight", weights)
-        b = None if biases is None else joined(self, "gate_up_bias", biases)
-        if torch.is_grad_enabled() and any(p.requires_grad for p in weights + (biases or [])):
-            return trainable(w, b, weights, biases)
-        return w, b
+        """A gated feed-forward's two input products (ffn_input, then ffn_up) as one GEMM
+        (joined.joined_linear): (weight, bias or None); once quantized (Int8Linear), (int8 weight,
+        scale, bias or None), as BertSelfAttention.joined_qkv gives the QKV's."""
+        return joined_linear(self, "gate_up", (self.ffn_input, self.ffn_up))
 
     def linear_slots(self):
         """(owner module, attribute name) of the six linear layers: query, key, value, attention
