@@ -32,25 +32,27 @@ void register_fused_ops(py::module_& m) {
       "add_layer_norm_forward",
       [](const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
          const c10::optional<at::Tensor>& bias, double eps, double dropout_p, int64_t seed,
-         bool return_sum) -> py::tuple {
+         bool return_sum, bool rms) -> py::tuple {
         auto [y, mean, rstd, sum] = [&] {
           py::gil_scoped_release nogil;  // the tuple below is built with the GIL
-          return fastbert::add_layer_norm_forward(x, residual, weight, bias, eps, dropout_p, seed, return_sum);
+          return fastbert::add_layer_norm_forward(x, residual, weight, bias, eps, dropout_p, seed, return_sum, rms);
         }();
         if (return_sum) return py::make_tuple(y, mean, rstd, sum);
         return py::make_tuple(y, mean, rstd);
       },
       py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("dropout_p") = 0.0,
-      py::arg("seed") = 0, py::arg("return_sum") = false,
+      py::arg("seed") = 0, py::arg("return_sum") = false, py::arg("rms") = false,
       "(y, mean, rstd): y = layer_norm(h) * weight + bias over the last dim, h = dropout(x) + residual, in x's dtype "
       "(bias None: no bias); mean and rstd float32 [rows]. Dropout follows fastbert's Philox rule for `seed`. "
-      "return_sum: (y, mean, rstd, h), h in x's dtype, written in the same pass.");
+      "return_sum: (y, mean, rstd, h), h in x's dtype, written in the same pass. rms: y = rms_norm(h) * weight "
+      "(no bias; mean returned as 0).");
   m.def("add_layer_norm_backward", &fastbert::add_layer_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("residual"), py::arg("weight"), py::arg("mean"), py::arg("rstd"), py::arg("dropout_p") = 0.0,
-        py::arg("seed") = 0, py::arg("dsum") = py::none(), NoGil(),
+        py::arg("seed") = 0, py::arg("dsum") = py::none(), py::arg("rms") = false, NoGil(),
         "(dx, dresidual, dweight, dbias) of add_layer_norm_forward; dweight / dbias summed in double over a "
         "fixed chunking of rows (thread-count independent), returned in weight's dtype. dsum: the gradient of h "
-        "(return_sum's output), added to h's before it flows to residual and (through dropout) to x.");
+        "(return_sum's output), added to h's before it flows to residual and (through dropout) to x. rms: the "
+        "forward's.");
   m.def("dropout_keep_mask", &fastbert::dropout_keep_mask, py::arg("rows"), py::arg("cols"), py::arg("p"),
         py::arg("seed"), NoGil(),
         "bool [rows, cols]: the elements fastbert's dropout keeps (fastbert.reference.dropout_keep_mask).");

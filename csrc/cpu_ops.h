@@ -31,14 +31,14 @@ at::Tensor geglu_backward(const at::Tensor& dy, const at::Tensor& x, const std::
 // layer_norm.cpp
 // bias: None for a LayerNorm without bias (ModernBERT's). The forward returns (y, mean, rstd, sum):
 // sum is h = dropout(x) + residual when return_sum (the residual stream of a pre-LN model), else
-// undefined; the backward adds dsum, h's gradient, when it is given.
+// undefined; the backward adds dsum, h's gradient, when it is given. rms: an RMSNorm (no bias; mean 0).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(
     const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-    double eps, double dropout_p, int64_t seed, bool return_sum);
+    double eps, double dropout_p, int64_t seed, bool return_sum, bool rms = false);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
     const at::Tensor& mean, const at::Tensor& rstd, double dropout_p, int64_t seed,
-    const c10::optional<at::Tensor>& dsum);
+    const c10::optional<at::Tensor>& dsum, bool rms = false);
 
 // dropout.cpp
 at::Tensor dropout_keep_mask(int64_t rows, int64_t cols, double p, int64_t seed);

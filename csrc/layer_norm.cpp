@@ -7,13 +7,14 @@ namespace fastbert {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(
     const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight_in,
-    const c10::optional<at::Tensor>& bias_in, double eps, double dropout_p, int64_t seed, bool return_sum) {
+    const c10::optional<at::Tensor>& bias_in, double eps, double dropout_p, int64_t seed, bool return_sum, bool rms) {
   const char* op = "add_layer_norm_forward";
   detail::check_rows(op, "x", x);
   detail::check_like(op, "residual", residual, x);
   detail::check_feature(op, "weight", weight_in, x);
   const bool has_bias = bias_in.has_value() && bias_in->defined();
   if (has_bias) detail::check_feature(op, "bias", *bias_in, x);
+  TORCH_CHECK(!(rms && has_bias), "fastbert._C.", op, ": an RMSNorm (rms=True) takes no bias");
   detail::check_dropout(op, dropout_p, seed);
   TORCH_CHECK(eps >= 0.0 && std::isfinite(eps), "fastbert._C.", op, ": eps must be finite and >= 0, got ", eps);
   const int64_t m = x.size(0), n = x.size(1);
@@ -23,20 +24,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forwar
   at::Tensor mean = detail::empty({m}, at::kFloat);
   at::Tensor rstd = detail::empty({m}, at::kFloat);
   if (m == 0) return {y, mean, rstd, sum};
-  if (n == 0) return {y, mean.zero_(), rstd.fill_(1.0 / std::sqrt(eps)), sum};
+  if (n == 0) return {y, mean.zero_(), rstd.fill_(1.0 / std::sqrt(eps)), sum};  // (an RMSNorm's too)
   const at::Tensor weight = weight_in.contiguous(), bias = has_bias ? bias_in->contiguous() : at::Tensor();
   const kernels::Param bias_param = has_bias ? detail::param(bias) : kernels::Param{nullptr, detail::dtype_of(weight)};
   detail::kernels_for(op).add_layer_norm_forward(
       detail::dtype_of(x), x.data_ptr(), residual.data_ptr(), detail::param(weight), bias_param, y.data_ptr(),
       return_sum ? sum.data_ptr() : nullptr, mean.data_ptr<float>(), rstd.data_ptr<float>(), m, n,
-      static_cast<float>(eps), dropout_p, static_cast<uint64_t>(seed));
+      static_cast<float>(eps), dropout_p, static_cast<uint64_t>(seed), rms);
   return {y, mean, rstd, sum};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight_in,
     const at::Tensor& mean, const at::Tensor& rstd, double dropout_p, int64_t seed,
-    const c10::optional<at::Tensor>& dsum_in) {
+    const c10::optional<at::Tensor>& dsum_in, bool rms) {
   const char* op = "add_layer_norm_backward";
   detail::check_rows(op, "x", x);
   detail::check_like(op, "dy", dy, x);
@@ -59,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backwa
   detail::kernels_for(op).add_layer_norm_backward(
       detail::dtype_of(x), dy.data_ptr(), has_dsum ? dsum_in->data_ptr() : nullptr, x.data_ptr(), residual.data_ptr(),
       detail::param(weight), mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr(), dres.data_ptr(),
-      dweight.data_ptr(), dbias.data_ptr(), m, n, dropout_p, static_cast<uint64_t>(seed));
+      dweight.data_ptr(), dbias.data_ptr(), m, n, dropout_p, static_cast<uint64_t>(seed), rms);
   return {dx, dres, dweight, dbias};
 }
 

@@ -163,7 +163,13 @@ def _elementwise(op, shape, dtype, backend, device, g) -> List[Row]:
     # a LayerNorm without bias (bias=None), as ModernBERT's
     no_bias = compare([*outs, "dx", "dresidual", "dweight"], lambda *a: fused(*a, None), lambda *a: ref(*a, None),
                       inputs[:3], grad, dtype)
-    return rows + [(f"{name} (no bias)", *rest) for name, *rest in no_bias]
+    # the RMSNorm form (add_rms_norm: add_layer_norm's kernels, no mean, no bias), as EuroBERT's
+    rms = compare([*outs, "dx", "dresidual", "dweight"],
+                  lambda *a: fastbert.ops.add_rms_norm(*a, dropout_p=p, seed=seed, return_sum=sum_form, backend=backend),
+                  lambda *a: reference.add_rms_norm(*a, dropout_p=p, keep_mask=keep, return_sum=sum_form),
+                  inputs[:3], grad, dtype)
+    return rows + [(f"{name} (no bias)", *rest) for name, *rest in no_bias] + [(f"{name} (rms)", *rest)
+                                                                               for name, *rest in rms]
 
 
 ATTENTION_DROPOUT, ATTENTION_SEED = 0.1, 4321

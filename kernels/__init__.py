@@ -11,7 +11,7 @@ variants).
 
     bias_gelu    bias_gelu_forward, bias_gelu_backward
     geglu        geglu_forward, geglu_backward
-    layer_norm   add_layer_norm_forward, add_layer_norm_backward
+    layer_norm   add_layer_norm_forward, add_layer_norm_backward (rms=True: RMSNorm)
     attention    attention_forward, attention_backward,
                  varlen_attention_forward, varlen_attention_backward,
                  qkv_attention_forward, qkv_attention_backward (a layer's joined QKV rows,

@@ -1,6 +1,8 @@
-"""Fused dropout + residual add + LayerNorm over the last dim, forward and backward.
+"""Fused dropout + residual add + LayerNorm (or RMSNorm) over the last dim, forward and backward.
 
-BERT's residual tail (BertSelfOutput / BertOutput): y = layer_norm(dropout(x) + residual).
+BERT's residual tail (BertSelfOutput / BertOutput): y = layer_norm(dropout(x) + residual); with
+RMS, a Llama-style encoder's (EuroBERT's) y = rms_norm(dropout(x) + residual), the same kernels with
+the mean taken as 0 (stored as 0, so the backward's xhat = h * rstd) and no mean(g) term.
 Layout of this file: jit kernels, the launchers `add_layer_norm_forward` /
 `add_layer_norm_backward` (plain Python; inputs arrive validated, 2-D, contiguous, on one
 device), then `report_configs`; the launch settings table is in `layer_norm_settings`.
@@ -10,6 +12,7 @@ registers (HAS_SUM: h is written out too, a pre-LN model's residual stream). The
 recomputes h from x, residual and the regenerated dropout mask:
     xhat = (h - mean) * rstd, g = dy * weight,
     dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dsum, HAS_DSUM: the gradient of h itself),
+    (RMS: dh = rstd * (g - xhat * mean(g * xhat)): the mean is no function of h there)
     dresidual = dh, dx = dh * keep / (1 - p), dweight = sum_rows(dy * xhat), dbias = sum_rows(dy).
 Rows up to 4096 wide (2048 with dsum) are done whole, one per loop step, in one kernel; wider
 rows take two column-chunked passes (row sums, then column tiles), so no thread ever holds a
@@ -80,6 +83,7 @@ def _add_layer_norm_fwd_kernel(
     HAS_DROPOUT: tl.constexpr,  # apply dropout to x (no RNG code is compiled without it)
     HAS_BIAS: tl.constexpr,  # add B (a LayerNorm without bias has none)
     HAS_SUM: tl.constexpr,  # write h to S
+    RMS: tl.constexpr,  # RMSNorm: no mean subtracted (MEAN stores 0), rstd = 1 / sqrt(mean(h^2) + eps)
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # >= N, a power of 2: a whole row per program
 ):
@@ -101,8 +105,12 @@ def _add_layer_norm_fwd_kernel(
     h = x + res  # 0 on masked lanes
     if HAS_SUM:
         tl.store(S + (row_start + rows[:, None]) * stride_sm + cols[None, :], h.to(S.dtype.element_ty), mask=mask)
-    mean = tl.sum(h, axis=1) / N
-    diff = tl.where(mask, h - mean[:, None], 0.)  # masked lanes must not enter the variance
+    if RMS:
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+        diff = h  # 0 on masked lanes
+    else:
+        mean = tl.sum(h, axis=1) / N
+        diff = tl.where(mask, h - mean[:, None], 0.)  # masked lanes must not enter the variance
     var = tl.sum(diff * diff, axis=1) / N
     rstd = tl.math.rsqrt(var + eps)
     w = tl.load(W + cols, mask=col_mask, other=0.).to(tl.float32)
@@ -198,6 +206,7 @@ def _add_layer_norm_bwd_kernel(
     HAS_DROPOUT: tl.constexpr,  # the forward applied dropout to x
     HAS_DSUM: tl.constexpr,  # add DSUM to the gradient of h
     TWO_PASS: tl.constexpr,  # the row means of g and g * xhat come from pass 1 (MEAN_G, MEAN_GX)
+    RMS: tl.constexpr,  # the forward was an RMSNorm (MEAN holds 0): no mean(g) term
     BLOCK_N: tl.constexpr,  # cols per program: a whole row (>= N, a power of 2), or a tile of one (TWO_PASS)
 ):
     # One row at a time; dweight / dbias partials accumulate over the program's rows. A whole row
@@ -230,7 +239,10 @@ def _add_layer_norm_bwd_kernel(
             sum_g, sum_gx = tl.reduce((g, g * xhat), 0, _add_pair)  # one pass for both row sums
             mean_g = sum_g / N
             mean_gx = sum_gx / N
-        dh = tl.load(RSTD + row) * (g - mean_g - xhat * mean_gx)
+        if RMS:
+            dh = tl.load(RSTD + row) * (g - xhat * mean_gx)
+        else:
+            dh = tl.load(RSTD + row) * (g - mean_g - xhat * mean_gx)
         if HAS_DSUM:
             dh += tl.load(DSUM + row * stride_dsm + cols, mask=mask, other=0.).to(tl.float32)
         _bwd_store(DX + row * stride_dxm, DRES + row * stride_drm, dh, keep, cols, mask, scale, HAS_DROPOUT)
@@ -244,13 +256,14 @@ def _add_layer_norm_bwd_kernel(
 
 def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                            eps: float, dropout_p: float, seed: Optional[int], return_sum: bool = False, *,
-                           out: Optional[torch.Tensor] = None, sum_out: Optional[torch.Tensor] = None,
+                           rms: bool = False, out: Optional[torch.Tensor] = None, sum_out: Optional[torch.Tensor] = None,
                            stats: bool = True, stats_out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
     """(y, mean, rstd): y = layer_norm(h) [M, N] in x.dtype, h = dropout(x) + residual; mean, rstd [M] fp32.
     return_sum: (y, mean, rstd, h), h [M, N] in x.dtype, written in the same pass.
 
     x, residual [M, N] fp32/fp16/bf16 (same dtype); weight, bias [N] in x.dtype or fp32 (bias None: none);
-    seed: a Python int in [0, 2**63), used when dropout_p > 0.
+    seed: a Python int in [0, 2**63), used when dropout_p > 0. rms: an RMSNorm (bias None; mean
+    returned as 0).
     For inference, where x and residual may die here: out, sum_out: where y and h go ([M, N] in
     x.dtype, rows with unit stride; x or residual themselves allowed: a program reads its rows whole
     before it writes them); stats False: mean and rstd are not kept (returned as None). stats_out:
@@ -272,7 +285,7 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
         _add_layer_norm_fwd_kernel[(cdiv(M, s.block_m),)](
             y, y.stride(0), *optional_rows(h), mean, rstd, x, x.stride(0), residual, residual.stride(0),
             weight, weight if bias is None else bias, M, N, eps, seed, threshold, scale,
-            HAS_DROPOUT=has_dropout, HAS_BIAS=bias is not None, HAS_SUM=return_sum, BLOCK_M=s.block_m,
+            HAS_DROPOUT=has_dropout, HAS_BIAS=bias is not None, HAS_SUM=return_sum, RMS=rms, BLOCK_M=s.block_m,
             BLOCK_N=s.block_n, **s.options(),
         )
     if not stats:
@@ -315,7 +328,7 @@ def backward_partials_shape(M: int, N: int, device, with_dsum: bool = False) -> 
 
 
 def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, s: Settings, has_dropout: bool,
-                         dropout_args, partials: Optional[torch.Tensor]) -> torch.Tensor:
+                         dropout_args, partials: Optional[torch.Tensor], rms: bool) -> torch.Tensor:
     """Launch the backward of rows that settings() takes whole (one kernel, whole rows); the
     per-program partial sums of dweight and dbias (_partial_sums)."""
     M, N = x.shape
@@ -325,13 +338,14 @@ def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rst
         dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
         dy, dy.stride(0), *optional_rows(dsum), x, x.stride(0), residual, residual.stride(0), weight, mean, rstd,
         None, None, M, N, rows_per_program, *dropout_args,
-        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=False, BLOCK_N=s.block_n, **s.options(),
+        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=False, RMS=rms, BLOCK_N=s.block_n,
+        **s.options(),
     )
     return partial
 
 
 def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd, has_dropout: bool, dropout_args,
-                       partials: Optional[torch.Tensor]) -> torch.Tensor:
+                       partials: Optional[torch.Tensor], rms: bool) -> torch.Tensor:
     """Launch the backward of wider rows: row sums, then column tiles; the per-program partial
     sums of dweight and dbias (_partial_sums)."""
     M, N = x.shape
@@ -349,7 +363,8 @@ def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd,
     _add_layer_norm_bwd_kernel[(n_programs, cdiv(N, s.block_n))](
         dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
         *grad_y, *optional_rows(dsum), *inputs, mean_g, mean_gx, M, N, rows_per_program, *dropout_args,
-        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=True, BLOCK_N=s.block_n, **s.options(),
+        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=True, RMS=rms, BLOCK_N=s.block_n,
+        **s.options(),
     )
     return partial
 
@@ -365,6 +380,7 @@ def add_layer_norm_backward(
     seed: Optional[int],
     dsum: Optional[torch.Tensor] = None,
     *,
+    rms: bool = False,
     out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     partials: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -373,6 +389,7 @@ def add_layer_norm_backward(
     dy, x, residual [M, N]; weight [N]; mean, rstd [M] fp32 from the forward; the same
     dropout_p and seed as the forward (the mask is regenerated, not stored). dsum [M, N] (x.dtype,
     contiguous rows): the gradient of return_sum's h, added to h's before it reaches dresidual and dx.
+    rms: the forward's (dbias, the row sums of dy, is then of no use to the caller).
     For a caller that allocates a step's tensors at once (kernels.empty_parts): out, (dx,
     dresidual) to write ([M, N] in x.dtype, rows with unit stride); partials, the partial sums'
     memory (backward_partials_shape).
@@ -386,9 +403,9 @@ def add_layer_norm_backward(
     s = settings(N, backward=True, with_sum=dsum is not None)
     args = (dx, dresidual, dy, dsum, x, residual, weight, mean, rstd)
     if s is not None:  # whole rows
-        partial = _backward_whole_rows(*args, s, has_dropout, dropout_args, partials)
+        partial = _backward_whole_rows(*args, s, has_dropout, dropout_args, partials, rms)
     else:  # wide rows: row sums, then column tiles
-        partial = _backward_two_pass(*args, has_dropout, dropout_args, partials)
+        partial = _backward_two_pass(*args, has_dropout, dropout_args, partials, rms)
     if apart():  # a custom op's outputs: no two may share memory
         return dx, dresidual, partial[0].sum(0).to(weight.dtype), partial[1].sum(0).to(weight.dtype)
     sums = partial.sum(1)  # both reductions in one call
@@ -441,16 +458,29 @@ def report_configs(max_cols: int = MAX_N) -> Iterator[KernelBuild]:
                         yield from _variants(name, fn, s, sig, x_dt, w_dt, has_dropout, opt)
 
 
+def _norms(arg_names) -> Iterator[Tuple[Optional[bool], Optional[bool]]]:
+    """(has_bias, rms) of a kernel's norm variants, None where it takes no such flag: a LayerNorm
+    with and without bias, an RMSNorm (which has none)."""
+    if "HAS_BIAS" in arg_names:
+        yield from ((True, False), (False, False), (False, True))
+    elif "RMS" in arg_names:
+        yield from ((None, False), (None, True))
+    else:
+        yield None, None
+
+
 def _variants(name, fn, s: Settings, sig, x_dt: str, w_dt: str, has_dropout: bool,
               optional: bool = False) -> Iterator[KernelBuild]:
-    """The builds of one kernel at one settings row: with and without bias (where it takes one), its
-    optional tensor present or not (`optional`), aligned or not."""
+    """The builds of one kernel at one settings row: LayerNorm with and without bias and RMSNorm
+    (where it takes the flags), its optional tensor present or not (`optional`), aligned or not."""
     flags, extra = optional_rows_args(fn.arg_names, x_dt, optional)
     sig = {**sig, **extra}
-    for has_bias in (True, False) if "HAS_BIAS" in fn.arg_names else (None,):
+    for has_bias, rms in _norms(fn.arg_names):
         constexprs = {"HAS_DROPOUT": has_dropout, "BLOCK_N": s.block_n, **flags}
         if has_bias is not None:
             constexprs["HAS_BIAS"] = has_bias
+        if rms is not None:
+            constexprs["RMS"] = rms
         if "BLOCK_M" in fn.arg_names:
             constexprs["BLOCK_M"] = s.block_m
         if "TWO_PASS" in fn.arg_names:  # the backward: pass 2 reads the row means, whole rows take None
@@ -458,7 +488,7 @@ def _variants(name, fn, s: Settings, sig, x_dt: str, w_dt: str, has_dropout: boo
             constexprs.update(TWO_PASS=two_pass, **({} if two_pass else {"MEAN_G": None, "MEAN_GX": None}))
         for aligned in (True, False):
             config = {"x": x_dt, "weight": w_dt, "dropout": has_dropout,
-                      **({} if has_bias is None else {"bias": has_bias}),
+                      **({} if has_bias is None else {"bias": has_bias}), **({"rms": True} if rms else {}),
                       **{k[4:].lower(): v for k, v in flags.items() if k.startswith("HAS_")},
                       **{k: v for k, v in constexprs.items() if k.startswith("BLOCK")},
                       "aligned": aligned}

@@ -3,6 +3,7 @@ and keep the last full report with the sources, checked.
 
     python -m fastbert.kernels.report --arch sm_80,sm_90 --json kernels/build_report.json
     python -m fastbert.kernels.report --check kernels/build_report.json --sample 48
+    python -m fastbert.kernels.report --update kernels/build_report.json
 
 For each kernel module in fastbert.kernels.KERNEL_MODULES, `report_configs()` lists the variants
 (dtypes, feature flags, tile sizes, num_warps) from the same settings table its launchers use.
@@ -37,6 +38,11 @@ per reason, when
   tensor-core use or success. Compiled again: the variant with the most registers of each
   (kernel, arch), the nearest to spilling, and `sample` more drawn at random (seeded by the
   fingerprint, so the same tree always draws the same ones).
+
+The report also records one fingerprint per kernel module (its own files' device code, that of the
+package files it imports, its variants). `--update` compiles again only the variants of the modules
+whose fingerprint changed and keeps the other records, which compile as they did: a change to one
+kernel costs that kernel's variants, not the whole report. (The check is the same either way.)
 
 A new kernel module is added to KERNEL_MODULES and gives a `report_configs()`.
 """
@@ -305,13 +311,9 @@ def device_code(sources: Dict[str, str]) -> str:
     return "\n".join(out)
 
 
-def fingerprint() -> str:
-    """SHA-256 of what the compiled variants depend on: triton's version; the device code of the
-    kernel package's modules, subpackages included (device_code; this module excepted); and every
-    variant as triton.compile receives it (kernel, argument types, constexprs, launch options,
-    divisibility)."""
-    import triton
-
+def _sources() -> Dict[str, str]:
+    """The kernel package's Python sources (path relative to it -> text), subpackages included,
+    this module excepted."""
     sources = {}
     for folder, dirs, files in os.walk(_HERE):
         dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
@@ -320,11 +322,69 @@ def fingerprint() -> str:
             if name.endswith(".py") and path != os.path.abspath(__file__):
                 with open(path) as f:
                     sources[os.path.relpath(path, _HERE)] = f.read()
-    h = hashlib.sha256(f"triton {triton.__version__}\n{device_code(sources)}\n".encode())
-    for b in kernel_builds():
+    return sources
+
+
+def _hash_builds(h, builds: Iterable[KernelBuild]) -> None:
+    for b in builds:
         h.update(json.dumps([b.name, b.signature, {k: repr(v) for k, v in b.constexprs.items()}, b.num_warps,
                              b.num_stages, b.maxnreg, list(b.divisible)], sort_keys=True).encode())
+
+
+def fingerprint() -> str:
+    """SHA-256 of what the compiled variants depend on: triton's version; the device code of the
+    kernel package's modules, subpackages included (device_code; this module excepted); and every
+    variant as triton.compile receives it (kernel, argument types, constexprs, launch options,
+    divisibility)."""
+    import triton
+
+    h = hashlib.sha256(f"triton {triton.__version__}\n{device_code(_sources())}\n".encode())
+    _hash_builds(h, kernel_builds())
     return h.hexdigest()
+
+
+def _local_imports(path: str, source: str, sources: Dict[str, str]) -> List[str]:
+    """The package files a source file imports relatively (`from . import x`, `from .x import y`,
+    `from .. import z`), as keys of `sources`."""
+    out = []
+    folder = os.path.dirname(path)
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.ImportFrom) and node.level):
+            continue
+        base = folder
+        for _ in range(node.level - 1):
+            base = os.path.dirname(base)
+        stems = [node.module.replace(".", "/")] if node.module else [a.name for a in node.names]
+        for stem in stems + [""]:  # the named modules, and the package whose __init__ runs first
+            for cand in (os.path.join(base, stem + ".py"), os.path.join(base, stem, "__init__.py")):
+                cand = os.path.normpath(cand)
+                if cand in sources:
+                    out.append(cand)
+    return out
+
+
+def module_fingerprints(sources: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """One SHA-256 per kernel module (KERNEL_MODULES), of what its variants depend on: triton's
+    version, the device code of its own files and of every package file they import (the shared
+    helpers of kernels/__init__.py, another module's jit functions), and its variants. A module
+    whose fingerprint has not changed compiles to what the report recorded (`--update`).
+    sources: the package's files (_sources(), by default)."""
+    import triton
+
+    sources = _sources() if sources is None else sources
+    out = {}
+    for name in KERNEL_MODULES:
+        own = [p for p in sources if p == f"{name}.py" or p.startswith(f"{name}/")]
+        files, todo = set(), list(own)
+        while todo:
+            p = todo.pop()
+            if p not in files:
+                files.add(p)
+                todo += _local_imports(p, sources[p], sources)
+        h = hashlib.sha256(f"triton {triton.__version__}\n{device_code({p: sources[p] for p in files})}\n".encode())
+        _hash_builds(h, importlib.import_module(f".{name}", __package__).report_configs())
+        out[name] = h.hexdigest()
+    return out
 
 
 def key(record: Dict[str, object]) -> Tuple[str, str, str]:
@@ -346,8 +406,8 @@ def write(path: str, records: Sequence[Dict[str, object]], archs: Sequence[str])
     rebuild changes only the lines of variants whose resources changed)."""
     import triton
 
-    head = {"format": FORMAT, "fingerprint": fingerprint(), "triton": triton.__version__, "archs": list(archs),
-            "variants": len(records)}
+    head = {"format": FORMAT, "fingerprint": fingerprint(), "modules": module_fingerprints(),
+            "triton": triton.__version__, "archs": list(archs), "variants": len(records)}
     lines = [json.dumps({k: v for k, v in r.items() if k != "compile_s"}, sort_keys=True) for r in records]
     with open(path, "w") as f:
         f.write(json.dumps(head)[:-1] + ', "records": [\n' + ",\n".join(lines) + "\n]}\n")
@@ -401,6 +461,35 @@ def check(path: str, sample: int = 48, jobs: Optional[int] = None) -> List[str]:
     print(f"compiled {len(picks)} of the report's {len(records)} variants again: "
           f"{'all as recorded' if not problems else 'see below'}")
     return problems
+
+
+def update(path: str, jobs: Optional[int] = None) -> List[Dict[str, object]]:
+    """The full report at `path` brought up to date by compiling only the variants of the kernel
+    modules whose fingerprint (module_fingerprints) differs from the one it records, the others'
+    records kept; written back to `path`. A report from before the per-module fingerprints counts
+    as recording the tree's own where its whole fingerprint is the tree's (nothing changed)."""
+    with open(path) as f:
+        saved = json.load(f)
+    if saved.get("format") != FORMAT:
+        raise SystemExit(f"fastbert.kernels.report: {path}: format {saved.get('format')!r}, not {FORMAT}; "
+                         f"rebuild it with --json {path}")
+    archs, now = saved["archs"], module_fingerprints()
+    old = saved.get("modules") or (now if saved["fingerprint"] == fingerprint() else {})
+    stale = [m for m in KERNEL_MODULES if old.get(m) != now[m]]
+    stale_kernels = {b.name for m in stale for b in importlib.import_module(f".{m}", __package__).report_configs()}
+    kept = [r for r in saved["records"] if r["kernel"] not in stale_kernels]
+    jobs_now = job_list(archs, None, False)
+    select = [i for i, (b, _) in enumerate(jobs_now) if b.name in stale_kernels]
+    print(f"kernel modules changed: {', '.join(stale) or 'none'}; compiling their {len(select)} variants, "
+          f"keeping {len(kept)} records", file=sys.stderr)
+    records = kept + (run_report(archs, select=select, jobs=jobs, progress=True) if select else [])
+    listed, wanted = {key(r) for r in records}, {job_key(b, a) for b, a in jobs_now}
+    if listed != wanted:  # a kernel that moved between modules, or records of a removed one
+        raise SystemExit(f"fastbert.kernels.report: {path} would list {len(listed - wanted)} variants the launchers "
+                         f"do not pick and miss {len(wanted - listed)}; rebuild it with --json {path}")
+    records.sort(key=lambda r: (r["kernel"], r["arch"], json.dumps(r["config"], sort_keys=True)))
+    write(path, records, archs)
+    return records
 
 
 def _config_str(config: Dict[str, object]) -> str:
@@ -463,6 +552,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--summary-only", action="store_true", help="print the summary, not every variant")
     parser.add_argument("--check", metavar="PATH", help="check a saved full report instead: current, "
                         "complete, no failure or spill, and true for the variants compiled again")
+    parser.add_argument("--update", metavar="PATH", help="bring a saved full report up to date: compile the "
+                        "variants of the kernel modules that changed since it was written, keep the others' records")
     parser.add_argument("--sample", type=int, default=48, help="--check: variants compiled again beyond the "
                         "most-register one of each kernel and arch")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -482,6 +573,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for line in problems:
             print(f"fastbert.kernels.report: {line}", file=sys.stderr)
         return 1 if problems else 0
+
+    if args.update:
+        t0 = time.perf_counter()
+        records = update(args.update, args.jobs)
+        print(format_summary(records, time.perf_counter() - t0))
+        return 1 if report_failed(records) else 0
 
     t0 = time.perf_counter()
     records = run_report(archs, kernels, args.quick, args.jobs, progress=True)

@@ -140,13 +140,14 @@ namespace kernels {
   /* dx [m, 2n] = (dy * x[:, n:] * gelu'(x[:, :n]), dy * gelu(x[:, :n])) */                                           \
   X(geglu_backward, void, Dtype dtype, const void* dy, const void* x, void* dx, int64_t m, int64_t n, bool tanh)      \
   /* y = layer_norm(h) * weight + bias (none when bias.p is nullptr), h = dropout(x) + residual; mean, rstd */        \
-  /* float32 [m]; h itself into sum (x's dtype) unless sum is nullptr */                                              \
+  /* float32 [m]; h itself into sum (x's dtype) unless sum is nullptr; rms: an RMSNorm (mean 0, no bias) */           \
   X(add_layer_norm_forward, void, Dtype dtype, const void* x, const void* residual, Param weight, Param bias,         \
-    void* y, void* sum, float* mean, float* rstd, int64_t m, int64_t n, float eps, double dropout_p, uint64_t seed)   \
+    void* y, void* sum, float* mean, float* rstd, int64_t m, int64_t n, float eps, double dropout_p, uint64_t seed,   \
+    bool rms)                                                                                                         \
   /* dx, dresidual (x's dtype), dweight, dbias (weight's dtype) from dy and, unless nullptr, dsum (h's gradient) */   \
   X(add_layer_norm_backward, void, Dtype dtype, const void* dy, const void* dsum, const void* x,                     \
     const void* residual, Param weight, const float* mean, const float* rstd, void* dx, void* dresidual,             \
-    void* dweight, void* dbias, int64_t m, int64_t n, double dropout_p, uint64_t seed)                                \
+    void* dweight, void* dbias, int64_t m, int64_t n, double dropout_p, uint64_t seed, bool rms)                      \
   /* out [rows, cols]: the elements the dropout rule keeps */                                                         \
   X(dropout_keep_mask, void, bool* out, int64_t rows, int64_t cols, double p, uint64_t seed)                          \
   /* out[i] = Philox word 0 of counter start + i, by the vector code / one counter at a time */                       \

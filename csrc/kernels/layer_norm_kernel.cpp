@@ -1,5 +1,7 @@
 // Fused dropout + residual add + LayerNorm on the CPU (BERT's post-LN tail):
-//   h = dropout(x) + residual,  y = (h - mean) * rstd * weight + bias,  per row of [rows, hidden].
+//   h = dropout(x) + residual,  y = (h - mean) * rstd * weight + bias,  per row of [rows, hidden];
+// or RMSNorm (kRms; a Llama-style encoder's, EuroBERT's): the mean taken as 0 (so stored as 0, and the
+// backward's xhat = h * rstd), rstd = 1 / sqrt(mean(h^2) + eps), no bias, and no mean(g) term backward.
 // Forward: x and residual are read once and y written once; h lives only in a per-thread fp32 row
 // (in L1/L2) for the mean, the variance (two passes over the cached row) and the output. A pre-LN
 // model (ModernBERT) also keeps h, its residual stream: then h is written out too, as it is summed.
@@ -63,7 +65,7 @@ inline float load_h(const T* xr, const T* rr, float* hrow, T* sr, int64_t n, uin
 }
 
 // Rows [r0, r1): y, mean, rstd, and h into sum when kSum.
-template <class T, bool kDropout, bool kStream, bool kSum>
+template <class T, bool kDropout, bool kStream, bool kSum, bool kRms>
 void forward_rows(const T* x, const T* res, const float* w, const float* b, T* y, T* sum, float* mean_out,
                   float* rstd_out, int64_t r0, int64_t r1, int64_t n, float eps, const Dropout* dp) {
   const int64_t npad = vec::round_up(n, W);
@@ -75,7 +77,8 @@ void forward_rows(const T* x, const T* res, const float* w, const float* b, T* y
     T* yr = y + r * n;
     const uint64_t row_offset = static_cast<uint64_t>(r) * static_cast<uint64_t>(n);
     T* sr = kSum ? sum + r * n : nullptr;
-    const float mean = load_h<T, kDropout, kSum, kStream>(xr, rr, h, sr, n, row_offset, dp) / n;
+    const float total = load_h<T, kDropout, kSum, kStream>(xr, rr, h, sr, n, row_offset, dp);
+    const float mean = kRms ? 0.0f : total / n;
     for (int64_t c = n; c < npad; ++c) h[c] = mean;  // padding lanes add 0 to the variance
     const Vf mv = vec::set1(mean);
     const float rstd = row_rstd(h, npad, n, mean, eps);
@@ -97,7 +100,7 @@ void forward_rows(const T* x, const T* res, const float* w, const float* b, T* y
 // (double) in pw / pb. Within the chunk, sums run in fp32 over groups of kFlushRows rows (aw / ab)
 // which are then added to the double partials, so the order of every addition is fixed. kDsum: the
 // gradient of h itself, ds (x's dtype), adds to dh.
-template <class T, bool kDropout, bool kStream, bool kDsum>
+template <class T, bool kDropout, bool kStream, bool kDsum, bool kRms>
 void backward_rows(const T* dy, const T* ds, const T* x, const T* res, const float* w, const float* mean,
                    const float* rstd, T* dx, T* dres, double* pw, double* pb, float* aw, float* ab, float* h, float* k,
                    int64_t r0, int64_t r1, int64_t n, const Dropout* dp) {
@@ -141,7 +144,7 @@ void backward_rows(const T* dy, const T* ds, const T* x, const T* res, const flo
       step(vec::load_partial(xr + body, t), vec::load_partial(rr + body, t, mean[r]), vec::load_partial(dyr + body, t),
            body);
     }
-    const Vf mg = vec::set1(vec::hsum(sg) / n);
+    const Vf mg = kRms ? zero : vec::set1(vec::hsum(sg) / n);
     const Vf mgx = vec::set1(vec::hsum(sgx) / n);
     // pass 2: dh = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ ds); dresidual = dh, dx = dh * keep
     T* dxr = dx + r * n;
@@ -171,7 +174,7 @@ void backward_rows(const T* dy, const T* ds, const T* x, const T* res, const flo
 
 void add_layer_norm_forward(Dtype dtype, const void* x, const void* residual, Param weight, Param bias, void* y,
                             void* sum, float* mean, float* rstd, int64_t m, int64_t n, float eps, double dropout_p,
-                            uint64_t seed) {
+                            uint64_t seed, bool rms) {
   const int64_t npad = vec::round_up(n, W);
   const float* wp = padded_float<kSlotParamA>(weight, n, npad);
   const float* bp = padded_float<kSlotParamB>(bias, n, npad);
@@ -184,9 +187,10 @@ void add_layer_norm_forward(Dtype dtype, const void* x, const void* residual, Pa
     T* sp = static_cast<T*>(sum);
     const bool stream = stream_output(yp, m, n) && (sp == nullptr || stream_output(sp, m, n));
     dispatch_flags(dropout_p > 0.0, stream, [&](auto dropout_flag, auto stream_flag) {
-      dispatch_flags(sp != nullptr, false, [&](auto sum_flag, auto) {
+      dispatch_flags(sp != nullptr, rms, [&](auto sum_flag, auto rms_flag) {
         parallel_for(0, m, row_grain(n), [&](int64_t r0, int64_t r1) {
-          forward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value, decltype(sum_flag)::value>(
+          forward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value, decltype(sum_flag)::value,
+                       decltype(rms_flag)::value>(
               xp, rp, wp, bp, yp, sp, mean, rstd, r0, r1, n, eps, &drop);
           vec::stream_fence();
         });
@@ -197,7 +201,8 @@ void add_layer_norm_forward(Dtype dtype, const void* x, const void* residual, Pa
 
 void add_layer_norm_backward(Dtype dtype, const void* dy, const void* dsum, const void* x, const void* residual,
                              Param weight, const float* mean, const float* rstd, void* dx, void* dresidual,
-                             void* dweight, void* dbias, int64_t m, int64_t n, double dropout_p, uint64_t seed) {
+                             void* dweight, void* dbias, int64_t m, int64_t n, double dropout_p, uint64_t seed,
+                             bool rms) {
   const int64_t npad = vec::round_up(n, W);
   const float* wp = padded_float<kSlotParamA>(weight, n, npad);
   const int64_t chunk = reduce_chunk_rows(m);
@@ -216,7 +221,7 @@ void add_layer_norm_backward(Dtype dtype, const void* dy, const void* dsum, cons
     T* drp = static_cast<T*>(dresidual);
     const bool stream = stream_output(dxp, m, n) && stream_output(drp, m, n);
     dispatch_flags(dropout, stream, [&](auto dropout_flag, auto stream_flag) {
-      dispatch_flags(dsp != nullptr, false, [&](auto dsum_flag, auto) {
+      dispatch_flags(dsp != nullptr, rms, [&](auto dsum_flag, auto rms_flag) {
         parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
           float* h = vec::thread_buffer<float, kSlotRow>(npad);
           float* k = dropout ? vec::thread_buffer<float, kSlotKeep>(npad) : nullptr;
@@ -227,7 +232,8 @@ void add_layer_norm_backward(Dtype dtype, const void* dy, const void* dsum, cons
             double* pw = pp + c * 2 * npad;
             double* pb = pw + npad;
             std::fill(pw, pw + 2 * npad, 0.0);
-            backward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value, decltype(dsum_flag)::value>(
+            backward_rows<T, decltype(dropout_flag)::value, decltype(stream_flag)::value, decltype(dsum_flag)::value,
+                          decltype(rms_flag)::value>(
                 dyp, dsp, xp, rp, wp, mean, rstd, dxp, drp, pw, pb, aw, ab, h, k, r0, r1, n, &drop);
           }
           vec::stream_fence();

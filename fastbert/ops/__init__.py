@@ -17,12 +17,13 @@ from fastbert.ops.int8 import (
     quantize_weight,
     unpack_int8_weight,
 )
-from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm
+from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm, add_rms_norm
 from fastbert.ops.linear import linear
 from fastbert.ops.padding import pad, unpad
 
 __all__ = [
-    "attention", "varlen_attention", "attention_weights", "unpad", "pad", "bias_gelu", "geglu", "add_layer_norm", "linear",
+    "attention", "varlen_attention", "attention_weights", "unpad", "pad", "bias_gelu", "geglu", "add_layer_norm",
+    "add_rms_norm", "linear",
     "embedding", "MAX_HIDDEN", "quantize_rows", "quantize_weight", "pack_int8_weight", "unpack_int8_weight",
     "int8_matmul", "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm", "encoder_layer", "LayerWeights",
 ]

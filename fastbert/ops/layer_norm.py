@@ -1,4 +1,5 @@
-"""dropout + residual add + LayerNorm: layer_norm(dropout(x) + residual), fused into one pass.
+"""dropout + residual add + LayerNorm: layer_norm(dropout(x) + residual), fused into one pass; and
+the same with RMSNorm (add_rms_norm: a Llama-style encoder's norm, EuroBERT's), the same kernels.
 
 BERT's post-LN tail (BertSelfOutput, BertOutput). Statistics (mean, rstd) are kept in float32; the
 backward recomputes dropout(x) + residual from x, residual and the dropout seed, so neither the sum
@@ -22,52 +23,53 @@ Tensor = torch.Tensor
 MAX_HIDDEN = 8192  # the fused kernels keep a whole row on chip
 
 
-def _fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
+def _fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend, rms=False):
     stats = x.new_empty(x.shape[:1], dtype=torch.float32)
     return torch.empty_like(x), stats, torch.empty_like(stats)
 
 
 @fused_op("add_layer_norm_fwd", _fake_fwd)
 def add_layer_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
-                        dropout_p: float, seed: Optional[Tensor], backend: str) -> Tuple[Tensor, Tensor, Tensor]:
-    # x, residual: [rows, hidden]; weight, bias: [hidden] (bias None: none); seed: op_seed's
-    # -> y [rows, hidden] in x.dtype, mean [rows] fp32, rstd [rows] fp32
+                        dropout_p: float, seed: Optional[Tensor], backend: str,
+                        rms: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+    # x, residual: [rows, hidden]; weight, bias: [hidden] (bias None: none); seed: op_seed's;
+    # rms: an RMSNorm (bias None) -> y [rows, hidden] in x.dtype, mean [rows] fp32 (0 with rms), rstd [rows] fp32
     return tuple(
         fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
-            x, residual, weight, bias, eps, dropout_p, seed_int(seed)
+            x, residual, weight, bias, eps, dropout_p, seed_int(seed), rms=rms
         )
     )
 
 
-def _fake_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend):
+def _fake_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend, rms=False):
     return (*_fake_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend), torch.empty_like(x))
 
 
 @fused_op("add_layer_norm_sum_fwd", _fake_sum_fwd)
 def add_layer_norm_sum_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
                            dropout_p: float, seed: Optional[Tensor],
-                           backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                           backend: str, rms: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     # as add_layer_norm_fwd -> (y, mean, rstd, s), s = dropout(x) + residual [rows, hidden] in x.dtype
     return tuple(
         fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
-            x, residual, weight, bias, eps, dropout_p, seed_int(seed), return_sum=True
+            x, residual, weight, bias, eps, dropout_p, seed_int(seed), return_sum=True, rms=rms
         )
     )
 
 
-def _fake_bwd(dy, x, residual, weight, mean, rstd, dropout_p, seed, backend, dsum=None):
+def _fake_bwd(dy, x, residual, weight, mean, rstd, dropout_p, seed, backend, dsum=None, rms=False):
     return torch.empty_like(x), torch.empty_like(residual), torch.empty_like(weight), torch.empty_like(weight)
 
 
 @fused_op("add_layer_norm_bwd", _fake_bwd)
 def _add_layer_norm_bwd(dy: Tensor, x: Tensor, residual: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
                         dropout_p: float, seed: Optional[Tensor], backend: str,
-                        dsum: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                        dsum: Optional[Tensor] = None, rms: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     # -> dx, dresidual [rows, hidden] in x.dtype; dweight, dbias [hidden] in weight.dtype (fp32 sums);
-    # dsum: the gradient of the sum (return_sum), [rows, hidden] in x.dtype, or None
+    # dsum: the gradient of the sum (return_sum), [rows, hidden] in x.dtype, or None; rms: the forward's
     impl = fb_backend.impl(backend, "layer_norm")
     args = (dy, x, residual, weight, mean, rstd, dropout_p, seed_int(seed))
-    return tuple(impl.add_layer_norm_backward(*args) if dsum is None else impl.add_layer_norm_backward(*args, dsum=dsum))
+    return tuple(impl.add_layer_norm_backward(*args, dsum=dsum, rms=rms))
 
 
 def _fake_keep(seed, rows, cols, p, device):
@@ -83,29 +85,30 @@ def _dropout_keep_mask(seed: Tensor, rows: int, cols: int, p: float, device: tor
 
 class AddLayerNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
-        y, mean, rstd = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
+    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend, rms):
+        y, mean, rstd = add_layer_norm_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend, rms)
         ctx.save_for_backward(x, residual, weight, mean, rstd, save_seed(ctx, seed))
-        ctx.dropout_p, ctx.backend, ctx.has_bias = dropout_p, backend, bias is not None
+        ctx.dropout_p, ctx.backend, ctx.has_bias, ctx.rms = dropout_p, backend, bias is not None, rms
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, residual, weight, mean, rstd, seed = ctx.saved_tensors
         dx, dres, dw, db = _add_layer_norm_bwd(
-            dy.contiguous(), x, residual, weight, mean, rstd, ctx.dropout_p, saved_seed(ctx, seed), ctx.backend
+            dy.contiguous(), x, residual, weight, mean, rstd, ctx.dropout_p, saved_seed(ctx, seed), ctx.backend,
+            None, ctx.rms
         )
-        return dx, dres, dw, db if ctx.has_bias else None, None, None, None, None
+        return dx, dres, dw, db if ctx.has_bias else None, None, None, None, None, None
 
 
 class AddLayerNormSumFunction(torch.autograd.Function):
     """add_layer_norm with return_sum: (y, s); the backward takes the gradients of both in one pass."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend):
-        y, mean, rstd, s = add_layer_norm_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend)
+    def forward(ctx, x, residual, weight, bias, eps, dropout_p, seed, backend, rms):
+        y, mean, rstd, s = add_layer_norm_sum_fwd(x, residual, weight, bias, eps, dropout_p, seed, backend, rms)
         ctx.save_for_backward(x, residual, weight, mean, rstd, save_seed(ctx, seed))
-        ctx.dropout_p, ctx.backend, ctx.has_bias = dropout_p, backend, bias is not None
+        ctx.dropout_p, ctx.backend, ctx.has_bias, ctx.rms = dropout_p, backend, bias is not None, rms
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         return y, s
 
@@ -116,10 +119,10 @@ class AddLayerNormSumFunction(torch.autograd.Function):
         dy = torch.zeros_like(x) if only_sum else dy.contiguous()
         dx, dres, dw, db = _add_layer_norm_bwd(dy, x, residual, weight, mean, rstd, ctx.dropout_p,
                                                saved_seed(ctx, seed), ctx.backend,
-                                               None if ds is None else ds.contiguous())
+                                               None if ds is None else ds.contiguous(), ctx.rms)
         if only_sum:
             dw = db = None
-        return dx, dres, dw, db if ctx.has_bias else None, None, None, None, None
+        return dx, dres, dw, db if ctx.has_bias else None, None, None, None, None, None
 
 
 def add_layer_norm(
@@ -149,15 +152,41 @@ def add_layer_norm(
     (a pre-LN encoder's residual stream), written in the same pass; gradients flow from both.
     backend: "triton", "cpp", "torch" or None (automatic). The fused backends take hidden <= 8192.
     """
-    x, residual = _check_inputs(x, residual, weight, bias, eps, dropout_p)
+    return _add_norm("add_layer_norm", x, residual, weight, bias, eps, dropout_p, return_sum, backend, seed, generator,
+                     False)
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    dropout_p: float = 0.0,
+    return_sum: bool = False,
+    backend: Optional[str] = None,
+    seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """rms_norm(dropout(x) + residual) * weight over the last dim (torch.nn.RMSNorm's, and a
+    Llama-style encoder's: EuroBERT's), one fused pass forward and backward: add_layer_norm's kernels
+    with no mean taken out and no bias, its arguments otherwise (return_sum: (y, s), a pre-norm
+    encoder's residual stream s = dropout(x) + residual written in the same pass)."""
+    return _add_norm("add_rms_norm", x, residual, weight, None, eps, dropout_p, return_sum, backend, seed, generator,
+                     True)
+
+
+def _add_norm(op: str, x, residual, weight, bias, eps, dropout_p, return_sum, backend, seed, generator, rms: bool):
+    """add_layer_norm, or add_rms_norm (rms)."""
+    x, residual = _check_inputs(op, x, residual, weight, bias, eps, dropout_p)
     backend = fb_backend.resolve(backend, x)
     seed_t = op_seed(seed, generator) if dropout_p > 0 else None
     if backend == "torch" or x.numel() == 0:
-        return _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed_t, return_sum)
+        return _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed_t, return_sum, rms)
     hidden = x.shape[-1]
     if hidden > MAX_HIDDEN:
         raise ValueError(
-            f"fastbert.ops.add_layer_norm: hidden size {hidden} is above the supported maximum {MAX_HIDDEN} "
+            f"fastbert.ops.{op}: hidden size {hidden} is above the supported maximum {MAX_HIDDEN} "
             f"of the {backend!r} backend; use backend='torch' for larger rows"
         )
     args = (as_rows(x), as_rows(residual), weight.contiguous(), None if bias is None else bias.contiguous(), float(eps),
@@ -167,22 +196,22 @@ def add_layer_norm(
         # no backward to come: the launcher keeps no statistics (the host's allocations are launches
         # on a GPU; the custom op's schema, which torch.compile sees, returns them)
         y, _, _, *s = fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
-            *args[:-1], seed_int(seed_t), return_sum, stats=False)
+            *args[:-1], seed_int(seed_t), return_sum, stats=False, rms=rms)
         return (y.view(x.shape), s[0].view(x.shape)) if return_sum else y.view(x.shape)
     if return_sum:
         if grad:
-            y, s = AddLayerNormSumFunction.apply(*args, backend)
+            y, s = AddLayerNormSumFunction.apply(*args, backend, rms)
         else:
-            y, _, _, s = add_layer_norm_sum_fwd(*args, backend)
+            y, _, _, s = add_layer_norm_sum_fwd(*args, backend, rms)
         return y.view(x.shape), s.view(x.shape)
     if grad:
-        return AddLayerNormFunction.apply(*args, backend).view(x.shape)
-    return add_layer_norm_fwd(*args, backend)[0].view(x.shape)
+        return AddLayerNormFunction.apply(*args, backend, rms).view(x.shape)
+    return add_layer_norm_fwd(*args, backend, rms)[0].view(x.shape)
 
 
-def _check_inputs(x, residual, weight, bias, eps, dropout_p) -> Tuple[Tensor, Tensor]:
-    """The arguments of add_layer_norm checked; x and residual promoted to one dtype under autocast."""
-    op = "add_layer_norm"
+def _check_inputs(op: str, x, residual, weight, bias, eps, dropout_p) -> Tuple[Tensor, Tensor]:
+    """The arguments of add_layer_norm / add_rms_norm (op) checked; x and residual promoted to one
+    dtype under autocast."""
     check_float(op, "x", x)
     check_float(op, "residual", residual)
     if x.dim() == 0:
@@ -215,10 +244,12 @@ def _check_inputs(x, residual, weight, bias, eps, dropout_p) -> Tuple[Tensor, Te
     return x, residual
 
 
-def _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed, return_sum):
+def _torch_add_layer_norm(x, residual, weight, bias, eps, dropout_p, seed, return_sum, rms):
     """The "torch" backend: the reference layer, with the dropout mask of the fused backends."""
     keep = None
     if dropout_p > 0 and x.numel() > 0:
         hidden = x.shape[-1]
         keep = _dropout_keep_mask(seed, x.numel() // hidden, hidden, dropout_p, x.device).view(x.shape)
+    if rms:
+        return reference.add_rms_norm(x, residual, weight, eps, dropout_p, keep_mask=keep, return_sum=return_sum)
     return reference.add_layer_norm(x, residual, weight, bias, eps, dropout_p, keep_mask=keep, return_sum=return_sum)

@@ -15,7 +15,7 @@ from fastbert.reference.attention import (
 )
 from fastbert.reference.bias_gelu import BiasGelu, bias_gelu
 from fastbert.reference.geglu import GeGLU, geglu
-from fastbert.reference.layer_norm import AddLayerNorm, add_layer_norm
+from fastbert.reference.layer_norm import AddLayerNorm, add_layer_norm, add_rms_norm
 from fastbert.reference.masking import (
     MLM_IGNORE_INDEX,
     MLM_SELECTIONS,
@@ -41,7 +41,8 @@ from fastbert.reference.rotary import rotary_tables, rotate, rotate_packed
 
 __all__ = [
     "check_seed", "dropout_keep_mask", "dropout_threshold", "new_seed", "philox_uint32",
-    "bias_gelu", "BiasGelu", "geglu", "GeGLU", "add_layer_norm", "AddLayerNorm", "rotary_tables", "rotate", "rotate_packed",
+    "bias_gelu", "BiasGelu", "geglu", "GeGLU", "add_layer_norm", "add_rms_norm", "AddLayerNorm", "rotary_tables",
+    "rotate", "rotate_packed",
     "attention", "varlen_attention", "Attention", "window_band", "attention_dropout_offsets", "attention_keep_mask",
     "mask_starts",
     "MAX_DROPOUT_SEQLEN", "mask_tokens", "mlm_draws", "mlm_prediction_count", "mlm_units", "mlm_walk",

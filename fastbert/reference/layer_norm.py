@@ -30,6 +30,20 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     return (y, h) if return_sum else y
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                 dropout_p: float = 0.0, seed: Optional[int] = None, keep_mask: Optional[torch.Tensor] = None,
+                 return_sum: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """rms_norm(dropout(x) + residual) * weight over the last dim (torch.nn.RMSNorm's), with the
+    fastbert dropout rule; the arguments of add_layer_norm, no bias."""
+    if dropout_p > 0.0:
+        if keep_mask is None:
+            keep_mask = dropout_keep_mask(new_seed() if seed is None else seed, x.shape, dropout_p, x.device)
+        x = x * keep_mask.to(x.dtype) * (1.0 / (1.0 - dropout_p))
+    h = x + residual
+    y = F.rms_norm(h, (h.shape[-1],), weight.to(h.dtype), eps)
+    return (y, h) if return_sum else y
+
+
 class AddLayerNorm(nn.Module):
     """BERT's BertSelfOutput / BertOutput tail: LayerNorm(dropout(x) + residual)."""
 

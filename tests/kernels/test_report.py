@@ -147,3 +147,52 @@ def test_the_fingerprint_reads_device_code_not_prose_or_launchers():
     assert base == code(kernel.replace("TABLE = {}", "TABLE = {1: 2}"))  # a name no kernel reads
     assert base != code(kernel.replace("tl.store(X, SCALE)", "tl.store(X, 2 * SCALE)"))  # a kernel
     assert base != code(kernel.replace("SCALE = 2", "SCALE = 3"))  # a constant a kernel reads
+
+
+def test_a_module_fingerprint_follows_its_own_code_and_what_it_imports():
+    sources = report._sources()
+    base = report.module_fingerprints(sources)
+    assert set(base) == set(report.KERNEL_MODULES)
+
+    def changed(path, old, new):
+        assert old in sources[path], (path, old)
+        now = report.module_fingerprints({**sources, path: sources[path].replace(old, new, 1)})
+        return {m for m in base if now[m] != base[m]}
+
+    assert changed("layer_norm.py", "mean = tl.sum(h, axis=1) / N", "mean = tl.sum(h, axis=1) / N / 1") == {"layer_norm"}
+    # geglu imports bias_gelu's jit functions: a change there is a change of both
+    assert changed("bias_gelu.py", "\n@triton.jit", "\n@triton.jit(do_not_specialize=[])") == {"bias_gelu", "geglu"}
+    assert changed("attention/rope.py", "\n@triton.jit", "\n@triton.jit(do_not_specialize=[])") == {"attention"}
+    assert changed("layer_norm.py", '"""Fused dropout', '"""Fused, dropout') == set()  # prose
+
+
+def test_update_compiles_only_the_changed_modules_variants(tmp_path, monkeypatch):
+    # the saved report with one module's recorded fingerprint changed: --update hands exactly that
+    # module's variants to the compiler (here a stand-in that gives their records back) and keeps the rest
+    import json
+    import os
+    import shutil
+
+    path = str(tmp_path / "report.json")
+    shutil.copy(os.path.join(os.path.dirname(report.__file__), "build_report.json"), path)
+    saved = json.load(open(path))
+    saved["modules"]["geglu"] = "0" * 64
+    json.dump(saved, open(path, "w"))
+    by_key = {report.key(r): r for r in saved["records"]}
+    jobs = report.job_list(saved["archs"], None, False)
+    compiled = []
+
+    def fake_run_report(archs, select=None, jobs=None, progress=False, **kw):
+        picked = [report.job_key(*jobs_all[i]) for i in select]
+        compiled.extend(picked)
+        return [dict(by_key[k]) for k in picked]
+
+    jobs_all = jobs
+    monkeypatch.setattr(report, "run_report", fake_run_report)
+    records = report.update(path)
+    assert {k[0] for k in compiled} == {"geglu_fwd", "geglu_bwd"}
+    assert len(compiled) == sum(1 for b, _ in jobs if b.name.startswith("geglu"))
+    again = json.load(open(path))
+    assert again["modules"] == report.module_fingerprints() and again["fingerprint"] == report.fingerprint()
+    assert [report.key(r) for r in again["records"]] == sorted(by_key, key=lambda k: (k[0], k[1], k[2])) == \
+        [report.key(r) for r in records]

@@ -10,6 +10,7 @@ from fastbert import reference
 from tests.helpers.backends import device_for, dtypes_for, require
 from tests.helpers.bounds import assert_within_bound
 from tests.helpers.layer_norm import make_inputs as base_inputs
+from tests.helpers.layer_norm import outputs_and_grads
 
 # 2500: the Triton backward takes whole rows without the sum's gradient, two passes with it (above 2048)
 SHAPES_SMALL = [(1, 2), (3, 7), (5, 384), (2, 3, 768), (2, 2500)]
@@ -25,20 +26,6 @@ def make_inputs(shape, dtype, dev, seed, param_dtype=None):
     """x, residual, weight, bias, dy (test_add_layer_norm's), and ds: fresh seeded values (never zeros)."""
     g = torch.Generator().manual_seed(seed + 10_000)
     return (*base_inputs(shape, dtype, dev, seed, param_dtype), torch.randn(shape, generator=g).to(dev, dtype))
-
-
-def outputs_and_grads(fn, inputs, dy, ds, through):
-    """(y, s) = fn(*inputs) on fresh leaf copies, backward from y (dy), s (ds) or both ("y", "s",
-    "both") -> ([y, s], [the gradient of each input, None where none flows])."""
-    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
-    y, s = fn(*leaves)
-    outs, grads = [], []
-    if through in ("y", "both"):
-        outs, grads = outs + [y], grads + [dy.to(y.dtype)]
-    if through in ("s", "both"):
-        outs, grads = outs + [s], grads + [ds.to(s.dtype)]
-    torch.autograd.backward(outs, grads)
-    return [y.detach(), s.detach()], [t.grad for t in leaves]
 
 
 def check_sum(backend, shape, dtype, through="both", dropout_p=0.0, bias=True, seed=0, param_dtype=None, eps=1e-12):
