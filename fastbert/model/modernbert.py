@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from typing import Optional, Tuple
 
 import torch
@@ -46,26 +45,16 @@ from torch import nn
 
 from fastbert import ops, reference
 from fastbert.model import stack_plan
-from fastbert.model.checks import check_counting_positions, check_id_tensor, check_input_shape
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
 from fastbert.model.layers import BackendMixin, embed_words, gated_activation
-from fastbert.model.masks import attention_masks
 from fastbert.model.model_utils import trunc_normal_
-from fastbert.model.outputs import BaseModelOutput
+from fastbert.model.prenorm import PreNormForward
 from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.model.quantize import TRAINING_ERROR, InferenceOnly
 from fastbert.model.stack_plan import module_of
 from fastbert.ops import encoder, layer_training
 from fastbert.ops.attention import joined_attention
 from fastbert.ops.bias_gelu import GELU_FORMS
-
-
-def not_supported(what: str) -> NotImplementedError:
-    return NotImplementedError(f"fastbert: {what} is not supported for ModernBERT yet")
-
-
-HEAD_MASK_ERROR = ("fastbert: ModernBERT takes no head_mask: transformers' ModernBertModel has none either (its "
-                   "forward ignores one); leave head_mask out")
 
 
 def activation(x: torch.Tensor, bias: Optional[torch.Tensor], name: str, backend) -> torch.Tensor:
@@ -333,11 +322,11 @@ class ModernBertPreTrainedModel(BertPreTrainedModel):
         """The task heads' weights (modernbert_heads.py)."""
 
 
-class ModernBertModel(ModernBertPreTrainedModel):
-    """embeddings -> layers -> final_norm; forward as transformers' ModernBertModel."""
+class ModernBertModel(PreNormForward, ModernBertPreTrainedModel):
+    """embeddings -> layers -> final_norm; forward as transformers' ModernBertModel (PreNormForward's:
+    unpad_inputs False keeps every batch padded)."""
 
-    # a batch with padding runs packed; False keeps every batch padded (the two agree at real tokens)
-    unpad_inputs: bool = True
+    family = "ModernBERT"
 
     def __init__(self, config: ModernBertConfig, add_pooling_layer: bool = False):
         super().__init__(config)  # (add_pooling_layer: ModernBERT has no pooler)
@@ -347,47 +336,8 @@ class ModernBertModel(ModernBertPreTrainedModel):
         self.pooler = None  # (none: what code that reads a base model's pooler finds)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, *, head_mask=None):
-        """transformers' ModernBertModel.forward: input_ids [batch, seq] (or inputs_embeds [batch,
-        seq, hidden]), attention_mask [batch, seq] (1 = real token), position_ids (0, 1, 2, ... a
-        row, the default) -> .last_hidden_state [batch, seq, hidden], .hidden_states (the
-        embeddings' output, then every layer's; the last one after final_norm, as transformers gives
-        them), .attentions (each layer's probabilities [batch, heads, seq, seq], as transformers'
-        eager attention gives them). head_mask: an error (transformers' ModernBERT has none)."""
-        cfg = self.config
-        output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
-        want_probs = bool(cfg.output_attentions if output_attentions is None else output_attentions)
-        return_dict = self._return_dict(return_dict)
-        if head_mask is not None:
-            raise NotImplementedError(HEAD_MASK_ERROR)
-        bsz, seq = check_input_shape(input_ids, inputs_embeds, cfg.hidden_size, sys.maxsize)
-        compiling = torch.compiler.is_compiling()
-        if not compiling:  # value checks read the tensors: skipped while torch.compile traces
-            check_id_tensor("input_ids", input_ids, None, cfg.vocab_size, "the vocabulary")
-            check_counting_positions(position_ids, bsz, seq, "ModernBERT")
-        key_mask, bias = attention_masks(attention_mask, bsz, seq, cfg.num_attention_heads)
-        if bias is not None:
-            raise not_supported("an attention_mask other than a padding mask")
-        graphs = None if want_probs or output_hidden_states else self.graphs_for(input_ids)
-        if graphs is not None:  # the encoder as one CUDA graph replay
-            hidden = graphs(encoder.pack_inputs(input_ids, None, None, key_mask), self.graph_sources)
-            result = BaseModelOutput(last_hidden_state=hidden)
-            return result if return_dict else result.to_tuple()
-        hidden = self.embeddings(input_ids, inputs_embeds)
-        if key_mask is not None and not compiling and bool(key_mask.all()):
-            key_mask = None
-        encode = self._encode
-        # packed (unpad once, pad once) unless there is no padding, the probabilities are asked for
-        # (they are [batch, heads, seq, seq]) or torch.compile traces (the packed shapes depend on values)
-        if key_mask is not None and self.unpad_inputs and not want_probs and not compiling:
-            h, indices, cu_seqlens, max_seqlen = ops.unpad(hidden, key_mask)
-            out, states, probs = encode(h, None, (cu_seqlens, max_seqlen), lambda t: ops.pad(t, indices, bsz, seq),
-                                        output_hidden_states, False)
-        else:
-            out, states, probs = encode(hidden, key_mask, None, lambda t: t, output_hidden_states, want_probs)
-        result = BaseModelOutput(last_hidden_state=out, hidden_states=states, attentions=probs)
-        return result if return_dict else result.to_tuple()
+    def embed(self, input_ids: Optional[torch.Tensor], inputs_embeds: Optional[torch.Tensor]) -> torch.Tensor:
+        return self.embeddings(input_ids, inputs_embeds)
 
     def packed_encode(self, ids, types, positions, cu_seqlens, max_seqlen: int):
         """The embeddings, every layer and final_norm on packed tokens -> rows [tokens, hidden] (what a

@@ -2,6 +2,8 @@
 alternate, seeded random weights in every tensor, batches with [CLS] / [SEP] and padding, labels for
 each head, and the checks the ModernBERT-shaped families share (errors against transformers,
 packed against padded, checkpoints both ways)."""
+import contextlib
+import copy
 import json
 
 import pytest
@@ -197,3 +199,16 @@ def assert_checkpoints_both_ways(tmp_path, hm, name, inputs, output_name):
                 got, want = got[mask.bool()], want[mask.bool()]
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     return saved
+
+
+def outputs_and_grads(model, ids, mask, labels, mode=None, fn=None):
+    """{logits and the last hidden state at real tokens, loss, "grad <name>" of every parameter} in fp32,
+    of fn (model by default) in `mode`: "bf16 model" (a bf16 copy), "autocast" (bf16), None: as it is."""
+    model = copy.deepcopy(model).to(torch.bfloat16) if mode == "bf16 model" else model
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext():
+        out = (model if fn is None else fn)(input_ids=ids, attention_mask=mask, output_hidden_states=True, **labels)
+    out.loss.backward()
+    got = dict(logits=out.logits[mask.bool()], last_hidden_state=out.hidden_states[-1][mask.bool()], loss=out.loss,
+               **{f"grad {n}": p.grad for n, p in model.named_parameters()})
+    return {k: v.float() for k, v in got.items()}

@@ -6,7 +6,6 @@ keys at most 4 positions away) matters at 30 tokens; batches with and without pa
 and the padded paths; output_attentions; checkpoints both ways; the Auto classes; ModernBERT-base's
 shape; bf16 (a bf16 model, autocast); torch.compile; what is not supported, each a clear error (int8:
 test_modernbert_int8.py)."""
-import contextlib
 import copy
 import json
 
@@ -27,6 +26,7 @@ from tests.helpers.modernbert import (
     batch,
     check_close,
     inputs,
+    outputs_and_grads,
     pair,
     parity,
     randomize,
@@ -201,19 +201,6 @@ def test_output_attentions_match_transformers_eager(name, padded):
     for p, kind in zip(probs, fm.config.layer_types):  # a real query and key further apart than the window
         outside = p[..., far][real]
         assert (not outside.any()) if kind == "sliding_attention" else bool(outside.all()), kind
-
-
-def outputs_and_grads(model, ids, mask, labels, mode=None, fn=None):
-    """{logits and the last hidden state at real tokens, loss, "grad <name>" of every parameter} in fp32,
-    of fn (model by default) in `mode`: "bf16 model" (a bf16 copy), "autocast" (bf16), None: as it is."""
-    model = copy.deepcopy(model).to(torch.bfloat16) if mode == "bf16 model" else model
-    model.zero_grad()
-    with torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext():
-        out = (model if fn is None else fn)(input_ids=ids, attention_mask=mask, output_hidden_states=True, **labels)
-    out.loss.backward()
-    got = dict(logits=out.logits[mask.bool()], last_hidden_state=out.hidden_states[-1][mask.bool()], loss=out.loss,
-               **{f"grad {n}": p.grad for n, p in model.named_parameters()})
-    return {k: v.float() for k, v in got.items()}
 
 
 @pytest.mark.parametrize("mode", ["bf16 model", "autocast"])
