@@ -2,8 +2,9 @@
 with random weights (roberta-base, xlm-roberta-base with its 250,002-token vocabulary, camembert-base,
 electra-small-discriminator with its 128-wide embeddings and their projection, distilbert-base,
 bert-base, gte-multilingual-base (rotary, gated feed-forward, 250,048 tokens), nomic-embed-text-v1.5
-(no biases, SwiGLU), jina-embeddings-v3 (XLM-R large's widths, rotary)), at --layers layers; a class
-transformers does not have for a family (GTE's question answering) is left out:
+(no biases, SwiGLU), jina-embeddings-v3 (XLM-R large's widths, rotary), EuroBERT-210m (a pre-norm
+encoder: RMSNorm, rotary, SwiGLU, 128,256 tokens)), at --layers layers; a class transformers does not
+have for a family (GTE's and EuroBERT's question answering) is left out:
 
 1. family x class: the max abs error of fastbert's outputs (at real tokens) and of every parameter's
    gradient (over the largest gradient of any parameter) against transformers in fp32 on the same
@@ -48,6 +49,7 @@ REAL = {  # each family's published base configuration (what its config.json hol
     "jina_embeddings_v3": ("JinaEmbeddingsV3", dict(vocab_size=250002, hidden_size=1024, num_attention_heads=16,
                                                     intermediate_size=4096, max_position_embeddings=8194,
                                                     type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5)),
+    "eurobert": ("EuroBert", dict()),  # transformers' EuroBertConfig defaults: EuroBERT-210m's widths
 }
 HEADS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"]
 
@@ -59,6 +61,8 @@ def build(family, head, layers):
     labels = 2 if head == "ForQuestionAnswering" else 3  # start and end
     if family == "distilbert":
         cfg = transformers.DistilBertConfig(n_layers=layers, dropout=0.0, attention_dropout=0.0, num_labels=labels)
+    elif family == "eurobert":  # (its own field names; no dropout but the attention's, 0 by default)
+        cfg = transformers.EuroBertConfig(num_hidden_layers=layers, num_labels=labels)
     else:
         cfg = transformers.AutoConfig.for_model(family, **{**base_config(layers), **extra}, num_labels=labels,
                                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -100,16 +100,20 @@ def memory_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2 * nbytes / best / 1e9
 
 
-GATED_FAMILIES = ("modernbert", "gte", "nomic_bert")  # model types whose feed-forward is gated
+GATED_FAMILIES = ("modernbert", "gte", "nomic_bert", "eurobert")  # model types whose feed-forward is gated
 
 
 def _product_flops_per_token(config) -> float:
-    """FLOPs of one token through one layer's products: the four attention projections and the
-    feed-forward (a gated one, ModernBERT's, GTE's and NomicBERT's: a projection to twice the
-    intermediate size, then back), 2 FLOPs per multiply-add."""
+    """FLOPs of one token through one layer's products: the four attention projections (the key and
+    value ones narrower with grouped-query attention, EuroBERT's num_key_value_heads) and the
+    feed-forward (a gated one, ModernBERT's, GTE's, NomicBERT's and EuroBERT's: a projection to
+    twice the intermediate size, then back), 2 FLOPs per multiply-add."""
     d, f = config.hidden_size, config.intermediate_size
+    heads = config.num_attention_heads
+    width = heads * (getattr(config, "head_dim", None) or d // heads)  # of the queries and the context
+    kv_width = width * (getattr(config, "num_key_value_heads", None) or heads) // heads
     geglu = getattr(config, "model_type", None) in GATED_FAMILIES
-    return 2 * (4 * d * d + (3 if geglu else 2) * d * f)
+    return 2 * (2 * d * width + 2 * d * kv_width + (3 if geglu else 2) * d * f)
 
 
 def encoder_flops_per_token(config, mean_tokens: float) -> float:

@@ -87,7 +87,8 @@ def real_sentences(n):
 # the newer encoders the ModernBERT benchmarks run: transformers' class, its config and the base depth
 MODERN_ARCHS = {"modernbert": ("ModernBertModel", "ModernBertConfig", 22), "mpnet": ("MPNetModel", "MPNetConfig", 12),
                 "gte": ("GteModel", "GteConfig", 12), "nomic_bert": ("NomicBertModel", "NomicBertConfig", 12),
-                "jina_embeddings_v3": ("JinaEmbeddingsV3Model", "JinaEmbeddingsV3Config", 24)}
+                "jina_embeddings_v3": ("JinaEmbeddingsV3Model", "JinaEmbeddingsV3Config", 24),
+                "eurobert": ("EuroBertModel", "EuroBertConfig", 12)}
 
 
 def modern_models(name: str, layers: int, backend: str, int8: bool = False):

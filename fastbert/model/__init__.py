@@ -6,7 +6,9 @@ encoder: roberta.py (RoBERTa, XLM-RoBERTa, CamemBERT), electra.py, distilbert.py
 local attention, GeGLU: a layer of its own on the same ops): modernbert.py and modernbert_heads.py; MPNet (a relative
 position bias in every layer's attention): mpnet.py; GTE (BERT's layer with rotary positions and a gated
 feed-forward): gte.py, NomicBERT (GTE's layer without biases): nomic_bert.py, Jina embeddings v3 (GTE's
-layer with BERT's feed-forward, RoBERTa's heads): jina_embeddings_v3.py; auto.py (the class for a model_type)."""
+layer with BERT's feed-forward, RoBERTa's heads): jina_embeddings_v3.py; EuroBERT (a Llama-style pre-norm
+encoder: RMSNorm, rotary, SwiGLU, grouped-query attention): eurobert.py; prenorm.py (the base model's forward
+of the two pre-norm families); auto.py (the class for a model_type)."""
 from fastbert.model.auto import (
     AutoConfig,
     AutoModel,
@@ -22,6 +24,7 @@ from fastbert.model.config import (
     CamembertConfig,
     DistilBertConfig,
     ElectraConfig,
+    EuroBertConfig,
     GteConfig,
     JinaEmbeddingsV3Config,
     ModernBertConfig,
@@ -44,6 +47,12 @@ from fastbert.model.electra import (
     ElectraForSequenceClassification,
     ElectraForTokenClassification,
     ElectraModel,
+)
+from fastbert.model.eurobert import (
+    EuroBertForMaskedLM,
+    EuroBertForSequenceClassification,
+    EuroBertForTokenClassification,
+    EuroBertModel,
 )
 from fastbert.model.gte import (
     GteForMaskedLM,
@@ -138,5 +147,6 @@ __all__ += [
     "GteForTokenClassification", "NomicBertConfig", "NomicBertModel", "NomicBertForMaskedLM",
     "NomicBertForSequenceClassification", "NomicBertForTokenClassification", "JinaEmbeddingsV3Config",
     "JinaEmbeddingsV3Model", "JinaEmbeddingsV3ForMaskedLM", "JinaEmbeddingsV3ForSequenceClassification",
-    "JinaEmbeddingsV3ForTokenClassification", "JinaEmbeddingsV3ForQuestionAnswering",
+    "JinaEmbeddingsV3ForTokenClassification", "JinaEmbeddingsV3ForQuestionAnswering", "EuroBertConfig",
+    "EuroBertModel", "EuroBertForMaskedLM", "EuroBertForSequenceClassification", "EuroBertForTokenClassification",
 ]

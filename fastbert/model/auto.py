@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from fastbert.model import distilbert, electra, gte, jina_embeddings_v3, modernbert_heads, mpnet, nomic_bert, roberta
+from fastbert.model import distilbert, electra, eurobert, gte, jina_embeddings_v3, modernbert_heads, mpnet, nomic_bert, roberta
 from fastbert.model.bert import BertModel
 from fastbert.model.config import read_config
 from fastbert.model.heads import (
@@ -43,6 +43,7 @@ FAMILIES: Dict[str, Dict[str, type]] = {
     "gte": _family(*gte.GTE_CLASSES),
     "nomic_bert": _family(*nomic_bert.NOMIC_BERT_CLASSES),
     "jina_embeddings_v3": _family(*jina_embeddings_v3.JINA_EMBEDDINGS_V3_CLASSES),
+    "eurobert": _family(*eurobert.EUROBERT_CLASSES),
 }
 # as transformers' AutoModelForPreTraining: the families without a pretraining head of their own train MLM
 PRETRAINING = {**{family: classes["masked-lm"] for family, classes in FAMILIES.items()},

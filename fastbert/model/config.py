@@ -385,3 +385,66 @@ class JinaEmbeddingsV3Config(GteConfig):
                      use_cache=True, classifier_dropout=None, tie_word_embeddings=True, rope_parameters=None,
                      problem_type=None, output_hidden_states=False, output_attentions=False, return_dict=True)
     default_rope_theta = 20000.0
+
+
+class EuroBertConfig(BertConfig):
+    """transformers' EuroBertConfig: its fields and defaults (EuroBERT-210m's shape, its rope_theta
+    10000 unless rope_parameters says otherwise; the published checkpoints' say 250000). A
+    Llama-style pre-norm encoder: RMSNorm (rms_norm_eps), rotary positions, a gated feed-forward
+    (hidden_act "silu": SwiGLU), grouped-query attention where num_key_value_heads is below
+    num_attention_heads (None: as many), head_dim (None: hidden_size / num_attention_heads). No token
+    types, no position table."""
+
+    model_type = "eurobert"
+    _defaults = dict(vocab_size=128256, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                     num_attention_heads=12, num_key_value_heads=None, hidden_act="silu", max_position_embeddings=8192,
+                     initializer_range=0.02, rms_norm_eps=1e-5, use_cache=True, pad_token_id=128001,
+                     bos_token_id=128000, eos_token_id=128001, pretraining_tp=1, tie_word_embeddings=False,
+                     rope_parameters=None, attention_bias=False, attention_dropout=0.0, mlp_bias=False,
+                     mask_token_id=128002, classifier_pooling="late", problem_type=None, output_hidden_states=False,
+                     output_attentions=False, return_dict=True)
+    type_vocab_size = 1  # no token types
+    position_embedding_type = "absolute"  # (no position table: BertConfig's check of the field holds)
+    POOLINGS = ("bos", "mean", "late")
+
+    def __init__(self, **kwargs):
+        head_dim = kwargs.pop("head_dim", None)
+        theta = kwargs.pop("rope_theta", None)
+        scaling = kwargs.pop("rope_scaling", None)
+        super().__init__(**kwargs)
+        self._head_dim = head_dim
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        rope = dict(self.rope_parameters or {})
+        rope.update(scaling or {})
+        rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope.setdefault("rope_theta", 10000.0 if theta is None else theta)
+        self.rope_parameters = rope
+        self._built = True
+        self.validate()
+
+    def validate(self) -> None:
+        if not getattr(self, "_built", False):  # BertConfig.__init__ asks before head_dim and rope are filled in
+            return
+        where = f"fastbert.{type(self).__name__}"
+        super().validate()
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"{where}: num_attention_heads {self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+        if self.rope_parameters["rope_type"] != "default":
+            raise ValueError(f"{where}: rope_type {self.rope_parameters['rope_type']!r} is not supported; fastbert "
+                             "runs the default rotary embedding")
+        if self.classifier_pooling not in self.POOLINGS:
+            raise ValueError(f"{where}: classifier_pooling must be one of {list(self.POOLINGS)}, got "
+                             f"{self.classifier_pooling!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads if self._head_dim is None else int(self._head_dim)
+
+    @property
+    def rope_theta(self) -> float:
+        return float(self.rope_parameters["rope_theta"])
+
+    def to_dict(self):
+        return dict(sorted({**super().to_dict(), "head_dim": self.head_dim}.items()))
