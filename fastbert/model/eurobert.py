@@ -56,7 +56,11 @@ def linear(module: nn.Module, x: torch.Tensor, backend) -> torch.Tensor:
 
 def joined_product(owner: nn.Module, name: str, modules, x: torch.Tensor, backend) -> torch.Tensor:
     """The products of x by linear layers that read it together (Q, K, V; gate and up) as one GEMM,
-    their outputs side by side (joined.joined_linear's tensors, float or int8)."""
+    their outputs side by side (joined.joined_linear's tensors, float or int8). int8 weights of
+    different layouts (a key projection too narrow for the packed one, beside a packed query's)
+    cannot be joined: each layer then multiplies on its own."""
+    if isinstance(modules[0], Int8Linear) and len({m.weight.dim() for m in modules}) > 1:
+        return torch.cat([m(x) for m in modules], dim=-1)
     tensors = joined_linear(owner, name, modules)
     if len(tensors) == 2:
         return ops.linear(x, *tensors, backend=backend)

@@ -201,6 +201,22 @@ def test_int8_is_close_to_fp32_and_inference_only():
         fm.train()(input_ids=ids, attention_mask=mask)
 
 
+def test_int8_with_key_values_too_narrow_for_the_packed_layout(monkeypatch):
+    # 8-row key and value projections stay [out, in] where the 32-row query packs: each multiplies on its own
+    require("cpp")
+    monkeypatch.setenv("FASTBERT_INT8_LAYOUT", "packed")
+    name = "EuroBertModel"
+    hm, fm = pair(name, backend="cpp", num_key_value_heads=1, head_dim=8)
+    ids, mask, _ = inputs(name, 8)
+    with torch.no_grad():
+        want = fm(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
+        fm.quantize_("int8")
+        got = fm(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
+    attn = fm.layers[0].self_attn
+    assert attn.q_proj.weight.dim() == 4 and attn.k_proj.weight.dim() == 2
+    assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.99
+
+
 @pytest.mark.parametrize("mode", ["bf16 model", "autocast"])
 def test_bf16_within_transformers_bound(mode):
     require("cpp")
