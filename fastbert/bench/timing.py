@@ -109,9 +109,10 @@ def _product_flops_per_token(config) -> float:
     feed-forward (a gated one, ModernBERT's, GTE's, NomicBERT's and EuroBERT's: a projection to
     twice the intermediate size, then back), 2 FLOPs per multiply-add."""
     d, f = config.hidden_size, config.intermediate_size
-    heads = config.num_attention_heads
-    width = heads * (getattr(config, "head_dim", None) or d // heads)  # of the queries and the context
-    kv_width = width * (getattr(config, "num_key_value_heads", None) or heads) // heads
+    heads = getattr(config, "num_attention_heads", None) or 1
+    head_dim = getattr(config, "head_dim", None) or d // heads
+    width = heads * head_dim  # of the queries and the context
+    kv_width = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
     geglu = getattr(config, "model_type", None) in GATED_FAMILIES
     return 2 * (2 * d * width + 2 * d * kv_width + (3 if geglu else 2) * d * f)
 

@@ -120,6 +120,10 @@ def test_an_encoder_s_flops_per_token_count_its_products():
     base = SimpleNamespace(hidden_size=768, intermediate_size=3072, num_hidden_layers=12)
     assert encoder_flops_per_token(base, 0) == 12 * 2 * (4 * 768 * 768 + 2 * 768 * 3072)  # 2 FLOPs x 85M weights
     assert encoder_flops_per_token(base, 100) - encoder_flops_per_token(base, 0) == 12 * 4 * 100 * 768
+    # grouped-query attention (6 key-value heads for 18 query heads, 64 wide) and a gated feed-forward
+    gqa = SimpleNamespace(hidden_size=1152, intermediate_size=4096, num_hidden_layers=1, num_attention_heads=18,
+                          num_key_value_heads=6, head_dim=64, model_type="eurobert")
+    assert encoder_flops_per_token(gqa, 0) == 2 * (2 * 1152 * 1152 + 2 * 1152 * 384 + 3 * 1152 * 4096)
 
 
 def test_the_machine_s_gemm_rate_is_measured():
