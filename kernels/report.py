@@ -311,7 +311,7 @@ def device_code(sources: Dict[str, str]) -> str:
     return "\n".join(out)
 
 
-def _sources() -> Dict[str, str]:
+def package_sources() -> Dict[str, str]:
     """The kernel package's Python sources (path relative to it -> text), subpackages included,
     this module excepted."""
     sources = {}
@@ -338,7 +338,7 @@ def fingerprint() -> str:
     divisibility)."""
     import triton
 
-    h = hashlib.sha256(f"triton {triton.__version__}\n{device_code(_sources())}\n".encode())
+    h = hashlib.sha256(f"triton {triton.__version__}\n{device_code(package_sources())}\n".encode())
     _hash_builds(h, kernel_builds())
     return h.hexdigest()
 
@@ -368,10 +368,10 @@ def module_fingerprints(sources: Optional[Dict[str, str]] = None) -> Dict[str, s
     version, the device code of its own files and of every package file they import (the shared
     helpers of kernels/__init__.py, another module's jit functions), and its variants. A module
     whose fingerprint has not changed compiles to what the report recorded (`--update`).
-    sources: the package's files (_sources(), by default)."""
+    sources: the package's files (package_sources(), by default)."""
     import triton
 
-    sources = _sources() if sources is None else sources
+    sources = package_sources() if sources is None else sources
     out = {}
     for name in KERNEL_MODULES:
         own = [p for p in sources if p == f"{name}.py" or p.startswith(f"{name}/")]

@@ -150,7 +150,7 @@ def test_the_fingerprint_reads_device_code_not_prose_or_launchers():
 
 
 def test_a_module_fingerprint_follows_its_own_code_and_what_it_imports():
-    sources = report._sources()
+    sources = report.package_sources()
     base = report.module_fingerprints(sources)
     assert set(base) == set(report.KERNEL_MODULES)
 

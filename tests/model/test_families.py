@@ -122,7 +122,8 @@ def test_auto_classes_refuse_what_they_do_not_run(tmp_path):
                                        intermediate_size=48)
     cfg.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"model_type 'deberta-v2' is not supported; supported: bert, camembert, "
-                                         r"distilbert, electra, gte, jina_embeddings_v3, modernbert, mpnet, nomic_bert, "
+                                         r"distilbert, electra, eurobert, gte, jina_embeddings_v3, modernbert, mpnet, "
+                                         r"nomic_bert, "
                                          r"roberta, xlm-roberta"):
         fastbert.AutoModel.from_pretrained(str(tmp_path))
     hf_config("roberta").save_pretrained(tmp_path / "r")
