@@ -36,7 +36,13 @@ from torch import nn
 
 from fastbert import ops, reference
 from fastbert.model.config import EuroBertConfig
-from fastbert.model.heads import cross_entropy_loss, real_token_head, sequence_classification_loss, task_output
+from fastbert.model.heads import (
+    cross_entropy_loss,
+    real_token_head,
+    real_token_mean,
+    sequence_classification_loss,
+    task_output,
+)
 from fastbert.model.joined import joined_linear
 from fastbert.model.layers import BackendMixin, embed_words, gated_activation
 from fastbert.model.outputs import MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
@@ -350,22 +356,11 @@ class EuroBertForSequenceClassification(_EuroBertHead):
         if self.classifier_pooling == "bos":
             logits = self._head(hidden[:, 0])
         elif self.classifier_pooling == "mean":
-            logits = self._head(_real_mean(hidden, attention_mask))
+            logits = self._head(real_token_mean(hidden, attention_mask, "mean"))
         else:
-            logits = _real_mean(self._head(hidden), attention_mask)
+            logits = real_token_mean(self._head(hidden), attention_mask, "late")
         loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
         return task_output(SequenceClassifierOutput, self._return_dict(return_dict), out, loss=loss, logits=logits)
-
-
-def _real_mean(x: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """The mean of x [batch, seq, ...] over the real tokens (every token without a mask)."""
-    if attention_mask is None:
-        return x.mean(dim=1)
-    if attention_mask.dim() != 2:
-        raise ValueError("fastbert: EuroBERT's classifier pooling needs a [batch, seq] attention_mask, got shape "
-                         f"{tuple(attention_mask.shape)}")
-    weights = attention_mask.to(x.dtype)
-    return (x * weights[..., None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
 
 
 class EuroBertForTokenClassification(_EuroBertHead):

@@ -24,6 +24,18 @@ from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.ops.masking import IGNORE_INDEX
 
 
+def real_token_mean(x: torch.Tensor, attention_mask: Optional[torch.Tensor], pooling: str) -> torch.Tensor:
+    """The mean of x [batch, seq, ...] over the real tokens (over every token without a mask): a
+    sequence classifier's `pooling` (named in the error for a mask of another shape)."""
+    if attention_mask is None:
+        return x.mean(dim=1)
+    if attention_mask.dim() != 2:
+        raise ValueError(f"fastbert: classifier_pooling {pooling!r} needs a [batch, seq] attention_mask, got shape "
+                         f"{tuple(attention_mask.shape)}")
+    weights = attention_mask.to(x.dtype)
+    return (x * weights[..., None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
+
+
 def real_token_head(head, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """head(hidden) [batch, seq, ...], computed at real tokens only when the batch has padding
     (zeros at padded positions). The MLM head's vocabulary GEMM on padded rows is wasted work, and

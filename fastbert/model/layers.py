@@ -9,7 +9,7 @@ from torch import nn
 
 from fastbert import layouts, ops, reference
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.joined import joined, joined_linear, share_storage, trainable, views_of
+from fastbert.model.joined import joined_linear, share_storage, trainable, views_of
 from fastbert.model.quantize import Int8Linear
 from fastbert.ops import layer_training
 from fastbert.ops.attention import joined_attention
@@ -130,9 +130,7 @@ class BertSelfAttention(nn.Module):
         gives them; once quantized (Int8Linear), (int8 weight, scale, bias)."""
         mods = (self.query, self.key, self.value)
         if isinstance(mods[0], Int8Linear):
-            return (joined(self, "int8_weight", [m.weight for m in mods]),
-                    joined(self, "int8_scale", [m.weight_scale for m in mods]),
-                    None if mods[0].bias is None else joined(self, "int8_bias", [m.bias for m in mods]))
+            return joined_linear(self, "qkv", mods)
         return self.qkv_weight()
 
 

@@ -16,7 +16,13 @@ from torch import nn
 
 from fastbert import ops
 from fastbert.model.config import ModernBertConfig
-from fastbert.model.heads import cross_entropy_loss, real_token_head, sequence_classification_loss, task_output
+from fastbert.model.heads import (
+    cross_entropy_loss,
+    real_token_head,
+    real_token_mean,
+    sequence_classification_loss,
+    task_output,
+)
 from fastbert.model.layers import BackendMixin
 from fastbert.model.modernbert import ModernBertModel, ModernBertPreTrainedModel, activation, add_norm
 from fastbert.model.outputs import (
@@ -132,13 +138,7 @@ class ModernBertForSequenceClassification(_Classifier):
         """classifier_pooling "cls": the first token's hidden state; "mean": the mean over the real tokens."""
         if self.config.classifier_pooling == "cls":
             return hidden[:, 0]
-        if attention_mask is None:
-            return hidden.mean(dim=1)
-        if attention_mask.dim() != 2:
-            raise ValueError("fastbert: classifier_pooling 'mean' needs a [batch, seq] attention_mask, got shape "
-                             f"{tuple(attention_mask.shape)}")
-        weights = attention_mask.to(hidden.dtype)
-        return (hidden * weights[..., None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
+        return real_token_mean(hidden, attention_mask, "mean")
 
 
 class ModernBertForTokenClassification(_Classifier):
