@@ -29,7 +29,7 @@ SINGLE = ("unpad/pad", "linear", "attention_weights", "embedding", "int8_matmul"
 # int8: no Triton kernels (the CPU backends); "+sum": return_sum=True, which also returns the sum normalized
 INT8_OPS = ("quantize_rows", "quantize_weight", "pack_int8_weight", "unpack_int8_weight", "int8_matmul",
             "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm", "int8_add_layer_norm+sum")
-ELEMENTWISE = ("bias_gelu", "geglu", "add_layer_norm", "add_layer_norm+sum")
+ELEMENTWISE = ("bias_gelu", "geglu", "add_layer_norm", "add_layer_norm+sum", "add_rms_norm", "add_rms_norm+sum")
 
 
 def bound_check(out: torch.Tensor, torch_out: torch.Tensor, ref64: torch.Tensor, dtype) -> Tuple[bool, float, float]:
@@ -152,24 +152,24 @@ def _elementwise(op, shape, dtype, backend, device, g) -> List[Row]:
         return compare(["y", "dx", "dbias"], fused, reference.bias_gelu, inputs, dy, dtype)
     inputs = [x, torch.randn(m, n, generator=g).to(device, dtype),
               (1 + torch.randn(n, generator=g)).to(device, dtype), torch.randn(n, generator=g).to(device, dtype)]
-    p, seed, sum_form = 0.1, 1234, op == "add_layer_norm+sum"
+    p, seed, sum_form = 0.1, 1234, op.endswith("+sum")
     keep = reference.dropout_keep_mask(seed, shape, p, device)
+    outs = ["y", "s"] if sum_form else ["y"]  # the sum form: the gradients of both flow back
+    grad = (dy, torch.randn(m, n, generator=g).to(device, dtype)) if sum_form else dy
+    if op.startswith("add_rms_norm"):  # the RMSNorm form: add_layer_norm's kernels, no mean, no bias (EuroBERT's)
+        return compare([*outs, "dx", "dresidual", "dweight"],
+                       lambda *a: fastbert.ops.add_rms_norm(*a, dropout_p=p, seed=seed, return_sum=sum_form,
+                                                            backend=backend),
+                       lambda *a: reference.add_rms_norm(*a, dropout_p=p, keep_mask=keep, return_sum=sum_form),
+                       inputs[:3], grad, dtype)
     fused = lambda *a: fastbert.ops.add_layer_norm(*a, dropout_p=p, seed=seed, return_sum=sum_form,  # noqa: E731
                                                    backend=backend)
     ref = lambda *a: reference.add_layer_norm(*a, dropout_p=p, keep_mask=keep, return_sum=sum_form)  # noqa: E731
-    outs = ["y", "s"] if sum_form else ["y"]  # the sum form: the gradients of both flow back
-    grad = (dy, torch.randn(m, n, generator=g).to(device, dtype)) if sum_form else dy
     rows = compare([*outs, "dx", "dresidual", "dweight", "dbias"], fused, ref, inputs, grad, dtype)
     # a LayerNorm without bias (bias=None), as ModernBERT's
     no_bias = compare([*outs, "dx", "dresidual", "dweight"], lambda *a: fused(*a, None), lambda *a: ref(*a, None),
                       inputs[:3], grad, dtype)
-    # the RMSNorm form (add_rms_norm: add_layer_norm's kernels, no mean, no bias), as EuroBERT's
-    rms = compare([*outs, "dx", "dresidual", "dweight"],
-                  lambda *a: fastbert.ops.add_rms_norm(*a, dropout_p=p, seed=seed, return_sum=sum_form, backend=backend),
-                  lambda *a: reference.add_rms_norm(*a, dropout_p=p, keep_mask=keep, return_sum=sum_form),
-                  inputs[:3], grad, dtype)
-    return rows + [(f"{name} (no bias)", *rest) for name, *rest in no_bias] + [(f"{name} (rms)", *rest)
-                                                                               for name, *rest in rms]
+    return rows + [(f"{name} (no bias)", *rest) for name, *rest in no_bias]
 
 
 ATTENTION_DROPOUT, ATTENTION_SEED = 0.1, 4321
