@@ -48,6 +48,7 @@ class BertModel(BertPreTrainedModel):
     layers -> pooler (when the family has one)."""
 
     embeddings_class = BertEmbeddings
+    pooler_class = BertPooler
     encoder_class = BertEncoder  # the layers (MPNet's: and the relative position bias they share)
     # a batch with padding runs packed (unpad once, varlen attention, pad once); False keeps every
     # batch padded (the two paths agree at real tokens; the switch is there to check that)
@@ -57,7 +58,7 @@ class BertModel(BertPreTrainedModel):
         super().__init__(config)
         self.embeddings = self.embeddings_class(config)
         self.encoder = self.encoder_class(config)
-        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.pooler = self.pooler_class(config) if add_pooling_layer else None
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,

@@ -28,11 +28,14 @@ class KeyFormat(NamedTuple):
     (GTE's files keep the original model's names, and transformers writes them so too): renames
     (the file's part of a key, the model's), joins (the file's part of a key whose tensor is the
     model's parts concatenated along dim 0, in order: a joined QKV projection) and old prefixes (a
-    file prefix read as the model's base prefix). read() takes either naming; write() gives the files'."""
+    file prefix read as the model's base prefix), read-only renames (names some files use, read
+    but never written: a parametrized weight's "parametrizations.weight.original"). read() takes
+    either naming; write() gives the files'."""
 
     renames: Tuple[Tuple[str, str], ...] = ()
     joins: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
     old_prefixes: Tuple[str, ...] = ()
+    read_renames: Tuple[Tuple[str, str], ...] = ()
 
     @staticmethod
     def _sub(key: str, old: str, new: str) -> str:
@@ -50,7 +53,7 @@ class KeyFormat(NamedTuple):
             for old in self.old_prefixes:
                 if key.startswith(old + "."):
                     key = base_prefix + key[len(old):]
-            for old, new in self.renames:
+            for old, new in self.renames + self.read_renames:
                 key = self._sub(key, old, new)
             for joined, parts in self.joins:
                 if self._has(key, joined):

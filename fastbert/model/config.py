@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +24,14 @@ def read_config(path: str, where: str):
         raise FileNotFoundError(f"{where}: no {CONFIG_NAME} at {path}")
     try:
         with open(file, encoding="utf-8") as f:
-            return file, json.load(f)
+            d = json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: {file} is not valid JSON ({e})") from None
+    if d.get("model_type") == "xlm-roberta" and d.get("position_embedding_type") == "rotary":
+        # jina-embeddings-v3's original files (its remote code's XLMRobertaLoRA): XLM-R with rotary
+        # positions and task adapters is the model transformers names jina_embeddings_v3
+        d = {**d, "model_type": JinaEmbeddingsV3Config.model_type}
+    return file, d
 
 
 class BertConfig:
@@ -375,7 +380,12 @@ class NomicBertConfig(GteConfig):
 
 class JinaEmbeddingsV3Config(GteConfig):
     """transformers' JinaEmbeddingsV3Config: its fields and defaults (jina-embeddings-v3's: XLM-R large's
-    shape, 24 layers, hidden 1024, rotary base 20000, one token type, a plain GELU feed-forward)."""
+    shape, 24 layers, hidden 1024, rotary base 20000, one token type, a plain GELU feed-forward).
+
+    Task adapters (fastbert.model.lora) where lora_adaptations names tasks, as the original model's
+    config does (with lora_rank, 4, lora_alpha, 1, and task_instructions, each task's prompt);
+    transformers' config has none of these fields. The original config's own names are read too:
+    position_embedding_type "rotary", rotary_emb_base (the rotary base)."""
 
     model_type = "jina_embeddings_v3"
     _defaults = dict(vocab_size=250002, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
@@ -385,6 +395,26 @@ class JinaEmbeddingsV3Config(GteConfig):
                      use_cache=True, classifier_dropout=None, tie_word_embeddings=True, rope_parameters=None,
                      problem_type=None, output_hidden_states=False, output_attentions=False, return_dict=True)
     default_rope_theta = 20000.0
+
+    def __init__(self, **kwargs):
+        if kwargs.get("position_embedding_type") == "rotary":  # the original config's names
+            del kwargs["position_embedding_type"]
+        base = kwargs.pop("rotary_emb_base", None)
+        if base is not None and kwargs.get("rope_theta") is None and not kwargs.get("rope_parameters"):
+            kwargs["rope_theta"] = base
+        super().__init__(**kwargs)
+
+    @property
+    def tasks(self) -> List[str]:
+        """The task adapters' names (lora_adaptations), in their index order; [] where there are none."""
+        return list(getattr(self, "lora_adaptations", None) or [])
+
+    def validate(self) -> None:
+        super().validate()
+        tasks = self.tasks
+        if tasks and (len(set(tasks)) != len(tasks) or not all(isinstance(t, str) for t in tasks)):
+            raise ValueError(f"fastbert.{type(self).__name__}: lora_adaptations must be distinct task names, "
+                             f"got {tasks}")
 
 
 class EuroBertConfig(BertConfig):

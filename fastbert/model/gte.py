@@ -29,7 +29,7 @@ from fastbert.model.checkpoint import KeyFormat
 from fastbert.model.checks import check_counting_positions
 from fastbert.model.config import GteConfig
 from fastbert.model.heads import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification
-from fastbert.model.layers import BackendMixin, BertLayer, BertPooler, RenamedSelfAttention, embed_words
+from fastbert.model.layers import BackendMixin, BertLayer, RenamedSelfAttention, embed_words
 from fastbert.model.pretrained import BertPreTrainedModel
 from fastbert.model.roberta import RobertaLMHead
 
@@ -63,16 +63,25 @@ class GteEmbeddings(nn.Module, BackendMixin):
         return None  # the rotary positions count along each sequence inside the attention
 
     def forward(self, input_ids, token_type_ids, position_ids, inputs_embeds=None) -> torch.Tensor:
-        words = embed_words(self.word_embeddings, input_ids) if inputs_embeds is None else inputs_embeds
+        words = self.words(input_ids) if inputs_embeds is None else inputs_embeds
         if not torch.compiler.is_compiling():  # (a value check: skipped while torch.compile traces)
             check_counting_positions(position_ids, words.shape[0], words.shape[1], self.model_type)
         norm = self.LayerNorm
         if hasattr(self, "token_type_embeddings"):
-            types = self.token_type_embeddings(token_type_ids).to(words.dtype)
+            types = self.types(token_type_ids).to(words.dtype)
             h = ops.add_layer_norm(words, types, norm.weight, norm.bias, norm.eps, backend=self.backend)
         else:
             h = torch.nn.functional.layer_norm(words, words.shape[-1:], norm.weight, norm.bias, norm.eps)
         return self.dropout(h)
+
+
+    def words(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The word embeddings of input_ids [batch, seq]."""
+        return embed_words(self.word_embeddings, input_ids)
+
+    def types(self, token_type_ids: torch.Tensor) -> torch.Tensor:
+        """The token type embeddings of token_type_ids [batch, seq]."""
+        return self.token_type_embeddings(token_type_ids)
 
 
 class GteAttention(RenamedSelfAttention):
@@ -145,8 +154,8 @@ class GteModel(BertModel):
 
     def __init__(self, config: GteConfig, add_pooling_layer: bool = False):
         BertPreTrainedModel.__init__(self, config)
-        self.embeddings = GteEmbeddings(config)
-        self.pooler = BertPooler(config) if add_pooling_layer else None  # (before the layers, as transformers orders them)
+        self.embeddings = self.embeddings_class(config)
+        self.pooler = self.pooler_class(config) if add_pooling_layer else None  # (before the layers, as transformers orders them)
         self.layers = nn.ModuleList([self.layer_class(config) for _ in range(config.num_hidden_layers)])
         self.post_init()
 

@@ -1,7 +1,7 @@
 """The encoder's layers on fastbert.ops, with transformers' module and parameter names."""
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -358,25 +358,35 @@ class BertLayer(nn.Module, BackendMixin):
         return LayerWeights(*qkv, out.weight, out.bias, n1.weight, n1.bias, *ffn_in, ffn_out.weight, ffn_out.bias,
                             n2.weight, n2.bias)
 
-    def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor, seeds: Optional[DropoutSeeds] = None
-                     ) -> torch.Tensor:
+    def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor, seeds: Optional[DropoutSeeds] = None,
+                     extra: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
         """The layer after its attention: output projection of the context ctx, add & LayerNorm
         with the layer's input hidden, the feed-forward block, add & LayerNorm (rows of any shape).
-        seeds: where the dropouts' seeds come from (None: each op draws its own)."""
+        seeds: where the dropouts' seeds come from (None: each op draws its own). extra(role, x):
+        an update added to the output of the linear layer in `role` ("attention_output",
+        "ffn_input", "ffn_output") for its input x (task adapters: fastbert.model.lora)."""
         dense, ln = self.attention_output, self.attention_norm
         attn = ops.linear(ctx, dense.weight, dense.bias, backend=self.backend)
+        if extra is not None:
+            attn = attn + extra("attention_output", ctx)
         p = _dropout_p(self, self.attention_dropout_p)
         h1 = ops.add_layer_norm(attn, hidden, ln.weight, ln.bias, ln.eps, dropout_p=p, backend=self.backend,
                                 seed=_take(seeds, p))
         if self.ffn_gated:
+            if extra is not None:
+                raise NotImplementedError("fastbert: task adapters on a gated feed-forward are not supported")
             inter = gated_activation(ops.linear(h1, *self.gate_up(), backend=self.backend), self.ffn_act, self.backend)
             p = _dropout_p(self, self.ffn_inner_dropout_p)
             inter = F.dropout(inter, p) if p > 0 else inter
         else:
             inter = ops.linear(h1, self.ffn_input.weight, backend=self.backend)
+            if extra is not None:
+                inter = inter + extra("ffn_input", h1)
             inter = bias_activation(inter, self.ffn_input.bias, self.ffn_act, self.backend)
         dense, ln = self.ffn_output, self.ffn_norm
         out = ops.linear(inter, dense.weight, dense.bias, backend=self.backend)
+        if extra is not None:
+            out = out + extra("ffn_output", inter)
         p = _dropout_p(self, self.ffn_dropout_p)
         return ops.add_layer_norm(out, h1, ln.weight, ln.bias, ln.eps, dropout_p=p, backend=self.backend,
                                   seed=_take(seeds, p))
