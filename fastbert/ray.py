@@ -87,10 +87,11 @@ class Embedder:
     def _load(self) -> None:
         import torch
 
-        from fastbert.sentence import SentenceEncoder
+        from fastbert.sentence import SentenceEncoder, run_task
 
         torch.set_num_threads(self.threads)
-        self.encoder = SentenceEncoder(self.model_dir, quantize=self.quantize)
+        self.encoder = SentenceEncoder(self.model_dir, quantize=self.quantize,
+                                       task=run_task(self.model_dir, self.prompt_name))
         self.encoder.model.eval()
         self.prompt, self.skip = self.encoder.prompt(self.prompt_name)
 

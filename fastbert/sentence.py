@@ -14,6 +14,12 @@ gives. quantize="int8" runs the encoder's linear layers in int8 (fastbert.model.
 against fp32 on MiniLM: benchmarks/RESULTS.md). Sentences are batched longest first, so each batch
 pads little, and returned in the order given.
 
+A model with task adapters (jina-embeddings-v3; fastbert.model.lora) runs a task per call: encode's
+task=, or its prompt_name where that names a task (the original model's rule: its prompts are named
+after its tasks); the task instructions of its config are its prompts where the directory has none.
+SentenceEncoder(..., task=) folds one task into the weights at load instead (the fast inference
+routes; int8).
+
     fastbert encode MODEL_DIR --input sentences.txt --output embeddings.npy [--quantize int8] [--prompt-name query]
 """
 from __future__ import annotations
@@ -210,10 +216,21 @@ def _modules(path: str) -> List[Tuple[str, str]]:
     return found
 
 
+def run_task(path: str, prompt_name: Optional[str]) -> Optional[str]:
+    """The task a run with one prompt folds in at load (SentenceEncoder(..., task=)): prompt_name
+    where it names one of the model's task adapters (config.json's lora_adaptations), else None."""
+    if prompt_name is None:
+        return None
+    from fastbert.model.config import read_config
+
+    _, config = read_config(_modules(path)[0][1], WHERE)
+    return prompt_name if prompt_name in (config.get("lora_adaptations") or []) else None
+
+
 class SentenceEncoder:
     def __init__(self, path: str, *, backend: Optional[str] = None, dtype: Optional[torch.dtype] = None,
                  device=None, max_seq_length: Optional[int] = None, quantize: Optional[str] = None,
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, task: Optional[str] = None):
         from fastbert.model.auto import AutoModel
 
         if not os.path.isdir(path):
@@ -248,8 +265,20 @@ class SentenceEncoder:
 
             self.model = AutoModelForMaskedLM.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize)
         else:  # no pooler: sentence-transformers pools the token vectors itself
-            self.model = AutoModel.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize,
+            self.model = AutoModel.from_pretrained(root, backend=backend, dtype=dtype,
+                                                   quantize=quantize if task is None else None,
                                                    add_pooling_layer=False)
+            if task is not None:  # folded in before any quantizing
+                if not getattr(self.model.config, "tasks", None):
+                    raise ValueError(f"{WHERE}: task={task!r}, but the model in {root} has no task adapters")
+                self.model.fold_task(task)
+                if quantize is not None:
+                    self.model.quantize_(quantize)
+        # the task adapters a call chooses among (none once one is folded in), and the folded task
+        self.tasks: List[str] = list(getattr(self.model.config, "tasks", []))
+        self.folded_task: Optional[str] = getattr(self.model.config, "folded_task", None)
+        if not self.prompts and getattr(self.model.config, "task_instructions", None):
+            self.prompts = dict(self.model.config.task_instructions)
         if device is not None:
             self.model.to(device)
         # on CUDA the encoder replays CUDA graphs (fastbert.ops.encoder.EncoderGraphs); elsewhere a no-op
@@ -289,6 +318,24 @@ class SentenceEncoder:
                              f"{sorted(self.prompts)}")
         return self.prompts[name]
 
+    def task_for(self, prompt_name: Optional[str] = None, task: Optional[str] = None) -> Optional[str]:
+        """The task adapters a call runs: `task`, else prompt_name where it names one of the model's
+        tasks, else none (None: also where the task is the one folded in at load). A ValueError
+        names a task the model lacks, or a quantized model asked for one per call."""
+        named = self.tasks or list(getattr(self.model.config, "task_instructions", None) or [])
+        if task is None and prompt_name in named:  # (a folded model's config still names every task)
+            task = prompt_name
+        if task is None or (task == self.folded_task and not self.tasks):
+            return None
+        if task not in self.tasks:
+            have = (f"it runs the task {self.folded_task!r} folded in at load" if self.folded_task
+                    else f"its tasks: {', '.join(self.tasks)}" if self.tasks else "it has no task adapters")
+            raise ValueError(f"{WHERE}: unknown task {task!r}; {have}")
+        if self.model.quantized:
+            raise ValueError(f"{WHERE}: task {task!r}: a quantized model runs no task adapters per call; load it "
+                             "with the task folded in: SentenceEncoder(..., task=..., quantize='int8')")
+        return task
+
     def prompt(self, prompt_name: Optional[str] = None, prompt: Optional[str] = None) -> Tuple[str, int]:
         """(the text put before every sentence, how many of its tokens the pooling leaves out: all
         but the closing special token when the Pooling module excludes the prompt, else 0)."""
@@ -297,22 +344,26 @@ class SentenceEncoder:
             return text, len(self.tokenize([text])[0]) - 1
         return text, 0
 
-    def embed_ids(self, ids: List[List[int]], prompt_lengths, normalize: bool = True) -> torch.Tensor:
+    def embed_ids(self, ids: List[List[int]], prompt_lengths, normalize: bool = True, task=None) -> torch.Tensor:
         """Embeddings [len(ids), dim] of token id lists, one batch; prompt_lengths: the leading
         tokens of each row (or of all rows, an int) the pooling leaves out; normalize=False skips
-        the model's Normalize module."""
-        return self.outputs_of_ids(ids, prompt_lengths, ("dense",), normalize)["dense"]
+        the model's Normalize module; task: the task adapters (task_for's), one for every row or one
+        (or None) per row."""
+        return self.outputs_of_ids(ids, prompt_lengths, ("dense",), normalize, task)["dense"]
 
     def outputs_of_ids(self, ids: List[List[int]], prompt_lengths, outputs: Sequence[str],
-                       normalize: bool = True) -> dict:
+                       normalize: bool = True, task=None) -> dict:
         """{output: value} for the outputs asked ("dense", "sparse", "colbert", "tokens") of token id
         lists, one batch, from one forward: dense as embed_ids gives it; sparse, per row (token ids,
         weights); colbert, per row its vectors [tokens - 1, dim] (fastbert.token_outputs); tokens,
-        per row its tokens' last hidden states [tokens, width] (float32)."""
+        per row its tokens' last hidden states [tokens, width] (float32). task: as embed_ids'."""
         input_ids, mask = pad_batch(ids, self.model.config.pad_token_id or 0, self.model.device)
         if self.splade is not None:  # SPLADE: the MLM logits pooled over the vocabulary
             return {"sparse": token_outputs.splade(self.model(input_ids, mask).logits, mask, self.splade)}
-        hidden = self.model(input_ids, mask).last_hidden_state
+        if task is not None and not isinstance(task, str) and all(t is None for t in task):
+            task = None
+        adapters = {} if task is None else {"task": task}  # (the families without adapters take no task=)
+        hidden = self.model(input_ids, mask, **adapters).last_hidden_state
         out = {}
         if "tokens" in outputs:
             out["tokens"] = [h[:len(x)].float() for h, x in zip(hidden, ids)]
@@ -347,10 +398,13 @@ class SentenceEncoder:
     @torch.no_grad()
     def encode(self, sentences, batch_size: int = 32, *, prompt_name: Optional[str] = None,
                prompt: Optional[str] = None, normalize_embeddings: bool = False, convert_to_numpy: bool = True,
-               convert_to_tensor: bool = False, show_progress_bar: bool = False, output: Optional[str] = None):
+               convert_to_tensor: bool = False, show_progress_bar: bool = False, output: Optional[str] = None,
+               task: Optional[str] = None):
         """Embeddings [n, dim] (numpy float32, or a torch tensor), in the order of `sentences`.
         prompt_name picks one of the model's prompts (e5's "query" / "passage"; the default prompt
         when the model names one), prompt gives the text itself; it is put before every sentence.
+        task (a model with task adapters, jina-embeddings-v3: "retrieval.query", ...) runs that
+        task's adapters; a prompt_name that names a task runs it too (task_for).
 
         output (a model with BGE-M3's heads, fastbert.token_outputs): "sparse", per sentence its
         lexical weights as (token ids int64 ascending, weights float32); "colbert", per sentence its
@@ -366,6 +420,7 @@ class SentenceEncoder:
         if batch_size < 1:
             raise ValueError(f"{WHERE}.encode: batch_size must be >= 1, got {batch_size}")
         wanted = self._check_output(output)
+        task = self.task_for(prompt_name, task)
         text, prompt_length = self.prompt(prompt_name, prompt)
         ids = self.tokenize([text + s for s in sentences])
         lengths = [len(x) for x in ids]
@@ -382,7 +437,8 @@ class SentenceEncoder:
                     items[i] = token_outputs.on_cpu(item, numpy)
 
         longest_first(self.model, lengths, batch_size, None,
-                      lambda chunk: self.outputs_of_ids([ids[i] for i in chunk], prompt_length, wanted), "encode",
+                      lambda chunk: self.outputs_of_ids([ids[i] for i in chunk], prompt_length, wanted, task=task),
+                      "encode",
                       show_progress_bar, store=store)
         if normalize_embeddings:
             dense = torch.nn.functional.normalize(dense, p=2, dim=1)

@@ -139,3 +139,44 @@ def test_encode_runs_in_eval_mode_and_gives_back_each_modules_own_mode(e5):
     enc.model.eval()
     np.testing.assert_array_equal(enc.encode(SENTENCES[:3]), want)
     assert not any(m.training for m in modules)
+
+
+@pytest.fixture(scope="module")
+def jina(tmp_path_factory):
+    from tests.helpers.jina import jina_st_directory
+
+    return jina_st_directory(tmp_path_factory.mktemp("jina-st"))
+
+
+@pytest.mark.parametrize("task", [None, "retrieval.query", "retrieval.passage", "text-matching"])
+def test_jina_v3_repository_runs_each_task_by_its_prompt_name(jina, task):
+    """jina-embeddings-v3's repository (its own Transformer module, its original files): a prompt
+    name that names a task puts the task's instruction before each Korean sentence and runs its
+    adapters, as the original model's encode(task=...) does; task= alone runs the adapters alone."""
+    from tests.helpers.jina import INSTRUCTIONS, reference_embeddings
+
+    enc = fastbert.SentenceEncoder(jina.path)
+    assert isinstance(enc.model, fastbert.JinaEmbeddingsV3Model) and enc.tasks and enc.folded_task is None
+    want = reference_embeddings(jina, KOREAN[:6], task)
+    assert_same(enc.encode(KOREAN[:6], batch_size=4, prompt_name=task), want)
+    assert_same(enc.encode(KOREAN[:6], batch_size=4, prompt_name=task, task=task), want)
+    if task is not None and INSTRUCTIONS[task]:  # the adapters without the instruction: another embedding
+        assert not np.allclose(enc.encode(KOREAN[:6], task=task), want, atol=1e-3)
+
+
+def test_jina_v3_with_a_task_folded_in_at_load(jina):
+    from tests.helpers.jina import reference_embeddings
+
+    want = reference_embeddings(jina, KOREAN[:6], "retrieval.passage")
+    enc = fastbert.SentenceEncoder(jina.path, task="retrieval.passage")
+    assert enc.tasks == [] and enc.folded_task == "retrieval.passage"
+    assert_same(enc.encode(KOREAN[:6], prompt_name="retrieval.passage"), want)
+    with pytest.raises(ValueError, match="unknown task 'retrieval.query'; it runs the task 'retrieval.passage'"):
+        enc.encode(KOREAN[:2], prompt_name="retrieval.query")
+    q = fastbert.SentenceEncoder(jina.path, task="retrieval.passage", quantize="int8")
+    got = q.encode(KOREAN[:6], prompt_name="retrieval.passage")
+    assert (got * want).sum(1).min() > 0.99  # int8 beside fp32
+    with pytest.raises(ValueError, match="a quantized model runs no task adapters per call"):
+        fastbert.SentenceEncoder(jina.path, quantize="int8").encode(KOREAN[:2], prompt_name="retrieval.query")
+    with pytest.raises(ValueError, match="has no task adapters"):
+        fastbert.SentenceEncoder(e5_directory(jina.path + "-e5"), task="retrieval.query")

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 from fastbert.commands import CommandParser, input_file, model_directory, read_lines
-from fastbert.sentence import SentenceEncoder
+from fastbert.sentence import SentenceEncoder, run_task
 
 
 def main(argv=None) -> int:
@@ -21,11 +21,13 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--quantize", default=None, choices=["int8"],
                     help="int8: int8 weights and activations in the encoder's linear layers (fastbert.model.quantize)")
-    ap.add_argument("--prompt-name", default=None, help="one of the model's prompts (e5: query, passage)")
+    ap.add_argument("--prompt-name", default=None, help="one of the model's prompts (e5: query, passage; "
+                    "jina-embeddings-v3: a task, whose adapters run too)")
     args = ap.parse_args(argv)
     model_directory(args.model)  # named before the input is read or the model loaded
     lines = read_lines(input_file(args.input))
-    enc = SentenceEncoder(args.model, backend=args.backend, device=args.device, quantize=args.quantize)
+    enc = SentenceEncoder(args.model, backend=args.backend, device=args.device, quantize=args.quantize,
+                          task=run_task(args.model, args.prompt_name))  # a prompt named after a task: folded in
     emb = (enc.encode(lines, batch_size=args.batch_size, prompt_name=args.prompt_name, show_progress_bar=True)
            if lines else np.zeros((0, enc.dim), np.float32))
     out_dir = os.path.dirname(os.path.abspath(args.output))

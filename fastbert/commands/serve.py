@@ -3,7 +3,7 @@ text-embeddings-inference's routes and OpenAI's /v1/embeddings, with dynamic bat
 
     fastbert serve MODEL_DIR [--host 127.0.0.1] [--port 8080] [--quantize int8] [--dtype float32]
                    [--max-batch-tokens 16384] [--max-concurrent-requests 512] [--max-client-batch-size 32]
-                   [--api-key KEY]
+                   [--api-key KEY] [--task TASK]
 
 What MODEL_DIR holds decides what is served (fastbert.serve.engine): a sentence-transformers
 directory -> /embed and /v1/embeddings; a cross-encoder (a sequence classifier with one label) ->
@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="port (default %(default)s)")
     p.add_argument("--quantize", choices=["int8"], default=None, help="int8 weights and activations in the linear layers")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="the model's dtype")
+    p.add_argument("--task", default=None, help="a model with task adapters (jina-embeddings-v3): fold this task "
+                   "into the weights at load (otherwise each request's prompt_name that names a task runs it)")
     p.add_argument("--backend", choices=["cpp", "torch", "triton"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--max-batch-tokens", type=int, default=16384,
                    help="real tokens in one batch of the model (default %(default)s)")
@@ -76,7 +78,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     served = Served(args.model, quantize=args.quantize, dtype=parse_dtype(args.dtype) if args.dtype else None,
-                    backend=args.backend)
+                    backend=args.backend, task=args.task)
     loaded = time.perf_counter() - t0
     batches = served.warm_up(args.max_batch_tokens)
     print(f"{PROG}: {served.kind} model {args.model} ({served.dtype}{', int8' if served.quantize else ''}) loaded in "

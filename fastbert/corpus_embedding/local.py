@@ -75,10 +75,10 @@ class _Writer:
 
 def run(args) -> dict:
     """Embed args.input into args.output (resuming a run there); returns the final manifest."""
-    from fastbert.sentence import SentenceEncoder
+    from fastbert.sentence import SentenceEncoder, run_task
 
     job.check(args)
-    encoder = SentenceEncoder(args.model, quantize=args.quantize)
+    encoder = SentenceEncoder(args.model, quantize=args.quantize, task=run_task(args.model, args.prompt_name))
     encoder.model.eval()
     prompt, skip = encoder.prompt(args.prompt_name)
     this = job.start(args)

@@ -23,11 +23,13 @@ class InputError(ValueError):
 
 @dataclass
 class Row:
-    """One sequence for the model: token ids, token types, the leading tokens the pooling skips."""
+    """One sequence for the model: token ids, token types, the leading tokens the pooling skips, the
+    task adapters it runs (a model with them: its request's prompt_name where that names a task)."""
 
     ids: List[int]
     type_ids: List[int]
     skip: int = 0
+    task: Optional[str] = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -61,7 +63,8 @@ def warm_up_tokens(bucket: int) -> int:
 class Served:
     """The model of a directory and how requests reach it."""
 
-    def __init__(self, path: str, *, quantize: Optional[str] = None, dtype=None, backend: Optional[str] = None):
+    def __init__(self, path: str, *, quantize: Optional[str] = None, dtype=None, backend: Optional[str] = None,
+                 task: Optional[str] = None):
         if not os.path.isdir(path):
             raise FileNotFoundError(f"{path} is not a directory")
         self.path = path
@@ -69,12 +72,15 @@ class Served:
         if self.kind == EMBED:
             from fastbert.sentence import SentenceEncoder
 
-            self.encoder = SentenceEncoder(path, quantize=quantize, dtype=dtype, backend=backend)
+            self.encoder = SentenceEncoder(path, quantize=quantize, dtype=dtype, backend=backend, task=task)
             self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
             self.max_input_length = self.encoder.max_seq_length
             self.outputs = self.encoder.outputs  # dense, tokens, BGE-M3's heads' outputs; SPLADE's sparse alone
         else:
             from fastbert.cross_encoder import CrossEncoder
+
+            if task is not None:
+                raise ValueError(f"task={task!r}: task adapters belong to embedding models")
 
             self.outputs = frozenset()  # what an embedding model gives (dense, tokens, sparse, colbert)
             self.cross = CrossEncoder(path, quantize=quantize, dtype=dtype, backend=backend)
@@ -92,12 +98,12 @@ class Served:
 
     # ---- requests -> rows (in the request's task)
 
-    def _rows(self, encodings, truncate: bool, skip: int = 0) -> List[Row]:
+    def _rows(self, encodings, truncate: bool, skip: int = 0, task: Optional[str] = None) -> List[Row]:
         for i, e in enumerate(encodings):
             if e.overflowing and not truncate:
                 raise InputError(f"input {i} is longer than the {self.max_input_length} tokens this model takes "
                                  "(send truncate: true to cut it)")
-        return [Row(list(e.ids), list(e.type_ids), skip) for e in encodings]
+        return [Row(list(e.ids), list(e.type_ids), skip, task) for e in encodings]
 
     @property
     def prompts(self) -> List[str]:
@@ -115,10 +121,14 @@ class Served:
         """Rows of texts to embed (with the model's prompt), or of texts to classify."""
         if self.kind == EMBED:
             prompt, skip = self._prompt(prompt_name)
+            try:
+                task = self.encoder.task_for(prompt_name)
+            except ValueError as e:
+                raise InputError(str(e).split(": ", 1)[-1]) from None
             texts = [prompt + t for t in texts]
             if self.encoder.do_lower_case:
                 texts = [t.lower() for t in texts]
-            return self._rows(self.tokenizer.encode_batch(texts), truncate, skip)
+            return self._rows(self.tokenizer.encode_batch(texts), truncate, skip, task)
         if prompt_name is not None:
             raise InputError("prompt_name applies to embedding models only")
         return self._rows(self.tokenizer.encode_batch(list(texts)), truncate)
@@ -150,9 +160,10 @@ class Served:
         dense [len(rows), dim] as above, or a list of each row's (SentenceEncoder.outputs_of_ids)}."""
         if outputs is not None:
             return self.encoder.outputs_of_ids([r.ids for r in rows], [r.skip for r in rows], outputs,
-                                               normalize=False)
+                                               normalize=False, task=[r.task for r in rows])
         if self.kind == EMBED:
-            return self.encoder.embed_ids([r.ids for r in rows], [r.skip for r in rows], normalize=False)
+            return self.encoder.embed_ids([r.ids for r in rows], [r.skip for r in rows], normalize=False,
+                                          task=[r.task for r in rows])
         return self.cross._scores(rows)
 
     def scores(self, logits, raw: bool) -> torch.Tensor:

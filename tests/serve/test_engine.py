@@ -72,3 +72,28 @@ def test_the_quantization_is_the_loaded_models(tmp_path):
     model.save_pretrained(str(saved))  # the transformer's directory is the sentence-transformers root here
     again = Served(str(saved))
     assert again.quantize == "int8" and again.quantization == {"mode": "int8", "weight_range": 64}
+
+
+def test_jina_v3_requests_of_different_tasks_in_one_batch(tmp_path):
+    """A model with task adapters: each request's prompt_name that names a task runs its adapters,
+    rows of different requests (tasks) in one batch; started with a task folded in, a request for
+    another task is an input error."""
+    import numpy as np
+    import torch
+
+    from tests.helpers.jina import jina_st_directory, reference_embeddings
+    from tests.helpers.st_dirs import KOREAN
+
+    jina = jina_st_directory(tmp_path)
+    served = Served(jina.path)
+    query, passage = KOREAN[:2], KOREAN[2:5]
+    rows = served.text_rows(query, True, "retrieval.query") + served.text_rows(passage, True, "retrieval.passage")
+    assert [r.task for r in rows] == ["retrieval.query"] * 2 + ["retrieval.passage"] * 3
+    got = torch.nn.functional.normalize(served.run(rows), dim=-1).numpy()
+    want = np.concatenate([reference_embeddings(jina, query, "retrieval.query"),
+                           reference_embeddings(jina, passage, "retrieval.passage")])
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+    folded = Served(jina.path, task="retrieval.passage")
+    assert [r.task for r in folded.text_rows(passage, True, "retrieval.passage")] == [None] * 3
+    with pytest.raises(InputError, match="^unknown task 'retrieval.query'; it runs the task 'retrieval.passage'"):
+        folded.text_rows(query, True, "retrieval.query")
