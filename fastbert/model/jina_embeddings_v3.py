@@ -99,7 +99,7 @@ class JinaEmbeddingsV3Pooler(BertPooler):
         out = self.dense(first)
         rows = selection()
         if rows is not None and "lora" in self._modules:
-            out = out + self.lora.delta(first, rows)
+            out = self.lora.add(out, first, rows)
         return self.activation(out)
 
 
@@ -144,10 +144,10 @@ class JinaEmbeddingsV3Layer(GteLayer):
         seeds = DropoutSeeds() if self.training else None
         lora = self.lora
 
-        def extra(role: str, x: torch.Tensor) -> torch.Tensor:
-            return lora[role].delta(x, rows)
+        def extra(role: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return lora[role].add(y, x, rows)
 
-        qkv = ops.linear(hidden, *self.self_attention.qkv_weight(), backend=self.backend) + extra("qkv", hidden)
+        qkv = extra("qkv", hidden, ops.linear(hidden, *self.self_attention.qkv_weight(), backend=self.backend))
         ctx, probs = self.attend(qkv, hidden.shape, mask, packed, bias, head_scale, want_probs, None, seeds)
         return self.feed_forward(ctx, hidden, seeds, extra), probs
 

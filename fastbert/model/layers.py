@@ -359,16 +359,16 @@ class BertLayer(nn.Module, BackendMixin):
                             n2.weight, n2.bias)
 
     def feed_forward(self, ctx: torch.Tensor, hidden: torch.Tensor, seeds: Optional[DropoutSeeds] = None,
-                     extra: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+                     extra: Optional[Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
         """The layer after its attention: output projection of the context ctx, add & LayerNorm
         with the layer's input hidden, the feed-forward block, add & LayerNorm (rows of any shape).
-        seeds: where the dropouts' seeds come from (None: each op draws its own). extra(role, x):
-        an update added to the output of the linear layer in `role` ("attention_output",
-        "ffn_input", "ffn_output") for its input x (task adapters: fastbert.model.lora)."""
+        seeds: where the dropouts' seeds come from (None: each op draws its own). extra(role, x, y):
+        the output y of the linear layer in `role` ("attention_output", "ffn_input", "ffn_output")
+        for its input x, updated (task adapters: fastbert.model.lora)."""
         dense, ln = self.attention_output, self.attention_norm
         attn = ops.linear(ctx, dense.weight, dense.bias, backend=self.backend)
         if extra is not None:
-            attn = attn + extra("attention_output", ctx)
+            attn = extra("attention_output", ctx, attn)
         p = _dropout_p(self, self.attention_dropout_p)
         h1 = ops.add_layer_norm(attn, hidden, ln.weight, ln.bias, ln.eps, dropout_p=p, backend=self.backend,
                                 seed=_take(seeds, p))
@@ -381,12 +381,12 @@ class BertLayer(nn.Module, BackendMixin):
         else:
             inter = ops.linear(h1, self.ffn_input.weight, backend=self.backend)
             if extra is not None:
-                inter = inter + extra("ffn_input", h1)
+                inter = extra("ffn_input", h1, inter)
             inter = bias_activation(inter, self.ffn_input.bias, self.ffn_act, self.backend)
         dense, ln = self.ffn_output, self.ffn_norm
         out = ops.linear(inter, dense.weight, dense.bias, backend=self.backend)
         if extra is not None:
-            out = out + extra("ffn_output", inter)
+            out = extra("ffn_output", inter, out)
         p = _dropout_p(self, self.ffn_dropout_p)
         return ops.add_layer_norm(out, h1, ln.weight, ln.bias, ln.eps, dropout_p=p, backend=self.backend,
                                   seed=_take(seeds, p))

@@ -105,16 +105,26 @@ class TaskLoRA(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.kind}, tasks={self.tasks}, rank={self.rank}, scaling={self.scaling:g}"
 
-    def delta(self, x: torch.Tensor, rows: Rows) -> torch.Tensor:
-        """A linear layer's update of its output for input x [..., in]: rows one task (int) or a task
-        index per row, broadcast against x.shape[:-1] (the number of tasks: none)."""
+    def add(self, y: torch.Tensor, x: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """A linear layer's output y [..., out] for input x [..., in] plus the adapters' update: rows one
+        task (int) or a task index per row, broadcast against x.shape[:-1] (the number of tasks:
+        none). The scaling and the rows' tasks apply to the narrow middle [..., rank]; the
+        up-projection accumulates into y itself where nothing needs y's old value (no autograd)."""
         a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
         if isinstance(rows, int):
-            return F.linear(F.linear(x, a[rows]), b[rows]) * self.scaling
-        t, r = self.tasks, self.rank
-        z = F.linear(x, a.reshape(t * r, -1))  # [..., tasks * rank]: every task's down-projection
-        keep = F.one_hot(rows, t + 1)[..., :t].to(z.dtype).repeat_interleave(r, dim=-1)
-        return F.linear(z * keep, b.permute(1, 0, 2).reshape(b.shape[1], t * r)) * self.scaling
+            z = F.linear(x, a[rows]) * self.scaling  # [..., rank]
+            up = b[rows]  # [out, rank]
+        else:
+            t, r = self.tasks, self.rank
+            z = F.linear(x, a.reshape(t * r, -1))  # [..., tasks * rank]: every task's down-projection
+            keep = F.one_hot(rows, t + 1)[..., :t].to(z.dtype).repeat_interleave(r, dim=-1) * self.scaling
+            z = z * keep
+            up = b.permute(1, 0, 2).reshape(b.shape[1], t * r)
+        z = z.expand(*y.shape[:-1], z.shape[-1]).reshape(-1, z.shape[-1])
+        if y.is_contiguous() and not (torch.is_grad_enabled() and (y.requires_grad or z.requires_grad)):
+            y.view(-1, y.shape[-1]).addmm_(z, up.t())
+            return y
+        return torch.addmm(y.reshape(-1, y.shape[-1]), z, up.t()).view(y.shape)
 
     def embedding_delta(self, ids: torch.Tensor, rows: Rows, dtype: torch.dtype) -> torch.Tensor:
         """An embedding's update of the vectors it gives token ids [batch, seq]: rows one task (int)
