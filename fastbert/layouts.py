@@ -5,7 +5,8 @@ read the same way, kept apart from the reference (which holds only the ground tr
   quantization, and the packed layout fastbert's packed int8 GEMM reads (PANEL, pack_weight,
   unpack_weight; csrc/kernels/int8_gemm_packed.cpp);
 - relative position bias (MPNet's, T5's bidirectional): the bucket of each distance, the bias of
-  each head by distance from a bucket table, and that bias spread over (query, key).
+  each head by distance from a bucket table, and that bias spread over (query, key);
+- DeBERTa's disentangled attention: the row of its position tables each distance reads.
 """
 from __future__ import annotations
 
@@ -77,3 +78,28 @@ def relative_bias_matrix(rel: torch.Tensor, seq: int) -> torch.Tensor:
     n = (rel.shape[-1] + 1) // 2
     pos = torch.arange(seq, device=rel.device)
     return rel[:, pos[None, :] - pos[:, None] + n - 1]
+
+
+def deberta_span(position_buckets: int, max_relative_positions: int) -> int:
+    """Half the rows of DeBERTa's relative embeddings, its attention span: position_buckets where
+    positive, else max_relative_positions."""
+    return position_buckets if position_buckets > 0 else max_relative_positions
+
+
+def deberta_position_rows(seq: int, position_buckets: int, max_relative_positions: int, device=None) -> torch.Tensor:
+    """int64 [2 seq - 1]: for each distance d = i - j between query i and key j (at index d + seq - 1),
+    the row of DeBERTa's position tables both of its terms read, clamp(bucket(d) + span, 0, 2 span - 1):
+    d itself within position_buckets / 2 of 0, log-spaced buckets beyond, up to max_relative_positions
+    (transformers' make_log_bucket_position, computed the same way, in float32); no buckets where
+    position_buckets <= 0. The row depends on i - j alone, so left padding and packed rows read the
+    same rows as the padded row does."""
+    rel = torch.arange(-(seq - 1), seq, dtype=torch.int64, device=device)
+    span = deberta_span(position_buckets, max_relative_positions)
+    if position_buckets > 0 and max_relative_positions > 0:
+        mid = position_buckets // 2
+        sign = torch.sign(rel)
+        abs_pos = torch.where((rel < mid) & (rel > -mid), torch.tensor(mid - 1, device=device), rel.abs())
+        log_pos = torch.ceil(torch.log(abs_pos / mid) / torch.log(torch.tensor((max_relative_positions - 1) / mid))
+                             * (mid - 1)) + mid
+        rel = torch.where(abs_pos <= mid, rel.to(log_pos.dtype), log_pos * sign).to(torch.int64)
+    return (rel + span).clamp(0, 2 * span - 1)

@@ -8,7 +8,8 @@ position bias in every layer's attention): mpnet.py; GTE (BERT's layer with rota
 feed-forward): gte.py, NomicBERT (GTE's layer without biases): nomic_bert.py, Jina embeddings v3 (GTE's
 layer with BERT's feed-forward, RoBERTa's heads): jina_embeddings_v3.py; EuroBERT (a Llama-style pre-norm
 encoder: RMSNorm, rotary, SwiGLU, grouped-query attention): eurobert.py; prenorm.py (the base model's forward
-of the two pre-norm families); auto.py (the class for a model_type)."""
+of the two pre-norm families); DeBERTa-v2 / v3 (BERT's layer with the disentangled attention): deberta_v2.py;
+lora.py (task adapters: Jina v3's); auto.py (the class for a model_type)."""
 from fastbert.model.auto import (
     AutoConfig,
     AutoModel,
@@ -22,6 +23,7 @@ from fastbert.model.bert import BertModel
 from fastbert.model.config import (
     BertConfig,
     CamembertConfig,
+    DebertaV2Config,
     DistilBertConfig,
     ElectraConfig,
     EuroBertConfig,
@@ -32,6 +34,14 @@ from fastbert.model.config import (
     NomicBertConfig,
     RobertaConfig,
     XLMRobertaConfig,
+)
+from fastbert.model.deberta_v2 import (
+    DebertaV2ForMaskedLM,
+    DebertaV2ForMultipleChoice,
+    DebertaV2ForQuestionAnswering,
+    DebertaV2ForSequenceClassification,
+    DebertaV2ForTokenClassification,
+    DebertaV2Model,
 )
 from fastbert.model.distilbert import (
     DistilBertForMaskedLM,
@@ -149,4 +159,6 @@ __all__ += [
     "JinaEmbeddingsV3Model", "JinaEmbeddingsV3ForMaskedLM", "JinaEmbeddingsV3ForSequenceClassification",
     "JinaEmbeddingsV3ForTokenClassification", "JinaEmbeddingsV3ForQuestionAnswering", "EuroBertConfig",
     "EuroBertModel", "EuroBertForMaskedLM", "EuroBertForSequenceClassification", "EuroBertForTokenClassification",
+    "DebertaV2Config", "DebertaV2Model", "DebertaV2ForMaskedLM", "DebertaV2ForSequenceClassification",
+    "DebertaV2ForTokenClassification", "DebertaV2ForQuestionAnswering", "DebertaV2ForMultipleChoice",
 ]

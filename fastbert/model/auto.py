@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from typing import Dict
 
-from fastbert.model import distilbert, electra, eurobert, gte, jina_embeddings_v3, modernbert_heads, mpnet, nomic_bert, roberta
+from fastbert.model import (
+    deberta_v2,
+    distilbert,
+    electra,
+    eurobert,
+    gte,
+    jina_embeddings_v3,
+    modernbert_heads,
+    mpnet,
+    nomic_bert,
+    roberta,
+)
 from fastbert.model.bert import BertModel
 from fastbert.model.config import read_config
 from fastbert.model.heads import (
@@ -44,6 +55,7 @@ FAMILIES: Dict[str, Dict[str, type]] = {
     "nomic_bert": _family(*nomic_bert.NOMIC_BERT_CLASSES),
     "jina_embeddings_v3": _family(*jina_embeddings_v3.JINA_EMBEDDINGS_V3_CLASSES),
     "eurobert": _family(*eurobert.EUROBERT_CLASSES),
+    "deberta-v2": _family(*deberta_v2.DEBERTA_V2_CLASSES),
 }
 # as transformers' AutoModelForPreTraining: the families without a pretraining head of their own train MLM
 PRETRAINING = {**{family: classes["masked-lm"] for family, classes in FAMILIES.items()},

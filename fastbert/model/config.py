@@ -478,3 +478,64 @@ class EuroBertConfig(BertConfig):
 
     def to_dict(self):
         return dict(sorted({**super().to_dict(), "head_dim": self.head_dim}.items()))
+
+
+class DebertaV2Config(BertConfig):
+    """transformers' DebertaV2Config: its fields and defaults (deberta-v2-xlarge's widths), and the
+    fields its checkpoints add that transformers reads with getattr: position_buckets (-1: none),
+    share_att_key (False), norm_rel_ebd ("none"), embedding_size (hidden_size), conv_kernel_size (0),
+    pooler_hidden_size (hidden_size), cls_dropout (None: hidden_dropout_prob). pos_att_type: a list
+    or "p2c|c2p" as the files write it. deberta-v3 (base, large, mdeberta-v3-base): relative
+    attention over 256 log buckets, c2p and p2c with shared projections, no absolute positions, no
+    token types."""
+
+    model_type = "deberta-v2"
+    _defaults = dict(vocab_size=128100, hidden_size=1536, num_hidden_layers=24, num_attention_heads=24,
+                     intermediate_size=6144, hidden_act="gelu", hidden_dropout_prob=0.1,
+                     attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=0,
+                     initializer_range=0.02, layer_norm_eps=1e-7, relative_attention=False, max_relative_positions=-1,
+                     pad_token_id=0, bos_token_id=None, eos_token_id=None, position_biased_input=True,
+                     pos_att_type=None, pooler_dropout=0.0, pooler_hidden_act="gelu", legacy=True,
+                     tie_word_embeddings=True, problem_type=None, output_hidden_states=False,
+                     output_attentions=False, return_dict=True)
+    position_embedding_type = "absolute"  # (no such field: BertConfig's check of it holds)
+    POSITION_TERMS = ("c2p", "p2c")
+
+    def __init__(self, **kwargs):
+        terms = kwargs.get("pos_att_type")
+        if isinstance(terms, str):
+            kwargs["pos_att_type"] = [x.strip() for x in terms.lower().split("|")]
+        super().__init__(**kwargs)
+
+    def validate(self) -> None:
+        super().validate()
+        where = f"fastbert.{type(self).__name__}"
+        unknown = [t for t in (self.pos_att_type or []) if t not in self.POSITION_TERMS]
+        if unknown:
+            raise ValueError(f"{where}: pos_att_type {unknown} is not supported; supported: c2p, p2c")
+        if getattr(self, "conv_kernel_size", 0) > 0:
+            raise ValueError(f"{where}: conv_kernel_size {self.conv_kernel_size} (deberta-v2-xlarge's convolution "
+                             "after the first layer) is not supported; deberta-v3 and mdeberta-v3 have none")
+
+    @property
+    def position_terms(self) -> List[str]:
+        """The position terms the attention adds (c2p, p2c), where relative_attention is on."""
+        return [t for t in self.POSITION_TERMS if t in (self.pos_att_type or [])] if self.relative_attention else []
+
+    @property
+    def score_scale_terms(self) -> int:
+        """What the attention scores are scaled by the square root of, times head_dim: 1 plus the
+        position terms pos_att_type names (transformers counts them even where relative_attention
+        is off)."""
+        return 1 + sum(t in (self.pos_att_type or []) for t in self.POSITION_TERMS)
+
+    @property
+    def relative_span(self) -> int:
+        """Half the rows of the relative embeddings: position_buckets where positive, else
+        max_relative_positions (max_position_embeddings where that is below 1)."""
+        buckets = getattr(self, "position_buckets", -1)
+        return buckets if buckets > 0 else self.max_relative_distance
+
+    @property
+    def max_relative_distance(self) -> int:
+        return self.max_relative_positions if self.max_relative_positions >= 1 else self.max_position_embeddings

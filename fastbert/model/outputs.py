@@ -59,6 +59,8 @@ TokenClassifierOutput = _output_class(
 QuestionAnsweringModelOutput = _output_class(
     "QuestionAnsweringModelOutput", "loss (start and end cross-entropy), start_logits, end_logits [batch, seq].",
     "loss", "start_logits", "end_logits")
+MultipleChoiceModelOutput = _output_class(
+    "MultipleChoiceModelOutput", "loss (cross-entropy over the choices), logits [batch, choices].", "loss", "logits")
 ElectraForPreTrainingOutput = _output_class(
     "ElectraForPreTrainingOutput", "loss (binary cross-entropy of replaced-token detection over the real tokens), "
     "logits [batch, seq].", "loss", "logits")

@@ -14,6 +14,7 @@ from fastbert.reference.attention import (
     window_band,
 )
 from fastbert.reference.bias_gelu import BiasGelu, bias_gelu
+from fastbert.reference.disentangled_attention import disentangled_attention
 from fastbert.reference.geglu import GeGLU, geglu
 from fastbert.reference.layer_norm import AddLayerNorm, add_layer_norm, add_rms_norm
 from fastbert.reference.masking import (
@@ -44,7 +45,7 @@ __all__ = [
     "bias_gelu", "BiasGelu", "geglu", "GeGLU", "add_layer_norm", "add_rms_norm", "AddLayerNorm", "rotary_tables",
     "rotate", "rotate_packed",
     "attention", "varlen_attention", "Attention", "window_band", "attention_dropout_offsets", "attention_keep_mask",
-    "mask_starts",
+    "mask_starts", "disentangled_attention",
     "MAX_DROPOUT_SEQLEN", "mask_tokens", "mlm_draws", "mlm_prediction_count", "mlm_units", "mlm_walk",
     "word_start_table", "word_starts", "MLM_IGNORE_INDEX", "MLM_SELECTIONS",
     "MLM_STREAM_KEY", "MLM_STREAM_OUTCOME", "MLM_STREAM_RANDOM",

@@ -1,4 +1,5 @@
-"""The other BERT families (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, GTE, NomicBERT, Jina v3)
+"""The other BERT families (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, GTE, NomicBERT, Jina v3,
+DeBERTa-v2)
 beside transformers' classes: each family's configuration at a small size, random-weight pairs, batches
 and labels."""
 import pytest
@@ -26,10 +27,17 @@ CONFIGS = {
     "nomic_bert": dict(SMALL, vocab_size=120, type_vocab_size=2),
     # GTE's layer with BERT's feed-forward, RoBERTa's heads
     "jina_embeddings_v3": dict(SMALL, vocab_size=120, type_vocab_size=1, pad_token_id=1),
+    # deberta-v3's structure: relative attention (c2p and p2c, shared projections) over log buckets (16
+    # here, which the batches' distances outgrow), the relative embeddings normalised, no absolute
+    # positions, no token types
+    "deberta-v2": dict(SMALL, vocab_size=120, type_vocab_size=0, relative_attention=True, position_buckets=16,
+                       max_relative_positions=64, pos_att_type="p2c|c2p", share_att_key=True,
+                       norm_rel_ebd="layer_norm", position_biased_input=False, pad_token_id=0),
 }
 PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "electra": "Electra",
           "distilbert": "DistilBert", "gte": "Gte",
-          "nomic_bert": "NomicBert", "jina_embeddings_v3": "JinaEmbeddingsV3"}
+          "nomic_bert": "NomicBert", "jina_embeddings_v3": "JinaEmbeddingsV3",
+          "deberta-v2": "DebertaV2"}
 
 
 def hf_config(family, **kw):
