@@ -3,7 +3,8 @@ with random weights (roberta-base, xlm-roberta-base with its 250,002-token vocab
 electra-small-discriminator with its 128-wide embeddings and their projection, distilbert-base,
 bert-base, gte-multilingual-base (rotary, gated feed-forward, 250,048 tokens), nomic-embed-text-v1.5
 (no biases, SwiGLU), jina-embeddings-v3 (XLM-R large's widths, rotary), EuroBERT-210m (a pre-norm
-encoder: RMSNorm, rotary, SwiGLU, 128,256 tokens)), at --layers layers; a class transformers does not
+encoder: RMSNorm, rotary, SwiGLU, 128,256 tokens), deberta-v3-base (the disentangled attention over
+256 log buckets)), at --layers layers (--families: some of them); a class transformers does not
 have for a family (GTE's and EuroBERT's question answering) is left out:
 
 1. family x class: the max abs error of fastbert's outputs (at real tokens) and of every parameter's
@@ -18,7 +19,7 @@ have for a family (GTE's and EuroBERT's question answering) is left out:
 3. the memory of fastbert's XLMRobertaModel at base size (12 layers), fp32 and quantize="int8": the
    bytes of every tensor it holds (each storage once), in all and in the word embeddings.
 
-    python benchmarks/bench_families.py [--layers 2] [--patch-layers 12] [--rounds 3]
+    python benchmarks/bench_families.py [--layers 2] [--patch-layers 12] [--rounds 3] [--families gte,deberta-v2]
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import torch
 import fastbert
 from fastbert.bench.report import command_line, header, parser
 from fastbert.bench.timing import interleaved_cpu_times
-from fastbert.bench.workloads import WORKLOADS, arch_config, base_config, make_batch
+from fastbert.bench.workloads import ARCH_CONFIGS, WORKLOADS, arch_config, base_config, make_batch
 
 REAL = {  # each family's published base configuration (what its config.json holds), but the depth
     "bert": ("Bert", dict()),
@@ -50,6 +51,7 @@ REAL = {  # each family's published base configuration (what its config.json hol
                                                     intermediate_size=4096, max_position_embeddings=8194,
                                                     type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5)),
     "eurobert": ("EuroBert", dict()),  # transformers' EuroBertConfig defaults: EuroBERT-210m's widths
+    "deberta-v2": ("DebertaV2", dict(ARCH_CONFIGS["deberta-v2"])),  # deberta-v3-base's
 }
 HEADS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"]
 
@@ -130,12 +132,12 @@ def int8_cosine(hm, ids, mask):
     return cos.mean().item(), cos.min().item()
 
 
-def family_table(layers):
+def family_table(layers, families):
     g = torch.Generator().manual_seed(0)
     print(f"\n{'family':<19} {'class':<42} {'out err':>9} {'grad err':>9} {'reload':>7} {'int8 cos mean/min':>18}")
     import transformers
 
-    for family in REAL:
+    for family in families:
         for head in HEADS:
             if not hasattr(transformers, REAL[family][0] + head):
                 continue
@@ -203,11 +205,19 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--patch-layers", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--families", default=None,
+                    help="comma-separated model types: their table alone (default: every family, then the "
+                         "patch and memory parts)")
     args = ap.parse_args(argv)
     header(command_line(argv))
-    family_table(args.layers)
-    patch_speed(args.patch_layers, args.rounds)
-    memory()
+    families = list(REAL) if args.families is None else args.families.split(",")
+    unknown = [f for f in families if f not in REAL]
+    if unknown:
+        ap.error(f"--families: unknown {unknown}; known: {', '.join(REAL)}")
+    family_table(args.layers, families)
+    if args.families is None:
+        patch_speed(args.patch_layers, args.rounds)
+        memory()
     return 0
 
 

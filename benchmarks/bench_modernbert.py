@@ -19,7 +19,10 @@ fastbert's post-LN encoder with the rotation inside the attention kernel and the
 and --model jina_embeddings_v3 (jina-embeddings-v3's: 24 layers, hidden 1024, rotary base 20000, a
 plain GELU feed-forward) the same way; --model eurobert (transformers' EuroBertConfig defaults,
 EuroBERT-210m's shape: a pre-norm encoder of 12 layers, hidden 768, RMSNorm, SwiGLU 3072, vocabulary
-128,256), sdpa, against fastbert's add + RMSNorm fused, Q, K and V one GEMM and so gate and up.
+128,256), sdpa, against fastbert's add + RMSNorm fused, Q, K and V one GEMM and so gate and up;
+--model deberta-v2 (deberta-v3-base's: 12 layers, hidden 768, relative attention over 256 log
+buckets, c2p and p2c with shared projections, vocabulary 128,100), transformers' eager attention
+(its only one), against fastbert's layer with the disentangled attention.
 
 The peers (--peers, both by default; the optional extra `pip install -e .[peers]`; a missing one
 is skipped with a printed reason): transformers' model is exported once to ONNX, into a temporary
@@ -56,7 +59,7 @@ against transformers' fp32 output, fastbert's included, and an int8 engine whose
 to it over the real tokens is under INT8_LEAST_COSINE is reported as disagreeing and not timed.
 "vs X" is X's time over fastbert's: fastbert's speed-up over X.
 
-    python benchmarks/bench_modernbert.py [--model modernbert|mpnet|gte|nomic_bert|jina_embeddings_v3|eurobert]
+    python benchmarks/bench_modernbert.py [--model modernbert|mpnet|gte|nomic_bert|jina_embeddings_v3|eurobert|deberta-v2]
         [--workloads var128,var512,one2048] [--layers N] [--rounds 5] [--peers onnxruntime,openvino]
         [--dtype float32|bfloat16|int8] [--json PATH]
 """
@@ -75,7 +78,8 @@ from fastbert.bench.workloads import MODERN_ARCHS, WORKLOADS, make_batch, modern
 MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512")}, "one2048": dict(batch=1, lo=2048, hi=2048),
                     "small": dict(batch=4, lo=40, hi=160)}
 DEFAULT_WORKLOADS = {"modernbert": "var128,var512,one2048", "mpnet": "var128,var512", "gte": "var128,var512",
-                     "nomic_bert": "var128,var512", "jina_embeddings_v3": "var128,var512", "eurobert": "var128,var512"}
+                     "nomic_bert": "var128,var512", "jina_embeddings_v3": "var128,var512", "eurobert": "var128,var512",
+                     "deberta-v2": "var128,var512"}
 # max abs error at real tokens that is still rounding noise (values up to about 4): fp32 (1e-6 measured);
 # bf16, every engine rounding its own way through 22 layers
 TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 0.5}

@@ -88,7 +88,14 @@ def real_sentences(n):
 MODERN_ARCHS = {"modernbert": ("ModernBertModel", "ModernBertConfig", 22), "mpnet": ("MPNetModel", "MPNetConfig", 12),
                 "gte": ("GteModel", "GteConfig", 12), "nomic_bert": ("NomicBertModel", "NomicBertConfig", 12),
                 "jina_embeddings_v3": ("JinaEmbeddingsV3Model", "JinaEmbeddingsV3Config", 24),
-                "eurobert": ("EuroBertModel", "EuroBertConfig", 12)}
+                "eurobert": ("EuroBertModel", "EuroBertConfig", 12),
+                "deberta-v2": ("DebertaV2Model", "DebertaV2Config", 12)}
+# where a family's base checkpoint is not transformers' default configuration: deberta-v3-base's (the
+# default is deberta-v2-xlarge's)
+ARCH_CONFIGS = {"deberta-v2": dict(vocab_size=128100, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                                   relative_attention=True, position_buckets=256, max_relative_positions=-1,
+                                   pos_att_type=["p2c", "c2p"], share_att_key=True, norm_rel_ebd="layer_norm",
+                                   position_biased_input=False, type_vocab_size=0, layer_norm_eps=1e-7)}
 
 
 def modern_models(name: str, layers: int, backend: str, int8: bool = False):
@@ -100,10 +107,10 @@ def modern_models(name: str, layers: int, backend: str, int8: bool = False):
     import fastbert
 
     cls, config_cls, _ = MODERN_ARCHS[name]
-    config = getattr(transformers, config_cls)(num_hidden_layers=layers)
+    config = getattr(transformers, config_cls)(**ARCH_CONFIGS.get(name, {}), num_hidden_layers=layers)
     torch.manual_seed(0)
     theirs = getattr(transformers, cls)(config).eval()
-    if name != "mpnet":  # MPNet runs transformers' default: its sdpa setting loses the relative bias
+    if name not in ("mpnet", "deberta-v2"):  # MPNet's sdpa setting loses its relative bias; DeBERTa has no sdpa
         theirs.config._attn_implementation = "sdpa"
     ours = getattr(fastbert, cls)(getattr(fastbert, config_cls)(**config.to_dict())).eval()
     ours.load_state_dict(theirs.state_dict())

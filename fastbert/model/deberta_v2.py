@@ -19,8 +19,9 @@ What differs from BERT, and is all that is written here:
   multiple-choice head pool the first token through their own ContextPooler (pooler.dense, the
   pooler_hidden_act); the MLM head is BERT's (legacy, cls.predictions) or DeBERTa's newer
   lm_predictions.lm_head (legacy False: the decoder is the word embeddings' product).
-Every float batch runs padded (the op takes the padded layout; int8's packed rows are padded for it
-and packed again); the layers run one by one (the one-call routes have no position terms). Not
+A batch with padding runs packed, as every family's: the linear layers and the feed-forward on the
+real tokens alone, and each attention on its rows padded for the op and packed again (the op takes
+the padded layout); the layers run one by one (the one-call routes have no position terms). Not
 supported, each a clear error: conv_kernel_size > 0 (deberta-v2-xlarge's convolution), an additive
 float attention mask.
 """
@@ -166,7 +167,7 @@ class DebertaV2Layer(BertLayer):
     def attend(self, qkv, shape, mask, packed, bias=None, head_scale=None, want_probs=False, relative_bias=None,
                seeds=None):
         """The disentangled attention on the QKV projection of a hidden state of shape `shape`
-        (padded, or packed rows: int8's, padded for the op and packed again); relative_bias: the
+        (padded, or packed rows, padded for the op and packed again); relative_bias: the
         encoder's relative embeddings [2 span, hidden] (None without relative attention).
         -> (context shaped `shape`, probabilities or None)."""
         if bias is not None:
@@ -226,7 +227,6 @@ class DebertaV2Model(BertModel):
     base_model_prefix = "deberta"
     embeddings_class = DebertaV2Embeddings
     encoder_class = DebertaV2Encoder
-    unpad_inputs = False  # the disentangled attention takes the padded layout
 
     def __init__(self, config: DebertaV2Config, add_pooling_layer: bool = False):
         super().__init__(config, add_pooling_layer=False)

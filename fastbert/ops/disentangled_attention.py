@@ -16,8 +16,10 @@ import torch
 
 from fastbert import backend as fb_backend
 from fastbert import reference
+from fastbert.layouts import deberta_position_rows
 from fastbert.ops.checks import check_float, check_int, check_mask, check_prob
 from fastbert.ops.common import op_seed
+from fastbert.reference.disentangled_attention import attention_at_rows, position_rows_matrix
 
 OP = "disentangled_attention"
 
@@ -67,8 +69,14 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if p > 0:
         b, h, s = q.shape[:3]
         keep = reference.attention_keep_mask(op_seed(seed), b, h, s, s, p, device=q.device)
-    ctx, probs = reference.disentangled_attention(q, k, v, mask, pos_key, pos_query, position_buckets=buckets,
-                                                  max_relative_positions=furthest, keep_mask=keep, dropout_p=p,
-                                                  scale=scale, want_probs=want_probs)
+    # the tables' rows this length reaches, and no others: 2 seq - 1 of the 2 span where seq is short
+    reached = deberta_position_rows(q.shape[2], buckets, furthest)
+    lo, hi = int(reached.min()), int(reached.max()) + 1
+    rows = position_rows_matrix(q.shape[2], buckets, furthest).to(q.device) - lo
+    if scale is None:
+        scale = (d * (1 + (pos_key is not None) + (pos_query is not None))) ** -0.5
+    ctx, probs = attention_at_rows(
+        q, k, v, mask, None if pos_key is None else pos_key[:, lo:hi], None if pos_query is None else pos_query[:, lo:hi],
+        rows, keep, p, scale, want_probs)
     ctx = ctx.to(q.dtype)
     return (ctx, probs) if want_probs else ctx

@@ -26,10 +26,16 @@ def disentangled_scores(q: torch.Tensor, k: torch.Tensor, pos_key: Optional[torc
     """The scaled scores [batch, heads, seq, seq] before the mask: q, k [batch, heads, seq, d];
     pos_key, pos_query [heads, 2 span, d] (None: that term is absent); scale: by default
     1 / sqrt(d * the terms present)."""
+    rows = position_rows_matrix(q.shape[-2], position_buckets, max_relative_positions, q.device)
+    return scores_at_rows(q, k, pos_key, pos_query, rows, scale)
+
+
+def scores_at_rows(q: torch.Tensor, k: torch.Tensor, pos_key: Optional[torch.Tensor], pos_query: Optional[torch.Tensor],
+                   rows: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
+    """disentangled_scores with the table row of each (query, key) given: rows int64 [seq, seq]."""
     seq, d = q.shape[-2], q.shape[-1]
     terms = 1 + (pos_key is not None) + (pos_query is not None)
     scores = q @ k.transpose(-1, -2)
-    rows = position_rows_matrix(seq, position_buckets, max_relative_positions, q.device)
     index = rows.expand(*q.shape[:2], seq, seq)
     if pos_key is not None:  # c2p[i, j] = q_i . pos_key[row(i, j)]
         scores = scores + torch.gather(q @ pos_key.transpose(-1, -2), -1, index)
@@ -47,7 +53,16 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """(context [batch, heads, seq, d], the probabilities or None): attention_mask [batch, seq]
     (1: a real key); keep_mask [batch, heads, seq, seq] the probabilities dropout keeps (scaled by
     1 / (1 - dropout_p))."""
-    scores = disentangled_scores(q, k, pos_key, pos_query, position_buckets, max_relative_positions, scale).float()
+    rows = position_rows_matrix(q.shape[-2], position_buckets, max_relative_positions, q.device)
+    return attention_at_rows(q, k, v, attention_mask, pos_key, pos_query, rows, keep_mask, dropout_p, scale,
+                             want_probs)
+
+
+def attention_at_rows(q, k, v, attention_mask, pos_key, pos_query, rows, keep_mask=None, dropout_p: float = 0.0,
+                      scale: Optional[float] = None, want_probs: bool = False):
+    """disentangled_attention with the table row of each (query, key) given: rows int64 [seq, seq]
+    (the tables may then hold only the rows that `rows` reads)."""
+    scores = scores_at_rows(q, k, pos_key, pos_query, rows, scale).float()
     if attention_mask is not None:
         scores = scores.masked_fill(~attention_mask.bool()[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
