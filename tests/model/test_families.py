@@ -118,13 +118,12 @@ def test_sequence_classifier_runs_its_last_layer_at_the_first_token(monkeypatch,
 
 
 def test_auto_classes_refuse_what_they_do_not_run(tmp_path):
-    cfg = transformers.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    cfg = transformers.DebertaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                        intermediate_size=48)
     cfg.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"model_type 'deberta-v2' is not supported; supported: bert, camembert, "
-                                         r"distilbert, electra, eurobert, gte, jina_embeddings_v3, modernbert, mpnet, "
-                                         r"nomic_bert, "
-                                         r"roberta, xlm-roberta"):
+    with pytest.raises(ValueError, match=r"model_type 'deberta' is not supported; supported: bert, camembert, "
+                                         r"deberta-v2, distilbert, electra, eurobert, gte, jina_embeddings_v3, "
+                                         r"modernbert, mpnet, nomic_bert, roberta, xlm-roberta"):
         fastbert.AutoModel.from_pretrained(str(tmp_path))
     hf_config("roberta").save_pretrained(tmp_path / "r")
     with pytest.raises(ValueError, match="describes a 'roberta' model, not 'bert'"):

@@ -161,9 +161,9 @@ def test_config_reads_what_transformers_reads(tmp_path):
 
 
 def test_auto_classes_name_modernbert_among_the_supported(tmp_path):
-    transformers.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    transformers.DebertaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                  intermediate_size=48).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"model_type 'deberta-v2' is not supported; supported: .*\bmodernbert\b"):
+    with pytest.raises(ValueError, match=r"model_type 'deberta' is not supported; supported: .*\bmodernbert\b"):
         fastbert.AutoModel.from_pretrained(str(tmp_path))
     config = fastbert.ModernBertConfig(**SMALL)
     assert type(fastbert.AutoModelForMaskedLM.from_config(config)) is fastbert.ModernBertForMaskedLM

@@ -211,9 +211,9 @@ def test_checkpoints_both_ways(tmp_path, name):
 
 
 def test_auto_classes_and_config(tmp_path):
-    transformers.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    transformers.DebertaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                  intermediate_size=48).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"model_type 'deberta-v2' is not supported; supported: .*\bmpnet\b"):
+    with pytest.raises(ValueError, match=r"model_type 'deberta' is not supported; supported: .*\bmpnet\b"):
         fastbert.AutoModel.from_pretrained(str(tmp_path))
     hf_config().save_pretrained(tmp_path / "m")
     config = fastbert.AutoConfig.from_pretrained(str(tmp_path / "m"))

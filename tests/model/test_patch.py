@@ -71,17 +71,17 @@ def test_patch_follows_train_and_eval():
 
 
 def test_patch_refuses_what_it_does_not_run():
-    cfg = transformers.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    cfg = transformers.DebertaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                        intermediate_size=48)
-    with pytest.raises(TypeError, match="DebertaV2Model is not supported; supported: .*XLMRobertaModel"):
-        fastbert.patch(transformers.DebertaV2Model(cfg))
+    with pytest.raises(TypeError, match="DebertaModel is not supported; supported: .*XLMRobertaModel"):
+        fastbert.patch(transformers.DebertaModel(cfg))
 
 
 def test_patch_transformers(tmp_path):
     loaded("xlm-roberta", "XLMRobertaForSequenceClassification").save_pretrained(tmp_path / "x")
-    transformers.DebertaV2Config(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    transformers.DebertaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                  intermediate_size=48).save_pretrained(tmp_path / "d")
-    transformers.DebertaV2Model(transformers.DebertaV2Config.from_pretrained(tmp_path / "d")).save_pretrained(
+    transformers.DebertaModel(transformers.DebertaConfig.from_pretrained(tmp_path / "d")).save_pretrained(
         tmp_path / "d")
     try:
         fastbert.patch_transformers()
