@@ -60,24 +60,24 @@ def task_rows(tasks: Sequence[str], batch: int, device, task=None, adapter_mask=
     if task is not None and adapter_mask is not None:
         raise ValueError(f"{where}: pass task= or adapter_mask=, not both")
     if adapter_mask is not None:
-        mask = torch.as_tensor(adapter_mask, device=device).long().reshape(-1)
-        if mask.numel() != batch:
-            raise ValueError(f"{where}: adapter_mask has {mask.numel()} entries for a batch of {batch}")
-        if bool(((mask < 0) | (mask >= len(tasks))).any()):
+        index = torch.as_tensor(adapter_mask).long().reshape(-1).tolist()
+        if len(index) != batch:
+            raise ValueError(f"{where}: adapter_mask has {len(index)} entries for a batch of {batch}")
+        if any(i < 0 or i >= len(tasks) for i in index):
             raise ValueError(f"{where}: adapter_mask holds indices outside 0..{len(tasks) - 1} (tasks: {list(tasks)})")
-        return mask
-    if task is None:
+    elif task is None:
         return None
-    if not tasks:
-        raise ValueError(f"{where}: task={task!r}, but this model has no task adapters")
-    names = [task] * batch if isinstance(task, str) else list(task)
-    if len(names) != batch:
-        raise ValueError(f"{where}: task has {len(names)} entries for a batch of {batch}")
-    unknown = sorted({n for n in names if n is not None and n not in tasks})
-    if unknown:
-        raise ValueError(f"{where}: unknown task {unknown[0]!r}; this model's tasks: {', '.join(tasks)}")
-    index = [len(tasks) if n is None else list(tasks).index(n) for n in names]
-    if len(set(index)) == 1:
+    else:
+        if not tasks:
+            raise ValueError(f"{where}: task={task!r}, but this model has no task adapters")
+        names = [task] * batch if isinstance(task, str) else list(task)
+        if len(names) != batch:
+            raise ValueError(f"{where}: task has {len(names)} entries for a batch of {batch}")
+        unknown = sorted({n for n in names if n is not None and n not in tasks})
+        if unknown:
+            raise ValueError(f"{where}: unknown task {unknown[0]!r}; this model's tasks: {', '.join(tasks)}")
+        index = [len(tasks) if n is None else list(tasks).index(n) for n in names]
+    if len(set(index)) == 1:  # one task for every row (or none): the single-task products
         return None if index[0] == len(tasks) else index[0]
     return torch.tensor(index, dtype=torch.long, device=device)
 
@@ -120,7 +120,7 @@ class TaskLoRA(nn.Module):
             keep = F.one_hot(rows, t + 1)[..., :t].to(z.dtype).repeat_interleave(r, dim=-1) * self.scaling
             z = z * keep
             up = b.permute(1, 0, 2).reshape(b.shape[1], t * r)
-        z = z.expand(*y.shape[:-1], z.shape[-1]).reshape(-1, z.shape[-1])
+        z = z.reshape(-1, z.shape[-1])
         if y.is_contiguous() and not (torch.is_grad_enabled() and (y.requires_grad or z.requires_grad)):
             y.view(-1, y.shape[-1]).addmm_(z, up.t())
             return y
