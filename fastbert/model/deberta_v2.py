@@ -51,14 +51,14 @@ from fastbert.model.layers import (
     BertIntermediate,
     BertLayer,
     BertOutput,
+    BertPredictionHeadTransform,
     BertSelfOutput,
     RenamedSelfAttention,
+    bias_activation,
     embed_words,
 )
 from fastbert.model.outputs import MultipleChoiceModelOutput, SequenceClassifierOutput
 from fastbert.ops.disentangled_attention import disentangled_attention
-
-ACTIVATIONS = {"gelu": F.gelu, "tanh": torch.tanh, "relu": F.relu}
 
 
 class DebertaV2Embeddings(nn.Module, BackendMixin):
@@ -187,7 +187,7 @@ class DebertaV2Layer(BertLayer):
         q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
         pos_key = pos_query = None
         if relative_bias is not None:
-            rel = F.dropout(relative_bias, sa.pos_dropout_p, self.training) if self.training else relative_bias
+            rel = F.dropout(relative_bias, sa.pos_dropout_p, self.training)
             pos_key, pos_query = sa.position_tables(rel.to(q.dtype))
         p = sa.dropout_p if self.training else 0.0
         out = disentangled_attention(q, k, v, mask, pos_key=pos_key, pos_query=pos_query,
@@ -254,7 +254,7 @@ class DebertaV2Model(BertModel):
         return self.encoder.relative_embeddings()
 
 
-class ContextPooler(nn.Module):
+class ContextPooler(nn.Module, BackendMixin):
     """The first token, dropout (pooler_dropout), dense, pooler_hidden_act: DeBERTa's pooler, in its heads."""
 
     def __init__(self, config: DebertaV2Config):
@@ -265,7 +265,8 @@ class ContextPooler(nn.Module):
         self.activation = config.pooler_hidden_act
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return ACTIVATIONS[self.activation](self.dense(self.dropout(hidden[:, 0])))
+        x = ops.linear(self.dropout(hidden[:, 0]), self.dense.weight, backend=self.backend)
+        return bias_activation(x, self.dense.bias, self.activation, self.backend)
 
 
 class _DebertaHead:
@@ -346,16 +347,13 @@ class DebertaV2ForQuestionAnswering(_DebertaHead, BertForQuestionAnswering):
                                output_hidden_states=output_hidden_states, return_dict=return_dict)
 
 
-class DebertaV2LMPredictionHead(nn.Module):
-    """DeBERTa's newer MLM head (legacy False): dense, hidden_act, LayerNorm, then the word embeddings'
-    product plus bias."""
+class DebertaV2LMPredictionHead(BertPredictionHeadTransform):
+    """DeBERTa's newer MLM head (legacy False): BERT's transform (dense, hidden_act, LayerNorm, under
+    the same names), then the word embeddings' product plus bias."""
 
     def __init__(self, config: DebertaV2Config):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        super().__init__(config)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        self.hidden_act = config.hidden_act
 
 
 class DebertaV2OnlyMLMHead(nn.Module):
@@ -388,9 +386,7 @@ class DebertaV2ForMaskedLM(_DebertaHead, BertForMaskedLM):
         if self.config.legacy:
             return super()._lm_logits(hidden)
         head = self.lm_predictions.lm_head
-        h = F.layer_norm(ACTIVATIONS[head.hidden_act](head.dense(hidden)), hidden.shape[-1:], head.LayerNorm.weight,
-                         head.LayerNorm.bias, head.LayerNorm.eps)
-        return F.linear(h, self.deberta.embeddings.word_embeddings.weight, head.bias)
+        return F.linear(head(hidden), self.deberta.embeddings.word_embeddings.weight, head.bias)
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 labels=None, output_attentions=None, output_hidden_states=None, return_dict=None):
