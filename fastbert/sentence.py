@@ -216,15 +216,19 @@ def _modules(path: str) -> List[Tuple[str, str]]:
     return found
 
 
+def _adapter_tasks(root: str) -> List[str]:
+    """The task adapters of the model in `root` (its config.json's lora_adaptations), before loading it."""
+    from fastbert.model.config import read_config
+
+    return list(read_config(root, WHERE)[1].get("lora_adaptations") or [])
+
+
 def run_task(path: str, prompt_name: Optional[str]) -> Optional[str]:
     """The task a run with one prompt folds in at load (SentenceEncoder(..., task=)): prompt_name
     where it names one of the model's task adapters (config.json's lora_adaptations), else None."""
     if prompt_name is None:
         return None
-    from fastbert.model.config import read_config
-
-    _, config = read_config(_modules(path)[0][1], WHERE)
-    return prompt_name if prompt_name in (config.get("lora_adaptations") or []) else None
+    return prompt_name if prompt_name in _adapter_tasks(_modules(path)[0][1]) else None
 
 
 class SentenceEncoder:
@@ -265,15 +269,13 @@ class SentenceEncoder:
 
             self.model = AutoModelForMaskedLM.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize)
         else:  # no pooler: sentence-transformers pools the token vectors itself
-            self.model = AutoModel.from_pretrained(root, backend=backend, dtype=dtype,
-                                                   quantize=quantize if task is None else None,
-                                                   add_pooling_layer=False)
-            if task is not None:  # folded in before any quantizing
-                if not getattr(self.model.config, "tasks", None):
+            folding = {}
+            if task is not None:  # (from_pretrained folds the task in before any quantizing)
+                if not _adapter_tasks(root):
                     raise ValueError(f"{WHERE}: task={task!r}, but the model in {root} has no task adapters")
-                self.model.fold_task(task)
-                if quantize is not None:
-                    self.model.quantize_(quantize)
+                folding["task"] = task
+            self.model = AutoModel.from_pretrained(root, backend=backend, dtype=dtype, quantize=quantize,
+                                                   add_pooling_layer=False, **folding)
         # the task adapters a call chooses among (none once one is folded in), and the folded task
         self.tasks: List[str] = list(getattr(self.model.config, "tasks", []))
         self.folded_task: Optional[str] = getattr(self.model.config, "folded_task", None)
