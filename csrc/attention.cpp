@@ -225,7 +225,129 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_backward(AttnArgs
   if (q.numel() > 0) detail::kernels_for(op).attention_backward(a);
   return {dq, dk, dv, relative_grad(drel, rel_bias)};
 }
+
+// DeBERTa's position tables of a call, checked, into a: pos_key, pos_query [heads, rows, d] (float32
+// copies, kept alive by the caller: the first two), pos_index int32 [2n - 1] (n >= positions, the
+// longest sequence) with rows in [0, rows), non-decreasing (the kernels read a pair's rows as a span).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> set_positions(AttnArgs& a, const c10::optional<at::Tensor>& pos_key,
+                                                             const c10::optional<at::Tensor>& pos_query,
+                                                             const at::Tensor& pos_index, int64_t positions,
+                                                             const char* op) {
+  const bool has_key = pos_key.has_value() && pos_key->defined(), has_query = pos_query.has_value() && pos_query->defined();
+  TORCH_CHECK(has_key || has_query, "fastbert._C.", op, ": pos_key, pos_query or both must be given");
+  int64_t rows = -1;
+  at::Tensor tables[2];
+  int n = 0;
+  for (const auto& [name, t] : {std::pair<const char*, const c10::optional<at::Tensor>&>{"pos_key", pos_key},
+                                {"pos_query", pos_query}}) {
+    if (t.has_value() && t->defined()) {
+      TORCH_CHECK(t->device().is_cpu() && detail::is_float_dtype(t->scalar_type()) && t->dim() == 3 &&
+                      t->size(0) == a.heads && t->size(2) == a.d && t->size(1) >= 1 && (rows < 0 || t->size(1) == rows),
+                  "fastbert._C.", op, ": ", name, " must be a float CPU tensor [heads, rows, head_dim] = [", a.heads,
+                  ", rows, ", a.d, "] (one rows for both tables), got ", t->scalar_type(), " ", t->sizes());
+      rows = t->size(1);
+      tables[n] = t->to(at::kFloat).contiguous();
+    }
+    ++n;
+  }
+  TORCH_CHECK(pos_index.defined() && pos_index.device().is_cpu() && pos_index.scalar_type() == at::kInt &&
+                  pos_index.dim() == 1 && pos_index.is_contiguous() && pos_index.numel() % 2 == 1 &&
+                  (pos_index.numel() + 1) / 2 >= positions,
+              "fastbert._C.", op, ": pos_index must be a contiguous int32 CPU tensor [2n - 1], n >= ", positions,
+              ", got ", pos_index.scalar_type(), " ", pos_index.sizes());
+  const int32_t* idx = pos_index.data_ptr<int32_t>();
+  for (int64_t x = 0; x < pos_index.numel(); ++x) {
+    TORCH_CHECK(idx[x] >= 0 && idx[x] < rows && (x == 0 || idx[x] >= idx[x - 1]), "fastbert._C.", op,
+                ": pos_index must hold non-decreasing rows in [0, ", rows, "), got ", idx[x], " at ", x);
+  }
+  a.pos_key = tables[0].defined() ? tables[0].data_ptr<float>() : nullptr;
+  a.pos_query = tables[1].defined() ? tables[1].data_ptr<float>() : nullptr;
+  a.pos_index = idx;
+  a.pos_n = (pos_index.numel() + 1) / 2;
+  a.pos_rows = rows;
+  return {tables[0], tables[1], pos_index};
+}
+
+// The layout and sequences of a DeBERTa call: packed when cu_seqlens is given (q [tokens, heads, d]),
+// else padded (q [batch, heads, seq, d], key_mask kept alive in `mask`).
+std::vector<AttnSeq> disentangled_seqs(AttnArgs& a, const at::Tensor& q, const c10::optional<at::Tensor>& key_mask,
+                                       const c10::optional<at::Tensor>& cu_seqlens, at::Tensor& mask, const char* op) {
+  if (cu_seqlens.has_value() && cu_seqlens->defined()) {
+    check_cu_seqlens(op, *cu_seqlens);
+    TORCH_CHECK(!key_mask.has_value() || !key_mask->defined(), "fastbert._C.", op,
+                ": packed rows (cu_seqlens) take no key_mask");
+    return packed_seqs(a, *cu_seqlens, op);
+  }
+  mask = bool_mask(key_mask, a.batch, q.size(2), op);
+  a.pad_rows = q.size(2);
+  return padded_seqs(a, mask, q.size(2), op);
+}
+
+// The arguments of a DeBERTa call: q (checked, contiguous rows) gives the layout; returns the args.
+AttnArgs disentangled_args(const at::Tensor& q, const c10::optional<at::Tensor>& cu_seqlens, double scale,
+                           double dropout_p, int64_t seed, const char* op) {
+  const bool packed = cu_seqlens.has_value() && cu_seqlens->defined();
+  const int64_t batch = packed ? cu_seqlens->numel() - 1 : q.size(0);
+  return common_args(q, !packed, batch, scale, dropout_p, seed, op);
+}
+
+int64_t qkv_dims(const c10::optional<at::Tensor>& cu_seqlens) {
+  return cu_seqlens.has_value() && cu_seqlens->defined() ? 3 : 4;
+}
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor> disentangled_attention_forward(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const c10::optional<at::Tensor>& key_mask,
+    const c10::optional<at::Tensor>& cu_seqlens, const c10::optional<at::Tensor>& pos_key,
+    const c10::optional<at::Tensor>& pos_query, const at::Tensor& pos_index, double scale, double dropout_p,
+    int64_t seed) {
+  const char* op = "disentangled_attention_forward";
+  check_qkv(op, q_in, k_in, v_in, qkv_dims(cu_seqlens));
+  const at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
+  AttnArgs a = disentangled_args(q, cu_seqlens, scale, dropout_p, seed, op);
+  at::Tensor mask;
+  const std::vector<AttnSeq> seqs = disentangled_seqs(a, q, key_mask, cu_seqlens, mask, op);
+  const auto tables = set_positions(a, pos_key, pos_query, pos_index, a.padded ? q.size(2) : longest(seqs), op);
+  set_inputs(a, seqs, 0, -1, q, k, v, c10::nullopt, c10::nullopt, c10::nullopt, op);
+  if (a.padded) return run_forward(a, q, {a.batch, a.heads, a.rows}, a.heads * a.rows, a.rows, op);
+  return run_forward(a, q, {a.heads, a.rows}, 0, a.rows, op);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> disentangled_attention_backward(
+    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& out_in, const at::Tensor& lse_in, const c10::optional<at::Tensor>& key_mask,
+    const c10::optional<at::Tensor>& cu_seqlens, const c10::optional<at::Tensor>& pos_key,
+    const c10::optional<at::Tensor>& pos_query, const at::Tensor& pos_index, double scale, double dropout_p,
+    int64_t seed) {
+  const char* op = "disentangled_attention_backward";
+  check_qkv(op, q_in, k_in, v_in, qkv_dims(cu_seqlens));
+  check_like_q(op, "do", dout_in, q_in);
+  check_like_q(op, "out", out_in, q_in);  // part of the interface; D comes from P and dP (see backward_pair)
+  const at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in),
+                   dout = rows_contiguous(dout_in);
+  AttnArgs a = disentangled_args(q, cu_seqlens, scale, dropout_p, seed, op);
+  at::Tensor mask;
+  const std::vector<AttnSeq> seqs = disentangled_seqs(a, q, key_mask, cu_seqlens, mask, op);
+  const auto tables = set_positions(a, pos_key, pos_query, pos_index, a.padded ? q.size(2) : longest(seqs), op);
+  set_inputs(a, seqs, 0, -1, q, k, v, c10::nullopt, c10::nullopt, c10::nullopt, op);
+  const at::Tensor lse = a.padded ? check_lse(op, lse_in, {a.batch, a.heads, a.rows}) : check_lse(op, lse_in, {a.heads, a.rows});
+  a.lse = const_cast<float*>(lse.data_ptr<float>());
+  a.lse_sb = a.padded ? a.heads * a.rows : 0, a.lse_sh = a.rows;
+  // the position tables' gradients per pair, summed over the batch in a fixed order
+  auto grads = [&](const c10::optional<at::Tensor>& t, float*& dst) {
+    if (!t.has_value() || !t->defined()) return at::Tensor();
+    at::Tensor g = detail::zeros({a.batch, a.heads, a.pos_rows, a.d}, at::kFloat);
+    dst = g.data_ptr<float>();
+    return g;
+  };
+  const at::Tensor dkey = grads(pos_key, a.dpos_key), dquery = grads(pos_query, a.dpos_query);
+  auto [dq, dk, dv, unused] = run_backward(a, q, dout, c10::nullopt, op);
+  (void)unused;
+  auto summed = [&](const at::Tensor& g, const c10::optional<at::Tensor>& t) {
+    return g.defined() ? g.sum(0).to(t->scalar_type()) : detail::empty({0}, at::kFloat);
+  };
+  return {dq, dk, dv, summed(dkey, pos_key), summed(dquery, pos_query)};
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const c10::optional<at::Tensor>& key_mask,

@@ -92,6 +92,20 @@ void register_attention(py::module_& m) {
         py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
         py::arg("dropout_p"), py::arg("seed"), py::arg("rope_cos") = py::none(), py::arg("rope_sin") = py::none(), py::arg("window") = -1, py::arg("rel_bias") = py::none(), NoGil(),
         "(dq, dk, dv, drel) of varlen_attention_forward.");
+  m.def("disentangled_attention_forward", &fastbert::disentangled_attention_forward, py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("key_mask"), py::arg("cu_seqlens"), py::arg("pos_key"), py::arg("pos_query"),
+        py::arg("pos_index"), py::arg("scale"), py::arg("dropout_p"), py::arg("seed"), NoGil(),
+        "(out, lse) of DeBERTa's disentangled attention, softmax((q k^T + c2p + p2c) * scale, padded keys masked) v, "
+        "c2p[i, j] = q_i . pos_key[h, pos_index[i - j + n - 1]] and p2c[i, j] = k_j . pos_query[h, that row] "
+        "(pos_key, pos_query float [heads, rows, head_dim] or None; pos_index int32 [2n - 1], non-decreasing). "
+        "Packed q, k, v [tokens, heads, head_dim] with cu_seqlens (key_mask None), else padded [batch, heads, seq, "
+        "head_dim] with key_mask None or [batch, seq]. lse as attention_forward's / varlen_attention_forward's.");
+  m.def("disentangled_attention_backward", &fastbert::disentangled_attention_backward, py::arg("do"), py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("key_mask"), py::arg("cu_seqlens"),
+        py::arg("pos_key"), py::arg("pos_query"), py::arg("pos_index"), py::arg("scale"), py::arg("dropout_p"),
+        py::arg("seed"), NoGil(),
+        "(dq, dk, dv, dpos_key, dpos_query) of disentangled_attention_forward (a table's gradient in its dtype, an "
+        "empty tensor where it is None; thread-count independent).");
 }
 
 // int8 inference: quantization and the GEMM epilogues fused into their consumers.

@@ -71,6 +71,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> varlen_attention_back
     const at::Tensor& lse, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale, double dropout_p,
     int64_t seed, const c10::optional<at::Tensor>& rope_cos, const c10::optional<at::Tensor>& rope_sin, int64_t window,
     const c10::optional<at::Tensor>& rel_bias);
+// DeBERTa's disentangled attention: softmax((q k^T + c2p + p2c) * scale, padded keys masked) v with
+// c2p[i, j] = q_i . pos_key[h, pos_index[i - j + n - 1]], p2c[i, j] = k_j . pos_query[h, the same row]
+// (pos_key, pos_query: float [heads, rows, head_dim], either may be none; pos_index int32 [2n - 1],
+// non-decreasing rows, n >= every sequence's length). Packed rows when cu_seqlens is given (q
+// [tokens, heads, head_dim], lse [heads, tokens]), else padded with key_mask (q [batch, heads, seq,
+// head_dim], lse [batch, heads, seq]). Dropout as attention_forward's. The backward returns dq, dk,
+// dv, then the tables' gradients (each in its table's dtype, or an empty tensor).
+std::tuple<at::Tensor, at::Tensor> disentangled_attention_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& key_mask,
+    const c10::optional<at::Tensor>& cu_seqlens, const c10::optional<at::Tensor>& pos_key,
+    const c10::optional<at::Tensor>& pos_query, const at::Tensor& pos_index, double scale, double dropout_p,
+    int64_t seed);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> disentangled_attention_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const c10::optional<at::Tensor>& key_mask, const c10::optional<at::Tensor>& cu_seqlens,
+    const c10::optional<at::Tensor>& pos_key, const c10::optional<at::Tensor>& pos_query, const at::Tensor& pos_index,
+    double scale, double dropout_p, int64_t seed);
 
 // int8.cpp: int8 inference. Quantized activations: (q int8 [rows + 1, n], its last row all ones;
 // scale, offset float32 [rows]), x ~ q * scale + offset per row. acc: the int32 (or float32)

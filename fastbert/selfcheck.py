@@ -111,6 +111,11 @@ def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dt
         for shape in modern:
             for dtype in dtypes:
                 yield op, shape, dtype
+    # DeBERTa's disentangled attention: 16 log buckets, so 97 tokens reach past the linear ones
+    for op in ("disentangled_attention", "varlen_disentangled_attention"):
+        for shape in modern:
+            for dtype in dtypes:
+                yield op, shape, dtype
     for dtype in dtypes:
         yield "attention_weights", attn[0], dtype
     yield "unpad/pad", (5, 33, 24), torch.float32
@@ -234,6 +239,32 @@ def _attention_extras(op, shape, dtype, backend, device, g) -> List[Row]:
         return fastbert.ops.attention(q_, k_, v_, mask, relative_bias=r_, **kw) * real
 
     return compare(["out", "dq", "dk", "dv", "drelative"], fused_rel, ref_rel, [q, k, v, rel], dout, dtype)
+
+
+DEBERTA_BUCKETS, DEBERTA_FURTHEST = 16, 64
+
+
+def _disentangled(op, shape, dtype, backend, device, g) -> List[Row]:
+    """DeBERTa's disentangled attention, both position terms (their tables' gradients checked too),
+    dropout on, padded or packed, against the reference formulation."""
+    batch, heads, seq, d = shape
+    mask, (q, k, v), dout, keep, real = _attention_inputs(shape, dtype, device, g)
+    pk, pq = (torch.randn(heads, 2 * DEBERTA_BUCKETS, d, generator=g).to(device, dtype) for _ in range(2))
+    kw = dict(position_buckets=DEBERTA_BUCKETS, max_relative_positions=DEBERTA_FURTHEST,
+              dropout_p=ATTENTION_DROPOUT)
+
+    def ref(q_, k_, v_, pk_, pq_):
+        return reference.disentangled_attention(q_, k_, v_, mask, pk_, pq_, keep_mask=keep, **kw)[0] * real
+
+    def fused(q_, k_, v_, pk_, pq_):
+        tables = dict(pos_key=pk_, pos_query=pq_, seed=ATTENTION_SEED, backend=backend, **kw)
+        if op == "disentangled_attention":
+            return fastbert.ops.disentangled_attention(q_, k_, v_, mask, **tables) * real
+        packed, indices, cu_seqlens, max_seqlen = zip(*(fastbert.ops.unpad(t.transpose(1, 2), mask) for t in (q_, k_, v_)))
+        out = fastbert.ops.varlen_disentangled_attention(*packed, cu_seqlens[0], max_seqlen[0], **tables)
+        return fastbert.ops.pad(out, indices[0], batch, seq).transpose(1, 2)
+
+    return compare(["out", "dq", "dk", "dv", "dpos_key", "dpos_query"], fused, ref, [q, k, v, pk, pq], dout, dtype)
 
 
 def _attention_weights(shape, dtype, device, g) -> List[Row]:
@@ -399,6 +430,8 @@ def check_case(op: str, shape, dtype, backend: str, device: str) -> List[Row]:
         return _attention(op, shape, dtype, backend, device, g)
     if op in ("rotary", "rotary+window", "relative_bias"):
         return _attention_extras(op, shape, dtype, backend, device, g)
+    if op in ("disentangled_attention", "varlen_disentangled_attention"):
+        return _disentangled(op, shape, dtype, backend, device, g)
     if op == "attention_weights":
         return _attention_weights(shape, dtype, device, g)
     if op == "unpad/pad":

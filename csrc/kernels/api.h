@@ -92,6 +92,18 @@ struct AttnArgs {
   const float* rel_bias = nullptr;
   int64_t rel_n = 0;
   float* rel_grad = nullptr;
+  // DeBERTa's disentangled terms (both nullptr: none): float32 [heads, pos_rows, d] position keys
+  // (content-to-position: query i against row idx(i - j)) and position queries (position-to-content:
+  // key j against the same row), each term added to the unscaled score of (query i, key j).
+  // pos_index int32 [2 pos_n - 1]: idx(i - j) at i - j + pos_n - 1, in [0, pos_rows) and
+  // non-decreasing; pos_n >= every sequence's length. dpos_key, dpos_query: the backward's float32
+  // [batch, heads, pos_rows, d] (nullptr where the term is absent), zeroed by the host, per pair.
+  const float* pos_key = nullptr;
+  const float* pos_query = nullptr;
+  const int32_t* pos_index = nullptr;
+  int64_t pos_n = 0, pos_rows = 0;
+  float* dpos_key = nullptr;
+  float* dpos_query = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -10,6 +10,9 @@
 //   dS^T = P^T * (dP^T keep/(1-p) - D) * scale
 //   dV = (P keep/(1-p))^T dO, dK = dS^T Q        GEMMs
 //   dQ += dS K                       GEMM accumulated over key blocks in a fixed order
+// DeBERTa's terms (S += c2p + p2c, read by distance) are remade as the forward makes them; dS is
+// summed into their gradients by distance ([len, 2 len - 1] each), which give dK (per key block),
+// dQ and the position tables' gradients of the pair (GEMMs).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -187,9 +190,10 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
   const bool one_block = nb == len;
   const int64_t rows = std::is_same_v<T, float> ? 0 : len * d;
   const int64_t qkrows = pb.rope() ? len * d : rows;  // q and k: rotated, or converted, fp32 rows
+  const int64_t terms = len * terms_rows(pb, len);     // c2p, p2c and their gradients
   float* buf = vec::thread_buffer<float, kSlotAttention>(arena_size({len * d, lp + W, lp + W, lp + W, nb * ls,
       nb * ls, kDropout ? nb * ls : 0, nb * d, nb * d, qkrows, qkrows, rows, rows,
-      pb.relative() ? relative_size(lp) : 0, pb.relative() ? relative_size(lp) : 0}));
+      pb.relative() ? relative_size(lp) : 0, pb.relative() ? relative_size(lp) : 0, terms, terms, terms, terms}));
   Arena arena{buf};
   float* dqa = arena.take(len * d);  // dQ accumulated over key blocks [len, d]
   float* nlse = arena.take(lp + W);  // -lse, -inf at padded queries and past the sequence
@@ -215,6 +219,13 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
     fill_relative(pb, h, len, lp, -1, rel);
     std::fill(racc, racc + relative_size(lp), 0.0f);
   }
+  float* c2p = arena.take(terms);
+  float* p2c = arena.take(terms);
+  float* dc2p = arena.take(terms);
+  float* dp2c = arena.take(terms);
+  const Terms tm = pair_terms(pb, h, len, pr.q, pr.ldq, pr.k, pr.ldk, false, c2p, p2c);
+  std::fill(dc2p, dc2p + terms, 0.0f);
+  std::fill(dp2c, dp2c + terms, 0.0f);
   const uint64_t pair = pb.counter(b, h);
   // S^T and dP^T of the key rows j0 .. j0 + n against the queries of their span (-inf out of windows)
   auto scores = [&](int64_t j0, int64_t n, const Span& qs) {
@@ -223,6 +234,7 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
     gemm(false, true, n, nq, d, pr.v + j0 * pr.ldv, pr.ldv, pr.dout + qs.lo * pr.lddo, pr.lddo, dpt, ls, false);
     for (int64_t r = 0; r < n; ++r) {  // columns past the span (the GEMMs leave them unwritten)
       const int64_t j = j0 + r;
+      if (tm.on()) add_terms(tm, qs.lo, 1, j, 0, nq, pt + r * ls);
       if (pb.local()) {
         mask_outside(pt + r * ls, j - pb.window - qs.lo, std::min(j + pb.window + 1 - qs.lo, nq), nqp);
       } else {
@@ -252,12 +264,26 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
     gradient_block<kDropout>(pt, dpt, kst, psum + qs.lo, dsum + qs.lo, n, nqp, ls, scale, racc, lp, j0, qs.lo);
     gemm(false, false, n, d, nq, pt, ls, pr.dout + qs.lo * pr.lddo, pr.lddo, dvb, d, false);  // dV = P^T dO
     gemm(false, false, n, d, nq, dpt, ls, pr.q + qs.lo * pr.ldq, pr.ldq, dkb, d, false);      // dK = dS^T Q
+    if (tm.on()) {  // the terms' gradients (dpt: dS^T * scale, the unscaled sum's), dK += dp2c pos_query
+      for (int64_t r = 0; r < n; ++r) add_term_grads(tm, qs.lo, j0 + r, nq, dpt + r * ls, dc2p, dp2c);
+      if (tm.p2c != nullptr)
+        gemm(false, false, n, d, tm.n, dp2c + j0 * tm.n, tm.n, pb.pos_query + (h * pb.pos_rows + tm.lo) * d, d, dkb, d,
+             true);
+    }
     gemm(true, false, nq, d, n, dpt, ls, pr.k + j0 * pr.ldk, pr.ldk, dqa + qs.lo * d, d,
          pb.local() || j0 > 0);  // dQ += dS K
     if (pb.rope()) rotate_rows(static_cast<const float*>(dkb), d, n, d, pb, pb.first_position(sq) + j0, -1.0f, dkb);
     put_key_rows(pb, dk, dv, b, h, sq.first + j0, dkb, dvb, n);
   }
   if (pb.rope()) rotate_rows(static_cast<const float*>(dqa), d, len, d, pb, pb.first_position(sq), -1.0f, dqa);
+  if (tm.on()) {  // dQ += dc2p pos_key; the pair's position tables' gradients: dc2p^T Q, dp2c^T K
+    const int64_t table = (h * pb.pos_rows + tm.lo) * d, grads = ((b * pb.heads + h) * pb.pos_rows + tm.lo) * d;
+    if (tm.c2p != nullptr) {
+      gemm(false, false, len, d, tm.n, dc2p, tm.n, pb.pos_key + table, d, dqa, d, true);
+      gemm(true, false, tm.n, d, len, dc2p, tm.n, pr.q, pr.ldq, pb.dpos_key + grads, d, false);
+    }
+    if (tm.p2c != nullptr) gemm(true, false, tm.n, d, len, dp2c, tm.n, pr.k, pr.ldk, pb.dpos_query + grads, d, false);
+  }
   put_query_rows(pb, dq, b, h, sq.first, dqa, len);
   if (pb.relative()) put_relative_grad(pb, b, h, len, lp, racc);
 }

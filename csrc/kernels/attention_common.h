@@ -99,9 +99,18 @@ struct Problem {
   int64_t rel_n = 0;
   float* rel_grad = nullptr;  // its gradient per pair [batch, heads, 2 rel_n - 1] (the backward's)
 
+  // DeBERTa's disentangled terms (kernels::AttnArgs has the layout), or nullptr
+  const float* pos_key = nullptr;
+  const float* pos_query = nullptr;
+  const int32_t* pos_index = nullptr;
+  int64_t pos_n = 0, pos_rows = 0;
+  float* dpos_key = nullptr;
+  float* dpos_query = nullptr;
+
   bool rope() const { return rope_cos != nullptr; }
   bool local() const { return window >= 0; }
   bool relative() const { return rel_bias != nullptr; }
+  bool disentangled() const { return pos_key != nullptr || pos_query != nullptr; }
   // the rotary position of row 0 of a pair's rows: its row index (padded), 0 (packed)
   int64_t first_position(const Seq& s) const { return pad_rows > 0 ? s.first : 0; }
 
@@ -253,6 +262,76 @@ inline void fill_relative(const Problem& pb, int64_t h, int64_t len, int64_t lp,
   for (int64_t x = 0; x < relative_size(lp); ++x) {
     const int64_t dist = sign * (x - (lp - 1));
     dst[x] = dist > -len && dist < len ? rel[dist] : 0.0f;
+  }
+}
+
+// DeBERTa's disentangled terms of one pair of len rows: c2p[i, c] = q_i . pos_key[lo + c] and
+// p2c[j, c] = k_j . pos_query[lo + c], [len, n] each (nullptr where the term is absent), over the rows
+// [lo, lo + n) the pair's distances reach: pos_index is non-decreasing in the distance, so they run
+// from the row of -(len - 1) to that of len - 1, at most 2 len - 1 however many rows the tables have.
+// (query i, key j) reads column at[i - j] - lo of both; the products stay [len, 2 len - 1], never
+// a [len, len] gather of them.
+struct Terms {
+  const float* c2p = nullptr;
+  const float* p2c = nullptr;
+  const int32_t* at = nullptr;  // pos_index + pos_n - 1: the row of distance i - j at at[i - j]
+  int64_t lo = 0, n = 0;
+  bool on() const { return c2p != nullptr || p2c != nullptr; }
+};
+
+// The rows a pair of len rows reaches (0 without the terms), for its arena.
+inline int64_t terms_rows(const Problem& pb, int64_t len) {
+  if (!pb.disentangled() || len == 0) return 0;
+  const int32_t* at = pb.pos_index + pb.pos_n - 1;
+  return at[len - 1] + 1 - at[-(len - 1)];
+}
+
+// The terms of head h's pair of len rows into c2p, p2c ([len, terms_rows] each; unused where the
+// term is absent): q as fp32 rows (stride ldq), k as fp32 rows (stride ldk) or, k_transposed, as
+// the packed K^T [d, ldk].
+inline Terms pair_terms(const Problem& pb, int64_t h, int64_t len, const float* q, int64_t ldq, const float* k,
+                        int64_t ldk, bool k_transposed, float* c2p, float* p2c) {
+  Terms t;
+  if (!pb.disentangled() || len == 0) return t;
+  t.at = pb.pos_index + pb.pos_n - 1;
+  t.lo = t.at[-(len - 1)];
+  t.n = terms_rows(pb, len);
+  const int64_t d = pb.d, table = h * pb.pos_rows * d + t.lo * d;
+  if (pb.pos_key != nullptr) {
+    gemm(false, true, len, t.n, d, q, ldq, pb.pos_key + table, d, c2p, t.n, false);
+    t.c2p = c2p;
+  }
+  if (pb.pos_query != nullptr) {
+    gemm(k_transposed, true, len, t.n, d, k, ldk, pb.pos_query + table, d, p2c, t.n, false);
+    t.p2c = p2c;
+  }
+  return t;
+}
+
+// row[c] += the terms of (query i, key j) for the nc pairs (i, j) = (i0 + c * di, j0 + c * dj): a
+// query's row of keys (di 0, dj 1) in the forward, a key's row of queries (di 1, dj 0) in the backward.
+inline void add_terms(const Terms& t, int64_t i0, int64_t di, int64_t j0, int64_t dj, int64_t nc, float* row) {
+  const float* c2p = t.c2p != nullptr ? t.c2p - t.lo : nullptr;
+  const float* p2c = t.p2c != nullptr ? t.p2c - t.lo : nullptr;
+  for (int64_t c = 0, i = i0, j = j0; c < nc; ++c, i += di, j += dj) {
+    const int64_t r = t.at[i - j];
+    float s = 0.0f;
+    if (c2p != nullptr) s += c2p[i * t.n + r];
+    if (p2c != nullptr) s += p2c[j * t.n + r];
+    row[c] += s;
+  }
+}
+
+// The terms' gradients from a key's row of score gradients: dc2p[i, c] and dp2c[j, c] ([len, t.n],
+// laid out as the terms) += g[c'] for the queries i = i0 + c' (c' < nc) of key j.
+inline void add_term_grads(const Terms& t, int64_t i0, int64_t j, int64_t nc, const float* g, float* dc2p,
+                           float* dp2c) {
+  float* gc = t.c2p != nullptr ? dc2p - t.lo : nullptr;
+  float* gp = t.p2c != nullptr ? dp2c - t.lo + j * t.n : nullptr;
+  for (int64_t c = 0, i = i0; c < nc; ++c, ++i) {
+    const int64_t r = t.at[i - j];
+    if (gc != nullptr) gc[i * t.n + r] += g[c];
+    if (gp != nullptr) gp[r] += g[c];
   }
 }
 

@@ -3,6 +3,8 @@
 //
 // Forward of one pair, per block of query rows (all of them unless the sequence is long):
 //   S = Q K^T                        GEMM, K^T packed once per pair (fp32, padded to whole vectors)
+//   S += c2p + p2c                   DeBERTa's terms: their products with the position tables
+//                                    [len, 2 len - 1] made once per pair, read by distance
 //   t = S * scale + key bias         bias 0 for real keys, -inf for holes and the padding columns;
 //                                    local attention: the block's keys are those within the window
 //                                    of one of its rows (a span of block + 2 * window), the others
@@ -22,11 +24,12 @@ namespace attn {
 namespace {
 
 // The softmax of one block's score rows s [m, ld] (queries i0 .. i0 + m, keys ka .. ka + nk of the
-// pair) in place: scale, key bias, relative bias (rel: fill_relative's, or nullptr), the window, exp,
-// dropout; rinv[r] = 1 / row sum, lse saved.
+// pair) in place: DeBERTa's terms, scale, key bias, relative bias (rel: fill_relative's, or nullptr),
+// the window, exp, dropout; rinv[r] = 1 / row sum, lse saved.
 template <bool kDropout>
 void softmax_rows(const Problem& pb, const Seq& sq, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t ka,
-                  int64_t nk, const float* bias, const float* rel, float* s, int64_t ld, float* rinv) {
+                  int64_t nk, const float* bias, const float* rel, const Terms& terms, float* s, int64_t ld,
+                  float* rinv) {
   const int64_t nkp = vec::round_up(nk, W), lp = vec::round_up(sq.len, W);
   const Vf scale = vec::set1(pb.scale);
   const uint64_t pair = pb.counter(b, h);
@@ -46,6 +49,7 @@ void softmax_rows(const Problem& pb, const Seq& sq, int64_t b, int64_t h, int64_
     } else {
       mask_outside(row, 0, nk, nkp);
     }
+    if (terms.on()) add_terms(terms, i, 0, ka, 1, nk, row);
     Vf mx = vec::set1(-kInf);
     const float* rel_row = rel != nullptr ? rel + (lp - 1 - i) + ka : nullptr;
     for (int64_t j = 0; j < nkp; j += W) {
@@ -83,8 +87,9 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
   const int64_t rows = std::is_same_v<T, float> ? 0 : len * d;
   const int64_t rotated = pb.rope() ? len * d : 0;  // q and k rotated (fp32)
   const int64_t qrows = std::max(rows, rotated);
-  float* buf = vec::thread_buffer<float, kSlotAttention>(
-      arena_size({d * lp, lp + W, mb * ls, mb * d, mb, qrows, rows, rotated, pb.relative() ? relative_size(lp) : 0}));
+  const int64_t terms = len * terms_rows(pb, len);  // c2p and p2c
+  float* buf = vec::thread_buffer<float, kSlotAttention>(arena_size(
+      {d * lp, lp + W, mb * ls, mb * d, mb, qrows, rows, rotated, pb.relative() ? relative_size(lp) : 0, terms, terms}));
   Arena arena{buf};
   float* kt = arena.take(d * lp);     // K^T [d, lp]
   float* bias = arena.take(lp + W);   // key bias: 0 real, -inf hole / past the sequence
@@ -112,13 +117,15 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
     rel = arena.take(relative_size(lp));
     fill_relative(pb, h, len, lp, 1, rel);
   }
+  float* c2p = arena.take(terms);
+  const Terms tm = pair_terms(pb, h, len, qr, ldq, kt, lp, true, c2p, arena.take(terms));
 
   for (int64_t i0 = 0; i0 < len; i0 += mb) {
     const int64_t m = std::min(mb, len - i0);
     const Span keys = span_of(pb, i0, m, len);  // local attention: the keys of the block's windows only
     const int64_t nk = keys.hi - keys.lo;
     gemm(false, false, m, nk, d, qr + i0 * ldq, ldq, kt + keys.lo, lp, s, ls, false);  // S = Q K^T
-    softmax_rows<kDropout>(pb, sq, b, h, i0, m, keys.lo, nk, bias, rel, s, ls, rinv);
+    softmax_rows<kDropout>(pb, sq, b, h, i0, m, keys.lo, nk, bias, rel, tm, s, ls, rinv);
     gemm(false, false, m, d, nk, s, ls, vr + keys.lo * ldv, ldv, o, d, false);  // O = E V
     for (int64_t r = 0; r < m; ++r) {
       T* dst = out.at(b, h, sq.first + i0 + r);

@@ -19,9 +19,9 @@ What differs from BERT, and is all that is written here:
   multiple-choice head pool the first token through their own ContextPooler (pooler.dense, the
   pooler_hidden_act); the MLM head is BERT's (legacy, cls.predictions) or DeBERTa's newer
   lm_predictions.lm_head (legacy False: the decoder is the word embeddings' product).
-A batch with padding runs packed, as every family's: the linear layers and the feed-forward on the
-real tokens alone, and each attention on its rows padded for the op and packed again (the op takes
-the padded layout); the layers run one by one (the one-call routes have no position terms). Not
+A batch with padding runs packed, as every family's: the linear layers, the attention (the fused
+kernel reads the terms on packed rows) and the feed-forward on the real tokens alone; the layers
+run one by one (the one-call routes have no position terms). Not
 supported, each a clear error: conv_kernel_size > 0 (deberta-v2-xlarge's convolution), an additive
 float attention mask.
 """
@@ -58,7 +58,7 @@ from fastbert.model.layers import (
     embed_words,
 )
 from fastbert.model.outputs import MultipleChoiceModelOutput, SequenceClassifierOutput
-from fastbert.ops.disentangled_attention import disentangled_attention
+from fastbert.ops.disentangled_attention import disentangled_attention, varlen_disentangled_attention
 
 
 class DebertaV2Embeddings(nn.Module, BackendMixin):
@@ -167,15 +167,15 @@ class DebertaV2Layer(BertLayer):
     def attend(self, qkv, shape, mask, packed, bias=None, head_scale=None, want_probs=False, relative_bias=None,
                seeds=None):
         """The disentangled attention on the QKV projection of a hidden state of shape `shape`
-        (padded, or packed rows, padded for the op and packed again); relative_bias: the
-        encoder's relative embeddings [2 span, hidden] (None without relative attention).
-        -> (context shaped `shape`, probabilities or None)."""
+        (padded, or packed rows: the op takes them as they are, unless the probabilities are asked
+        for, which the padded formulation gives); relative_bias: the encoder's relative embeddings
+        [2 span, hidden] (None without relative attention). -> (context shaped `shape`, probabilities or None)."""
         if bias is not None:
             raise NotImplementedError("fastbert.DebertaV2Model: an additive float attention mask is not supported; "
                                       "pass a [batch, seq] mask of 0 and 1")
         sa = self.self_attention
         heads, d = sa.num_attention_heads, sa.attention_head_size
-        if packed is not None:  # rows [tokens, 3 hidden] -> [batch, longest, 3 hidden], and back after
+        if packed is not None and want_probs:  # rows [tokens, 3 hidden] -> [batch, longest, 3 hidden], and back after
             lengths = packed[0].diff().long()
             longest = int(packed[1])
             mask = torch.arange(longest, device=qkv.device)[None, :] < lengths[:, None]
@@ -183,17 +183,23 @@ class DebertaV2Layer(BertLayer):
             ctx, probs = self.attend(ops.pad(qkv, indices, lengths.numel(), longest), (lengths.numel(), longest),
                                      mask, None, None, head_scale, want_probs, relative_bias, seeds)
             return ctx.reshape(-1, ctx.shape[-1])[indices].reshape(shape), probs
-        bsz, seq = shape[:2]
-        q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
         pos_key = pos_query = None
         if relative_bias is not None:
             rel = F.dropout(relative_bias, sa.pos_dropout_p, self.training)
-            pos_key, pos_query = sa.position_tables(rel.to(q.dtype))
+            pos_key, pos_query = sa.position_tables(rel.to(qkv.dtype))
         p = sa.dropout_p if self.training else 0.0
-        out = disentangled_attention(q, k, v, mask, pos_key=pos_key, pos_query=pos_query,
-                                     position_buckets=sa.position_buckets,
-                                     max_relative_positions=sa.max_relative_positions, dropout_p=p,
-                                     scale=sa.scale, want_probs=want_probs, backend=self.backend)
+        kw = dict(pos_key=pos_key, pos_query=pos_query, position_buckets=sa.position_buckets,
+                  max_relative_positions=sa.max_relative_positions, dropout_p=p, scale=sa.scale,
+                  seed=None if seeds is None else seeds.take(p), backend=self.backend)
+        if packed is not None:  # [tokens, heads, d] views of the QKV rows
+            q, k, v = qkv.view(-1, 3, heads, d).unbind(1)
+            ctx = varlen_disentangled_attention(q, k, v, packed[0], int(packed[1]), validate=False, **kw)
+            if head_scale is not None:
+                ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1)
+            return ctx.reshape(shape), None
+        bsz, seq = shape[:2]
+        q, k, v = qkv.view(bsz, seq, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+        out = disentangled_attention(q, k, v, mask, want_probs=want_probs, **kw)
         ctx, probs = out if want_probs else (out, None)
         if head_scale is not None:
             ctx = ctx * head_scale.to(ctx.dtype).view(1, heads, 1, 1)

@@ -1,12 +1,22 @@
 """fastbert.ops.disentangled_attention (DeBERTa's): the rows its position terms read against
 transformers' relative positions, the op against transformers' attention module on the same
-projections, dropout by seed, and its input errors."""
+projections; the fused kernels against the reference formulation (outputs and the gradients of q,
+k, v and both position tables, with the bound of STYLE.md lesson 4, fp64 as the truth) with
+padding left, right and with holes, log buckets and none, one term or both, sequences past the
+one-block backward, dropout; packed against padded; the thread count; input errors."""
 import pytest
 import torch
 
+import fastbert
+from fastbert import backend as fb_backend
+from fastbert import reference
 from fastbert.layouts import deberta_position_rows
-from fastbert.ops.disentangled_attention import disentangled_attention
+from fastbert.ops.disentangled_attention import disentangled_attention, varlen_disentangled_attention
+from fastbert.reference.disentangled_attention import disentangled_attention as reference_attention
 from fastbert.reference.disentangled_attention import position_rows_matrix
+from tests.helpers.attention import holey_mask, mixed_mask, pack, run
+from tests.helpers.backends import dtypes_for, require
+from tests.helpers.bounds import assert_within_bound
 
 transformers = pytest.importorskip("transformers")
 deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
@@ -70,3 +80,134 @@ def test_input_errors():
         disentangled_attention(q, q[..., :4], q)
     with pytest.raises(ValueError, match="unknown backend"):
         disentangled_attention(q, q, q, backend="cuda")
+
+
+FUSED = ["cpp"]  # the backends whose kernels read the terms (the others run the reference formulation)
+
+
+def tables(heads, span, d, terms, g):
+    pk = torch.randn(heads, 2 * span, d, generator=g) if "c2p" in terms else None
+    pq = torch.randn(heads, 2 * span, d, generator=g) if "p2c" in terms else None
+    return pk, pq
+
+
+def check_fused(backend, batch, heads, seq, d, dtype, seed, *, terms="c2p|p2c", buckets=16, furthest=64, mask="mixed",
+                dropout_p=0.0):
+    """The op on `backend` against the reference formulation in dtype and in fp64: the output and
+    the gradients of q, k, v and of each position table given, at the real positions."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, seq, d, generator=g).to(dtype) for _ in range(3))
+    pk, pq = tables(heads, buckets if buckets > 0 else furthest, d, terms, g)
+    m = {"mixed": mixed_mask(batch, seq, g), "left": mixed_mask(batch, seq, g, left=True),
+         "holes": holey_mask(batch, seq, g)}[mask]
+    real = m.bool()[:, None, :, None]
+    dout = torch.randn(batch, heads, seq, d, generator=g).to(dtype) * real  # padded queries pass no gradient
+    keep = reference.attention_keep_mask(5, batch, heads, seq, seq, dropout_p, reference.mask_starts(m))
+    given = [t.to(dtype) for t in (pk, pq) if t is not None]
+    kw = dict(position_buckets=buckets, max_relative_positions=furthest)
+
+    def split(t):
+        rest = list(t)
+        return (rest.pop(0) if pk is not None else None), (rest.pop(0) if pq is not None else None)
+
+    def op(q_, k_, v_, *t):
+        key, query = split(t)
+        return disentangled_attention(q_, k_, v_, m, pos_key=key, pos_query=query, dropout_p=dropout_p, seed=5,
+                                      backend=backend, **kw)
+
+    def ref(q_, k_, v_, *t):
+        key, query = split(t)
+        return reference_attention(q_, k_, v_, m, key, query, keep_mask=keep, dropout_p=dropout_p, **kw)[0]
+
+    inputs = [q, k, v, *given]
+    got, same, r64 = run(op, inputs, dout), run(ref, inputs, dout), run(ref, [t.double() for t in inputs], dout.double())
+    names = ["out", "dq", "dk", "dv"] + ["dpos_key"] * (pk is not None) + ["dpos_query"] * (pq is not None)
+    tag = f"{backend} {terms} b{buckets} s{seq} d{d} {mask} p{dropout_p} {dtype}"
+    for i, name in enumerate(names):
+        a, b, c = ((r[0] if i == 0 else r[1][i - 1]) for r in (got, same, r64))
+        assert torch.isfinite(a).all(), f"{tag} {name}: non-finite values"
+        if i < 4:
+            a, b, c = (x[real.expand_as(x)] for x in (a, b, c))
+        assert_within_bound(f"{tag} {name}", a, b, c, dtype)
+
+
+@pytest.mark.parametrize("backend", FUSED)
+@pytest.mark.parametrize("terms", ["c2p|p2c", "c2p", "p2c"])
+def test_fused_matches_reference(backend, terms):
+    require(backend)
+    for i, dtype in enumerate(dtypes_for(backend)):
+        # distances inside the buckets' linear part and past it (log buckets), and no buckets
+        check_fused(backend, 4, 2, 37, (16, 32, 64)[i], dtype, seed=i, terms=terms)
+        check_fused(backend, 3, 2, 21, 16, dtype, seed=10 + i, terms=terms, buckets=-1, furthest=8)
+
+
+@pytest.mark.parametrize("backend", FUSED)
+def test_fused_with_left_padding_holes_and_dropout(backend):
+    require(backend)
+    check_fused(backend, 4, 2, 29, 32, torch.float32, seed=3, mask="left", dropout_p=0.2)
+    check_fused(backend, 4, 2, 29, 32, torch.float32, seed=4, mask="holes")
+    check_fused(backend, 3, 2, 23, 16, torch.float16, seed=5, mask="holes", dropout_p=0.1, terms="p2c")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", FUSED)
+def test_fused_on_long_sequences(backend):
+    # past 256 keys the backward takes its key blocks in two passes; deberta-v3's own buckets
+    require(backend)
+    check_fused(backend, 2, 2, 300, 16, torch.float32, seed=6, buckets=256, furthest=512)
+    check_fused(backend, 2, 1, 600, 16, torch.float32, seed=7, buckets=256, furthest=512, dropout_p=0.1)
+
+
+@pytest.mark.parametrize("backend", FUSED)
+def test_packed_agrees_with_padded_and_reference(backend):
+    require(backend)
+    g = torch.Generator().manual_seed(8)
+    batch, heads, seq, d = 5, 2, 40, 32
+    q, k, v = (torch.randn(batch, heads, seq, d, generator=g) for _ in range(3))
+    pk, pq = tables(heads, 16, d, "c2p|p2c", g)
+    mask = mixed_mask(batch, seq, g)
+    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
+    kw = dict(pos_key=pk, pos_query=pq, position_buckets=16, max_relative_positions=64, dropout_p=0.2, seed=3)
+    padded = disentangled_attention(q, k, v, mask, backend=backend, **kw)
+    packed = varlen_disentangled_attention(*(pack(t, mask) for t in (q, k, v)), cu, n + 3, backend=backend, **kw)
+    torch.testing.assert_close(packed, pack(padded, mask), atol=1e-6, rtol=1e-5)
+    by_torch = varlen_disentangled_attention(*(pack(t, mask) for t in (q, k, v)), cu, n, backend="torch", **kw)
+    torch.testing.assert_close(packed, by_torch, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", FUSED)
+def test_fused_does_not_depend_on_the_thread_count(backend):
+    require(backend)
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(6, 2, 33, 16, generator=g, requires_grad=True) for _ in range(3))
+    pk, pq = (t.requires_grad_() for t in tables(2, 16, 16, "c2p|p2c", g))
+    mask = mixed_mask(6, 33, g)
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = disentangled_attention(q, k, v, mask, pos_key=pk, pos_query=pq, position_buckets=16,
+                                         max_relative_positions=64, backend=backend)
+            results.append([out, *torch.autograd.grad(out, [q, k, v, pk, pq], torch.ones_like(out))])
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_the_extension_checks_its_position_index():
+    ext = fb_backend.cpp_extension()
+    if ext is None:
+        pytest.skip("the C++ extension fastbert._C is not built")
+    q = torch.randn(1, 2, 5, 8)
+    pk = torch.randn(2, 9, 8)
+    good = torch.arange(9, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"pos_index must hold non-decreasing rows in \[0, 9\), got 9"):
+        ext.disentangled_attention_forward(q, q, q, None, None, pk, None, good + 1, 0.1, 0.0, 0)
+    with pytest.raises(RuntimeError, match="non-decreasing"):
+        ext.disentangled_attention_forward(q, q, q, None, None, pk, None, good.flip(0), 0.1, 0.0, 0)
+    with pytest.raises(RuntimeError, match=r"pos_index must be a contiguous int32 CPU tensor \[2n - 1\], n >= 5"):
+        ext.disentangled_attention_forward(q, q, q, None, None, pk, None, good[:7], 0.1, 0.0, 0)
+    with pytest.raises(RuntimeError, match="pos_key, pos_query or both"):
+        ext.disentangled_attention_forward(q, q, q, None, None, None, None, good, 0.1, 0.0, 0)
