@@ -37,7 +37,7 @@ workers=$($py -c "import xdist" 2>/dev/null && echo "-n 8")  # pytest-xdist, whe
 step 240 "kernel tests" $py -m pytest -q -p no:cacheprovider tests/ops/test_attention.py tests/ops/test_bias_gelu.py \
     tests/ops/test_add_layer_norm.py tests/ops/test_add_layer_norm_sum.py tests/ops/test_geglu.py \
     tests/ops/test_attention_rotary.py tests/ops/test_attention_local.py tests/ops/test_attention_relative.py \
-    -k "triton" $workers
+    tests/ops/test_disentangled_attention.py -k "triton" $workers
 wait $checks
 tail -25 "$out/selfcheck.txt"
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 # Kernel modules whose variants the build report compiles. A new kernel module is added here
 # and exposes `report_configs()` yielding KernelBuild records.
-KERNEL_MODULES = ("bias_gelu", "geglu", "layer_norm", "attention")
+KERNEL_MODULES = ("bias_gelu", "geglu", "layer_norm", "attention", "disentangled_attention")
 
 
 class Settings(NamedTuple):

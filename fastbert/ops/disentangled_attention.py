@@ -8,12 +8,14 @@ position keys, k against the position queries) at the row of the bucketed distan
     varlen_disentangled_attention(q, k, v, cu_seqlens, max_seqlen, *, pos_key=None, pos_query=None, ...)
         q, k, v: [total_tokens, heads, head_dim], sequences packed as for fastbert.ops.varlen_attention
 
-The "cpp" backend fuses the terms into the attention kernel (csrc/kernels/attention_*.cpp): per
-(sequence, head) the products of q and k with the table rows that sequence's distances reach,
-[len, 2 len - 1], read by distance as the scores are made; never a [seq, seq] tensor of them.
-Its backward gives the tables' gradients too. The "torch" backend (and every backend asked for the
-probabilities) runs fastbert.reference.disentangled_attention; "triton" runs it too until the
-Triton kernel reads the terms (docs/models.md, DeBERTa).
+The fused backends read the terms inside the attention kernel, never a [seq, seq] tensor of them:
+"cpp" (csrc/kernels/attention_*.cpp) makes per (sequence, head) the products of q and k with the
+table rows that sequence's distances reach, [len, 2 len - 1], and reads them by distance as the
+scores are made; "triton" (kernels/disentangled_attention.py) makes per tile the products with the
+rows of the tile's distances and gathers them, in float16 / bfloat16 at head dims up to 64 (fp32
+and wider heads spill registers there). Both backwards give the tables' gradients too. The "torch"
+backend, what the Triton kernels do not take, and every call asking for the probabilities run
+fastbert.reference.disentangled_attention.
 
 Layers: custom ops (opaque to torch.compile) -> autograd Function -> functional API.
 """
@@ -143,6 +145,14 @@ def _cut(t: Optional[Tensor], lo: int, hi: int) -> Optional[Tensor]:
     return None if t is None else t[:, lo:hi]
 
 
+def _formulation(backend: str, q: Tensor, pos_key, pos_query) -> bool:
+    """Whether a call runs the PyTorch formulation: the torch backend, no position term, no rows, or
+    what the Triton kernels do not take (they take float16 / bfloat16 and head dims up to 64)."""
+    if backend == "torch" or (pos_key is None and pos_query is None) or q.numel() == 0:
+        return True
+    return backend == "triton" and not fb_backend.impl(backend, "disentangled_attention").disentangled_takes(q.dtype, q.shape[-1])
+
+
 def _fused(q, k, v, mask, cu_seqlens, pos_key, pos_query, index, scale, p, seed, backend):
     args = (q, k, v, mask, cu_seqlens, pos_key, pos_query, index, scale, p, seed, backend)
     if needs_grad(q, k, v, *(t for t in (pos_key, pos_query) if t is not None)):
@@ -183,7 +193,7 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     seed_t = op_seed(seed) if p > 0 else None
     index, lo, hi = position_index(q.shape[2], buckets, furthest)
     pos_key, pos_query = _cut(pos_key, lo, hi), _cut(pos_query, lo, hi)
-    if (backend != "cpp" or want_probs or (pos_key is None and pos_query is None)) or q.numel() == 0:
+    if want_probs or _formulation(backend, q, pos_key, pos_query):
         return _torch_padded(q, k, v, mask, pos_key, pos_query, index, scale, p, seed_t, want_probs)
     return _fused(q, k, v, mask, None, pos_key, pos_query, index, scale, p, seed_t, backend)
 
@@ -207,7 +217,7 @@ def varlen_disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     seed_t = op_seed(seed) if p > 0 else None
     index, lo, hi = position_index(max_seqlen, buckets, furthest)
     pos_key, pos_query = _cut(pos_key, lo, hi), _cut(pos_query, lo, hi)
-    if backend != "cpp" or (pos_key is None and pos_query is None) or q.numel() == 0:
+    if _formulation(backend, q, pos_key, pos_query):
         return _torch_varlen(q, k, v, cu_seqlens, max_seqlen, pos_key, pos_query, index, scale, p, seed_t)
     return _fused(q, k, v, None, cu_seqlens.contiguous(), pos_key, pos_query, index, scale, p, seed_t, backend)
 

@@ -13,8 +13,9 @@ q, k, v of one shape, dtype and device, last dim contiguous), `forward` (the for
 `backward` (the backward kernels), `common` (jit helpers shared by the kernels, and the kernel
 that finds a key mask's real range), `rope` (the jit functions of rotary embeddings), `distance`
 (those of the window and the relative bias), `args` (the launchers' optional arguments put in the
-kernels' form), `settings` (the launch settings table) and `variants` (`report_configs`, the
-build report's list).
+kernels' form), `settings` (the launch settings table), `variants` (`report_configs`, the
+build report's list) and `disentangled` (DeBERTa's disentangled attention: its kernels, launchers
+`disentangled_attention_forward` / `disentangled_attention_backward`, settings and variants).
 
 Forward: one program per (query tile of BLOCK_M rows, head, sequence) walks the sequence's keys
 in tiles of BLOCK_N with an online softmax in fp32; the [seq x seq] score matrix never leaves

@@ -19,7 +19,7 @@ from .settings import BLOCK_DS, HEAD_DIMS, RANGE_SETTINGS, block_d, settings
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # arguments the kernels do not specialize (do_not_specialize): never marked divisible
 _UNSPECIALIZED = {"stride_lb", "stride_lh", "stride_mb", "KEEP", "MASK", "RANGES", "CU_SEQLENS", "REL", "DREL", "rel_n",
-                  "window", "rows_total"}
+                  "window", "rows_total", "DPK", "DPQ", "pos_n"}
 # (HAS_MASK, VARLEN, EVEN) the launchers pick: no mask and whole tiles, padded with a key mask
 # (also any other S without one), packed
 _MODES = ((False, False, True), (True, False, False), (False, True, False))
@@ -28,8 +28,10 @@ _DISTANCE = ((False, False), (True, False), (False, True), (True, True))
 
 
 def _arg_type(name: str, dt: str) -> str:
-    if name in ("LSE", "DELTA", "ROPE_COS", "ROPE_SIN", "REL", "DREL"):
+    if name in ("LSE", "DELTA", "ROPE_COS", "ROPE_SIN", "REL", "DREL", "DPK", "DPQ"):
         return "*fp32"
+    if name == "IDX":
+        return "*i32"
     if name in ("KEEP", "MASK"):
         return "*u1"
     if name in ("RANGES", "CU_SEQLENS"):
@@ -43,7 +45,8 @@ def _arg_type(name: str, dt: str) -> str:
     return "i32"  # strides, sizes, threshold
 
 
-def _build(name: str, fn, s: Settings, dt: str, constexprs: Dict[str, object], config: Dict[str, object]):
+def kernel_build(name: str, fn, s: Settings, dt: str, constexprs: Dict[str, object], config: Dict[str, object]):
+    """The KernelBuild of one variant of `fn`: its argument types by name and the divisibility the JIT gives them."""
     while isinstance(fn, triton.runtime.Heuristics):
         fn = fn.fn  # the jit (or, interpreted, the interpreter's) function under @triton.heuristics
     signature = {a: _arg_type(a, dt) for a in fn.arg_names if a not in constexprs}
@@ -57,7 +60,7 @@ def _build(name: str, fn, s: Settings, dt: str, constexprs: Dict[str, object], c
 def report_configs() -> Iterator[KernelBuild]:
     """Every (kernel, settings, dtype, head dim block, flags) the launchers can pick."""
     s = RANGE_SETTINGS
-    yield _build("attention_mask_range", mask_range_kernel, s, "fp32", {"BLOCK": s.block_n},
+    yield kernel_build("attention_mask_range", mask_range_kernel, s, "fp32", {"BLOCK": s.block_n},
                  {"BLOCK_N": s.block_n})
     for dt, dtype in _DTYPES.items():
         precision = "tf32x3" if dtype == torch.float32 else "ieee"
@@ -65,7 +68,7 @@ def report_configs() -> Iterator[KernelBuild]:
             dims = ",".join(str(d) for d in HEAD_DIMS if block_d(d) == bd)
             head_dim = next(d for d in HEAD_DIMS if block_d(d) == bd)
             s = settings(head_dim, dtype, "bwd_preprocess")
-            yield _build("attention_bwd_preprocess", attention_bwd_preprocess_kernel, s, dt,
+            yield kernel_build("attention_bwd_preprocess", attention_bwd_preprocess_kernel, s, dt,
                          {"BLOCK_M": s.block_m, "BLOCK_D": bd},
                          {"dtype": dt, "head_dims": dims, "BLOCK_M": s.block_m, "BLOCK_D": bd})
             for kernel, fn in (("fwd", attention_fwd_kernel), ("bwd_dkdv", attention_bwd_dkdv_kernel),
@@ -92,4 +95,4 @@ def _variants(kernel: str, fn, dt: str, precision: str, bd: int, dims: str, rope
             if kernel == "fwd":
                 constexprs["RETURN_MASK"] = return_mask
                 config["return_mask"] = return_mask
-            yield _build(f"attention_{kernel}", fn, s, dt, constexprs, config)
+            yield kernel_build(f"attention_{kernel}", fn, s, dt, constexprs, config)

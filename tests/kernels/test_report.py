@@ -31,7 +31,8 @@ def test_quick_report_compiles_every_kernel_without_spills(quick_records):
         assert 0 < r["registers"] <= 255
         assert r["shared_bytes"] >= 0
         # the attention products run on the tensor cores; nothing else has a matrix product
-        assert r["tensor_core"] is (r["kernel"] in ("attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq"))
+        assert r["tensor_core"] is (r["kernel"] in ("attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq",
+                                                    "disentangled_fwd", "disentangled_bwd_dq", "disentangled_bwd_dkdv"))
     names = {r["kernel"] for r in quick_records}
     assert {b.name for b in report.kernel_builds()} == names  # every kernel took part
 
@@ -162,7 +163,11 @@ def test_a_module_fingerprint_follows_its_own_code_and_what_it_imports():
     assert changed("layer_norm.py", "mean = tl.sum(h, axis=1) / N", "mean = tl.sum(h, axis=1) / N / 1") == {"layer_norm"}
     # geglu imports bias_gelu's jit functions: a change there is a change of both
     assert changed("bias_gelu.py", "\n@triton.jit", "\n@triton.jit(do_not_specialize=[])") == {"bias_gelu", "geglu"}
-    assert changed("attention/rope.py", "\n@triton.jit", "\n@triton.jit(do_not_specialize=[])") == {"attention"}
+    # the disentangled attention imports the attention package (its helpers; its __init__ runs first)
+    assert changed("attention/rope.py", "\n@triton.jit", "\n@triton.jit(do_not_specialize=[])") == {
+        "attention", "disentangled_attention"}
+    assert changed("disentangled_attention.py", "\n@triton.jit", "\n@triton.jit(do_not_specialize=[])") == {
+        "disentangled_attention"}
     assert changed("layer_norm.py", '"""Fused dropout', '"""Fused, dropout') == set()  # prose
 
 

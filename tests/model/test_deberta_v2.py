@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fastbert
+from tests.helpers.backends import require
 from tests.helpers.bert import TOL, compare
 from tests.helpers.families import CONFIGS, batch
 from tests.helpers.st_dirs import KOREAN, unigram_tokenizer
@@ -43,6 +44,19 @@ def test_each_configuration_outputs_and_gradients(variant):
     labels = torch.where((torch.rand(ids.shape, generator=g) < 0.3) & mask.bool(), ids, torch.full_like(ids, -100))
     compare(variant, hm, fm, ids, mask, None if VARIANTS[variant].get("type_vocab_size") is None else tt,
             dict(labels=labels), torch.float32)
+
+
+@pytest.mark.triton
+def test_the_triton_kernels_in_half_precision():
+    """The model on the Triton backend in float16 (the disentangled attention's kernels take 16-bit
+    inputs; the interpreter here), packed rows, against transformers in float16: outputs and every
+    gradient."""
+    require("triton")
+    hm, fm = pair("DebertaV2Model")
+    hm, fm = hm.half(), fm.half().set_backend("triton")
+    g = torch.Generator().manual_seed(2)
+    ids, mask, _ = batch("deberta-v2", 3, 40, g)
+    compare("triton fp16", hm, fm, ids, mask, None, {}, torch.float16)
 
 
 def test_left_padding_and_the_probabilities():
