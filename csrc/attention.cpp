@@ -226,13 +226,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_backward(AttnArgs
   return {dq, dk, dv, relative_grad(drel, rel_bias)};
 }
 
-// DeBERTa's position tables of a call, checked, into a: pos_key, pos_query [heads, rows, d] (float32
-// copies, kept alive by the caller: the first two), pos_index int32 [2n - 1] (n >= positions, the
-// longest sequence) with rows in [0, rows), non-decreasing (the kernels read a pair's rows as a span).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> set_positions(AttnArgs& a, const c10::optional<at::Tensor>& pos_key,
-                                                             const c10::optional<at::Tensor>& pos_query,
-                                                             const at::Tensor& pos_index, int64_t positions,
-                                                             const char* op) {
+// DeBERTa's position tables of a call, checked, into a.pos: pos_key, pos_query [heads, rows, d]
+// (returned as the float32 copies the kernels read, kept alive by the caller), pos_index int32
+// [2n - 1] (n >= positions, the longest sequence) with rows in [0, rows), non-decreasing (the
+// kernels read a pair's rows as a span).
+std::pair<at::Tensor, at::Tensor> set_positions(AttnArgs& a, const c10::optional<at::Tensor>& pos_key,
+                                                const c10::optional<at::Tensor>& pos_query,
+                                                const at::Tensor& pos_index, int64_t positions, const char* op) {
   const bool has_key = pos_key.has_value() && pos_key->defined(), has_query = pos_query.has_value() && pos_query->defined();
   TORCH_CHECK(has_key || has_query, "fastbert._C.", op, ": pos_key, pos_query or both must be given");
   int64_t rows = -1;
@@ -260,12 +260,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> set_positions(AttnArgs& a, const 
     TORCH_CHECK(idx[x] >= 0 && idx[x] < rows && (x == 0 || idx[x] >= idx[x - 1]), "fastbert._C.", op,
                 ": pos_index must hold non-decreasing rows in [0, ", rows, "), got ", idx[x], " at ", x);
   }
-  a.pos_key = tables[0].defined() ? tables[0].data_ptr<float>() : nullptr;
-  a.pos_query = tables[1].defined() ? tables[1].data_ptr<float>() : nullptr;
-  a.pos_index = idx;
-  a.pos_n = (pos_index.numel() + 1) / 2;
-  a.pos_rows = rows;
-  return {tables[0], tables[1], pos_index};
+  a.pos.key = tables[0].defined() ? tables[0].data_ptr<float>() : nullptr;
+  a.pos.query = tables[1].defined() ? tables[1].data_ptr<float>() : nullptr;
+  a.pos.index = idx;
+  a.pos.n = (pos_index.numel() + 1) / 2;
+  a.pos.rows = rows;
+  return {tables[0], tables[1]};
 }
 
 // The layout and sequences of a DeBERTa call: packed when cu_seqlens is given (q [tokens, heads, d]),
@@ -336,11 +336,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> disentang
   // the position tables' gradients per pair, summed over the batch in a fixed order
   auto grads = [&](const c10::optional<at::Tensor>& t, float*& dst) {
     if (!t.has_value() || !t->defined()) return at::Tensor();
-    at::Tensor g = detail::zeros({a.batch, a.heads, a.pos_rows, a.d}, at::kFloat);
+    at::Tensor g = detail::zeros({a.batch, a.heads, a.pos.rows, a.d}, at::kFloat);
     dst = g.data_ptr<float>();
     return g;
   };
-  const at::Tensor dkey = grads(pos_key, a.dpos_key), dquery = grads(pos_query, a.dpos_query);
+  const at::Tensor dkey = grads(pos_key, a.pos.dkey), dquery = grads(pos_query, a.pos.dquery);
   auto [dq, dk, dv, unused] = run_backward(a, q, dout, c10::nullopt, op);
   (void)unused;
   auto summed = [&](const at::Tensor& g, const c10::optional<at::Tensor>& t) {

@@ -67,6 +67,22 @@ struct AttnView {
   int64_t sb = 0, sh = 0, sr = 0;
 };
 
+// DeBERTa's disentangled terms of an attention call: float32 [heads, rows, d] position keys
+// (content-to-position: query i against row idx(i - j)) and position queries (position-to-content:
+// key j against the same row), each term added to the unscaled score of (query i, key j); key or
+// query nullptr leaves that term out. index int32 [2 n - 1]: idx(i - j) at i - j + n - 1, in
+// [0, rows) and non-decreasing; n >= every sequence's length. dkey, dquery: the backward's float32
+// [batch, heads, rows, d] (nullptr where the term is absent), zeroed by the host, per pair.
+struct AttnPositions {
+  const float* key = nullptr;
+  const float* query = nullptr;
+  const int32_t* index = nullptr;
+  int64_t n = 0, rows = 0;
+  float* dkey = nullptr;
+  float* dquery = nullptr;
+  bool on() const { return key != nullptr || query != nullptr; }
+};
+
 struct AttnArgs {
   Dtype dtype = Dtype::kFloat;     // of q, k, v, out, dout and the gradients
   bool padded = false;             // [batch, heads, rows, d] (padded) or [rows, heads, d] (packed)
@@ -92,18 +108,7 @@ struct AttnArgs {
   const float* rel_bias = nullptr;
   int64_t rel_n = 0;
   float* rel_grad = nullptr;
-  // DeBERTa's disentangled terms (both nullptr: none): float32 [heads, pos_rows, d] position keys
-  // (content-to-position: query i against row idx(i - j)) and position queries (position-to-content:
-  // key j against the same row), each term added to the unscaled score of (query i, key j).
-  // pos_index int32 [2 pos_n - 1]: idx(i - j) at i - j + pos_n - 1, in [0, pos_rows) and
-  // non-decreasing; pos_n >= every sequence's length. dpos_key, dpos_query: the backward's float32
-  // [batch, heads, pos_rows, d] (nullptr where the term is absent), zeroed by the host, per pair.
-  const float* pos_key = nullptr;
-  const float* pos_query = nullptr;
-  const int32_t* pos_index = nullptr;
-  int64_t pos_n = 0, pos_rows = 0;
-  float* dpos_key = nullptr;
-  float* dpos_query = nullptr;
+  AttnPositions pos;               // DeBERTa's disentangled terms (none: both tables nullptr)
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -267,7 +267,7 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
     if (tm.on()) {  // the terms' gradients (dpt: dS^T * scale, the unscaled sum's), dK += dp2c pos_query
       for (int64_t r = 0; r < n; ++r) add_term_grads(tm, qs.lo, j0 + r, nq, dpt + r * ls, dc2p, dp2c);
       if (tm.p2c != nullptr)
-        gemm(false, false, n, d, tm.n, dp2c + j0 * tm.n, tm.n, pb.pos_query + (h * pb.pos_rows + tm.lo) * d, d, dkb, d,
+        gemm(false, false, n, d, tm.n, dp2c + j0 * tm.n, tm.n, pb.pos.query + (h * pb.pos.rows + tm.lo) * d, d, dkb, d,
              true);
     }
     gemm(true, false, nq, d, n, dpt, ls, pr.k + j0 * pr.ldk, pr.ldk, dqa + qs.lo * d, d,
@@ -277,12 +277,12 @@ void backward_pair(const Problem& pb, const Rows<const T>& dout, const Rows<cons
   }
   if (pb.rope()) rotate_rows(static_cast<const float*>(dqa), d, len, d, pb, pb.first_position(sq), -1.0f, dqa);
   if (tm.on()) {  // dQ += dc2p pos_key; the pair's position tables' gradients: dc2p^T Q, dp2c^T K
-    const int64_t table = (h * pb.pos_rows + tm.lo) * d, grads = ((b * pb.heads + h) * pb.pos_rows + tm.lo) * d;
+    const int64_t table = (h * pb.pos.rows + tm.lo) * d, grads = ((b * pb.heads + h) * pb.pos.rows + tm.lo) * d;
     if (tm.c2p != nullptr) {
-      gemm(false, false, len, d, tm.n, dc2p, tm.n, pb.pos_key + table, d, dqa, d, true);
-      gemm(true, false, tm.n, d, len, dc2p, tm.n, pr.q, pr.ldq, pb.dpos_key + grads, d, false);
+      gemm(false, false, len, d, tm.n, dc2p, tm.n, pb.pos.key + table, d, dqa, d, true);
+      gemm(true, false, tm.n, d, len, dc2p, tm.n, pr.q, pr.ldq, pb.pos.dkey + grads, d, false);
     }
-    if (tm.p2c != nullptr) gemm(true, false, tm.n, d, len, dp2c, tm.n, pr.k, pr.ldk, pb.dpos_query + grads, d, false);
+    if (tm.p2c != nullptr) gemm(true, false, tm.n, d, len, dp2c, tm.n, pr.k, pr.ldk, pb.pos.dquery + grads, d, false);
   }
   put_query_rows(pb, dq, b, h, sq.first, dqa, len);
   if (pb.relative()) put_relative_grad(pb, b, h, len, lp, racc);

@@ -99,18 +99,11 @@ struct Problem {
   int64_t rel_n = 0;
   float* rel_grad = nullptr;  // its gradient per pair [batch, heads, 2 rel_n - 1] (the backward's)
 
-  // DeBERTa's disentangled terms (kernels::AttnArgs has the layout), or nullptr
-  const float* pos_key = nullptr;
-  const float* pos_query = nullptr;
-  const int32_t* pos_index = nullptr;
-  int64_t pos_n = 0, pos_rows = 0;
-  float* dpos_key = nullptr;
-  float* dpos_query = nullptr;
+  kernels::AttnPositions pos;  // DeBERTa's disentangled terms (none: pos.on() false)
 
   bool rope() const { return rope_cos != nullptr; }
   bool local() const { return window >= 0; }
   bool relative() const { return rel_bias != nullptr; }
-  bool disentangled() const { return pos_key != nullptr || pos_query != nullptr; }
   // the rotary position of row 0 of a pair's rows: its row index (padded), 0 (packed)
   int64_t first_position(const Seq& s) const { return pad_rows > 0 ? s.first : 0; }
 
@@ -267,22 +260,22 @@ inline void fill_relative(const Problem& pb, int64_t h, int64_t len, int64_t lp,
 
 // DeBERTa's disentangled terms of one pair of len rows: c2p[i, c] = q_i . pos_key[lo + c] and
 // p2c[j, c] = k_j . pos_query[lo + c], [len, n] each (nullptr where the term is absent), over the rows
-// [lo, lo + n) the pair's distances reach: pos_index is non-decreasing in the distance, so they run
+// [lo, lo + n) the pair's distances reach: pos.index is non-decreasing in the distance, so they run
 // from the row of -(len - 1) to that of len - 1, at most 2 len - 1 however many rows the tables have.
 // (query i, key j) reads column at[i - j] - lo of both; the products stay [len, 2 len - 1], never
 // a [len, len] gather of them.
 struct Terms {
   const float* c2p = nullptr;
   const float* p2c = nullptr;
-  const int32_t* at = nullptr;  // pos_index + pos_n - 1: the row of distance i - j at at[i - j]
+  const int32_t* at = nullptr;  // pos.index + pos.n - 1: the row of distance i - j at at[i - j]
   int64_t lo = 0, n = 0;
   bool on() const { return c2p != nullptr || p2c != nullptr; }
 };
 
 // The rows a pair of len rows reaches (0 without the terms), for its arena.
 inline int64_t terms_rows(const Problem& pb, int64_t len) {
-  if (!pb.disentangled() || len == 0) return 0;
-  const int32_t* at = pb.pos_index + pb.pos_n - 1;
+  if (!pb.pos.on() || len == 0) return 0;
+  const int32_t* at = pb.pos.index + pb.pos.n - 1;
   return at[len - 1] + 1 - at[-(len - 1)];
 }
 
@@ -292,17 +285,17 @@ inline int64_t terms_rows(const Problem& pb, int64_t len) {
 inline Terms pair_terms(const Problem& pb, int64_t h, int64_t len, const float* q, int64_t ldq, const float* k,
                         int64_t ldk, bool k_transposed, float* c2p, float* p2c) {
   Terms t;
-  if (!pb.disentangled() || len == 0) return t;
-  t.at = pb.pos_index + pb.pos_n - 1;
+  if (!pb.pos.on() || len == 0) return t;
+  t.at = pb.pos.index + pb.pos.n - 1;
   t.lo = t.at[-(len - 1)];
   t.n = terms_rows(pb, len);
-  const int64_t d = pb.d, table = h * pb.pos_rows * d + t.lo * d;
-  if (pb.pos_key != nullptr) {
-    gemm(false, true, len, t.n, d, q, ldq, pb.pos_key + table, d, c2p, t.n, false);
+  const int64_t d = pb.d, table = h * pb.pos.rows * d + t.lo * d;
+  if (pb.pos.key != nullptr) {
+    gemm(false, true, len, t.n, d, q, ldq, pb.pos.key + table, d, c2p, t.n, false);
     t.c2p = c2p;
   }
-  if (pb.pos_query != nullptr) {
-    gemm(k_transposed, true, len, t.n, d, k, ldk, pb.pos_query + table, d, p2c, t.n, false);
+  if (pb.pos.query != nullptr) {
+    gemm(k_transposed, true, len, t.n, d, k, ldk, pb.pos.query + table, d, p2c, t.n, false);
     t.p2c = p2c;
   }
   return t;

@@ -50,13 +50,7 @@ Problem problem_of(const kernels::AttnArgs& a) {
   pb.rel_bias = a.rel_bias;
   pb.rel_n = a.rel_n;
   pb.rel_grad = a.rel_grad;
-  pb.pos_key = a.pos_key;
-  pb.pos_query = a.pos_query;
-  pb.pos_index = a.pos_index;
-  pb.pos_n = a.pos_n;
-  pb.pos_rows = a.pos_rows;
-  pb.dpos_key = a.dpos_key;
-  pb.dpos_query = a.dpos_query;
+  pb.pos = a.pos;
   return pb;
 }
 
