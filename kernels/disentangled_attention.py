@@ -36,15 +36,14 @@ import triton
 import triton.language as tl
 
 from . import KernelBuild, Settings, cdiv, dropout_options
-from .attention.backward import attention_bwd_preprocess_kernel
-from .attention.common import dropout_keep, load_tile, load_vec, mask_range_kernel, mask_scores, sequence_span, store_tile
-from .attention.settings import HEAD_DIMS, RANGE_SETTINGS, block_d, dot_precision, settings
+from .attention.args import LOG2E, optional_tensor
+from .attention.common import dropout_keep, load_tile, load_vec, mask_scores, sequence_span, store_tile
+from .attention.launchers import delta_launch, key_mask_ranges
+from .attention.settings import HEAD_DIMS, block_d, dot_precision
 from .attention.variants import kernel_build
 
 __all__ = ["disentangled_attention_forward", "disentangled_attention_backward", "disentangled_takes",
            "disentangled_settings", "report_configs"]
-
-LOG2E = 1.4426950408889634
 
 # --------------------------------------------------------------------------------------------
 # jit helpers
@@ -386,22 +385,22 @@ def _distances(s: Settings) -> int:
 
 
 def _layout(q: torch.Tensor, key_mask, cu_seqlens, pos_index):
-    """(packed, batch, heads, seq, mask, ranges, lse shape, lse strides (a sequence's offset, a
-    head's)) of a call: packed [T, H, D]
-    with cu_seqlens (seq: the n of pos_index, at least the longest sequence: no read of cu_seqlens
-    on the host), else padded [B, H, S, D], its key mask (all real when None) and each row's real
-    range (found on the device)."""
+    """(packed, batch, heads, seq, lse shape, lse strides (a sequence's offset, a head's)) of a call:
+    packed [T, H, D] with cu_seqlens (seq: the n of pos_index, at least the longest sequence: no read
+    of cu_seqlens on the host), else padded [B, H, S, D]."""
     if cu_seqlens is not None:
         batch, heads, tokens = cu_seqlens.shape[0] - 1, q.shape[1], q.shape[0]
-        return True, batch, heads, (pos_index.numel() + 1) // 2, None, None, (heads, tokens), (1, tokens)
+        return True, batch, heads, (pos_index.numel() + 1) // 2, (heads, tokens), (1, tokens)
     batch, heads, seq = q.shape[:3]
-    mask = torch.ones((batch, seq), dtype=torch.bool, device=q.device) if key_mask is None else (
-        key_mask if key_mask.dtype == torch.bool else key_mask != 0).contiguous()
-    ranges = torch.empty((batch, 2), dtype=torch.int32, device=q.device)
-    s = RANGE_SETTINGS
-    if batch > 0 and seq > 0:
-        mask_range_kernel[(batch,)](ranges, mask, mask.stride(0), seq, BLOCK=s.block_n, **s.options())
-    return False, batch, heads, seq, mask, ranges, (batch, heads, seq), (heads * seq, seq)
+    return False, batch, heads, seq, (batch, heads, seq), (heads * seq, seq)
+
+
+def _mask_args(packed: bool, key_mask, batch: int, seq: int, device) -> tuple:
+    """MASK, stride_mb, RANGES of the kernels: padded, the key mask (all real when None) and each
+    row's real range, found on the device (fastbert.kernels.attention's); packed, absent."""
+    mask, ranges = (None, None) if packed else key_mask_ranges(key_mask, batch, seq, device, False)
+    return (optional_tensor(mask, torch.bool, device), mask.stride(0) if mask is not None else 0,
+            optional_tensor(ranges, torch.int32, device))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -419,9 +418,8 @@ def _strides(t: torch.Tensor, packed: bool) -> Tuple[int, int, int]:
 def _tables(pos_key, pos_query, q, pos_index):
     """(pk, pq, head stride, index, pos_n, C2P, P2C): the tables as the kernels read them (q's dtype,
     contiguous [H, R, D]; a table left out is the other's stand-in, never read) and the index on q's device."""
-    given = pos_key if pos_key is not None else pos_query
-    pk = (pos_key if pos_key is not None else given).to(q.dtype).contiguous()
-    pq = (pos_query if pos_query is not None else given).to(q.dtype).contiguous()
+    pk = (pos_key if pos_key is not None else pos_query).to(q.dtype).contiguous()
+    pq = (pos_query if pos_query is not None else pos_key).to(q.dtype).contiguous()
     index = pos_index.to(device=q.device, dtype=torch.int32)
     return pk, pq, pk.shape[1] * pk.shape[2], index, (index.numel() + 1) // 2, pos_key is not None, pos_query is not None
 
@@ -436,24 +434,21 @@ def disentangled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     [H, T] packed."""
     head_dim = q.shape[-1]
     q, k, v = (_rows(t) for t in (q, k, v))
-    packed, batch, heads, seq, mask, ranges, lse_shape, lse_st = _layout(q, key_mask, cu_seqlens, pos_index)
+    packed, batch, heads, seq, lse_shape, lse_st = _layout(q, key_mask, cu_seqlens, pos_index)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    if q.numel() == 0 or batch == 0:
+    if q.numel() == 0:
         return out, lse.fill_(float("inf"))
     drop = dropout_options(dropout_p, seed, "disentangled_attention")
     pk, pq, stride_ph, index, pos_n, c2p, p2c = _tables(pos_key, pos_query, q, pos_index)
     s = disentangled_settings(head_dim, q.dtype, "fwd")
-    dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     disentangled_fwd_kernel[(cdiv(seq, s.block_m), heads, batch)](
         out, *_strides(out, packed), lse, *lse_st,
         q, *_strides(q, packed), k, *_strides(k, packed), v, *_strides(v, packed),
-        mask if mask is not None else torch.empty(0, dtype=torch.bool, device=q.device),
-        mask.stride(0) if mask is not None else 0, ranges if ranges is not None else dummy,
-        cu_seqlens if cu_seqlens is not None else dummy,
+        *_mask_args(packed, key_mask, batch, seq, q.device), optional_tensor(cu_seqlens, torch.int32, q.device),
         pk, pq, stride_ph, index, pos_n, heads, seq, head_dim, scale * LOG2E,
         drop.seed, drop.threshold, drop.scale,
-        BLOCK_M=s.block_m, BLOCK_N=s.block_n, BLOCK_D=block_d(head_dim), T=_distances(s), HAS_MASK=mask is not None,
+        BLOCK_M=s.block_m, BLOCK_N=s.block_n, BLOCK_D=block_d(head_dim), T=_distances(s), HAS_MASK=not packed,
         VARLEN=packed, HAS_DROPOUT=drop.on, C2P=c2p, P2C=p2c, DOT_PRECISION=dot_precision(q.dtype), **s.options())
     return out, lse
 
@@ -465,8 +460,9 @@ def disentangled_attention_backward(do, q, k, v, out, lse, key_mask, cu_seqlens,
     tensor where the table is None."""
     head_dim = q.shape[-1]
     do, q, k, v, out = (_rows(t) for t in (do, q, k, v, out))
-    packed, batch, heads, seq, mask, ranges, lse_shape, lse_st = _layout(q, key_mask, cu_seqlens, pos_index)
-    dq, dk, dv = (torch.zeros(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+    packed, batch, heads, seq, lse_shape, lse_st = _layout(q, key_mask, cu_seqlens, pos_index)
+    # every row of dq, dk, dv is written (zeros outside the sequences)
+    dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
     pk, pq, stride_ph, index, pos_n, c2p, p2c = _tables(pos_key, pos_query, q, pos_index)
     dpk = torch.zeros(pk.shape, dtype=torch.float32, device=q.device) if c2p else None
     dpq = torch.zeros(pq.shape, dtype=torch.float32, device=q.device) if p2c else None
@@ -476,40 +472,32 @@ def disentangled_attention_backward(do, q, k, v, out, lse, key_mask, cu_seqlens,
             return g.to(t.dtype) if g is not None else torch.empty(0, dtype=torch.float32, device=q.device)
         return dq, dk, dv, grad(dpk, pos_key), grad(dpq, pos_query)
 
-    if q.numel() == 0 or batch == 0:
+    if q.numel() == 0:
         return result()
     drop = dropout_options(dropout_p, seed, "disentangled_attention")
     delta = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    s = settings(head_dim, q.dtype, "bwd_preprocess")
-    o_st, do_st = _strides(out, packed), _strides(do, packed)
-    if packed:  # [T, H] rows as 1 x H x T
-        rows, pre_batch, pre_l, pre_o, pre_do = q.shape[0], 1, (0, lse_st[1]), (0, *o_st[1:]), (0, *do_st[1:])
-    else:
-        rows, pre_batch, pre_l, pre_o, pre_do = seq, batch, lse_st, o_st, do_st
-    attention_bwd_preprocess_kernel[(cdiv(rows, s.block_m), heads, pre_batch)](
-        delta, *pre_l, out, *pre_o, do, *pre_do, rows, head_dim, BLOCK_M=s.block_m, BLOCK_D=block_d(head_dim),
-        **s.options())
-    dummy = torch.empty(0, dtype=torch.int32, device=q.device)
-    fp32_dummy = torch.empty(0, dtype=torch.float32, device=q.device)
+    do_st = _strides(do, packed)
+    kernel, grid, args, options = delta_launch(out, do, delta, lse_st, _strides(out, packed), do_st, packed, batch, seq,
+                                               heads)
+    kernel[grid](*args, **options)
     common = (
         q, *_strides(q, packed), k, *_strides(k, packed), v, *_strides(v, packed), do, *do_st,
         lse, delta, *lse_st,
-        mask if mask is not None else torch.empty(0, dtype=torch.bool, device=q.device),
-        mask.stride(0) if mask is not None else 0, ranges if ranges is not None else dummy,
-        cu_seqlens if cu_seqlens is not None else dummy,
+        *_mask_args(packed, key_mask, batch, seq, q.device), optional_tensor(cu_seqlens, torch.int32, q.device),
         pk, pq, stride_ph, index, pos_n, heads, seq, head_dim, scale * LOG2E, scale,
         drop.seed, drop.threshold, drop.scale,
     )
-    flags = dict(BLOCK_D=block_d(head_dim), HAS_MASK=mask is not None, VARLEN=packed, HAS_DROPOUT=drop.on, C2P=c2p,
+    flags = dict(BLOCK_D=block_d(head_dim), HAS_MASK=not packed, VARLEN=packed, HAS_DROPOUT=drop.on, C2P=c2p,
                  P2C=p2c, DOT_PRECISION=dot_precision(q.dtype))
     g_st = _strides(dq, packed)
+    absent = optional_tensor(None, torch.float32, q.device)
     s = disentangled_settings(head_dim, q.dtype, "bwd_dq")
     disentangled_bwd_dq_kernel[(cdiv(seq, s.block_m), heads, batch)](
-        dq, *g_st, dpk if dpk is not None else fp32_dummy, *common,
+        dq, *g_st, dpk if dpk is not None else absent, *common,
         BLOCK_M=s.block_m, BLOCK_N=s.block_n, T=_distances(s), **flags, **s.options())
     s = disentangled_settings(head_dim, q.dtype, "bwd_dkdv")
     disentangled_bwd_dkdv_kernel[(cdiv(seq, s.block_n), heads, batch)](
-        dk, dv, *g_st, dpq if dpq is not None else fp32_dummy, *common,
+        dk, dv, *g_st, dpq if dpq is not None else absent, *common,
         BLOCK_M=s.block_m, BLOCK_N=s.block_n, T=_distances(s), **flags, **s.options())
     return result()
 

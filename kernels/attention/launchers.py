@@ -19,7 +19,7 @@ from .forward import attention_fwd_kernel
 from .settings import RANGE_SETTINGS, block_d, dot_precision, settings
 
 __all__ = ["attention_forward", "attention_backward", "varlen_attention_forward", "varlen_attention_backward",
-           "qkv_attention_forward", "qkv_attention_backward"]
+           "qkv_attention_forward", "qkv_attention_backward", "key_mask_ranges", "delta_launch"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def _varlen_strides(t: torch.Tensor) -> Tuple[int, int, int]:
     return st_t, st_h, st_t
 
 
-def _key_mask(key_mask: Optional[torch.Tensor], batch: int, seq: int, device, even: bool):
+def key_mask_ranges(key_mask: Optional[torch.Tensor], batch: int, seq: int, device, even: bool):
     """(mask, ranges) for the padded layout: the bool [B, S] key mask and int32 [B, 2] first and
     one past the last real position of each row (computed on the device). Without a key mask, a
     batch whose S is a multiple of the tiles runs the EVEN variant (None, None); any other S runs
@@ -166,15 +166,7 @@ def _backward_launches(do, q, k, v, out, lse, delta, lse_strides, mask, ranges, 
     dq, dk, dv = grads
     o_st, do_st, g_st = strides_of(out), strides_of(do), strides_of(dq)
 
-    # delta = rowsum(dO * O) over every row: [B, H, S] as B x H x S rows, varlen [T, H] as 1 x H x T
-    s = settings(head_dim, q.dtype, "bwd_preprocess")
-    if varlen:
-        rows, pre_batch, pre_l, pre_o, pre_do = q.shape[0], 1, (0, lse_strides[1]), (0, *o_st[1:]), (0, *do_st[1:])
-    else:
-        rows, pre_batch, pre_l, pre_o, pre_do = seq, batch, lse_strides, o_st, do_st
-    launches = [(attention_bwd_preprocess_kernel, (cdiv(rows, s.block_m), heads, pre_batch),
-                 (delta, *pre_l, out, *pre_o, do, *pre_do, rows, head_dim),
-                 dict(BLOCK_M=s.block_m, BLOCK_D=block_d(head_dim), **s.options()))]
+    launches = [delta_launch(out, do, delta, lse_strides, o_st, do_st, varlen, batch, seq, heads)]
 
     common = (
         q, *strides_of(q), k, *strides_of(k), v, *strides_of(v), do, *do_st,
@@ -200,6 +192,22 @@ def _backward_launches(do, q, k, v, out, lse, delta, lse_strides, mask, ranges, 
                      (dk, *g_st, dv, *g_st, drel, *common),
                      dict(BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **s.options())))
     return launches
+
+
+def delta_launch(out, do, delta, lse_strides, o_strides, do_strides, varlen: bool, batch: int, seq: int, heads: int):
+    """(kernel, grid, positional arguments, keyword arguments) of the backward's preprocessing launch,
+    delta = rowsum(dO * O) over every row into delta (lse's layout: [B, H, S] as B x H x S rows,
+    varlen [H, T] as 1 x H x T); o_strides, do_strides: the (batch or token, head, row) strides."""
+    head_dim = out.shape[-1]
+    s = settings(head_dim, out.dtype, "bwd_preprocess")
+    if varlen:
+        rows, pre_batch = out.shape[0], 1
+        pre_l, pre_o, pre_do = (0, lse_strides[1]), (0, *o_strides[1:]), (0, *do_strides[1:])
+    else:
+        rows, pre_batch, pre_l, pre_o, pre_do = seq, batch, lse_strides, o_strides, do_strides
+    return (attention_bwd_preprocess_kernel, (cdiv(rows, s.block_m), heads, pre_batch),
+            (delta, *pre_l, out, *pre_o, do, *pre_do, rows, head_dim),
+            dict(BLOCK_M=s.block_m, BLOCK_D=block_d(head_dim), **s.options()))
 
 
 def _grads(dq, dk, dv, drel, rel_bias: Optional[torch.Tensor]):
@@ -266,7 +274,7 @@ def attention_forward(
     # the debug mask output is built into the masked and varlen variants only
     even = keep is None and _is_even(seq, settings(head_dim, q.dtype, "fwd", rope is not None,
                                                    dist.local or dist.relative))
-    mask, ranges = _key_mask(key_mask, batch, seq, q.device, even)
+    mask, ranges = key_mask_ranges(key_mask, batch, seq, q.device, even)
     strides = tuple(_padded_strides(t) for t in (q, k, v, out))
     _forward(q, k, v, out, lse, (heads * seq, seq), keep, mask, ranges, None, batch, seq, strides, scale, drop, rope,
              dist)
@@ -306,7 +314,7 @@ def attention_backward(
     q, k, v, out, do = (_aligned(t) for t in (q, k, v, out, do))
     variant = (rope is not None, dist.local or dist.relative)
     even = _is_even(seq, *(settings(head_dim, q.dtype, kernel, *variant) for kernel in ("bwd_dkdv", "bwd_dq")))
-    mask, ranges = _key_mask(key_mask, batch, seq, q.device, even)
+    mask, ranges = key_mask_ranges(key_mask, batch, seq, q.device, even)
     return _grads(*_backward(do, q, k, v, out, lse, lse.stride()[:2], mask, ranges, None, batch, seq, _padded_strides,
                              scale, drop, rope, dist, grads), rel_bias)
 
