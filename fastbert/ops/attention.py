@@ -33,6 +33,7 @@ from fastbert import backend as fb_backend
 from fastbert import layouts, reference
 from fastbert.ops.checks import check_device, check_float, check_mask, check_tensor
 from fastbert.ops.common import fused_op, needs_grad, op_seed, save_seed, saved_seed, seed_int
+from fastbert.ops.padding import heads_packed, heads_padded
 
 # ============================================================================================
 # The fused attention launchers behind one custom-op schema each (opaque to torch.compile), and
@@ -665,15 +666,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, return_mask, rope, window, rel_bias):
     """The packed batch padded to max_seqlen, through the padded torch path, and packed again."""
-    from fastbert.ops.padding import pad
-
-    batch = cu_seqlens.shape[0] - 1
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    positions = torch.arange(max_seqlen, device=q.device)
-    mask = positions[None, :] < lengths[:, None]  # [batch, max_seqlen]
-    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
-    padded = [pad(t, indices, batch, max_seqlen).transpose(1, 2) for t in (q, k, v)]  # [batch, heads, seq, d]
+    padded, mask, indices = heads_padded((q, k, v), cu_seqlens, max_seqlen)
     res = _torch_attention(*padded, mask, scale, dropout_p, seed, return_mask, rope, window, rel_bias)
     out, keep = res if return_mask else (res, None)
-    packed = out.transpose(1, 2).reshape(batch * max_seqlen, q.shape[1], q.shape[2]).index_select(0, indices)
-    return (packed, keep) if return_mask else packed
+    return (heads_packed(out, indices), keep) if return_mask else heads_packed(out, indices)

@@ -32,6 +32,7 @@ from fastbert.layouts import deberta_position_rows
 from fastbert.ops.attention import check_cu_seqlens, torch_keep_mask
 from fastbert.ops.checks import check_device, check_float, check_int, check_mask, check_prob
 from fastbert.ops.common import fused_op, needs_grad, op_seed, save_seed, saved_seed, seed_int
+from fastbert.ops.padding import heads_packed, heads_padded
 from fastbert.reference.disentangled_attention import attention_at_rows
 
 OP = "disentangled_attention"
@@ -243,12 +244,5 @@ def _torch_padded(q, k, v, mask, pos_key, pos_query, index, scale, p, seed, want
 
 def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, pos_key, pos_query, index, scale, p, seed):
     """The packed batch padded to max_seqlen, through the padded formulation, and packed again."""
-    from fastbert.ops.padding import pad
-
-    batch = cu_seqlens.shape[0] - 1
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    mask = torch.arange(max_seqlen, device=q.device)[None, :] < lengths[:, None]
-    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
-    padded = [pad(t, indices, batch, max_seqlen).transpose(1, 2) for t in (q, k, v)]
-    out = _torch_padded(*padded, mask, pos_key, pos_query, index, scale, p, seed, False)
-    return out.transpose(1, 2).reshape(batch * max_seqlen, q.shape[1], q.shape[2]).index_select(0, indices)
+    padded, mask, indices = heads_padded((q, k, v), cu_seqlens, max_seqlen)
+    return heads_packed(_torch_padded(*padded, mask, pos_key, pos_query, index, scale, p, seed, False), indices)

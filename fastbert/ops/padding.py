@@ -115,6 +115,23 @@ def pad(packed: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) ->
     return out.view((batch, seqlen) + tuple(packed.shape[1:]))
 
 
+def heads_padded(tensors, cu_seqlens: torch.Tensor, max_seqlen: int):
+    """Packed rows [total_tokens, heads, d] (each of `tensors`) as [batch, heads, max_seqlen, d], with
+    the bool [batch, max_seqlen] mask of the real positions and the tokens' flat indices, which
+    heads_packed takes back: how an op's padded formulation serves its packed entry point."""
+    batch = cu_seqlens.shape[0] - 1
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    mask = torch.arange(max_seqlen, device=cu_seqlens.device)[None, :] < lengths[:, None]
+    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    return [pad(t, indices, batch, max_seqlen).transpose(1, 2) for t in tensors], mask, indices
+
+
+def heads_packed(padded: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, seq, d] back to the packed rows [total_tokens, heads, d] at `indices` (heads_padded's)."""
+    batch, heads, seq, d = padded.shape
+    return padded.transpose(1, 2).reshape(batch * seq, heads, d).index_select(0, indices)
+
+
 def pad_id_lists(rows: List, lengths: List[int], seq: int, real: torch.Tensor, value: int, name: str) -> torch.Tensor:
     """int64 [batch, seq]: rows of ids (lists of ints or 1-D integer tensors) left-aligned, `value`
     after them; `real` is the bool [batch, seq] mask of the positions the rows fill. A value that is
