@@ -242,9 +242,8 @@ def test_what_the_triton_kernels_do_not_take_runs_the_formulation():
 
 
 def test_the_extension_checks_its_position_index():
+    require("cpp")
     ext = fb_backend.cpp_extension()
-    if ext is None:
-        pytest.skip("the C++ extension fastbert._C is not built")
     q = torch.randn(1, 2, 5, 8)
     pk = torch.randn(2, 9, 8)
     good = torch.arange(9, dtype=torch.int32)
