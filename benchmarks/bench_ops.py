@@ -1,4 +1,4 @@
-"""Benchmark the fused ops (bias_gelu, geglu, add_layer_norm), forward and backward, against PyTorch.
+"""Benchmark the fused ops (bias_gelu, geglu, swiglu, add_layer_norm), forward and backward, against PyTorch.
 
 On CUDA: triton.testing.do_bench GB/s of the "triton" backend against PyTorch eager and
 torch.compile of the same math, with the roofline floor from the bytes each op must move at
@@ -30,7 +30,7 @@ from fastbert.plotting import pyplot
 
 SHAPES = [(4096, 768), (4096, 3072), (4096, 1024)]  # tokens x hidden: BERT-base, its FFN, BERT-large
 HBM_BYTES_PER_S = 3.0e12  # H100 SXM
-OPS = ("bias_gelu", "geglu", "add_layer_norm")
+OPS = ("bias_gelu", "geglu", "swiglu", "add_layer_norm")
 
 
 def bytes_moved(op: str, direction: str, m: int, n: int, es: int) -> int:
@@ -40,6 +40,8 @@ def bytes_moved(op: str, direction: str, m: int, n: int, es: int) -> int:
         ("bias_gelu", "bwd"): 3,  # read dy, x; write dx
         ("geglu", "fwd"): 3,  # read x [m, 2n]; write y [m, n]
         ("geglu", "bwd"): 5,  # read dy [m, n], x [m, 2n]; write dx [m, 2n]
+        ("swiglu", "fwd"): 3,  # as geglu's
+        ("swiglu", "bwd"): 5,
         ("add_layer_norm", "fwd"): 3,  # read x, residual; write y
         ("add_layer_norm", "bwd"): 5,  # read dy, x, residual; write dx, dresidual
     }[(op, direction)]
@@ -55,10 +57,10 @@ def make_case(op: str, m: int, n: int, dtype, device):
         inputs = [x, b]
         eager = lambda x_, b_: reference.bias_gelu(x_, b_)  # noqa: E731
         fused = lambda backend: (lambda x_, b_: fastbert.ops.bias_gelu(x_, b_, backend=backend))  # noqa: E731
-    elif op == "geglu":  # n: the output's width (the intermediate size); x is [m, 2n]
+    elif op in ("geglu", "swiglu"):  # n: the output's width (the intermediate size); x is [m, 2n]
         inputs = [torch.randn(m, 2 * n, generator=g).to(device, dtype).requires_grad_(True)]
-        eager = lambda x_: reference.geglu(x_)  # noqa: E731
-        fused = lambda backend: (lambda x_: fastbert.ops.geglu(x_, backend=backend))  # noqa: E731
+        eager = getattr(reference, op)
+        fused = lambda backend: (lambda x_: getattr(fastbert.ops, op)(x_, backend=backend))  # noqa: E731
     else:
         res = torch.randn(m, n, generator=g).to(device, dtype).requires_grad_(True)
         w = torch.randn(n, generator=g).to(device, dtype).requires_grad_(True)

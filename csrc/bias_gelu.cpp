@@ -1,5 +1,5 @@
-// The GELU ops' entry points, bias_gelu's and geglu's: checks and outputs here, the kernels in
-// kernels/bias_gelu_kernel.cpp and kernels/geglu.cpp.
+// The GELU ops' entry points, bias_gelu's and the gated units' (geglu's, and swiglu's on the same
+// kernels): checks and outputs here, the kernels in kernels/bias_gelu_kernel.cpp and kernels/geglu.cpp.
 #include "cpu_ops.h"
 
 namespace fastbert {
@@ -9,6 +9,13 @@ bool parse_approximate(const std::string& approximate, const char* op) {
   TORCH_CHECK(approximate == "none" || approximate == "tanh", "fastbert._C.", op,
               ": approximate must be 'none' or 'tanh', got '", approximate, "'");
   return approximate == "tanh";
+}
+
+// a gated unit's activation: GELU's forms ("none", "tanh") or "silu"
+kernels::Gate parse_gate(const std::string& gate, const char* op) {
+  TORCH_CHECK(gate == "none" || gate == "tanh" || gate == "silu", "fastbert._C.", op,
+              ": the gate must be 'none' or 'tanh' (GELU's forms) or 'silu', got '", gate, "'");
+  return gate == "silu" ? kernels::Gate::kSilu : gate == "tanh" ? kernels::Gate::kGeluTanh : kernels::Gate::kGeluErf;
 }
 
 // x [rows, 2n]: its last dim split in two halves (geglu's a and b)
@@ -47,16 +54,17 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& dy, cons
   return {dx, dbias};
 }
 
-// x [rows, 2n] -> y [rows, n] = gelu(x[:, :n]) * x[:, n:]
+// x [rows, 2n] -> y [rows, n] = act(x[:, :n]) * x[:, n:]; act: GELU (approximate "none", "tanh") or SiLU
+// ("silu")
 at::Tensor geglu_forward(const at::Tensor& x, const std::string& approximate) {
   const char* op = "geglu_forward";
   detail::check_rows(op, "x", x);
   check_halves(op, x);
-  const bool tanh = parse_approximate(approximate, op);
+  const kernels::Gate gate = parse_gate(approximate, op);
   const int64_t n = x.size(1) / 2;
   at::Tensor y = detail::empty({x.size(0), n}, x.scalar_type());
   if (y.numel() == 0) return y;
-  detail::kernels_for(op).geglu_forward(detail::dtype_of(x), x.data_ptr(), y.data_ptr(), x.size(0), n, tanh);
+  detail::kernels_for(op).geglu_forward(detail::dtype_of(x), x.data_ptr(), y.data_ptr(), x.size(0), n, gate);
   return y;
 }
 
@@ -70,11 +78,11 @@ at::Tensor geglu_backward(const at::Tensor& dy, const at::Tensor& x, const std::
               dy.sizes(), " but x has shape ", x.sizes(), "; dy must be [rows, x's last dim / 2]");
   TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "fastbert._C.", op, ": dy has dtype ", dy.scalar_type(),
               " but x has dtype ", x.scalar_type());
-  const bool tanh = parse_approximate(approximate, op);
+  const kernels::Gate gate = parse_gate(approximate, op);
   at::Tensor dx = detail::empty_output(x);
   if (dy.numel() == 0) return dx;
   detail::kernels_for(op).geglu_backward(detail::dtype_of(x), dy.data_ptr(), x.data_ptr(), dx.data_ptr(), x.size(0),
-                                         dy.size(1), tanh);
+                                         dy.size(1), gate);
   return dx;
 }
 

@@ -23,11 +23,11 @@ void register_fused_ops(py::module_& m) {
         "(dx, dbias): dx = dy * gelu'(x + bias) in x's dtype, dbias = column sums of dx (fp32 math, "
         "thread-count independent) in bias's dtype.");
   m.def("geglu_forward", &fastbert::geglu_forward, py::arg("x"), py::arg("approximate") = "none", NoGil(),
-        "gelu(x[:, :n]) * x[:, n:] for x [rows, 2n] (float32/float16/bfloat16); approximate 'none' (erf) or 'tanh'. "
-        "Returns y [rows, n] in x's dtype.");
+        "act(x[:, :n]) * x[:, n:] for x [rows, 2n] (float32/float16/bfloat16); approximate: the gate's activation, "
+        "GELU's 'none' (erf) or 'tanh' (GeGLU), or 'silu' (SwiGLU). Returns y [rows, n] in x's dtype.");
   m.def("geglu_backward", &fastbert::geglu_backward, py::arg("dy"), py::arg("x"), py::arg("approximate") = "none", NoGil(),
-        "dx [rows, 2n] in x's dtype: dy * x[:, n:] * gelu'(x[:, :n]) in its first half, dy * gelu(x[:, :n]) in its "
-        "second (fp32 math).");
+        "dx [rows, 2n] in x's dtype: dy * x[:, n:] * act'(x[:, :n]) in its first half, dy * act(x[:, :n]) in its "
+        "second (fp32 math); approximate as geglu_forward's.");
   m.def(
       "add_layer_norm_forward",
       [](const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,

@@ -29,7 +29,7 @@ SINGLE = ("unpad/pad", "linear", "attention_weights", "embedding", "int8_matmul"
 # int8: no Triton kernels (the CPU backends); "+sum": return_sum=True, which also returns the sum normalized
 INT8_OPS = ("quantize_rows", "quantize_weight", "pack_int8_weight", "unpack_int8_weight", "int8_matmul",
             "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm", "int8_add_layer_norm+sum")
-ELEMENTWISE = ("bias_gelu", "geglu", "add_layer_norm", "add_layer_norm+sum", "add_rms_norm", "add_rms_norm+sum")
+ELEMENTWISE = ("bias_gelu", "geglu", "swiglu", "add_layer_norm", "add_layer_norm+sum", "add_rms_norm", "add_rms_norm+sum")
 
 
 def bound_check(out: torch.Tensor, torch_out: torch.Tensor, ref64: torch.Tensor, dtype) -> Tuple[bool, float, float]:
@@ -90,9 +90,9 @@ def op_backends(op: str, device: str) -> List[str]:
 
 def cases(device: str, interpreted: bool) -> Iterator[Tuple[str, tuple, torch.dtype]]:
     """(op, shape, dtype) for every check; small shapes when Triton runs under the interpreter.
-    Shapes: [rows, hidden] for the elementwise ops (geglu: [rows, 2 hidden] in), [batch, heads, seq, head_dim] for attention,
-    [batch, seq, hidden] for unpad/pad, [batch, seq] for masking, [rows, in, out] for linear,
-    [tokens, vocab, hidden] for embedding."""
+    Shapes: [rows, hidden] for the elementwise ops (geglu, swiglu: [rows, 2 hidden] in),
+    [batch, heads, seq, head_dim] for attention, [batch, seq, hidden] for unpad/pad, [batch, seq] for
+    masking, [rows, in, out] for linear, [tokens, vocab, hidden] for embedding."""
     rows = [(3, 7), (4, 768)] if interpreted else [(512, 768), (512, 3072), (333, 1023)]
     dtypes = [torch.float32, torch.float16] if interpreted else [torch.float32, torch.bfloat16]
     attn = [(3, 2, 17, 16)] if interpreted else [(4, 4, 97, 64)]
@@ -145,10 +145,10 @@ def _mixed_mask(batch: int, seq: int, g: torch.Generator) -> torch.Tensor:
 
 def _elementwise(op, shape, dtype, backend, device, g) -> List[Row]:
     m, n = shape
-    if op == "geglu":  # x [m, 2n] -> [m, n]
+    if op in ("geglu", "swiglu"):  # x [m, 2n] -> [m, n]
         x, dy = (torch.randn(m, k, generator=g).to(device, dtype) for k in (2 * n, n))
-        fused = lambda x_: fastbert.ops.geglu(x_, backend=backend)  # noqa: E731
-        return compare(["y", "dx"], fused, reference.geglu, [x], dy, dtype)
+        fused = lambda x_: getattr(fastbert.ops, op)(x_, backend=backend)  # noqa: E731
+        return compare(["y", "dx"], fused, getattr(reference, op), [x], dy, dtype)
     x = torch.randn(m, n, generator=g).to(device, dtype)
     dy = torch.randn(m, n, generator=g).to(device, dtype)
     if op == "bias_gelu":

@@ -153,15 +153,16 @@ def _approximate_tanh(approximate: str) -> bool:
 # Launchers
 
 
-def launch_tiles(kernel, M: int, N: int, approximate: str, *args, backward: bool = False) -> None:
+def launch_tiles(kernel, M: int, N: int, approximate: str, *args, backward: bool = False, **flags) -> None:
     """Launch an elementwise GELU kernel over [M, N] on a grid of row tiles x column tiles (the
-    settings of N): its tensor arguments, then M, N, the GELU form and the tile shape."""
+    settings of N): its tensor arguments, then M, N, the GELU form, the tile shape and any other
+    constexpr flags the kernel takes."""
     tanh = _approximate_tanh(approximate)  # checked, empty or not
     if M == 0 or N == 0:
         return
     s = settings(N, backward)
     kernel[(cdiv(M, s.block_m), cdiv(N, s.block_n))](
-        *args, M, N, APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **s.options(),
+        *args, M, N, APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **s.options(),
     )
 
 

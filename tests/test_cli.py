@@ -70,7 +70,7 @@ def test_bench_ops_runs_and_writes_json(tmp_path):
     spec.loader.exec_module(bench)
     providers, rows = bench.run([torch.float32], "cpu", shapes=[(64, 96)], budget_s=0.05, progress=False)
     assert len(rows) == 2 * len(bench.OPS)  # every op, forward and backward
-    assert {r["op"] for r in rows} == {"bias_gelu", "geglu", "add_layer_norm"}
+    assert {r["op"] for r in rows} == {"bias_gelu", "geglu", "swiglu", "add_layer_norm"}
     for r in rows:
         assert r["speedup"] > 0 and all(v > 0 for v in r["ms"].values())
         assert 0 < r["roofline_ms"] < float("inf")  # the bytes it moves at this machine's measured bandwidth

@@ -23,7 +23,11 @@
 namespace fastbert {
 namespace kernels {
 
-constexpr int kAbiVersion = 3;
+constexpr int kAbiVersion = 4;
+
+// The activation of a gated linear unit's gate (geglu_forward / _backward): GELU's exact erf form,
+// its tanh approximation (GeGLU), or SiLU, x sigmoid(x) (SwiGLU).
+enum class Gate : int32_t { kGeluErf = 0, kGeluTanh, kSilu };
 
 // The storage type of a tensor.
 enum class Dtype : int32_t { kFloat = 0, kHalf, kBFloat16, kInt32, kInt8, kUInt8, kInt16, kInt64, kBool };
@@ -152,10 +156,10 @@ namespace kernels {
   /* dx = dy * gelu'(x + bias), dbias (bias's dtype) = column sums of dx, thread-count independent */                 \
   X(bias_gelu_backward, void, Dtype dtype, const void* dy, const void* x, Param bias, void* dx, void* dbias,          \
     int64_t m, int64_t n, bool tanh)                                                                                  \
-  /* y [m, n] = gelu(x[:, :n]) * x[:, n:], x [m, 2n] */                                                               \
-  X(geglu_forward, void, Dtype dtype, const void* x, void* y, int64_t m, int64_t n, bool tanh)                        \
-  /* dx [m, 2n] = (dy * x[:, n:] * gelu'(x[:, :n]), dy * gelu(x[:, :n])) */                                           \
-  X(geglu_backward, void, Dtype dtype, const void* dy, const void* x, void* dx, int64_t m, int64_t n, bool tanh)      \
+  /* y [m, n] = act(x[:, :n]) * x[:, n:], x [m, 2n], act the gate's activation (GELU: GeGLU, SiLU: SwiGLU) */        \
+  X(geglu_forward, void, Dtype dtype, const void* x, void* y, int64_t m, int64_t n, Gate gate)                        \
+  /* dx [m, 2n] = (dy * x[:, n:] * act'(x[:, :n]), dy * act(x[:, :n])) */                                             \
+  X(geglu_backward, void, Dtype dtype, const void* dy, const void* x, void* dx, int64_t m, int64_t n, Gate gate)      \
   /* y = layer_norm(h) * weight + bias (none when bias.p is nullptr), h = dropout(x) + residual; mean, rstd */        \
   /* float32 [m]; h itself into sum (x's dtype) unless sum is nullptr; rms: an RMSNorm (mean 0, no bias) */           \
   X(add_layer_norm_forward, void, Dtype dtype, const void* x, const void* residual, Param weight, Param bias,         \

@@ -199,9 +199,11 @@ def bias_activation(x: torch.Tensor, bias: torch.Tensor, act: str, backend) -> t
 
 def gated_activation(h: torch.Tensor, act: str, backend) -> torch.Tensor:
     """act(a) * b of a gated feed-forward's joined input product h = [a, b] (one fused GeGLU for the
-    GELU forms)."""
+    GELU forms, one fused SwiGLU for SiLU)."""
     if act in GELU_FORMS:
         return ops.geglu(h, GELU_FORMS[act], backend=backend)
+    if act in ("silu", "swish"):
+        return ops.swiglu(h, backend=backend)
     a, b = h.chunk(2, dim=-1)
     return OTHER_ACTIVATIONS[act](a) * b
 

@@ -7,7 +7,7 @@ from fastbert.ops.bias_gelu import bias_gelu
 from fastbert.ops.disentangled_attention import disentangled_attention, varlen_disentangled_attention
 from fastbert.ops.embedding import embedding
 from fastbert.ops.encoder import LayerWeights, encoder_layer
-from fastbert.ops.geglu import geglu
+from fastbert.ops.geglu import geglu, swiglu
 from fastbert.ops.int8 import (
     int8_add_layer_norm,
     int8_bias_gelu,
@@ -24,7 +24,7 @@ from fastbert.ops.padding import pad, unpad
 
 __all__ = [
     "attention", "varlen_attention", "disentangled_attention", "varlen_disentangled_attention", "attention_weights",
-    "unpad", "pad", "bias_gelu", "geglu", "add_layer_norm", "add_rms_norm", "linear",
+    "unpad", "pad", "bias_gelu", "geglu", "swiglu", "add_layer_norm", "add_rms_norm", "linear",
     "embedding", "MAX_HIDDEN", "quantize_rows", "quantize_weight", "pack_int8_weight", "unpack_int8_weight",
     "int8_matmul", "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm", "encoder_layer", "LayerWeights",
 ]

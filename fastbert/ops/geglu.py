@@ -1,8 +1,10 @@
-"""GeGLU: gelu(a) * b over the two halves a, b of x's last dim, fused into one pass each way.
+"""Gated linear units, act(a) * b over the two halves a, b of x's last dim, fused into one pass each
+way: GeGLU (act = GELU: ModernBERT, GTE) and SwiGLU (act = SiLU: NomicBERT, EuroBERT).
 
-ModernBERT's feed-forward: its first projection's output [..., 2d] goes in whole, [..., d] comes
-out; neither half is copied. Layers, top to bottom: custom ops (opaque to torch.compile) ->
-autograd Function -> functional API. The kernels live in kernels/geglu.py (Triton) and
+A gated feed-forward's first projection's output [..., 2d] goes in whole, [..., d] comes out;
+neither half is copied. Layers, top to bottom: custom ops (opaque to torch.compile) -> autograd
+Function -> functional API. The custom ops' `approximate` names the gate's activation: GELU's
+"none" / "tanh", or "silu". The kernels live in kernels/geglu.py (Triton) and
 csrc/kernels/geglu.cpp (C++).
 """
 from __future__ import annotations
@@ -58,13 +60,34 @@ def geglu(x: torch.Tensor, approximate: str = "none", *, backend: Optional[str] 
     dtype. backend: "triton", "cpp", "torch" or None (automatic; see fastbert.backend).
     """
     check_float("geglu", "x", x)
-    if x.dim() == 0 or x.shape[-1] % 2:
-        raise ValueError(f"fastbert.ops.geglu: x's last dim must be even (the two halves a and b), got shape "
-                         f"{tuple(x.shape)}")
+    _check_halves("geglu", x)
     check_approximate("geglu", approximate)
+    return _gated(x, approximate, backend)
+
+
+def swiglu(x: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tensor:
+    """silu(x[..., :d]) * x[..., d:] for x [..., 2d] (SwiGLU: the gate first, as NomicBERT's and
+    EuroBERT's joined gate / up products give it), forward and backward each one fused pass.
+
+    x: float32/float16/bfloat16, any layout (non-contiguous inputs are copied), last dim even.
+    Returns [..., d] in x's dtype. backend: "triton", "cpp", "torch" or None (automatic; see
+    fastbert.backend).
+    """
+    check_float("swiglu", "x", x)
+    _check_halves("swiglu", x)
+    return _gated(x, "silu", backend)
+
+
+def _check_halves(op: str, x: torch.Tensor) -> None:
+    if x.dim() == 0 or x.shape[-1] % 2:
+        raise ValueError(f"fastbert.ops.{op}: x's last dim must be even (the two halves a and b), got shape "
+                         f"{tuple(x.shape)}")
+
+
+def _gated(x: torch.Tensor, approximate: str, backend: Optional[str]) -> torch.Tensor:
     backend = fb_backend.resolve(backend, x)
     if backend == "torch" or x.numel() == 0:
-        return reference.geglu(x, approximate)
+        return reference.swiglu(x) if approximate == "silu" else reference.geglu(x, approximate)
     shape = (*x.shape[:-1], x.shape[-1] // 2)
     rows = as_rows(x)
     if needs_grad(x):

@@ -15,7 +15,7 @@ from fastbert.reference.attention import (
 )
 from fastbert.reference.bias_gelu import BiasGelu, bias_gelu
 from fastbert.reference.disentangled_attention import disentangled_attention
-from fastbert.reference.geglu import GeGLU, geglu
+from fastbert.reference.geglu import GeGLU, geglu, swiglu
 from fastbert.reference.layer_norm import AddLayerNorm, add_layer_norm, add_rms_norm
 from fastbert.reference.masking import (
     MLM_IGNORE_INDEX,
@@ -42,7 +42,7 @@ from fastbert.reference.rotary import rotary_tables, rotate, rotate_packed
 
 __all__ = [
     "check_seed", "dropout_keep_mask", "dropout_threshold", "new_seed", "philox_uint32",
-    "bias_gelu", "BiasGelu", "geglu", "GeGLU", "add_layer_norm", "add_rms_norm", "AddLayerNorm", "rotary_tables",
+    "bias_gelu", "BiasGelu", "geglu", "GeGLU", "swiglu", "add_layer_norm", "add_rms_norm", "AddLayerNorm", "rotary_tables",
     "rotate", "rotate_packed",
     "attention", "varlen_attention", "Attention", "window_band", "attention_dropout_offsets", "attention_keep_mask",
     "mask_starts", "disentangled_attention",

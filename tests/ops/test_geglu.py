@@ -1,4 +1,4 @@
-"""fastbert.ops.geglu on every backend against the fp64 reference, forward and gradient."""
+"""fastbert.ops.geglu and fastbert.ops.swiglu on every backend against the fp64 reference, forward and gradient."""
 import pytest
 import torch
 
@@ -17,12 +17,18 @@ def shapes_for(backend):
     return SHAPES_SMALL if backend == "triton" else SHAPES_SMALL + SHAPES_LARGE
 
 
+# the gates: GELU's two forms (geglu) and SiLU (swiglu)
+GATES = ["none", "tanh", "silu"]
+
+
 def check_geglu(backend, x, dy, approximate, tag):
     def op(x_):
+        if approximate == "silu":
+            return fastbert.ops.swiglu(x_, backend=backend)
         return fastbert.ops.geglu(x_, approximate, backend=backend)
 
     def ref(x_):
-        return reference.geglu(x_, approximate)
+        return reference.swiglu(x_) if approximate == "silu" else reference.geglu(x_, approximate)
 
     out, (dx,) = run_with_grads(op, [x], dy)
     pt, (pt_dx,) = run_with_grads(ref, [x], dy)
@@ -31,7 +37,7 @@ def check_geglu(backend, x, dy, approximate, tag):
     assert_within_bound(f"{tag} dx", dx, pt_dx, r_dx, x.dtype)
 
 
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("approximate", GATES)
 def test_geglu_matches_reference(backend, approximate):
     dev = device_for(backend)
     for i, shape in enumerate(shapes_for(backend)):
@@ -42,12 +48,14 @@ def test_geglu_matches_reference(backend, approximate):
             check_geglu(backend, x, dy, approximate, f"{backend} {shape} {dtype} {approximate}")
 
 
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("approximate", GATES)
 def test_geglu_over_the_whole_range(backend, approximate):
-    # a dense grid of a through the GELU's tails and the points where the kernels clamp, b = 1 + a
+    # a dense grid of a through the activation's tails and the points where the kernels clamp (GELU's
+    # fit at 5.8-6.3; SiLU's exp at -80 and 100), b = 1 + a
     dev = device_for(backend)
     a = torch.linspace(-12.0, 12.0, 4 * 1024).view(4, 1024)
     a[0, :8] = torch.tensor([-6.3, -6.2, -6.0, -5.8, 5.8, 6.0, 6.2, 6.3])
+    a[1, :8] = torch.tensor([-120.0, -100.0, -80.5, -80.0, -79.5, 99.5, 100.5, 120.0])
     x = torch.cat([a, 1 + a], dim=-1)
     for dtype in dtypes_for(backend):
         check_geglu(backend, x.to(dev, dtype), torch.ones_like(a).to(dev, dtype), approximate, f"{backend} {dtype}")
@@ -59,11 +67,21 @@ def test_geglu_non_contiguous_input(backend):
     assert not x.is_contiguous()
     y = fastbert.ops.geglu(x, backend=backend)
     torch.testing.assert_close(y, reference.geglu(x.double()).float(), atol=1e-5, rtol=1e-5)
+    y = fastbert.ops.swiglu(x, backend=backend)
+    torch.testing.assert_close(y, reference.swiglu(x.double()).float(), atol=1e-5, rtol=1e-5)
 
 
 def test_geglu_empty_input(backend):
     dev = device_for(backend)
     assert fastbert.ops.geglu(torch.empty(0, 16, device=dev), backend=backend).shape == (0, 8)
+    assert fastbert.ops.swiglu(torch.empty(0, 16, device=dev), backend=backend).shape == (0, 8)
+
+
+def test_swiglu_is_not_geglu(backend):
+    # the gate's activation reaches the kernel: SiLU and GELU differ by up to 0.2 at these values
+    dev = device_for(backend)
+    x = torch.linspace(-4, 4, 64).view(2, 32).to(dev)
+    assert (fastbert.ops.swiglu(x, backend=backend) - fastbert.ops.geglu(x, backend=backend)).abs().max() > 0.1
 
 
 def test_geglu_bad_input_errors():
@@ -73,5 +91,11 @@ def test_geglu_bad_input_errors():
         fastbert.ops.geglu(torch.ones(4, 8, dtype=torch.int64))
     with pytest.raises(ValueError, match="approximate must be"):
         fastbert.ops.geglu(torch.randn(4, 8), "sigmoid")
+    with pytest.raises(ValueError, match="approximate must be"):
+        fastbert.ops.geglu(torch.randn(4, 8), "silu")  # SiLU is swiglu's
     with pytest.raises(ValueError, match="unknown backend"):
         fastbert.ops.geglu(torch.randn(4, 8), backend="cuda")
+    with pytest.raises(ValueError, match=r"swiglu: x's last dim must be even .* got shape \(3, 5\)"):
+        fastbert.ops.swiglu(torch.randn(3, 5))
+    with pytest.raises(TypeError, match="x has dtype torch.int32"):
+        fastbert.ops.swiglu(torch.ones(4, 8, dtype=torch.int32))
