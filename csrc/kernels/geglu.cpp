@@ -31,16 +31,19 @@ inline Vf act(Vf x) {
   }
 }
 
-// its derivative; SiLU's: d/dx x s = s + x s (1 - s), with 1 - s = e s (e s <= 1: no overflow for
+// act(x) and its derivative together (the backward needs both: SiLU's share one exp and one
+// reciprocal); SiLU's: d/dx x s = s + x s (1 - s), with 1 - s = e s (e s <= 1: no overflow for
 // large |x|)
 template <Gate kGate>
-inline Vf act_grad(Vf x) {
+inline void act_and_grad(Vf x, Vf& y, Vf& grad) {
   if constexpr (kGate == Gate::kSilu) {
     Vf s, e;
     sigmoid_parts(x, s, e);
-    return vec::fmadd(x * (e * s), s, s);
+    y = x * s;
+    grad = vec::fmadd(x * (e * s), s, s);
   } else {
-    return gelu_grad<kGate == Gate::kGeluTanh>(x);
+    y = gelu<kGate == Gate::kGeluTanh>(x);
+    grad = gelu_grad<kGate == Gate::kGeluTanh>(x);
   }
 }
 
@@ -87,15 +90,19 @@ void backward_rows(const T* dy, const T* x, T* dx, int64_t r0, int64_t r1, int64
     T* da = dx + r * 2 * n;
     T* db = da + n;
     for (int64_t c = 0; c < body; c += W) {
-      const Vf av = vec::load(a + c), gv = vec::load(g + c);
-      vec::put<kStream>(da + c, (gv * vec::load(b + c)) * act_grad<kGate>(av));
-      vec::put<kStream>(db + c, gv * act<kGate>(av));
+      const Vf gv = vec::load(g + c);
+      Vf y, grad;
+      act_and_grad<kGate>(vec::load(a + c), y, grad);
+      vec::put<kStream>(da + c, (gv * vec::load(b + c)) * grad);
+      vec::put<kStream>(db + c, gv * y);
     }
     if (body < n) {
       const int64_t k = n - body;
-      const Vf av = vec::load_partial(a + body, k), gv = vec::load_partial(g + body, k);
-      vec::store_partial(da + body, (gv * vec::load_partial(b + body, k)) * act_grad<kGate>(av), k);
-      vec::store_partial(db + body, gv * act<kGate>(av), k);
+      const Vf gv = vec::load_partial(g + body, k);
+      Vf y, grad;
+      act_and_grad<kGate>(vec::load_partial(a + body, k), y, grad);
+      vec::store_partial(da + body, (gv * vec::load_partial(b + body, k)) * grad, k);
+      vec::store_partial(db + body, gv * y, k);
     }
   }
 }
