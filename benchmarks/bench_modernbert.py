@@ -43,8 +43,9 @@ traced). It is traced on a padded batch longer than the window (rows of 160 and 
 MPNet's export (--model mpnet) is the same call, its relative position bias in the traced graph.
 
 Workloads (fastbert.bench.workloads): var128 (32 sequences of 16..128 tokens), var512 (8 of
-64..512) and one2048 (one sequence of 2048 tokens); small (4 of 40..160: a quick check that
-crosses the 64-token window, not run unless named). Interleaved rounds: each round calls every
+64..512) and one2048 (one sequence of 2048 tokens); one20 (one query of 20 tokens: a server's
+single short request) and small (4 of 40..160: a quick check that crosses the 64-token window),
+not run unless named. Interleaved rounds: each round calls every
 engine once on the same batch; medians; every ratio is of times measured in this run. Every
 engine's last hidden state is compared with fastbert's at the real tokens (max abs error); a peer
 beyond rounding noise (TOLERANCES: fp32 1e-4, against about 1e-6 measured; bf16 0.5) is reported as
@@ -75,7 +76,7 @@ from fastbert.bench.report import command_line, header, parser, write_json
 from fastbert.bench.timing import encoder_flops, fp32_gemm_rate, interleaved_cpu_times
 from fastbert.bench.workloads import MODERN_ARCHS, WORKLOADS, make_batch, modern_models
 
-MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512")}, "one2048": dict(batch=1, lo=2048, hi=2048),
+MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512", "one20")}, "one2048": dict(batch=1, lo=2048, hi=2048),
                     "small": dict(batch=4, lo=40, hi=160)}
 DEFAULT_WORKLOADS = {"modernbert": "var128,var512,one2048", "mpnet": "var128,var512", "gte": "var128,var512",
                      "nomic_bert": "var128,var512", "jina_embeddings_v3": "var128,var512", "eurobert": "var128,var512",

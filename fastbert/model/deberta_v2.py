@@ -7,8 +7,9 @@ What differs from BERT, and is all that is written here:
   over the bucketed relative distance (fastbert.ops.disentangled_attention): the encoder's relative
   embeddings (encoder.rel_embeddings, 2 x 256 rows for v3, through encoder.LayerNorm where
   norm_rel_ebd says "layer_norm") are made once a forward (BertModel.relative_position_bias's slot)
-  and each layer projects them with its own query and key projections (share_att_key; else
-  pos_query_proj / pos_key_proj), [heads, 2 span, head_dim], which the op reads by distance;
+  and each layer projects the rows the batch's distances reach with its own query and key
+  projections (share_att_key; else pos_query_proj / pos_key_proj), [heads, rows, head_dim], which
+  the op reads by distance;
 - the embeddings: words (embedding_size wide, projected by embed_proj where that differs), absolute
   positions only where position_biased_input (v3 has none), token types only where
   type_vocab_size > 0 (v3 has none: the token_type_ids a tokenizer gives are ignored, as
@@ -58,7 +59,7 @@ from fastbert.model.layers import (
     embed_words,
 )
 from fastbert.model.outputs import MultipleChoiceModelOutput, SequenceClassifierOutput
-from fastbert.ops.disentangled_attention import disentangled_attention, varlen_disentangled_attention
+from fastbert.ops.disentangled_attention import disentangled_attention, position_index, varlen_disentangled_attention
 
 
 class DebertaV2Embeddings(nn.Module, BackendMixin):
@@ -120,8 +121,8 @@ class DisentangledSelfAttention(RenamedSelfAttention):
                 self.pos_query_proj = nn.Linear(config.hidden_size, config.hidden_size)
 
     def position_tables(self, rel: torch.Tensor):
-        """(pos_key, pos_query), each [heads, 2 span, head_dim] or None: the relative embeddings rel
-        [2 span, hidden] through the key and query projections (the layer's own, or the position ones)."""
+        """(pos_key, pos_query), each [heads, rows, head_dim] or None: rows of the relative embeddings,
+        rel [rows, hidden], through the key and query projections (the layer's own, or the position ones)."""
         heads, d = self.num_attention_heads, self.attention_head_size
 
         def project(linear: nn.Linear) -> torch.Tensor:
@@ -185,7 +186,11 @@ class DebertaV2Layer(BertLayer):
             return ctx.reshape(-1, ctx.shape[-1])[indices].reshape(shape), probs
         pos_key = pos_query = None
         if relative_bias is not None:
-            rel = F.dropout(relative_bias, sa.pos_dropout_p, self.training)
+            # only the rows this batch's distances reach go through the projections: 2 x 256 rows
+            # for v3 at every length otherwise (transformers projects them all), 39 for 20 tokens
+            _, lo, hi = position_index(int(packed[1]) if packed is not None else shape[1], sa.position_buckets,
+                                       sa.max_relative_positions)
+            rel = F.dropout(relative_bias[lo:hi], sa.pos_dropout_p, self.training)
             pos_key, pos_query = sa.position_tables(rel.to(qkv.dtype))
         p = sa.dropout_p if self.training else 0.0
         kw = dict(pos_key=pos_key, pos_query=pos_query, position_buckets=sa.position_buckets,

@@ -117,7 +117,7 @@ def position_index(n: int, position_buckets: int, max_relative_positions: int) -
         return (rows - lo).to(torch.int32), lo, hi
 
 
-def _check(q, k, v, dims: int, layout: str, pos_key, pos_query, position_buckets, max_relative_positions, dropout_p):
+def _check(q, k, v, dims: int, layout: str, position_buckets, max_relative_positions, dropout_p):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(OP, name, t)
         if t.dim() != dims or t.shape != q.shape:
@@ -125,25 +125,33 @@ def _check(q, k, v, dims: int, layout: str, pos_key, pos_query, position_buckets
                              f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     buckets = check_int(OP, "position_buckets", position_buckets, -(1 << 30))
     furthest = check_int(OP, "max_relative_positions", max_relative_positions, 1)
-    span = buckets if buckets > 0 else furthest
-    heads, d = q.shape[-3 if dims == 4 else -2], q.shape[-1]
-    for name, t in (("pos_key", pos_key), ("pos_query", pos_query)):
-        if t is None:
-            continue
-        check_float(OP, name, t)
-        check_device(OP, name, t, q, like="q")
-        if tuple(t.shape) != (heads, 2 * span, d):
-            raise ValueError(f"fastbert.ops.{OP}: {name} must be [heads, 2 span, head_dim] = {(heads, 2 * span, d)}, "
-                             f"got {tuple(t.shape)}")
     return buckets, furthest, check_prob(OP, "dropout_p", dropout_p)
+
+
+def _tables(q, n: int, pos_key, pos_query, buckets: int, furthest: int):
+    """(index, pos_key, pos_query): position_index's index for sequences up to n long and the
+    tables' rows it reaches, [lo, hi): each table is given whole, [heads, 2 span, head_dim], and cut
+    here, or as those rows alone, [heads, hi - lo, head_dim] (a model that projects only them)."""
+    index, lo, hi = position_index(n, buckets, furthest)
+    span = buckets if buckets > 0 else furthest
+    heads, d = q.shape[-3 if q.dim() == 4 else -2], q.shape[-1]
+    cut = []
+    for name, t in (("pos_key", pos_key), ("pos_query", pos_query)):
+        if t is not None:
+            check_float(OP, name, t)
+            check_device(OP, name, t, q, like="q")
+            if tuple(t.shape) == (heads, 2 * span, d):
+                t = t[:, lo:hi]
+            elif tuple(t.shape) != (heads, hi - lo, d):
+                raise ValueError(f"fastbert.ops.{OP}: {name} must be [heads, 2 span, head_dim] = "
+                                 f"{(heads, 2 * span, d)} (or the {hi - lo} rows [{lo}, {hi}) that lengths up to {n} "
+                                 f"reach, fastbert.ops.disentangled_attention.position_index), got {tuple(t.shape)}")
+        cut.append(t)
+    return index, cut[0], cut[1]
 
 
 def _default_scale(scale, d: int, pos_key, pos_query) -> float:
     return (d * (1 + (pos_key is not None) + (pos_query is not None))) ** -0.5 if scale is None else float(scale)
-
-
-def _cut(t: Optional[Tensor], lo: int, hi: int) -> Optional[Tensor]:
-    return None if t is None else t[:, lo:hi]
 
 
 def _formulation(backend: str, q: Tensor, pos_key, pos_query) -> bool:
@@ -172,15 +180,18 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     real key, or None. pos_key, pos_query: [heads, 2 span, head_dim] (span: position_buckets where
     positive, else max_relative_positions), DeBERTa's relative embeddings through the key and the
     query projections, differentiable; None leaves that term out (config.pos_att_type). c2p[i, j] =
-    q_i . pos_key[row(i - j)], p2c[i, j] = k_j . pos_query[row(i - j)]. dropout_p on the
+    q_i . pos_key[row(i - j)], p2c[i, j] = k_j . pos_query[row(i - j)]; each table may instead be
+    only the rows [lo, hi) that seq reaches, [heads, hi - lo, head_dim] (lo, hi =
+    position_index(seq, position_buckets, max_relative_positions)[1:]): what a model projects when
+    it projects only those (the same result, fewer rows through its GEMMs). dropout_p on the
     probabilities (the keep-mask a function of `seed`, as fastbert.ops.attention's: counters from
     each row's first real key). scale: the scores' factor, by default 1 / sqrt(head_dim * terms)
     (transformers counts the terms config.pos_att_type names, even where relative_attention is
     off: the model passes its own). Returns the context [batch, heads, seq, head_dim] in q's dtype
     (zeros at padded queries on the fused backend), and with want_probs the probabilities too
     (the PyTorch formulation, on every backend)."""
-    buckets, furthest, p = _check(q, k, v, 4, "[batch, heads, seq, head_dim]", pos_key, pos_query, position_buckets,
-                                  max_relative_positions, dropout_p)
+    buckets, furthest, p = _check(q, k, v, 4, "[batch, heads, seq, head_dim]", position_buckets, max_relative_positions,
+                                  dropout_p)
     backend = fb_backend.resolve(backend, q)
     mask = None
     if attention_mask is not None:
@@ -192,8 +203,7 @@ def disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         mask = mask.contiguous()
     scale = _default_scale(scale, q.shape[-1], pos_key, pos_query)
     seed_t = op_seed(seed) if p > 0 else None
-    index, lo, hi = position_index(q.shape[2], buckets, furthest)
-    pos_key, pos_query = _cut(pos_key, lo, hi), _cut(pos_query, lo, hi)
+    index, pos_key, pos_query = _tables(q, q.shape[2], pos_key, pos_query, buckets, furthest)
     if want_probs or _formulation(backend, q, pos_key, pos_query):
         return _torch_padded(q, k, v, mask, pos_key, pos_query, index, scale, p, seed_t, want_probs)
     return _fused(q, k, v, mask, None, pos_key, pos_query, index, scale, p, seed_t, backend)
@@ -207,17 +217,17 @@ def varlen_disentangled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                                   backend: Optional[str] = None, validate: bool = True) -> torch.Tensor:
     """disentangled_attention over packed sequences: q, k, v [total_tokens, heads, head_dim],
     cu_seqlens int32 [batch + 1], max_seqlen >= every sequence's length (as
-    fastbert.ops.varlen_attention takes them; validate as there). A token's position is its index
+    fastbert.ops.varlen_attention takes them; validate as there; the tables cut to what max_seqlen
+    reaches, if cut). A token's position is its index
     in its sequence; the dropout mask of sequence b is the one disentangled_attention draws for
     row b of a right-padded batch. Returns [total_tokens, heads, head_dim] in q's dtype."""
-    buckets, furthest, p = _check(q, k, v, 3, "[total_tokens, heads, head_dim]", pos_key, pos_query,
-                                  position_buckets, max_relative_positions, dropout_p)
+    buckets, furthest, p = _check(q, k, v, 3, "[total_tokens, heads, head_dim]", position_buckets,
+                                  max_relative_positions, dropout_p)
     check_cu_seqlens(OP, cu_seqlens, max_seqlen, q, bounds=validate)
     backend = fb_backend.resolve(backend, q)
     scale = _default_scale(scale, q.shape[-1], pos_key, pos_query)
     seed_t = op_seed(seed) if p > 0 else None
-    index, lo, hi = position_index(max_seqlen, buckets, furthest)
-    pos_key, pos_query = _cut(pos_key, lo, hi), _cut(pos_query, lo, hi)
+    index, pos_key, pos_query = _tables(q, max_seqlen, pos_key, pos_query, buckets, furthest)
     if _formulation(backend, q, pos_key, pos_query):
         return _torch_varlen(q, k, v, cu_seqlens, max_seqlen, pos_key, pos_query, index, scale, p, seed_t)
     return _fused(q, k, v, None, cu_seqlens.contiguous(), pos_key, pos_query, index, scale, p, seed_t, backend)

@@ -11,7 +11,7 @@ import fastbert
 from fastbert import backend as fb_backend
 from fastbert import reference
 from fastbert.layouts import deberta_position_rows
-from fastbert.ops.disentangled_attention import disentangled_attention, varlen_disentangled_attention
+from fastbert.ops.disentangled_attention import disentangled_attention, position_index, varlen_disentangled_attention
 from fastbert.reference.disentangled_attention import disentangled_attention as reference_attention
 from fastbert.reference.disentangled_attention import position_rows_matrix
 from tests.helpers.attention import holey_mask, mixed_mask, pack, run
@@ -201,6 +201,51 @@ def test_packed_agrees_with_padded_and_reference(backend):
         a, b, c = (x.float() for x in (a, b, c))
         torch.testing.assert_close(a, b, atol=1e-5 if exact else 2e-3, rtol=1e-4 if exact else 2e-3, msg=f"input {i}")
         torch.testing.assert_close(a, c, atol=5e-5 if exact else 1e-2, rtol=1e-4 if exact else 1e-2, msg=f"input {i}")
+
+
+@pytest.mark.parametrize("backend", ["torch", *FUSED])
+@pytest.mark.parametrize("buckets,furthest", [(256, 512), (8, 64)])
+def test_tables_of_the_reached_rows_alone(backend, buckets, furthest):
+    # a model projects only the rows [lo, hi) the batch's lengths reach: the op takes them as they
+    # are, with the outputs and gradients of the whole tables (the rest of a whole table's gradient
+    # is zero), padded and packed; lengths past 2 x 8 buckets reach log buckets, 30 < 128 do not
+    require(backend)
+    dev = device_for(backend)
+    dtype = fused_dtypes(backend)[0] if backend != "torch" else torch.float32
+    g = torch.Generator().manual_seed(13)
+    batch, heads, seq, d = 3, 2, 30, 16
+    q, k, v = (torch.randn(batch, heads, seq, d, generator=g).to(dev, dtype) for _ in range(3))
+    span = buckets
+    pk, pq = (torch.randn(heads, 2 * span, d, generator=g).to(dev, dtype) for _ in range(2))
+    mask = mixed_mask(batch, seq, g).to(dev)
+    _, _, cu, n = fastbert.ops.unpad(mask[..., None], mask)
+    dout = torch.randn(batch, heads, seq, d, generator=g).to(dev, dtype) * mask.bool()[:, None, :, None]
+    kw = dict(position_buckets=buckets, max_relative_positions=furthest, backend=backend)
+    for longest in (seq, n):
+        _, lo, hi = position_index(longest, buckets, furthest)
+        assert 0 < hi - lo < 2 * span
+
+        def padded(q_, k_, v_, pk_, pq_):
+            return disentangled_attention(q_, k_, v_, mask, pos_key=pk_, pos_query=pq_, **kw)
+
+        def packed(q_, k_, v_, pk_, pq_, longest=longest):
+            return varlen_disentangled_attention(*(pack(t, mask) for t in (q_, k_, v_)), cu, longest, pos_key=pk_,
+                                                 pos_query=pq_, **kw)
+
+        f = padded if longest == seq else packed
+        out = dout if longest == seq else pack(dout, mask)
+        whole = run(f, [q, k, v, pk, pq], out)
+        cut = run(f, [q, k, v, pk[:, lo:hi].contiguous(), pq[:, lo:hi].contiguous()], out)
+        assert torch.equal(whole[0], cut[0]), f"{backend} {longest}: output"
+        for i, name in enumerate(["dq", "dk", "dv"]):
+            assert torch.equal(whole[1][i], cut[1][i]), f"{backend} {longest}: {name}"
+        for i, name in ((3, "dpos_key"), (4, "dpos_query")):
+            assert torch.equal(whole[1][i][:, lo:hi], cut[1][i]), f"{backend} {longest}: {name}"
+            assert not whole[1][i][:, :lo].any() and not whole[1][i][:, hi:].any(), f"{backend}: {name} outside"
+    _, lo, hi = position_index(seq, buckets, furthest)
+    with pytest.raises(ValueError, match=rf"pos_query must be .* \(or the {hi - lo} rows \[{lo}, {hi}\)"):
+        disentangled_attention(q, k, v, pos_query=pq[:, lo:hi - 1], position_buckets=buckets,
+                               max_relative_positions=furthest)
 
 
 @pytest.mark.parametrize("backend", ["cpp"])
