@@ -238,7 +238,7 @@ class Bound:
     follow the sizes, seeds). Their first values are dropped here: a Bound keeps no call's tensor.
     Whoever keeps a Bound keys it on all that decides the other arguments."""
 
-    __slots__ = ("_kernel", "_args", "_slots", "_options")
+    __slots__ = ("_kernel", "_args", "_slots", "_options", "_direct")
 
     def __init__(self, kernel, args, options: Dict[str, Any], varying) -> None:
         options = dict(options)
@@ -254,13 +254,106 @@ class Bound:
         for i, _ in self._slots:
             self._args[i] = None
         self._options = options
+        # a compiled (not interpreted) kernel: launched without its JIT once compiled (DirectLaunch)
+        self._direct = DirectLaunch(kernel, len(args), options, self._slots) if hasattr(kernel, "device_caches") else None
 
     def __call__(self, grid, values: Dict[str, Any]) -> None:
         """Launch on `grid` with `values`: {name: value} for every varying argument."""
         args = self._args.copy()
         for i, name in self._slots:
             args[i] = values[name]
-        self._kernel.run(*args, grid=grid, warmup=False, **self._options)
+        direct = self._direct
+        if direct is None or not direct(grid, args):
+            compiled = self._kernel.run(*args, grid=grid, warmup=False, **self._options)
+            if direct is not None:
+                direct.keep(args, compiled)
+
+
+class DirectLaunch:
+    """A Bound's compiled kernels, launched the way Triton's JIT launches them after its checks.
+
+    A JITFunction call binds every argument, specializes each (its type, 16-byte alignment,
+    divisibility by 16, the value 1) and hashes the options, some 30 arguments' worth of host work,
+    before it hands the compiled kernel's launcher the arguments. A Bound's fixed arguments and
+    options never change, so only its varying arguments' specialization can pick another compiled
+    kernel: it is computed here per call with the JIT's own function (native_specialize_impl, with
+    each parameter's flags, as the JIT's binder calls it) and looked up, with the current device,
+    among the kernels the JIT compiled for this Bound (`keep`, after a call the JIT made). A hit
+    launches that kernel through its launcher with the arguments the JIT would give it (every
+    parameter in order, constexprs included; the device's current stream), and no launch metadata
+    nor hooks, which the JIT builds for launch hooks alone; a miss, a launch hook (a profiler's) or
+    Triton's debug mode (which the JIT's options carry) leaves the call to the JIT."""
+
+    __slots__ = ("_kernel", "_full", "_specializers", "_compiled", "_backends", "_driver", "_knobs", "_native")
+
+    def __init__(self, kernel, n_args: int, options: Dict[str, Any], slots) -> None:
+        from triton import knobs
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import native_specialize_impl
+
+        self._kernel = kernel
+        self._driver, self._knobs, self._native = driver, knobs, native_specialize_impl
+        params = kernel.params
+        # the JIT's bound arguments in parameter order: the positional ones, then constexprs and
+        # defaults by name (the launch options, num_warps and the like, are not parameters)
+        self._full = [None] * n_args + [options[p.name] if p.name in options else p.default for p in params[n_args:]]
+        specializers = []
+        for i, _ in slots:
+            kp = params[i]
+            if kp.is_constexpr:  # its value is in the compiled kernel
+                specializers.append((i, None))
+                continue
+            specialize = not kp.do_not_specialize
+            annotated = kp.annotation_type if isinstance(kp.annotation_type, str) else ""
+            if annotated and (annotated == "u1" or annotated[:2] in ("fp", "bf")):
+                specialize = False  # the JIT does not specialize annotated floats and bools
+            if annotated and not specialize:
+                continue  # nothing of its value reaches the JIT's key
+            specializers.append((i, (kp.is_const, specialize, not kp.do_not_specialize_on_alignment)))
+        self._specializers = tuple(specializers)
+        self._compiled: Dict[Any, Any] = {}  # (device, each varying argument's specialization) -> kernel
+        self._backends: Dict[Any, Any] = {}  # device -> the JIT's backend there (what specializes)
+
+    def _key(self, device, backend, args) -> tuple:
+        native = self._native
+        return (device, *(args[i] if flags is None else native(backend, args[i], *flags)
+                          for i, flags in self._specializers))
+
+    def keep(self, args, compiled) -> None:
+        """After the JIT launched `args` as `compiled` (its run's result): launch those directly."""
+        if compiled is None:
+            return
+        device = self._driver.active.get_current_device()
+        backend = self._backends.get(device)
+        if backend is None:
+            backend = self._backends[device] = self._kernel.device_caches[device][3]
+        self._compiled[self._key(device, backend, args)] = compiled
+
+    def __call__(self, grid, args) -> bool:
+        """Launch args on grid if the JIT compiled their specialization here before; False if not."""
+        runtime = self._knobs.runtime
+        if not (_idle(runtime.launch_enter_hook) and _idle(runtime.launch_exit_hook)) or runtime.debug:
+            return False
+        active = self._driver.active
+        device = active.get_current_device()
+        backend = self._backends.get(device)
+        if backend is None:
+            return False
+        compiled = self._compiled.get(self._key(device, backend, args))
+        if compiled is None:
+            return False
+        full = self._full.copy()
+        full[:len(args)] = args
+        n = len(grid)
+        compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, active.get_current_stream(device),
+                     compiled.function, compiled.packed_metadata, None, None, None, *full)
+        return True
+
+
+def _idle(hook) -> bool:
+    """Whether a Triton launch hook does nothing: None, or a chain of no hooks (triton 3.9's
+    knobs.runtime.launch_enter_hook, which a profiler fills)."""
+    return hook is None or getattr(hook, "calls", None) == []
 
 
 def aligned_args(signature: Dict[str, str]) -> Tuple[str, ...]:

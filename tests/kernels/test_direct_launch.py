@@ -1,0 +1,145 @@
+"""kernels.Bound's direct launches (kernels.DirectLaunch), checked without a GPU: Triton's JIT is
+run for real (the kernel compiled for sm_90 by the wheel's ptxas) against a stand-in driver whose
+loaded kernels are numbered and whose launcher records what it is handed. For every call, the
+direct path must hand the launcher exactly what the JIT hands it for the same arguments (the
+compiled kernel, by its number; the grid, the stream, every parameter in order), and where an
+argument's specialization changes (alignment, divisibility by 16, the value 1, a 64-bit size) the
+JIT must compile and launch it first. What this cannot check, the launch itself, run_cuda.sh's
+kernel tests do on a GPU. The stand-in: fastbert.bench.launch."""
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+from fastbert.bench.launch import stand_in_driver  # noqa: E402
+from fastbert.kernels import Bound  # noqa: E402
+
+
+def _idle(hook):
+    return hook is None or getattr(hook, "calls", None) == []
+
+
+def _scaled_copy(X, Y, n, stride_x, scale, offset: tl.int32, BLOCK: tl.constexpr, SHIFT: tl.constexpr = 0):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + i * stride_x, mask=i < n)
+    tl.store(Y + i, x * scale + offset + SHIFT, mask=i < n)
+
+
+@pytest.fixture
+def stand_in():
+    with stand_in_driver() as fake:
+        yield fake
+
+
+def _launch_by_jit(stand_in, kernel, args, options, grid):
+    before = len(stand_in.calls)
+    kernel.run(*args, grid=grid, warmup=False, **options)
+    return stand_in.calls[before:]
+
+
+def _launch(stand_in, bound, grid, values):
+    before = len(stand_in.calls)
+    bound(grid, values)
+    assert len(stand_in.calls) == before + 1
+    return stand_in.calls[-1]
+
+
+def test_direct_launches_hand_the_launcher_what_the_jit_does(stand_in):
+    kernel = stand_in.jit(_scaled_copy)
+    options = dict(BLOCK=128, num_warps=4)
+    bound = Bound(kernel, (None, None, 0, 1, 0.5, 3), options, ("X", "Y", "n", "stride_x"))
+    x = torch.zeros(4096)
+    y = torch.zeros(4096)
+    cases = [
+        (x, y, 1000, 1),      # aligned pointers, n not a multiple of 16
+        (x, y, 1000, 1),      # the same specialization again: direct
+        (x, y, 1024, 1),      # n % 16 == 0: another kernel
+        (x[1:], y, 1000, 1),  # X not 16-byte aligned: another
+        (x, y, 1, 1),         # n == 1: the JIT makes it a constant
+        (x, y, 96, 2),        # a stride of 2
+        (x, y, 2**33, 1),     # a 64-bit n
+        (x, y, 1000, 1),      # back to the first: direct, its kernel
+    ]
+    kept = set()
+    for xs, ys, n, stride in cases:
+        grid = (triton.cdiv(min(n, 4096), 128),)
+        values = {"X": xs, "Y": ys, "n": n, "stride_x": stride}
+        want = _launch_by_jit(stand_in, kernel, (xs, ys, n, stride, 0.5, 3), options, grid)
+        compiles, loaded = len(kernel.device_caches[0][0]), stand_in.utils.loaded
+        key = bound._direct._key(0, kernel.device_caches[0][3], [xs, ys, n, stride, 0.5, 3])
+        first = _launch(stand_in, bound, grid, values)
+        if key not in kept:  # this Bound's first call of the specialization: the JIT's, kept after
+            assert first[6] is not None, f"n={n} stride={stride}: a first call launched directly"
+            kept.add(key)
+        got = _launch(stand_in, bound, grid, values)
+        assert len(kernel.device_caches[0][0]) == compiles and stand_in.utils.loaded == loaded  # nothing new
+        assert len(want) == 1 and len(want[0]) == len(got)
+        for i, (a, b) in enumerate(zip(want[0], got)):
+            if i in (6, 7, 8):  # launch metadata and the enter / exit hooks: for hooks alone, and none is set
+                assert b is None and (i == 6 or _idle(a)), f"n={n} stride={stride}: launcher argument {i}"
+                continue
+            assert a is b or (type(a) is type(b) and a == b), f"n={n} stride={stride}: launcher argument {i}"
+    # each specialization compiled once (by the JIT's first call), the first case's reused at the end
+    assert len(kept) == len(kernel.device_caches[0][0]) == 6
+
+
+def test_a_miss_goes_through_the_jit_and_is_kept(stand_in):
+    kernel = stand_in.jit(_scaled_copy)
+    options = dict(BLOCK=64, SHIFT=2, num_warps=2)
+    bound = Bound(kernel, (None, None, 0, 1, 2.0, 0), options, ("X", "Y", "n"))
+    x, y = torch.zeros(512), torch.zeros(512)
+    seen = []
+    real_run = JITFunction.run
+
+    def run(self, *args, **kwargs):
+        seen.append(args[2])
+        return real_run(self, *args, **kwargs)
+
+    JITFunction.run = run
+    try:
+        for n in (100, 100, 112, 112, 100):
+            bound((triton.cdiv(n, 64),), {"X": x, "Y": y, "n": n})
+    finally:
+        JITFunction.run = real_run
+    assert seen == [100, 112]  # each specialization's first call only
+    assert len(stand_in.calls) == 5
+    # SHIFT (a constexpr given by name) and BLOCK reach the launcher in their parameters' places
+    assert all(call[9 + 6] == 64 and call[9 + 7] == 2 for call in stand_in.calls)
+
+
+def test_a_launch_hook_leaves_every_call_to_the_jit(stand_in):
+    from triton import knobs
+
+    kernel = stand_in.jit(_scaled_copy)
+    bound = Bound(kernel, (None, None, 0, 1, 1.0, 0), dict(BLOCK=64), ("X", "Y", "n"))
+    x = torch.zeros(256)
+    bound((2,), {"X": x, "Y": x, "n": 100})
+    hooked = []
+    enter = knobs.runtime.launch_enter_hook
+    enter.add(hooked.append)
+    try:
+        bound((2,), {"X": x, "Y": x, "n": 100})
+    finally:
+        enter.remove(hooked.append)
+    # the JIT's launch, with its metadata and the hook (the stand-in launcher calls no hook itself)
+    assert len(stand_in.calls) == 2 and stand_in.calls[1][6] is not None and stand_in.calls[1][7] is enter
+
+
+def test_bench_launch_times_both_ways():
+    # the benchmark in its own process, outside the interpreter (the attention kernels compiled for sm_90)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_launch.py"), "--calls", "3", "--rounds", "1"],
+                         capture_output=True, text=True, env=env, timeout=600, check=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.startswith(("padded", "packed"))]
+    assert len(rows) == 2, out
+    for row in rows:
+        assert float(row[-3]) > 0 and float(row[-2]) > 0 and row[-1].endswith("x"), out
