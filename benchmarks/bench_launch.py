@@ -2,11 +2,13 @@
 kernels.DirectLaunch (a Bound's compiled kernel launched with the arguments the JIT would give it),
 measured on any CPU with no GPU: Triton's JIT runs for real against a stand-in driver
 (fastbert.bench.launch: the kernels compiled for sm_90 at the first call, the launcher a no-op), so
-all of the host's work but the driver's own call is timed. The calls: the attention of a BERT-base
-layer (12 heads, fp16) over its joined QKV rows (kernels.attention.qkv_attention_forward), padded
-8 x 64 with a key mask (two launches: the mask's ranges, the attention) and packed (one), both
-ways in turn, fastest round kept. Prints host us per call each way and the ratio. bench_host.py,
-by contrast, skips every launch (its own us are the Python around them).
+all of the host's work but the driver's own call is timed. The calls, a BERT-base layer's
+inference launches (fp16, 8 x 64 tokens): the attention over its joined QKV rows
+(kernels.attention.qkv_attention_forward, Bound launches), padded with a key mask (two launches:
+the mask's ranges, the attention) and packed (one); add + LayerNorm and bias + GELU written over
+their inputs (kernels.launch). Both ways in turn, fastest round kept. Prints host us per call
+each way and the ratio. bench_host.py, by contrast, skips every launch (its own us are the Python
+around them).
 
     python benchmarks/bench_launch.py [--calls 500] [--rounds 7] [--json PATH]
 """
@@ -38,7 +40,7 @@ def main(argv=None) -> int:
 
     from fastbert import kernels
     from fastbert.bench.launch import stand_in_driver
-    from fastbert.kernels import attention
+    from fastbert.kernels import attention, bias_gelu, layer_norm
 
     torch.manual_seed(0)
     batch, seq, hidden, heads = 8, 64, 768, 12
@@ -48,8 +50,14 @@ def main(argv=None) -> int:
     lengths = mask.sum(1, dtype=torch.int32)
     cu = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
     packed = qkv[: int(cu[-1])].clone()
-    calls = {"padded, key mask (2 launches)": lambda: attention.qkv_attention_forward(qkv, heads, mask, None, seq, 0.125),
-             "packed (1 launch)": lambda: attention.qkv_attention_forward(packed, heads, None, cu, seq, 0.125)}
+    rows = torch.randn(batch * seq, hidden, dtype=torch.float16)
+    residual, weight, bias = torch.randn_like(rows), torch.ones(hidden), torch.zeros(hidden)
+    inter, inter_bias = torch.randn(batch * seq, 4 * hidden, dtype=torch.float16), torch.zeros(4 * hidden)
+    calls = {"attention, padded, key mask (2)": lambda: attention.qkv_attention_forward(qkv, heads, mask, None, seq, 0.125),
+             "attention, packed (1)": lambda: attention.qkv_attention_forward(packed, heads, None, cu, seq, 0.125),
+             "add_layer_norm, inference (1)": lambda: layer_norm.add_layer_norm_forward(
+                 rows, residual, weight, bias, 1e-12, 0.0, None, out=rows, stats=False),
+             "bias_gelu, inference (1)": lambda: bias_gelu.bias_gelu_forward(inter, inter_bias, "none", out=inter)}
     direct = kernels.DirectLaunch.__call__
 
     def jit_only(self, grid, args):
@@ -61,7 +69,7 @@ def main(argv=None) -> int:
             fn()
         return (time.perf_counter() - t0) / args.calls * 1e6
 
-    jitted = [v for name, module in list(sys.modules.items()) if name.startswith("fastbert.kernels.attention")
+    jitted = [v for name, module in list(sys.modules.items()) if name.startswith("fastbert.kernels")
               for v in vars(module).values() if isinstance(v, JITFunction)]
     with stand_in_driver(record=False, kernels=jitted):
         for fn in calls.values():  # compiled (sm_90) and kept for direct launches
@@ -80,9 +88,9 @@ def main(argv=None) -> int:
                  ratio=best[name, "jit"] / best[name, "direct"]) for name in calls]
 
     def show(rows):
-        print(f"{'call':32}{'JIT us':>10}{'direct us':>11}{'JIT / direct':>14}")
+        print(f"{'call (launches)':34}{'JIT us':>10}{'direct us':>11}{'JIT / direct':>14}")
         for r in rows:
-            print(f"{r['call']:32}{r['jit_us']:10.1f}{r['direct_us']:11.1f}{r['ratio']:13.2f}x")
+            print(f"{r['call']:34}{r['jit_us']:10.1f}{r['direct_us']:11.1f}{r['ratio']:13.2f}x")
 
     finish(rows, show, argv, json_path=args.json)
     return 0

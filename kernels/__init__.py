@@ -350,6 +350,25 @@ class DirectLaunch:
         return True
 
 
+_LAUNCHES: Dict[Any, "DirectLaunch"] = {}  # (kernel, its options' items) -> its direct launches
+
+
+def launch(kernel, grid, args, options: Dict[str, Any]) -> None:
+    """kernel[grid](*args, **options), the launchers' every unbound launch: a compiled kernel whose
+    specialization was launched here before is launched directly (DirectLaunch, one per kernel and
+    options: its constexprs and launch options, which a call site passes in one order), the rest
+    through Triton's JIT, as are the interpreter's kernels (which bench_host counts there)."""
+    if not hasattr(kernel, "device_caches"):
+        kernel.run(*args, grid=grid, warmup=False, **options)
+        return
+    key = (kernel, *options.items())
+    direct = _LAUNCHES.get(key)
+    if direct is None:
+        direct = _LAUNCHES[key] = DirectLaunch(kernel, len(args), options, tuple(enumerate(kernel.arg_names[:len(args)])))
+    if not direct(grid, args):
+        direct.keep(args, kernel.run(*args, grid=grid, warmup=False, **options))
+
+
 def _idle(hook) -> bool:
     """Whether a Triton launch hook does nothing: None, or a chain of no hooks (triton 3.9's
     knobs.runtime.launch_enter_hook, which a profiler fills)."""

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, Settings, aligned_args, cdiv, fresh_or_given, next_power_of_2, num_sms, split_rows
+from . import KernelBuild, Settings, aligned_args, cdiv, fresh_or_given, launch, next_power_of_2, num_sms, split_rows
 
 _SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
@@ -161,9 +161,8 @@ def launch_tiles(kernel, M: int, N: int, approximate: str, *args, backward: bool
     if M == 0 or N == 0:
         return
     s = settings(N, backward)
-    kernel[(cdiv(M, s.block_m), cdiv(N, s.block_n))](
-        *args, M, N, APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **s.options(),
-    )
+    launch(kernel, (cdiv(M, s.block_m), cdiv(N, s.block_n)), (*args, M, N),
+           dict(APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **s.options()))
 
 
 def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor, approximate: str, *,
@@ -205,16 +204,10 @@ def bias_gelu_backward(
     s, n_col_tiles, rows_per_program, n_row_programs = _backward_grid(M, N, x.device)
     partials = fresh_or_given(partials, (n_row_programs, N), torch.float32, x.device, "bias_gelu_backward's partials",
                               unit_columns=True)
-    _bias_gelu_bwd_kernel[(n_row_programs, n_col_tiles)](
-        dx, dx.stride(0),
-        partials, partials.stride(0),
-        dy, dy.stride(0),
-        x, x.stride(0),
-        bias,
-        M, N,
-        rows_per_program,
-        APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **s.options(),
-    )
+    launch(_bias_gelu_bwd_kernel, (n_row_programs, n_col_tiles),
+           (dx, dx.stride(0), partials, partials.stride(0), dy, dy.stride(0), x, x.stride(0), bias, M, N,
+            rows_per_program),
+           dict(APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **s.options()))
     return dx, partials.sum(0).to(bias.dtype)
 
 

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, Settings, cdiv, dropout_options
+from . import KernelBuild, Settings, cdiv, dropout_options, launch
 from .attention.args import LOG2E, optional_tensor
 from .attention.common import dropout_keep, load_tile, load_vec, mask_scores, sequence_span, store_tile
 from .attention.launchers import delta_launch, key_mask_ranges
@@ -442,14 +442,15 @@ def disentangled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     drop = dropout_options(dropout_p, seed, "disentangled_attention")
     pk, pq, stride_ph, index, pos_n, c2p, p2c = _tables(pos_key, pos_query, q, pos_index)
     s = disentangled_settings(head_dim, q.dtype, "fwd")
-    disentangled_fwd_kernel[(cdiv(seq, s.block_m), heads, batch)](
-        out, *_strides(out, packed), lse, *lse_st,
-        q, *_strides(q, packed), k, *_strides(k, packed), v, *_strides(v, packed),
-        *_mask_args(packed, key_mask, batch, seq, q.device), optional_tensor(cu_seqlens, torch.int32, q.device),
-        pk, pq, stride_ph, index, pos_n, heads, seq, head_dim, scale * LOG2E,
-        drop.seed, drop.threshold, drop.scale,
-        BLOCK_M=s.block_m, BLOCK_N=s.block_n, BLOCK_D=block_d(head_dim), T=_distances(s), HAS_MASK=not packed,
-        VARLEN=packed, HAS_DROPOUT=drop.on, C2P=c2p, P2C=p2c, DOT_PRECISION=dot_precision(q.dtype), **s.options())
+    launch(disentangled_fwd_kernel, (cdiv(seq, s.block_m), heads, batch),
+           (out, *_strides(out, packed), lse, *lse_st,
+            q, *_strides(q, packed), k, *_strides(k, packed), v, *_strides(v, packed),
+            *_mask_args(packed, key_mask, batch, seq, q.device), optional_tensor(cu_seqlens, torch.int32, q.device),
+            pk, pq, stride_ph, index, pos_n, heads, seq, head_dim, scale * LOG2E,
+            drop.seed, drop.threshold, drop.scale),
+           dict(BLOCK_M=s.block_m, BLOCK_N=s.block_n, BLOCK_D=block_d(head_dim), T=_distances(s), HAS_MASK=not packed,
+                VARLEN=packed, HAS_DROPOUT=drop.on, C2P=c2p, P2C=p2c, DOT_PRECISION=dot_precision(q.dtype),
+                **s.options()))
     return out, lse
 
 
@@ -479,7 +480,7 @@ def disentangled_attention_backward(do, q, k, v, out, lse, key_mask, cu_seqlens,
     do_st = _strides(do, packed)
     kernel, grid, args, options = delta_launch(out, do, delta, lse_st, _strides(out, packed), do_st, packed, batch, seq,
                                                heads)
-    kernel[grid](*args, **options)
+    launch(kernel, grid, args, options)
     common = (
         q, *_strides(q, packed), k, *_strides(k, packed), v, *_strides(v, packed), do, *do_st,
         lse, delta, *lse_st,
@@ -492,13 +493,13 @@ def disentangled_attention_backward(do, q, k, v, out, lse, key_mask, cu_seqlens,
     g_st = _strides(dq, packed)
     absent = optional_tensor(None, torch.float32, q.device)
     s = disentangled_settings(head_dim, q.dtype, "bwd_dq")
-    disentangled_bwd_dq_kernel[(cdiv(seq, s.block_m), heads, batch)](
-        dq, *g_st, dpk if dpk is not None else absent, *common,
-        BLOCK_M=s.block_m, BLOCK_N=s.block_n, T=_distances(s), **flags, **s.options())
+    launch(disentangled_bwd_dq_kernel, (cdiv(seq, s.block_m), heads, batch),
+           (dq, *g_st, dpk if dpk is not None else absent, *common),
+           dict(BLOCK_M=s.block_m, BLOCK_N=s.block_n, T=_distances(s), **flags, **s.options()))
     s = disentangled_settings(head_dim, q.dtype, "bwd_dkdv")
-    disentangled_bwd_dkdv_kernel[(cdiv(seq, s.block_n), heads, batch)](
-        dk, dv, *g_st, dpq if dpq is not None else absent, *common,
-        BLOCK_M=s.block_m, BLOCK_N=s.block_n, T=_distances(s), **flags, **s.options())
+    launch(disentangled_bwd_dkdv_kernel, (cdiv(seq, s.block_n), heads, batch),
+           (dk, dv, *g_st, dpq if dpq is not None else absent, *common),
+           dict(BLOCK_M=s.block_m, BLOCK_N=s.block_n, T=_distances(s), **flags, **s.options()))
     return result()
 
 

@@ -41,6 +41,7 @@ from . import (
     dropout_options,
     empty_together,
     fresh_or_given,
+    launch,
     num_sms,
     sink,
     split_rows,
@@ -282,12 +283,11 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
     if M > 0:
         s = settings(N, with_sum=return_sum)
         has_dropout, seed, threshold, scale = dropout_options(dropout_p, seed, "add_layer_norm")
-        _add_layer_norm_fwd_kernel[(cdiv(M, s.block_m),)](
-            y, y.stride(0), *optional_rows(h), mean, rstd, x, x.stride(0), residual, residual.stride(0),
-            weight, weight if bias is None else bias, M, N, eps, seed, threshold, scale,
-            HAS_DROPOUT=has_dropout, HAS_BIAS=bias is not None, HAS_SUM=return_sum, RMS=rms, BLOCK_M=s.block_m,
-            BLOCK_N=s.block_n, **s.options(),
-        )
+        launch(_add_layer_norm_fwd_kernel, (cdiv(M, s.block_m),),
+               (y, y.stride(0), *optional_rows(h), mean, rstd, x, x.stride(0), residual, residual.stride(0),
+                weight, weight if bias is None else bias, M, N, eps, seed, threshold, scale),
+               dict(HAS_DROPOUT=has_dropout, HAS_BIAS=bias is not None, HAS_SUM=return_sum, RMS=rms,
+                    BLOCK_M=s.block_m, BLOCK_N=s.block_n, **s.options()))
     if not stats:
         mean = rstd = None
     return (y, mean, rstd, h) if return_sum else (y, mean, rstd)
@@ -334,13 +334,12 @@ def _backward_whole_rows(dx, dresidual, dy, dsum, x, residual, weight, mean, rst
     M, N = x.shape
     rows_per_program, n_programs = _programs(M, N, s, x.device)
     partial = _partial_sums(n_programs, N, x.device, partials)
-    _add_layer_norm_bwd_kernel[(n_programs,)](
-        dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
-        dy, dy.stride(0), *optional_rows(dsum), x, x.stride(0), residual, residual.stride(0), weight, mean, rstd,
-        None, None, M, N, rows_per_program, *dropout_args,
-        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=False, RMS=rms, BLOCK_N=s.block_n,
-        **s.options(),
-    )
+    launch(_add_layer_norm_bwd_kernel, (n_programs,),
+           (dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
+            dy, dy.stride(0), *optional_rows(dsum), x, x.stride(0), residual, residual.stride(0), weight, mean, rstd,
+            None, None, M, N, rows_per_program, *dropout_args),
+           dict(HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=False, RMS=rms, BLOCK_N=s.block_n,
+                **s.options()))
     return partial
 
 
@@ -353,19 +352,16 @@ def _backward_two_pass(dx, dresidual, dy, dsum, x, residual, weight, mean, rstd,
     grad_y = (dy, dy.stride(0))
     inputs = (x, x.stride(0), residual, residual.stride(0), weight, mean, rstd)
     s = ROW_SUMS_SETTINGS
-    _add_layer_norm_bwd_row_sums_kernel[(M,)](
-        mean_g, mean_gx, *grad_y, *inputs, M, N, *dropout_args,
-        HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n, **s.options(),
-    )
+    launch(_add_layer_norm_bwd_row_sums_kernel, (M,), (mean_g, mean_gx, *grad_y, *inputs, M, N, *dropout_args),
+           dict(HAS_DROPOUT=has_dropout, BLOCK_N=s.block_n, **s.options()))
     s = TILED_SETTINGS
     rows_per_program, n_programs = _programs(M, N, None, x.device)
     partial = _partial_sums(n_programs, N, x.device, partials)
-    _add_layer_norm_bwd_kernel[(n_programs, cdiv(N, s.block_n))](
-        dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
-        *grad_y, *optional_rows(dsum), *inputs, mean_g, mean_gx, M, N, rows_per_program, *dropout_args,
-        HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=True, RMS=rms, BLOCK_N=s.block_n,
-        **s.options(),
-    )
+    launch(_add_layer_norm_bwd_kernel, (n_programs, cdiv(N, s.block_n)),
+           (dx, dx.stride(0), dresidual, dresidual.stride(0), partial[0], partial[1], partial.stride(1),
+            *grad_y, *optional_rows(dsum), *inputs, mean_g, mean_gx, M, N, rows_per_program, *dropout_args),
+           dict(HAS_DROPOUT=has_dropout, HAS_DSUM=dsum is not None, TWO_PASS=True, RMS=rms, BLOCK_N=s.block_n,
+                **s.options()))
     return partial
 
 

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .. import Bound, Settings, cdiv, dropout_options, empty_together, fresh_or_given, sink
+from .. import Bound, Settings, cdiv, dropout_options, empty_together, fresh_or_given, launch, sink
 from .args import LOG2E, DistanceOptions, distance_options, optional_tensor, rope_args, rope_tables
 from .backward import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel, attention_bwd_preprocess_kernel
 from .common import mask_range_kernel
@@ -69,7 +69,7 @@ def key_mask_ranges(key_mask: Optional[torch.Tensor], batch: int, seq: int, devi
         mask = mask if mask.stride(-1) == 1 else mask.contiguous()
     ranges = torch.empty((batch, 2), dtype=torch.int32, device=device)
     s = RANGE_SETTINGS
-    mask_range_kernel[(batch,)](ranges, mask, mask.stride(0), seq, BLOCK=s.block_n, **s.options())
+    launch(mask_range_kernel, (batch,), (ranges, mask, mask.stride(0), seq), dict(BLOCK=s.block_n, **s.options()))
     return mask, ranges
 
 
@@ -101,7 +101,7 @@ def _forward(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, bat
     dist: the window and relative bias (distance_options)."""
     kernel, grid, args, options = _forward_launch(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, batch,
                                                   seq, strides, scale, drop, rope, dist)
-    kernel[grid](*args, **options)
+    launch(kernel, grid, args, options)
 
 
 def _forward_launch(q, k, v, out, lse, lse_strides, keep, mask, ranges, cu_seqlens, batch, seq, strides, scale, drop,
@@ -149,7 +149,7 @@ def _backward(do, q, k, v, out, lse, lse_strides, mask, ranges, cu_seqlens, batc
     for kernel, grid, args, options in _backward_launches(do, q, k, v, out, lse, torch.empty_like(lse), lse_strides,
                                                           mask, ranges, cu_seqlens, batch, seq, strides_of, scale,
                                                           drop, rope, dist, (dq, dk, dv), drel):
-        kernel[grid](*args, **options)
+        launch(kernel, grid, args, options)
     return dq, dk, dv, drel
 
 
@@ -610,9 +610,9 @@ def qkv_attention_backward(
                   stride_dob=max_seqlen * dout.stride(-2), stride_dqb=max_seqlen * d_rows,
                   stride_dkb=max_seqlen * d_rows, stride_dvb=max_seqlen * d_rows)
     _find_ranges(ranges, values)
-    for launch, block, rows_grid in launches:
+    for bound, block, rows_grid in launches:
         grid_rows = rows if rows_grid and varlen else max_seqlen
-        launch((cdiv(grid_rows, block), heads, 1 if rows_grid and varlen else batch), values)
+        bound((cdiv(grid_rows, block), heads, 1 if rows_grid and varlen else batch), values)
     return dqkv
 
 

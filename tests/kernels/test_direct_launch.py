@@ -15,7 +15,7 @@ tl = pytest.importorskip("triton.language")
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from fastbert.bench.launch import stand_in_driver  # noqa: E402
-from fastbert.kernels import Bound  # noqa: E402
+from fastbert.kernels import Bound, launch  # noqa: E402
 
 
 def _idle(hook):
@@ -26,6 +26,14 @@ def _scaled_copy(X, Y, n, stride_x, scale, offset: tl.int32, BLOCK: tl.constexpr
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + i * stride_x, mask=i < n)
     tl.store(Y + i, x * scale + offset + SHIFT, mask=i < n)
+
+
+def _biased_copy(X, Y, B, n, BLOCK: tl.constexpr, HAS_B: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + i, mask=i < n)
+    if HAS_B:
+        x += tl.load(B + i, mask=i < n)
+    tl.store(Y + i, x, mask=i < n)
 
 
 @pytest.fixture
@@ -86,6 +94,29 @@ def test_direct_launches_hand_the_launcher_what_the_jit_does(stand_in):
     assert len(kept) == len(kernel.device_caches[0][0]) == 6
 
 
+def test_launch_hands_the_launcher_what_the_jit_does(stand_in):
+    # kernels.launch, the launchers' kernel[grid](*args, **options): every argument varies, None
+    # ones (which the JIT makes constants) included; keyed on the kernel and its options
+    kernel = stand_in.jit(_biased_copy)
+    x, y, b = torch.zeros(1024), torch.zeros(1024), torch.zeros(1024)
+    cases = [((x, y, b, 1000), dict(BLOCK=64, HAS_B=True)), ((x, y, None, 1000), dict(BLOCK=64, HAS_B=False)),
+             ((x[3:], y, b, 992), dict(BLOCK=64, HAS_B=True)), ((x, y, None, 1000), dict(BLOCK=128, HAS_B=False)),
+             ((x, y, b, 1000), dict(BLOCK=64, HAS_B=True)), ((x, y, None, 16), dict(BLOCK=64, HAS_B=False))]
+    for args, options in cases * 2:
+        grid = (triton.cdiv(args[3], options["BLOCK"]),)
+        want = _launch_by_jit(stand_in, kernel, args, options, grid)[0]
+        before = len(stand_in.calls)
+        launch(kernel, grid, args, options)
+        launch(kernel, grid, args, options)  # the second of a specialization is direct
+        got = stand_in.calls[-1]
+        assert len(stand_in.calls) == before + 2 and len(got) == len(want)
+        assert got[6] is None, f"{options}: not launched directly"
+        for i, (a, b_) in enumerate(zip(want, got)):
+            if i not in (6, 7, 8):
+                assert a is b_ or (type(a) is type(b_) and a == b_), f"{options}: launcher argument {i}"
+    assert len(kernel.device_caches[0][0]) == 5
+
+
 def test_a_miss_goes_through_the_jit_and_is_kept(stand_in):
     kernel = stand_in.jit(_scaled_copy)
     options = dict(BLOCK=64, SHIFT=2, num_warps=2)
@@ -139,7 +170,7 @@ def test_bench_launch_times_both_ways():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_launch.py"), "--calls", "3", "--rounds", "1"],
                          capture_output=True, text=True, env=env, timeout=600, check=True).stdout
-    rows = [line.split() for line in out.splitlines() if line.startswith(("padded", "packed"))]
-    assert len(rows) == 2, out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("attention", "add_layer_norm", "bias_gelu"))]
+    assert len(rows) == 4, out
     for row in rows:
         assert float(row[-3]) > 0 and float(row[-2]) > 0 and row[-1].endswith("x"), out
