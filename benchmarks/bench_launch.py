@@ -10,7 +10,10 @@ their inputs (kernels.launch). Both ways in turn, fastest round kept. Prints hos
 each way and the ratio. bench_host.py, by contrast, skips every launch (its own us are the Python
 around them).
 
-    python benchmarks/bench_launch.py [--calls 500] [--rounds 7] [--json PATH]
+On a GPU, `--device cuda` launches for real, the calls back to back with the GPU kept busy: wall
+us a call, the larger of the host's time and the GPU's (at these sizes, the host's).
+
+    python benchmarks/bench_launch.py [--device stand-in|cuda] [--calls 500] [--rounds 7] [--json PATH]
 """
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--calls", type=int, default=500, help="calls per timed round")
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds each way, in turn (the fastest is kept)")
+    ap.add_argument("--device", choices=("stand-in", "cuda"), default="stand-in",
+                    help="stand-in: no GPU, the launcher a no-op (host us); cuda: real launches on the GPU, wall us "
+                         "a call with the calls back to back (the larger of the host's and the GPU's time)")
     add_output_options(ap, png=False)
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -35,6 +41,8 @@ def main(argv=None) -> int:
     except ImportError:
         print("# skipped: triton is not installed (pip install triton)")
         return 0
+    import contextlib
+
     import torch
     from triton.runtime.jit import JITFunction
 
@@ -42,17 +50,23 @@ def main(argv=None) -> int:
     from fastbert.bench.launch import stand_in_driver
     from fastbert.kernels import attention, bias_gelu, layer_norm
 
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("# skipped: --device cuda needs a GPU")
+        return 0
+    dev = "cuda" if cuda else "cpu"
     torch.manual_seed(0)
     batch, seq, hidden, heads = 8, 64, 768, 12
-    qkv = torch.randn(batch * seq, 3 * hidden, dtype=torch.float16)
-    mask = torch.ones(batch, seq, dtype=torch.bool)
+    qkv = torch.randn(batch * seq, 3 * hidden, dtype=torch.float16, device=dev)
+    mask = torch.ones(batch, seq, dtype=torch.bool, device=dev)
     mask[1:, 40:] = False
     lengths = mask.sum(1, dtype=torch.int32)
     cu = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
     packed = qkv[: int(cu[-1])].clone()
-    rows = torch.randn(batch * seq, hidden, dtype=torch.float16)
-    residual, weight, bias = torch.randn_like(rows), torch.ones(hidden), torch.zeros(hidden)
-    inter, inter_bias = torch.randn(batch * seq, 4 * hidden, dtype=torch.float16), torch.zeros(4 * hidden)
+    rows = torch.randn(batch * seq, hidden, dtype=torch.float16, device=dev)
+    residual, weight, bias = torch.randn_like(rows), torch.ones(hidden, device=dev), torch.zeros(hidden, device=dev)
+    inter = torch.randn(batch * seq, 4 * hidden, dtype=torch.float16, device=dev)
+    inter_bias = torch.zeros(4 * hidden, device=dev)
     calls = {"attention, padded, key mask (2)": lambda: attention.qkv_attention_forward(qkv, heads, mask, None, seq, 0.125),
              "attention, packed (1)": lambda: attention.qkv_attention_forward(packed, heads, None, cu, seq, 0.125),
              "add_layer_norm, inference (1)": lambda: layer_norm.add_layer_norm_forward(
@@ -64,14 +78,18 @@ def main(argv=None) -> int:
         return False
 
     def per_call(fn) -> float:
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(args.calls):
             fn()
+        if cuda:
+            torch.cuda.synchronize()
         return (time.perf_counter() - t0) / args.calls * 1e6
 
     jitted = [v for name, module in list(sys.modules.items()) if name.startswith("fastbert.kernels")
               for v in vars(module).values() if isinstance(v, JITFunction)]
-    with stand_in_driver(record=False, kernels=jitted):
+    with stand_in_driver(record=False, kernels=jitted) if not cuda else contextlib.nullcontext():
         for fn in calls.values():  # compiled (sm_90) and kept for direct launches
             fn()
             fn()
@@ -88,6 +106,7 @@ def main(argv=None) -> int:
                  ratio=best[name, "jit"] / best[name, "direct"]) for name in calls]
 
     def show(rows):
+        print(f"# {'wall us a call on ' + torch.cuda.get_device_name() if cuda else 'host us a call, launches not run'}")
         print(f"{'call (launches)':34}{'JIT us':>10}{'direct us':>11}{'JIT / direct':>14}")
         for r in rows:
             print(f"{r['call']:34}{r['jit_us']:10.1f}{r['direct_us']:11.1f}{r['ratio']:13.2f}x")

@@ -49,6 +49,7 @@ step 150 "check_modern_cuda" $py benchmarks/check_modern_cuda.py --json "$out/mo
 step 150 "bench_encoder_cuda" $py benchmarks/bench_encoder_cuda.py --json "$out/encoder.json"
 step 60 "bench_encoder_cuda one20" $py benchmarks/bench_encoder_cuda.py --workloads one20 --scale 1 \
     --dtypes float16,bfloat16 --json "$out/encoder_one20.json"
+step 45 "bench_launch" $py benchmarks/bench_launch.py --device cuda --calls 200 --rounds 5 --json "$out/launch.json"
 step 100 "bench_attention fp16" $py benchmarks/bench_attention.py --dtype float16 --json "$out/attention_fp16.json"
 step 90 "bench_ops" $py benchmarks/bench_ops.py --dtypes float32,bfloat16 --json "$out/ops.json"
 step 80 "bench_pretrain" $py benchmarks/bench_pretrain.py --device cuda --rounds 5 --budget 30 --json "$out/pretrain.json"
