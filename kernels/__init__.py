@@ -262,15 +262,15 @@ class Bound:
         args = self._args.copy()
         for i, name in self._slots:
             args[i] = values[name]
-        direct = self._direct
-        if direct is None or not direct(grid, args):
-            compiled = self._kernel.run(*args, grid=grid, warmup=False, **self._options)
-            if direct is not None:
-                direct.keep(args, compiled)
+        if self._direct is None:
+            self._kernel.run(*args, grid=grid, warmup=False, **self._options)
+        else:
+            self._direct.launch(grid, args)
 
 
 class DirectLaunch:
-    """A Bound's compiled kernels, launched the way Triton's JIT launches them after its checks.
+    """A Bound's (or a `launch` site's) compiled kernels, launched the way Triton's JIT launches them
+    after its checks.
 
     A JITFunction call binds every argument, specializes each (its type, 16-byte alignment,
     divisibility by 16, the value 1) and hashes the options, some 30 arguments' worth of host work,
@@ -284,14 +284,15 @@ class DirectLaunch:
     nor hooks, which the JIT builds for launch hooks alone; a miss, a launch hook (a profiler's) or
     Triton's debug mode (which the JIT's options carry) leaves the call to the JIT."""
 
-    __slots__ = ("_kernel", "_full", "_specializers", "_compiled", "_backends", "_driver", "_knobs", "_native")
+    __slots__ = ("_kernel", "_options", "_full", "_specializers", "_compiled", "_backends", "_driver", "_knobs",
+                 "_native")
 
     def __init__(self, kernel, n_args: int, options: Dict[str, Any], slots) -> None:
         from triton import knobs
         from triton.runtime.driver import driver
         from triton.runtime.jit import native_specialize_impl
 
-        self._kernel = kernel
+        self._kernel, self._options = kernel, options
         self._driver, self._knobs, self._native = driver, knobs, native_specialize_impl
         params = kernel.params
         # the JIT's bound arguments in parameter order: the positional ones, then constexprs and
@@ -349,8 +350,16 @@ class DirectLaunch:
                      compiled.function, compiled.packed_metadata, None, None, None, *full)
         return True
 
+    def launch(self, grid, args) -> None:
+        """Launch args on grid: directly where the JIT compiled their specialization here before,
+        else through the JIT (with the options given at construction), its kernel kept."""
+        if not self(grid, args):
+            self.keep(args, self._kernel.run(*args, grid=grid, warmup=False, **self._options))
 
-_LAUNCHES: Dict[Any, "DirectLaunch"] = {}  # (kernel, its options' items) -> its direct launches
+
+# (id of the kernel, its options' items) -> its direct launches; the entry holds the kernel, so its id
+# is never another's (a JITFunction's own hash computes its cache key: a launch's host time saved)
+_LAUNCHES: Dict[Any, "DirectLaunch"] = {}
 
 
 def launch(kernel, grid, args, options: Dict[str, Any]) -> None:
@@ -361,12 +370,11 @@ def launch(kernel, grid, args, options: Dict[str, Any]) -> None:
     if not hasattr(kernel, "device_caches"):
         kernel.run(*args, grid=grid, warmup=False, **options)
         return
-    key = (kernel, *options.items())
+    key = (id(kernel), *options.items())
     direct = _LAUNCHES.get(key)
     if direct is None:
         direct = _LAUNCHES[key] = DirectLaunch(kernel, len(args), options, tuple(enumerate(kernel.arg_names[:len(args)])))
-    if not direct(grid, args):
-        direct.keep(args, kernel.run(*args, grid=grid, warmup=False, **options))
+    direct.launch(grid, args)
 
 
 def _idle(hook) -> bool:
