@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+from itertools import repeat
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 # Kernel modules whose variants the build report compiles. A new kernel module is added here
@@ -284,8 +285,8 @@ class DirectLaunch:
     nor hooks, which the JIT builds for launch hooks alone; a miss, a launch hook (a profiler's) or
     Triton's debug mode (which the JIT's options carry) leaves the call to the JIT."""
 
-    __slots__ = ("_kernel", "_options", "_full", "_specializers", "_compiled", "_backends", "_driver", "_knobs",
-                 "_native")
+    __slots__ = ("_kernel", "_options", "_full", "_spec", "_raw", "_compiled", "_backends", "_driver",
+                 "_knobs", "_native")
 
     def __init__(self, kernel, n_args: int, options: Dict[str, Any], slots) -> None:
         from triton import knobs
@@ -311,14 +312,18 @@ class DirectLaunch:
             if annotated and not specialize:
                 continue  # nothing of its value reaches the JIT's key
             specializers.append((i, (kp.is_const, specialize, not kp.do_not_specialize_on_alignment)))
-        self._specializers = tuple(specializers)
+        # column by column (index, is_const, specialize, align), for _key's maps: a generator's step per
+        # argument cost the host more than the specialization calls themselves
+        self._spec = tuple(zip(*[(i, *flags) for i, flags in specializers if flags is not None])) or ((),) * 4
+        self._raw = tuple(i for i, flags in specializers if flags is None)
         self._compiled: Dict[Any, Any] = {}  # (device, each varying argument's specialization) -> kernel
         self._backends: Dict[Any, Any] = {}  # device -> the JIT's backend there (what specializes)
 
     def _key(self, device, backend, args) -> tuple:
-        native = self._native
-        return (device, *(args[i] if flags is None else native(backend, args[i], *flags)
-                          for i, flags in self._specializers))
+        index, is_const, specialize, align = self._spec
+        at = args.__getitem__
+        return (device, *map(self._native, repeat(backend), map(at, index), is_const, specialize, align),
+                *map(at, self._raw))
 
     def keep(self, args, compiled) -> None:
         """After the JIT launched `args` as `compiled` (its run's result): launch those directly."""

@@ -24,7 +24,7 @@ from fastbert import ops
 from fastbert.model import stack_plan
 from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
-from fastbert.model.joined import views_of
+from fastbert.model.joined import Unmoved, views_of
 from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler, gated_activation
 from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
@@ -278,16 +278,16 @@ class BertModel(BertPreTrainedModel):
         p = stack_plan.plan(self, layers, False)
         if not p.runs:
             return None
-        kept = p.made.get(("kept", count))
-        if kept is None:
-            kept = p.made[("kept", count)] = KeptLayers(
-                [(LayerWeights(*tensors[:12]), p.heads[i], (p.eps[2 * i], p.eps[2 * i + 1]), p.forms[i])
-                 for i, tensors in enumerate(p.tensors[:count])], p.backends)
-        for tensors in p.tensors[:count]:
-            parts = tensors[12:]
-            if not (views_of(tensors[0], parts[:3]) and views_of(tensors[1], parts[3:])):
-                stack_plan.drop_plans(self, False)
-                return None
+        made = p.made.get(("kept", count))
+        if made is not None and made[1]():  # (KeptLayers, their joined tensors' parts unmoved)
+            return made[0]
+        if made is not None or not all(views_of(tensors[0], tensors[12:15]) and views_of(tensors[1], tensors[15:])
+                                       for tensors in p.tensors[:count]):
+            stack_plan.drop_plans(self, False)  # a part moved: the layers' own reads join them again
+            return None
+        kept = KeptLayers([(LayerWeights(*tensors[:12]), p.heads[i], (p.eps[2 * i], p.eps[2 * i + 1]), p.forms[i])
+                           for i, tensors in enumerate(p.tensors[:count])], p.backends)
+        p.made[("kept", count)] = (kept, Unmoved([t for tensors in p.tensors[:count] for t in tensors[12:]]))
         return kept
 
     def _int8_layer(self, layer, h, hq, mask, packed, bias, scale, want_probs: bool, rel, shape, quantize_out: bool):

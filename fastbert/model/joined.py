@@ -44,6 +44,34 @@ def views_of(fused: Optional[torch.Tensor], params) -> bool:
     return start == fused.data_ptr() + fused.shape[0] * row
 
 
+class Unmoved:
+    """Whether tensors are where they were: each one's address, sizes, strides, dtype and device
+    as at construction, read for all of them in a few C-level passes (views_of reads each part in
+    Python: a BERT model's QKV parts cost a forward 20 us a layer that way on a Zen 1, 8 this way).
+    Made right after views_of found `parts` to be the slices of joined tensors that something keeps
+    alive, it answers views_of's question for all of them: a part that still covers the same bytes
+    the same way is still its slice (no other tensor can be given a live tensor's memory), and one
+    given new memory (to(), `.data = ...`) or a new shape fails it."""
+
+    __slots__ = ("_parts", "_seen")
+
+    def __init__(self, parts) -> None:
+        self._parts = list(parts)
+        self._seen = _layout(self._parts)
+
+    def __call__(self) -> bool:
+        return _layout(self._parts) == self._seen
+
+
+_DTYPE, _DEVICE = torch.Tensor.dtype.__get__, torch.Tensor.device.__get__
+
+
+def _layout(parts: List[torch.Tensor]) -> tuple:
+    T = torch.Tensor
+    return (list(map(T.data_ptr, parts)), list(map(T.size, parts)), list(map(T.stride, parts)),
+            list(map(_DTYPE, parts)), list(map(_DEVICE, parts)))
+
+
 def joined(owner, name: str, parts: List[torch.Tensor]) -> torch.Tensor:
     """One tensor whose consecutive slices `parts` are (made so now when they are not)."""
     key = "_joined_" + name
