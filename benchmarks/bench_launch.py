@@ -6,9 +6,9 @@ all of the host's work but the driver's own call is timed. The calls, a BERT-bas
 inference launches (fp16, 8 x 64 tokens): the attention over its joined QKV rows
 (kernels.attention.qkv_attention_forward, Bound launches), padded with a key mask (two launches:
 the mask's ranges, the attention) and packed (one); add + LayerNorm and bias + GELU written over
-their inputs (kernels.launch). Both ways in turn, fastest round kept. Prints host us per call
-each way and the ratio. bench_host.py, by contrast, skips every launch (its own us are the Python
-around them).
+their inputs as a layer calls them (add_layer_norm_inference, bias_gelu_inference: Bound
+launches). Both ways in turn, fastest round kept. Prints host us per call each way and the ratio.
+bench_host.py, by contrast, skips every launch (its own us are the Python around them).
 
 On a GPU, `--device cuda` launches for real, the calls back to back with the GPU kept busy: wall
 us a call, the larger of the host's time and the GPU's (at these sizes, the host's).
@@ -69,9 +69,9 @@ def main(argv=None) -> int:
     inter_bias = torch.zeros(4 * hidden, device=dev)
     calls = {"attention, padded, key mask (2)": lambda: attention.qkv_attention_forward(qkv, heads, mask, None, seq, 0.125),
              "attention, packed (1)": lambda: attention.qkv_attention_forward(packed, heads, None, cu, seq, 0.125),
-             "add_layer_norm, inference (1)": lambda: layer_norm.add_layer_norm_forward(
-                 rows, residual, weight, bias, 1e-12, 0.0, None, out=rows, stats=False),
-             "bias_gelu, inference (1)": lambda: bias_gelu.bias_gelu_forward(inter, inter_bias, "none", out=inter)}
+             "add_layer_norm, inference (1)": lambda: layer_norm.add_layer_norm_inference(
+                 rows, residual, weight, bias, 1e-12),
+             "bias_gelu, inference (1)": lambda: bias_gelu.bias_gelu_inference(inter, inter_bias, "none")}
     direct = kernels.DirectLaunch.__call__
 
     def jit_only(self, grid, args):

@@ -263,6 +263,16 @@ class Bound:
         args = self._args.copy()
         for i, name in self._slots:
             args[i] = values[name]
+        self._launch(grid, args)
+
+    def run(self, grid, *values) -> None:
+        """Launch on `grid` with the varying arguments' values in the order `varying` named them."""
+        args = self._args.copy()
+        for (i, _), value in zip(self._slots, values):
+            args[i] = value
+        self._launch(grid, args)
+
+    def _launch(self, grid, args: list) -> None:
         if self._direct is None:
             self._kernel.run(*args, grid=grid, warmup=False, **self._options)
         else:

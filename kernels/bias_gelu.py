@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KernelBuild, Settings, aligned_args, cdiv, fresh_or_given, launch, next_power_of_2, num_sms, split_rows
+from . import Bound, KernelBuild, Settings, aligned_args, cdiv, fresh_or_given, launch, next_power_of_2, num_sms, split_rows
 
 _SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
@@ -163,6 +163,45 @@ def launch_tiles(kernel, M: int, N: int, approximate: str, *args, backward: bool
     s = settings(N, backward)
     launch(kernel, (cdiv(M, s.block_m), cdiv(N, s.block_n)), (*args, M, N),
            dict(APPROXIMATE_TANH=tanh, BLOCK_M=s.block_m, BLOCK_N=s.block_n, **flags, **s.options()))
+
+
+class BoundTiles:
+    """launch_tiles(kernel, M, N, approximate, *args, **flags) bound once (kernels.Bound) for N, the
+    GELU form and the flags: a call gives M and the tensor arguments (with their row strides) in the
+    kernel's order and launches, none of launch_tiles' settings and options made again; the same
+    launch, so the same bits. For a model's inference layers (the GELU over its bias, a gated unit),
+    where every launch of a forward has the same N."""
+
+    __slots__ = ("_bound", "_block_m", "_grid_n")
+
+    def __init__(self, kernel, n_args: int, N: int, approximate: str, **flags) -> None:
+        s = settings(N)
+        names = kernel.arg_names
+        self._bound = Bound(kernel, (None,) * (n_args + 1) + (N,),
+                            dict(APPROXIMATE_TANH=_approximate_tanh(approximate), BLOCK_M=s.block_m,
+                                 BLOCK_N=s.block_n, **flags, **s.options()),
+                            names[:n_args + 1])
+        self._block_m, self._grid_n = s.block_m, cdiv(N, s.block_n)
+
+    def __call__(self, M: int, *args) -> None:
+        if M > 0:
+            self._bound.run((cdiv(M, self._block_m), self._grid_n), *args, M)
+
+
+_INFERENCE_GELUS: dict = {}  # (N, approximate) -> its BoundTiles
+
+
+def bias_gelu_inference(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    """bias_gelu_forward(x, bias, approximate, out=x), a model's inference layers' GELU written over
+    x, its launch bound once per N and form (BoundTiles: no tensor held). x [M, N] rows of unit
+    column stride. -> x."""
+    M, N = x.shape
+    tiles = _INFERENCE_GELUS.get((N, approximate))
+    if tiles is None:
+        tiles = _INFERENCE_GELUS[N, approximate] = BoundTiles(_bias_gelu_fwd_kernel, 5, N, approximate)
+    step = x.stride(0)
+    tiles(M, x, step, x, step, bias)
+    return x
 
 
 def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor, approximate: str, *,

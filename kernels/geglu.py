@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from . import KernelBuild, Settings, aligned_args
-from .bias_gelu import gelu_grad_tile, gelu_tile, launch_tiles, row_tile, settings
+from .bias_gelu import BoundTiles, gelu_grad_tile, gelu_tile, launch_tiles, row_tile, settings
 
 
 @triton.jit
@@ -96,6 +96,22 @@ def geglu_forward(x: torch.Tensor, approximate: str, *, out: Optional[torch.Tens
     y = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
     launch_tiles(_geglu_fwd_kernel, M, N, _gelu_form(approximate), y, y.stride(0), x, x.stride(0),
                  SILU=approximate == "silu")
+    return y
+
+
+_INFERENCE: dict = {}  # (N, approximate) -> its BoundTiles
+
+
+def geglu_inference(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """geglu_forward(x, approximate), a model's inference layers' gated unit, its launch bound once
+    per N and form (BoundTiles: no tensor held). -> y [M, N], fresh."""
+    M, N = x.shape[0], x.shape[1] // 2
+    tiles = _INFERENCE.get((N, approximate))
+    if tiles is None:
+        tiles = _INFERENCE[N, approximate] = BoundTiles(_geglu_fwd_kernel, 4, N, _gelu_form(approximate),
+                                                        SILU=approximate == "silu")
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    tiles(M, y, y.stride(0), x, x.stride(0))
     return y
 
 

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from . import (
+    Bound,
     KernelBuild,
     Settings,
     aligned_args,
@@ -291,6 +292,49 @@ def add_layer_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torc
     if not stats:
         mean = rstd = None
     return (y, mean, rstd, h) if return_sum else (y, mean, rstd)
+
+
+def add_layer_norm_inference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                             bias: Optional[torch.Tensor], eps: float, *, rms: bool = False, return_sum: bool = False,
+                             sum_out: Optional[torch.Tensor] = None):
+    """add_layer_norm_forward(x, residual, weight, bias, eps, 0.0, None, return_sum, rms=rms, out=x,
+    sum_out=sum_out, stats=False): a model's inference layers' add + norm written over x, no
+    dropout, no statistics kept, its launch bound once (kernels.Bound) per N, bias or none, norm
+    and sum flags (the Bound holds no tensor: one serves every dtype and device, its direct
+    launches keyed on them): a call is its launch and its own values, none of the launcher's
+    settings, options and stand-ins made again. The same kernel on the same arguments, so the same
+    bits. x, residual, sum_out: [M, N] rows of unit column stride, x.dtype (sum_out: residual itself
+    allowed); weight, bias [N] contiguous, x.dtype or fp32. -> y (x), and h with return_sum."""
+    M, N = x.shape
+    key = (N, bias is not None, rms, return_sum)
+    bound = _INFERENCE_NORMS.get(key)
+    if bound is None:
+        bound = _INFERENCE_NORMS[key] = _bind_inference_norm(*key)
+    h = (torch.empty_like(x) if sum_out is None else sum_out) if return_sum else None
+    if M > 0:
+        stats = sink(M, x.device)
+        step = x.stride(0)
+        values = (x, step, stats, stats, x, step, residual, residual.stride(0), weight,
+                  weight if bias is None else bias, M, eps)
+        if return_sum:
+            values += (h, h.stride(0))
+        bound[0].run((cdiv(M, bound[1]),), *values)
+    return (x, h) if return_sum else x
+
+
+_INFERENCE_NORMS: dict = {}  # (N, has_bias, rms, with_sum) -> (its Bound, the tile's rows)
+
+
+def _bind_inference_norm(N: int, has_bias: bool, rms: bool, with_sum: bool) -> Tuple[Bound, int]:
+    s = settings(N, with_sum=with_sum)
+    varying = ("Y", "stride_ym", "MEAN", "RSTD", "X", "stride_xm", "RES", "stride_rm", "W", "B", "M", "eps")
+    if with_sum:
+        varying += ("S", "stride_sm")
+    off = dropout_options(0.0, None, "add_layer_norm")
+    args = (None,) * 13 + (N, None, off.seed, off.threshold, off.scale)  # Y .. M, then N, eps, the dropout's
+    options = dict(HAS_DROPOUT=False, HAS_BIAS=has_bias, HAS_SUM=with_sum, RMS=rms, BLOCK_M=s.block_m,
+                   BLOCK_N=s.block_n, **s.options())
+    return Bound(_add_layer_norm_fwd_kernel, args, options, varying), s.block_m
 
 
 def _partial_rows(n_programs: int, N: int) -> int:

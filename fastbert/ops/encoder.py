@@ -238,7 +238,8 @@ def layer_forward(hidden: Tensor, weights: Sequence[Tensor], heads: int, eps: Tu
             return fb_backend.cpp_function("encoder_layer_forward")(
                 hidden, list(weights), paths, heads, float(eps[0]), float(eps[1]), approximate, key_mask=mask,
                 cu_seqlens=cu_seqlens, max_seqlen=max_seqlen or 0, rel_bias=rel)
-    return _kernels(hidden, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
+    return _kernels(_rows(hidden), hidden.shape, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens,
+                    max_seqlen, rel, backend).view(hidden.shape)
 
 
 def layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Optional[Tensor], cu_seqlens: Optional[Tensor],
@@ -249,39 +250,46 @@ def layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Optional[Tenso
     (keep_states) or [the last]. The route is decided once for the stack (the backend, autocast,
     an empty input), not at every layer: on Triton the kernels are then called straight."""
     backend = fb_backend.resolve(backend, hidden)
-    straight = backend == "triton" and not torch.is_autocast_enabled(hidden.device.type) and hidden.numel() > 0
-    run = _kernels if straight else layer_forward
     outs = []
+    if backend == "triton" and not torch.is_autocast_enabled(hidden.device.type) and hidden.numel() > 0:
+        shape, x = hidden.shape, _rows(hidden)  # the layers on rows, each state viewed back once
+        for w, heads, eps, approximate in layers:
+            x = _kernels(x, shape, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
+            if keep_states:
+                outs.append(x.view(shape))
+        return outs if keep_states else [x.view(shape)]
     for w, heads, eps, approximate in layers:
-        hidden = run(hidden, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
+        hidden = layer_forward(hidden, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
         if keep_states:
             outs.append(hidden)
     return outs if keep_states else [hidden]
 
 
-def _kernels(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend) -> Tensor:
-    """The kernels of the separate ops, called straight one after the other. On Triton each writes
+def _rows(hidden: Tensor) -> Tensor:
+    """hidden's rows [rows, width], contiguous (a view where it is)."""
+    x = hidden.reshape(-1, hidden.shape[-1])
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def _kernels(x, shape, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend) -> Tensor:
+    """The kernels of the separate ops, called straight one after the other, on the rows x [rows,
+    width] (contiguous) of a hidden state of shape `shape` -> the output rows. On Triton each writes
     over an input that dies with it and keeps nothing only a backward reads: the attention's output
     over its queries (the context is then the QKV rows' first third, no copy), each LayerNorm over
-    its GEMM's output, the GELU over its own; no log-sum-exp, no LayerNorm statistics. What the
-    GPU's queue receives per layer is then the four GEMMs, the four kernels and nothing else."""
-    h = hidden.shape[-1]
-    x = hidden.reshape(-1, h)
-    if not x.is_contiguous():
-        x = x.contiguous()
+    its GEMM's output, the GELU over its own; no log-sum-exp, no LayerNorm statistics; the norms and
+    the GELU through launches bound once (the kernel modules' *_inference). What the GPU's queue
+    receives per layer is then the four GEMMs, the four kernels and nothing else."""
     qkv = rows_forward(x, w.qkv_weight, w.qkv_bias, backend)
-    ctx = _attention(qkv, hidden.shape, heads, mask, cu_seqlens, max_seqlen, None, -1, rel, backend)
+    ctx = _attention(qkv, shape, heads, mask, cu_seqlens, max_seqlen, None, -1, rel, backend)
     h1 = _add_norm(rows_forward(ctx, w.out_weight, w.out_bias, backend), x, w.norm1_weight, w.norm1_bias, eps[0],
                    backend)
     inter = rows_forward(h1, w.ffn_in_weight, None, backend)
     if backend == "triton":
-        fb_backend.impl(backend, "bias_gelu").bias_gelu_forward(inter, w.ffn_in_bias.contiguous(), approximate,
-                                                                 out=inter)
+        fb_backend.impl(backend, "bias_gelu").bias_gelu_inference(inter, w.ffn_in_bias.contiguous(), approximate)
     else:
         inter = bias_gelu_fwd(inter, w.ffn_in_bias.contiguous(), approximate, backend)
-    y = _add_norm(rows_forward(inter, w.ffn_out_weight, w.ffn_out_bias, backend), h1, w.norm2_weight, w.norm2_bias,
-                  eps[1], backend)
-    return y.view(hidden.shape)
+    return _add_norm(rows_forward(inter, w.ffn_out_weight, w.ffn_out_bias, backend), h1, w.norm2_weight,
+                     w.norm2_bias, eps[1], backend)
 
 
 def _attention(qkv: Tensor, shape, heads: int, mask, cu_seqlens, max_seqlen, rope, window: int, rel,
@@ -318,8 +326,7 @@ def _add_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor
     """layer_norm(x + residual) for the routes here, x a GEMM's fresh output (on Triton written over)."""
     weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
     if backend == "triton":
-        return fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(x, residual, weight, bias, float(eps), 0.0,
-                                                                             None, out=x, stats=False)[0]
+        return fb_backend.impl(backend, "layer_norm").add_layer_norm_inference(x, residual, weight, bias, float(eps))
     return add_layer_norm_fwd(x, residual, weight, bias, float(eps), 0.0, None, backend)[0]
 
 
@@ -329,10 +336,8 @@ def _add_norm_sum(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Te
     layer's; on Triton the norm written over x and, where residual_dies, s over the residual."""
     weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
     if backend == "triton":
-        y, _, _, s = fb_backend.impl(backend, "layer_norm").add_layer_norm_forward(
-            x, residual, weight, bias, float(eps), 0.0, None, True, out=x, sum_out=residual if residual_dies else None,
-            stats=False)
-        return y, s
+        return fb_backend.impl(backend, "layer_norm").add_layer_norm_inference(
+            x, residual, weight, bias, float(eps), return_sum=True, sum_out=residual if residual_dies else None)
     y, _, _, s = add_layer_norm_sum_fwd(x, residual, weight, bias, float(eps), 0.0, None, backend)
     return y, s
 
@@ -354,8 +359,10 @@ def prenorm_layer_forward(hidden: Tensor, delta: Optional[Tensor], weights: PreN
     backend = fb_backend.resolve(backend, hidden)
     if (not _prenorm_route(hidden, backend)) or (delta is None) != (weights.attn_norm_weight is None):
         return None
-    return _prenorm_kernels(hidden, delta, weights, heads, eps, approximate, rotary_base, window, mask, cu_seqlens,
-                            max_seqlen, backend)
+    stream, out = _prenorm_kernels(_rows(hidden), None if delta is None else delta.reshape(-1, hidden.shape[-1]),
+                                   hidden.shape, weights, heads, eps, approximate, rotary_base, window, mask,
+                                   cu_seqlens, max_seqlen, backend)
+    return stream.view(hidden.shape), out.view(hidden.shape)
 
 
 def prenorm_layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Optional[Tensor],
@@ -370,11 +377,11 @@ def prenorm_layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Option
     if not _prenorm_route(hidden, backend) or any((i == 0) != (w.attn_norm_weight is None)
                                                   for i, (w, *_) in enumerate(layers)):
         return None
-    delta = None
+    shape, stream, delta = hidden.shape, _rows(hidden), None  # the layers on rows, viewed back once
     for w, heads, eps, approximate, rotary_base, window in layers:
-        hidden, delta = _prenorm_kernels(hidden, delta, w, heads, eps, approximate, rotary_base, window, mask,
+        stream, delta = _prenorm_kernels(stream, delta, shape, w, heads, eps, approximate, rotary_base, window, mask,
                                          cu_seqlens, max_seqlen, backend)
-    return hidden, delta
+    return stream.view(shape), delta.view(shape)
 
 
 def _prenorm_route(hidden: Tensor, backend: str) -> bool:
@@ -382,32 +389,29 @@ def _prenorm_route(hidden: Tensor, backend: str) -> bool:
     return backend != "torch" and not torch.is_autocast_enabled(hidden.device.type) and hidden.numel() > 0
 
 
-def _prenorm_kernels(hidden, delta, w: PreNormLayerWeights, heads, eps, approximate, rotary_base, window, mask,
+def _prenorm_kernels(stream, delta, shape, w: PreNormLayerWeights, heads, eps, approximate, rotary_base, window, mask,
                      cu_seqlens, max_seqlen, backend) -> Tuple[Tensor, Tensor]:
-    """prenorm_layer_forward after its checks: the layer's kernels, called straight."""
-    shape = hidden.shape
+    """prenorm_layer_forward after its checks: the layer's kernels, called straight on the rows
+    (stream contiguous [rows, width], delta [rows, width] or None) of a hidden state of shape
+    `shape` -> (stream', delta') as rows."""
     width = shape[-1]
-    stream = hidden.reshape(-1, width)
-    if not stream.is_contiguous():
-        stream = stream.contiguous()
     if delta is None:
         normed = stream
     else:
-        normed, stream = _add_norm_sum(delta.reshape(-1, width), stream, w.attn_norm_weight, w.attn_norm_bias, eps[0],
-                                       backend, residual_dies=True)
+        normed, stream = _add_norm_sum(delta, stream, w.attn_norm_weight, w.attn_norm_bias, eps[0], backend,
+                                       residual_dies=True)
     positions = max_seqlen if cu_seqlens is not None else shape[1]
-    rope = rotary_for(float(rotary_base), width // heads, positions, hidden.device)
+    rope = rotary_for(float(rotary_base), width // heads, positions, stream.device)
     qkv = rows_forward(normed, w.qkv_weight, w.qkv_bias, backend)
     ctx = _attention(qkv, shape, heads, mask, cu_seqlens, max_seqlen, rope, window, None, backend)
     normed, stream = _add_norm_sum(rows_forward(ctx, w.out_weight, w.out_bias, backend), stream, w.mlp_norm_weight,
                                    w.mlp_norm_bias, eps[1], backend, residual_dies=delta is not None)
     gated = rows_forward(normed, w.ffn_in_weight, w.ffn_in_bias, backend)
     if backend == "triton":
-        gated = fb_backend.impl(backend, "geglu").geglu_forward(gated, approximate)
+        gated = fb_backend.impl(backend, "geglu").geglu_inference(gated, approximate)
     else:
         gated = geglu_fwd(gated, approximate, backend)
-    out = rows_forward(gated, w.ffn_out_weight, w.ffn_out_bias, backend)
-    return stream.view(shape), out.view(shape)
+    return stream, rows_forward(gated, w.ffn_out_weight, w.ffn_out_bias, backend)
 
 
 def separate_ops(hidden, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend):

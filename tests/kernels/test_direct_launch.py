@@ -174,3 +174,70 @@ def test_bench_launch_times_both_ways():
     assert len(rows) == 4, out
     for row in rows:
         assert float(row[-3]) > 0 and float(row[-2]) > 0 and row[-1].endswith("x"), out
+
+
+_BOUND_INFERENCE_SCRIPT = r"""
+import sys
+import torch
+from triton.runtime.jit import JITFunction
+from fastbert.bench.launch import stand_in_driver
+from fastbert.kernels import bias_gelu, geglu, layer_norm
+
+def same(a, b):
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and a.stride() == b.stride())
+    return a is b or (type(a) is type(b) and a == b)
+
+def last_launch(fake, fn):
+    before = len(fake.calls)
+    fn()
+    fn()  # the second call of a specialization: launched directly
+    assert len(fake.calls) == before + 2, "one launch a call"
+    return fake.calls[-1]
+
+kernels = [v for m in (layer_norm, bias_gelu, geglu) for v in vars(m).values() if isinstance(v, JITFunction)]
+torch.manual_seed(0)
+with stand_in_driver(kernels=kernels) as fake:
+    for dtype in (torch.float16, torch.float32):
+        for rows in (48, 37):
+            x, r, s = (torch.randn(rows, 64, dtype=dtype) for _ in range(3))
+            w, b = torch.randn(64), torch.randn(64)
+            i = torch.randn(rows, 128, dtype=dtype)
+            ib = torch.randn(128, dtype=dtype)
+            cases = [
+                (lambda: layer_norm.add_layer_norm_forward(x, r, w, b, 1e-5, 0.0, None, out=x, stats=False),
+                 lambda: layer_norm.add_layer_norm_inference(x, r, w, b, 1e-5)),
+                (lambda: layer_norm.add_layer_norm_forward(x, r, w, None, 1e-6, 0.0, None, True, rms=True, out=x,
+                                                           sum_out=s, stats=False),
+                 lambda: layer_norm.add_layer_norm_inference(x, r, w, None, 1e-6, rms=True, return_sum=True, sum_out=s)),
+                (lambda: bias_gelu.bias_gelu_forward(i, ib, "tanh", out=i),
+                 lambda: bias_gelu.bias_gelu_inference(i, ib, "tanh")),
+                (lambda: geglu.geglu_forward(i, "silu"), lambda: geglu.geglu_inference(i, "silu")),
+            ]
+            for n, (plain, bound) in enumerate(cases):
+                want, got = last_launch(fake, plain), last_launch(fake, bound)
+                assert got[6] is None, (n, "not launched directly")
+                assert len(want) == len(got), n
+                for k, (a, c) in enumerate(zip(want, got)):
+                    if k not in (6, 7, 8):
+                        assert same(a, c), (str(dtype), rows, n, k, a, c)
+                # the same tensors where both were given them (geglu's output is fresh each call)
+                held = [k for k, a in enumerate(want) if isinstance(a, torch.Tensor) and n != 3]
+                assert all(want[k] is got[k] for k in held), (n, "another tensor")
+print("ok")
+"""
+
+
+def test_bound_inference_launches_hand_the_launcher_what_the_launchers_do():
+    # the kernel modules' *_inference (a model's inference layers' norms and activations, their
+    # launches bound once per N and flags) against the launchers' own calls, argument by argument,
+    # with the kernels compiled for sm_90 (in its own process: the interpreter compiles nothing)
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _BOUND_INFERENCE_SCRIPT], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr

@@ -57,6 +57,51 @@ def test_bias_gelu_over_its_input(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("norm", ["layer", "layer without bias", "rms"])
+@pytest.mark.parametrize("with_sum", [False, True])
+def test_bound_add_layer_norm_gives_the_launchers_bits(dtype, norm, with_sum):
+    # add_layer_norm_inference (its launch bound once per N and flags) against the launcher's plain
+    # call, at sizes whose rows do and do not fill its tiles, and at no rows; the sum fresh or
+    # written over the residual
+    dev = device_for("triton")
+    g = torch.Generator().manual_seed(2)
+    ln = kernels("layer_norm")
+    rms = norm == "rms"
+    for rows, width in ((37, 96), (64, 96), (5, 40), (0, 96)):
+        x, res = (torch.randn(rows, width, generator=g).to(dev, dtype) for _ in range(2))
+        w = (1 + torch.randn(width, generator=g)).to(dev)
+        b = None if norm != "layer" else torch.randn(width, generator=g).to(dev, dtype)
+        want = ln.add_layer_norm_forward(x, res, w, b, 1e-6, 0.0, None, with_sum, rms=rms)
+        for over_residual in ((False, True) if with_sum else (False,)):
+            xi, ri = x.clone(), res.clone()
+            got = ln.add_layer_norm_inference(xi, ri, w, b, 1e-6, rms=rms, return_sum=with_sum,
+                                              sum_out=ri if over_residual else None)
+            y = got[0] if with_sum else got
+            assert y.data_ptr() == xi.data_ptr() and torch.equal(y, want[0]), (rows, width)
+            if with_sum:
+                assert torch.equal(got[1], want[3]), (rows, width)
+                assert rows == 0 or (got[1].data_ptr() == ri.data_ptr()) == over_residual
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_bound_gelu_and_gated_units_give_the_launchers_bits(dtype):
+    dev = device_for("triton")
+    g = torch.Generator().manual_seed(3)
+    for rows, width in ((19, 200), (32, 64), (0, 64)):
+        x = (torch.randn(rows, width, generator=g) * 2).to(dev, dtype)
+        b = torch.randn(width, generator=g).to(dev, dtype)
+        for approximate in ("none", "tanh"):
+            want = kernels("bias_gelu").bias_gelu_forward(x, b, approximate)
+            xi = x.clone()
+            got = kernels("bias_gelu").bias_gelu_inference(xi, b, approximate)
+            assert got.data_ptr() == xi.data_ptr() and torch.equal(got, want), (rows, width, approximate)
+        for approximate in ("none", "tanh", "silu"):
+            want = kernels("geglu").geglu_forward(x, approximate)
+            got = kernels("geglu").geglu_inference(x, approximate)
+            assert got.shape == (rows, width // 2) and torch.equal(got, want), (rows, width, approximate)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("packed", [False, True])
 def test_attention_over_its_queries(dtype, packed):
     """The output written over q, a view into the QKV rows: the context is then their first third,
