@@ -1,8 +1,9 @@
 """What a Triton launch costs the host up to the driver, through Triton's JIT and through
 kernels.DirectLaunch (a Bound's compiled kernel launched with the arguments the JIT would give it),
 measured on any CPU with no GPU: Triton's JIT runs for real against a stand-in driver
-(fastbert.bench.launch: the kernels compiled for sm_90 at the first call, the launcher a no-op), so
-all of the host's work but the driver's own call is timed. The calls, a BERT-base layer's
+(fastbert.bench.launch: the kernels compiled for sm_90 at the first call), down to Triton's own
+launcher (its Python and its C) and a stand-in libcuda whose cuLaunchKernelEx returns at once, so
+all of the host's work but the driver's own is timed. The calls, a BERT-base layer's
 inference launches (fp16, 8 x 64 tokens): the attention over its joined QKV rows
 (kernels.attention.qkv_attention_forward, Bound launches), padded with a key mask (two launches:
 the mask's ranges, the attention) and packed (one); add + LayerNorm and bias + GELU written over
@@ -29,8 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=500, help="calls per timed round")
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds each way, in turn (the fastest is kept)")
     ap.add_argument("--device", choices=("stand-in", "cuda"), default="stand-in",
-                    help="stand-in: no GPU, the launcher a no-op (host us); cuda: real launches on the GPU, wall us "
-                         "a call with the calls back to back (the larger of the host's and the GPU's time)")
+                    help="stand-in: no GPU, a stand-in libcuda under Triton's launcher (host us); cuda: real launches "
+                         "on the GPU, wall us a call with the calls back to back (the larger of the host's and the "
+                         "GPU's time)")
     add_output_options(ap, png=False)
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
 
     jitted = [v for name, module in list(sys.modules.items()) if name.startswith("fastbert.kernels")
               for v in vars(module).values() if isinstance(v, JITFunction)]
-    with stand_in_driver(record=False, kernels=jitted) if not cuda else contextlib.nullcontext():
+    with stand_in_driver(record=False, kernels=jitted, real_launcher=True) if not cuda else contextlib.nullcontext():
         for fn in calls.values():  # compiled (sm_90) and kept for direct launches
             fn()
             fn()

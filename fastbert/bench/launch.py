@@ -8,24 +8,218 @@ interpreter only: under TRITON_INTERPRET=1 no kernel is compiled.
     with stand_in_driver() as fake:
         kernel = fake.jit(fn)          # a JITFunction of a Python function in a file
         ...                            # fake.calls: every launcher call's arguments, in order
+
+With real_launcher=True the launcher is Triton's own (its CudaLauncher and the C code of its CUDA
+utilities, built against a stand-in libcuda whose cuLaunchKernelEx records the launch configuration
+and the packed parameters instead of launching): every step of a launch on the host but the
+driver's own is then run, and what reaches the driver can be read byte by byte (fake.launches). It
+loads that libcuda into the process, so it is for a process of its own (benchmarks/bench_launch.py,
+the tests' subprocesses) on a machine where no real one is loaded.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, List
+import ctypes
+from typing import Iterator, List, NamedTuple, Tuple
 
 MAX_SHARED = 232448  # bytes: an H100's / H200's, what the JIT checks a kernel's shared memory against
 
 
 class _Launcher:
-    """A compiled kernel's launcher: records (or drops) the arguments of each call."""
+    """A compiled kernel's launcher: records (or drops) the arguments of each call; with Triton's
+    real launcher (real_launcher), hands them on to it and records what reached the driver."""
 
     def __init__(self, src, metadata) -> None:
         self.driver = StandInDriver.current
+        self.real = None
+        if self.driver.cuda is not None:
+            from triton.backends.nvidia.driver import CudaLauncher
+
+            self.real = CudaLauncher(src, metadata)
 
     def __call__(self, *args) -> None:
-        if self.driver.record:
-            self.driver.calls.append(args)
+        driver = self.driver
+        if driver.record:
+            driver.calls.append(args)
+        if self.real is not None:
+            cuda = driver.cuda
+            # the parameters the driver is handed: the kernel's, then the two scratch pointers
+            cuda.fb_stand_in_expect(len(self.real.kernel_signature) + 2 if driver.record else 0)
+            self.real(*args)
+            if driver.record:
+                driver.launches.append(_read_launch(cuda, self.real.kernel_signature))
+
+
+# A libcuda for Triton's CUDA utilities to link and call on a machine with no GPU: every call succeeds;
+# cuLaunchKernelEx records its configuration and (as many as it was told to expect) its parameters'
+# first 8 bytes. Built with the wheel's cuda.h, so every symbol is the one Triton's C code calls.
+_STAND_IN_CUDA = r"""
+#include <string.h>
+#include "cuda.h"
+
+typedef struct {
+    unsigned int grid[3], block[3], shared, num_attrs;
+    unsigned long long stream, function, count;
+    unsigned long long params[64];
+} fb_launch_t;
+static fb_launch_t fb_last;
+static int fb_expect = 0;
+
+void fb_stand_in_expect(int n) { fb_expect = n < 0 ? 0 : (n > 64 ? 64 : n); }
+const fb_launch_t *fb_stand_in_last(void) { return &fb_last; }
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    fb_last.grid[0] = c->gridDimX; fb_last.grid[1] = c->gridDimY; fb_last.grid[2] = c->gridDimZ;
+    fb_last.block[0] = c->blockDimX; fb_last.block[1] = c->blockDimY; fb_last.block[2] = c->blockDimZ;
+    fb_last.shared = c->sharedMemBytes; fb_last.num_attrs = c->numAttrs;
+    fb_last.stream = (unsigned long long)c->hStream; fb_last.function = (unsigned long long)f;
+    fb_last.count = fb_expect;
+    for (int i = 0; i < fb_expect; ++i) memcpy(&fb_last.params[i], params[i], 8);
+    return CUDA_SUCCESS;
+}
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr ptr) {
+    *(CUdeviceptr *)data = ptr; return CUDA_SUCCESS;
+}
+CUresult cuCtxGetCurrent(CUcontext *pctx) { *pctx = (CUcontext)0x1; return CUDA_SUCCESS; }
+CUresult cuCtxSetCurrent(CUcontext ctx) { return CUDA_SUCCESS; }
+CUresult cuCtxGetDevice(CUdevice *device) { *device = 0; return CUDA_SUCCESS; }
+CUresult cuCtxGetLimit(size_t *value, CUlimit limit) { *value = 0; return CUDA_SUCCESS; }
+CUresult cuCtxSetLimit(CUlimit limit, size_t value) { return CUDA_SUCCESS; }
+CUresult cuDeviceGet(CUdevice *device, int ordinal) { *device = ordinal; return CUDA_SUCCESS; }
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice dev) { *pi = 0; return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { *pctx = (CUcontext)0x1; return CUDA_SUCCESS; }
+CUresult cuDriverGetVersion(int *version) { *version = 12080; return CUDA_SUCCESS; }
+CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute a, CUfunction f) { *pi = 0; return CUDA_SUCCESS; }
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int value) { return CUDA_SUCCESS; }
+CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache config) { return CUDA_SUCCESS; }
+CUresult cuGetErrorString(CUresult error, const char **str) { *str = "stand-in libcuda"; return CUDA_SUCCESS; }
+CUresult cuModuleLoadData(CUmodule *module, const void *image) { *module = (CUmodule)0x1; return CUDA_SUCCESS; }
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) { *f = (CUfunction)0x1; return CUDA_SUCCESS; }
+CUresult cuModuleUnload(CUmodule m) { return CUDA_SUCCESS; }
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
+    *status = CU_STREAM_CAPTURE_STATUS_NONE; return CUDA_SUCCESS;
+}
+CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c) { *n = 0; return CUDA_SUCCESS; }
+CUresult cuTensorMapEncodeTiled(CUtensorMap *m, CUtensorMapDataType t, cuuint32_t rank, void *address,
+                                const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
+                                const cuuint32_t *element_strides, CUtensorMapInterleave interleave,
+                                CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+    return CUDA_SUCCESS;
+}
+CUresult cuTensorMapEncodeIm2col(CUtensorMap *m, CUtensorMapDataType t, cuuint32_t rank, void *address,
+                                 const cuuint64_t *dims, const cuuint64_t *strides, const int *lower,
+                                 const int *upper, cuuint32_t channels, cuuint32_t pixels,
+                                 const cuuint32_t *element_strides, CUtensorMapInterleave interleave,
+                                 CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+    return CUDA_SUCCESS;
+}
+"""
+
+
+class Launch(NamedTuple):
+    """What the stand-in libcuda's cuLaunchKernelEx was handed: the grid, the block, dynamic shared
+    memory, launch attributes, stream, function, and each parameter as the kernel reads it (an int
+    for pointers and integers, a float for fp32; then the two scratch pointers)."""
+
+    grid: Tuple[int, int, int]
+    block: Tuple[int, int, int]
+    shared: int
+    attrs: int
+    stream: int
+    function: int
+    params: tuple
+
+
+class _Record(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("num_attrs", ctypes.c_uint), ("stream", ctypes.c_ulonglong), ("function", ctypes.c_ulonglong),
+                ("count", ctypes.c_ulonglong), ("params", ctypes.c_ulonglong * 64)]
+
+
+# the kernel signature's bytes (Triton's extractor indices, triton.backends.nvidia.driver) -> (bytes, signed,
+# float): how a parameter's first bytes read
+_PARAM_FORMS = {"i1": (1, True, False), "i8": (1, True, False), "i16": (2, True, False), "i32": (4, True, False),
+                "i64": (8, True, False), "u1": (1, False, False), "u8": (1, False, False), "u16": (2, False, False),
+                "u32": (4, False, False), "u64": (8, False, False), "fp32": (4, False, True), "f32": (4, False, True),
+                "fp64": (8, False, True), "f64": (8, False, True)}
+
+
+def _read_launch(cuda, signature: bytes) -> Launch:
+    import struct
+
+    from triton.backends.nvidia import driver as nvidia
+
+    r = _Record.from_address(cuda.fb_stand_in_last())
+    names = {index: name for name, index in _extractor_indices(nvidia).items()}
+    params = []
+    for i in range(r.count):
+        raw = struct.pack("<Q", r.params[i])
+        name = names.get(signature[i]) if i < len(signature) else "pointer"
+        size, signed, is_float = _PARAM_FORMS.get(name, (8, False, False))
+        if is_float:
+            params.append(struct.unpack("<f" if size == 4 else "<d", raw[:size])[0])
+        else:
+            params.append(int.from_bytes(raw[:size], "little", signed=signed))
+    return Launch(tuple(r.grid), tuple(r.block), r.shared, r.num_attrs, r.stream, r.function, tuple(params))
+
+
+def _extractor_indices(nvidia) -> dict:
+    # the parameter type each signature byte stands for, as Triton's make_kernel_signature writes them
+    probe = {}
+    for name in _PARAM_FORMS:
+        try:
+            probe[name] = nvidia.make_kernel_signature([name])[0]
+        except Exception:  # a type this Triton does not name so
+            continue
+    return probe
+
+
+_CUDA: list = []  # the loaded stand-in libcuda, once a process
+
+
+def stand_in_cuda():
+    """The stand-in libcuda (built once into the user's cache with the C compiler Triton uses,
+    loaded into this process) with Triton's CUDA utilities built against it: the ctypes library,
+    whose fb_stand_in_expect / fb_stand_in_last read what cuLaunchKernelEx was handed. Raises a
+    one-line RuntimeError where a real libcuda is loaded here already."""
+    if _CUDA:
+        return _CUDA[0]
+    import hashlib
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+    from triton.backends.nvidia import driver as nvidia
+
+    try:
+        loaded = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
+    except OSError:
+        loaded = None
+    if loaded is not None and not hasattr(loaded, "fb_stand_in_last"):
+        raise RuntimeError("fastbert: a real libcuda is loaded in this process; the stand-in launcher needs a "
+                           "process of its own on a machine without a GPU")
+    key = hashlib.sha256(_STAND_IN_CUDA.encode()).hexdigest()[:16]
+    folder = os.path.join(os.path.expanduser("~"), ".cache", "fastbert", "stand_in_cuda", key)
+    path = os.path.join(folder, "libcuda.so.1")
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src, out = os.path.join(tmp, "stand_in_cuda.c"), os.path.join(tmp, "libcuda.so.1")
+            with open(src, "w") as f:
+                f.write(_STAND_IN_CUDA)
+            cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+            subprocess.check_call([cc, src, "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1",
+                                   *(f"-I{d}" for d in nvidia.include_dirs), "-o", out])
+            os.replace(out, path)  # whole or not at all, for a process building it beside this one
+    cuda = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    cuda.fb_stand_in_last.restype = ctypes.c_void_p
+    cuda.fb_stand_in_expect.argtypes = [ctypes.c_int]
+    knobs.nvidia.libcuda_path = folder  # where Triton's utilities link it from
+    cuda.utils = nvidia.CudaUtils()
+    _CUDA.append(cuda)
+    return cuda
 
 
 class _Utils:
@@ -47,14 +241,21 @@ class _Utils:
 class StandInDriver:
     """What Triton's JIT asks of the active driver: an sm_90 target, device 0, stream 77; `calls`,
     each launcher call's arguments (gridX, gridY, gridZ, stream, function, packed metadata, launch
-    metadata, enter hook, exit hook, every parameter), kept while `record`."""
+    metadata, enter hook, exit hook, every parameter), kept while `record`; with real_launcher,
+    `launches`, what each of them handed the stand-in libcuda (Launch)."""
 
     current: "StandInDriver" = None  # type: ignore[assignment]
 
-    def __init__(self, record: bool = True) -> None:
+    def __init__(self, record: bool = True, real_launcher: bool = False) -> None:
         self.utils = _Utils()
+        self.cuda = stand_in_cuda() if real_launcher else None
+        if self.cuda is not None:
+            # what Triton's CudaLauncher calls of the active driver's utilities
+            self.utils.launch = self.cuda.utils.launch
+            self.utils.build_signature_metadata = self.cuda.utils.build_signature_metadata
         self.launcher_cls = _Launcher
         self.calls: List[tuple] = []
+        self.launches: List[Launch] = []
         self.record = record
         self.kernels: list = []
 
@@ -84,12 +285,13 @@ class StandInDriver:
 
 
 @contextlib.contextmanager
-def stand_in_driver(record: bool = True, kernels=()) -> Iterator[StandInDriver]:
+def stand_in_driver(record: bool = True, kernels=(), real_launcher: bool = False) -> Iterator[StandInDriver]:
     """Inside the block Triton's active driver is a StandInDriver. kernels: JITFunctions made
-    elsewhere (a module's) whose compiled kernels are let go of at the end, as fake.jit's are."""
+    elsewhere (a module's) whose compiled kernels are let go of at the end, as fake.jit's are;
+    real_launcher: Triton's own launcher, down to a stand-in libcuda (see the module's docstring)."""
     from triton.runtime.driver import driver
 
-    fake = StandInDriver(record)
+    fake = StandInDriver(record, real_launcher)
     fake.kernels.extend(kernels)
     previous = getattr(driver, "_active", None)  # None where none was made (reset_active would make one)
     StandInDriver.current = fake

@@ -241,3 +241,62 @@ def test_bound_inference_launches_hand_the_launcher_what_the_launchers_do():
     out = subprocess.run([sys.executable, "-c", _BOUND_INFERENCE_SCRIPT], capture_output=True, text=True, env=env,
                          timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+
+
+_DRIVER_LEVEL_SCRIPT = r"""
+import torch
+import triton
+import triton.language as tl
+
+from fastbert.bench.launch import stand_in_driver
+from fastbert.kernels import Bound, launch
+
+
+def _scaled_copy(X, Y, n, stride_x, scale, offset: tl.int32, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + i * stride_x, mask=i < n)
+    tl.store(Y + i, x * scale + offset, mask=i < n)
+
+
+with stand_in_driver(real_launcher=True) as fake:
+    kernel = fake.jit(_scaled_copy)
+    x, y = torch.zeros(4096), torch.zeros(4096)
+    options = dict(BLOCK=128, num_warps=4)
+    # what reaches the driver: the grid, 32 threads a warp, the stream, the function the JIT loaded,
+    # then each parameter the kernel was compiled with (pointers as addresses, ints, fp32), the two
+    # scratch pointers last; an int of 1 is a constant of its compiled kernel, not a parameter
+    kernel[(8,)](x, y, 1000, 3, 0.5, -7, **options)
+    got = fake.launches[-1]
+    assert got.grid == (8, 1, 1) and got.block == (128, 1, 1) and got.stream == 77, got
+    assert got.function == fake.calls[-1][4], got
+    assert got.params == (x.data_ptr(), y.data_ptr(), 1000, 3, 0.5, -7, 0, 0), got.params
+    kernel[(8,)](x, y, 1000, 1, 0.25, 2, **options)
+    assert fake.launches[-1].params == (x.data_ptr(), y.data_ptr(), 1000, 0.25, 2, 0, 0), fake.launches[-1].params
+    # direct launches (a Bound's, kernels.launch's) hand the driver what the JIT does, byte for byte
+    bound = Bound(kernel, (None, None, 0, 1, 0.5, 3), options, ("X", "Y", "n", "stride_x"))
+    for xs, n, stride in ((x, 1000, 1), (x[4:], 1000, 1), (x, 1024, 2), (x, 2**33, 1), (x, 1000, 1)):
+        grid = (triton.cdiv(min(n, 4096), 128),)
+        kernel.run(xs, y, n, stride, 0.5, 3, grid=grid, warmup=False, **options)
+        want = fake.launches[-1]
+        for _ in range(2):  # the first may be the JIT's (kept), the second is direct
+            bound(grid, {"X": xs, "Y": y, "n": n, "stride_x": stride})
+            assert fake.launches[-1] == want, (n, stride, fake.launches[-1], want)
+            launch(kernel, grid, (xs, y, n, stride, 0.5, 3), options)
+            assert fake.launches[-1] == want, (n, stride, fake.launches[-1], want)
+print("ok")
+"""
+
+
+def test_direct_launches_reach_the_driver_as_the_jits_do(tmp_path):
+    # down to the driver: Triton's own launcher (its Python and its C) over a stand-in libcuda that
+    # records the launch configuration and the packed parameters (in a process of its own: it loads
+    # that libcuda)
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "driver_level.py"
+    script.write_text(_DRIVER_LEVEL_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
