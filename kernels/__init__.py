@@ -292,8 +292,10 @@ class DirectLaunch:
     among the kernels the JIT compiled for this Bound (`keep`, after a call the JIT made). A hit
     launches that kernel through its launcher with the arguments the JIT would give it (every
     parameter in order, constexprs included; the device's current stream), and no launch metadata
-    nor hooks, which the JIT builds for launch hooks alone; a miss, a launch hook (a profiler's) or
-    Triton's debug mode (which the JIT's options carry) leaves the call to the JIT."""
+    nor hooks, which the JIT builds for launch hooks alone; through the C launch of Triton's CUDA
+    launcher itself where that launcher's Python would only hand it on (_c_launch); a miss, a
+    launch hook (a profiler's) or Triton's debug mode (which the JIT's options carry) leaves the
+    call to the JIT."""
 
     __slots__ = ("_kernel", "_options", "_full", "_spec", "_raw", "_compiled", "_backends", "_driver",
                  "_knobs", "_native")
@@ -326,7 +328,8 @@ class DirectLaunch:
         # argument cost the host more than the specialization calls themselves
         self._spec = tuple(zip(*[(i, *flags) for i, flags in specializers if flags is not None])) or ((),) * 4
         self._raw = tuple(i for i, flags in specializers if flags is None)
-        self._compiled: Dict[Any, Any] = {}  # (device, each varying argument's specialization) -> kernel
+        # (device, each varying argument's specialization) -> (the compiled kernel, its C launch or None)
+        self._compiled: Dict[Any, Any] = {}
         self._backends: Dict[Any, Any] = {}  # device -> the JIT's backend there (what specializes)
 
     def _key(self, device, backend, args) -> tuple:
@@ -343,7 +346,7 @@ class DirectLaunch:
         backend = self._backends.get(device)
         if backend is None:
             backend = self._backends[device] = self._kernel.device_caches[device][3]
-        self._compiled[self._key(device, backend, args)] = compiled
+        self._compiled[self._key(device, backend, args)] = (compiled, _c_launch(compiled.run))
 
     def __call__(self, grid, args) -> bool:
         """Launch args on grid if the JIT compiled their specialization here before; False if not."""
@@ -355,14 +358,20 @@ class DirectLaunch:
         backend = self._backends.get(device)
         if backend is None:
             return False
-        compiled = self._compiled.get(self._key(device, backend, args))
-        if compiled is None:
+        found = self._compiled.get(self._key(device, backend, args))
+        if found is None:
             return False
+        compiled, c_launch = found
         full = self._full.copy()
         full[:len(args)] = args
         n = len(grid)
-        compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, active.get_current_stream(device),
-                     compiled.function, compiled.packed_metadata, None, None, None, *full)
+        x, y, z, stream = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, active.get_current_stream(device)
+        if c_launch is None:
+            compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
+        else:
+            launch, cooperative, pdl, annotations, signature = c_launch
+            launch(x, y, z, stream, compiled.function, cooperative, pdl, compiled.packed_metadata, None, None, None,
+                   None, None, annotations, signature, full)
         return True
 
     def launch(self, grid, args) -> None:
@@ -370,6 +379,25 @@ class DirectLaunch:
         else through the JIT (with the options given at construction), its kernel kept."""
         if not self(grid, args):
             self.keep(args, self._kernel.run(*args, grid=grid, warmup=False, **self._options))
+
+
+def _c_launch(run):
+    """For a compiled kernel whose launcher is Triton's CUDA one and needs no scratch memory: (its C
+    launch, cooperative, PDL, argument annotations, kernel signature), what that launcher's Python
+    hands its C launch with no scratch and no hooks (triton.backends.nvidia.driver.CudaLauncher),
+    so that DirectLaunch calls the C launch itself (the launcher's Python, which allocates nothing
+    here, cost a launch some 5 us of host time on a Zen 1: benchmarks/bench_launch.py). None for
+    any other launcher, or one that allocates scratch or runs the sanitizer: called as it is."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+    except ImportError:  # a Triton without its CUDA backend
+        return None
+    needed = ("launch", "launch_cooperative_grid", "launch_pdl", "arg_annotations", "kernel_signature",
+              "global_scratch_size", "profile_scratch_size")
+    if (not isinstance(run, CudaLauncher) or not all(hasattr(run, name) for name in needed)
+            or run.global_scratch_size or run.profile_scratch_size or getattr(run, "gsan_enabled", False)):
+        return None
+    return run.launch, run.launch_cooperative_grid, run.launch_pdl, run.arg_annotations, run.kernel_signature
 
 
 # (id of the kernel, its options' items) -> its direct launches; the entry holds the kernel, so its id

@@ -26,33 +26,43 @@ MAX_SHARED = 232448  # bytes: an H100's / H200's, what the JIT checks a kernel's
 
 
 class _Launcher:
-    """A compiled kernel's launcher: records (or drops) the arguments of each call; with Triton's
-    real launcher (real_launcher), hands them on to it and records what reached the driver."""
+    """A compiled kernel's launcher: records (or drops) the arguments of each call."""
 
     def __init__(self, src, metadata) -> None:
         self.driver = StandInDriver.current
-        self.real = None
-        if self.driver.cuda is not None:
-            from triton.backends.nvidia.driver import CudaLauncher
-
-            self.real = CudaLauncher(src, metadata)
 
     def __call__(self, *args) -> None:
-        driver = self.driver
-        if driver.record:
-            driver.calls.append(args)
-        if self.real is not None:
-            cuda = driver.cuda
-            # the parameters the driver is handed: the kernel's, then the two scratch pointers
-            cuda.fb_stand_in_expect(len(self.real.kernel_signature) + 2 if driver.record else 0)
-            self.real(*args)
+        if self.driver.record:
+            self.driver.calls.append(args)
+
+
+def _real_launcher_class():
+    """Triton's CudaLauncher, recording each call's arguments as _Launcher does, and telling the
+    stand-in libcuda how many parameters the function it launches takes (registered by the
+    function's number, so that a launch that skips this Python, DirectLaunch's, is recorded too)."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    class RealLauncher(CudaLauncher):
+        def __init__(self, src, metadata) -> None:
+            super().__init__(src, metadata)
+            self.driver = StandInDriver.current
+
+        def __call__(self, *args) -> None:
+            driver = self.driver
             if driver.record:
-                driver.launches.append(_read_launch(cuda, self.real.kernel_signature))
+                driver.calls.append(args)
+                # the parameters the driver is handed: the kernel's, then the two scratch pointers
+                driver.signatures[args[4]] = self.kernel_signature
+                driver.cuda.fb_stand_in_register(args[4], len(self.kernel_signature) + 2)
+            super().__call__(*args)
+
+    return RealLauncher
 
 
 # A libcuda for Triton's CUDA utilities to link and call on a machine with no GPU: every call succeeds;
-# cuLaunchKernelEx records its configuration and (as many as it was told to expect) its parameters'
-# first 8 bytes. Built with the wheel's cuda.h, so every symbol is the one Triton's C code calls.
+# cuLaunchKernelEx counts launches and records the last one's configuration and (for a function whose
+# parameter count was registered) its parameters' first 8 bytes. Built with the wheel's cuda.h, so
+# every symbol is the one Triton's C code calls.
 _STAND_IN_CUDA = r"""
 #include <string.h>
 #include "cuda.h"
@@ -63,18 +73,25 @@ typedef struct {
     unsigned long long params[64];
 } fb_launch_t;
 static fb_launch_t fb_last;
-static int fb_expect = 0;
+static unsigned long long fb_launches = 0;
+static int fb_counts[4096];  /* parameters of each registered function, by its number (0: none read) */
 
-void fb_stand_in_expect(int n) { fb_expect = n < 0 ? 0 : (n > 64 ? 64 : n); }
+void fb_stand_in_register(unsigned long long f, int n) {
+    if (f < 4096) fb_counts[f] = n < 0 ? 0 : (n > 64 ? 64 : n);
+}
 const fb_launch_t *fb_stand_in_last(void) { return &fb_last; }
+unsigned long long fb_stand_in_launches(void) { return fb_launches; }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    unsigned long long fn = (unsigned long long)f;
+    int count = fn < 4096 ? fb_counts[fn] : 0;
+    ++fb_launches;
     fb_last.grid[0] = c->gridDimX; fb_last.grid[1] = c->gridDimY; fb_last.grid[2] = c->gridDimZ;
     fb_last.block[0] = c->blockDimX; fb_last.block[1] = c->blockDimY; fb_last.block[2] = c->blockDimZ;
     fb_last.shared = c->sharedMemBytes; fb_last.num_attrs = c->numAttrs;
-    fb_last.stream = (unsigned long long)c->hStream; fb_last.function = (unsigned long long)f;
-    fb_last.count = fb_expect;
-    for (int i = 0; i < fb_expect; ++i) memcpy(&fb_last.params[i], params[i], 8);
+    fb_last.stream = (unsigned long long)c->hStream; fb_last.function = fn;
+    fb_last.count = count;
+    for (int i = 0; i < count; ++i) memcpy(&fb_last.params[i], params[i], 8);
     return CUDA_SUCCESS;
 }
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr ptr) {
@@ -180,7 +197,8 @@ _CUDA: list = []  # the loaded stand-in libcuda, once a process
 def stand_in_cuda():
     """The stand-in libcuda (built once into the user's cache with the C compiler Triton uses,
     loaded into this process) with Triton's CUDA utilities built against it: the ctypes library,
-    whose fb_stand_in_expect / fb_stand_in_last read what cuLaunchKernelEx was handed. Raises a
+    whose fb_stand_in_register / fb_stand_in_last / fb_stand_in_launches tell it what to read and
+    read what cuLaunchKernelEx was handed. Raises a
     one-line RuntimeError where a real libcuda is loaded here already."""
     if _CUDA:
         return _CUDA[0]
@@ -215,7 +233,8 @@ def stand_in_cuda():
             os.replace(out, path)  # whole or not at all, for a process building it beside this one
     cuda = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     cuda.fb_stand_in_last.restype = ctypes.c_void_p
-    cuda.fb_stand_in_expect.argtypes = [ctypes.c_int]
+    cuda.fb_stand_in_launches.restype = ctypes.c_ulonglong
+    cuda.fb_stand_in_register.argtypes = [ctypes.c_ulonglong, ctypes.c_int]
     knobs.nvidia.libcuda_path = folder  # where Triton's utilities link it from
     cuda.utils = nvidia.CudaUtils()
     _CUDA.append(cuda)
@@ -241,8 +260,9 @@ class _Utils:
 class StandInDriver:
     """What Triton's JIT asks of the active driver: an sm_90 target, device 0, stream 77; `calls`,
     each launcher call's arguments (gridX, gridY, gridZ, stream, function, packed metadata, launch
-    metadata, enter hook, exit hook, every parameter), kept while `record`; with real_launcher,
-    `launches`, what each of them handed the stand-in libcuda (Launch)."""
+    metadata, enter hook, exit hook, every parameter), kept while `record` (a launch that skips
+    the launcher's Python, DirectLaunch's through Triton's own, is not among them); with
+    real_launcher, last_launch() and launch_count(): what reached the stand-in libcuda."""
 
     current: "StandInDriver" = None  # type: ignore[assignment]
 
@@ -253,11 +273,21 @@ class StandInDriver:
             # what Triton's CudaLauncher calls of the active driver's utilities
             self.utils.launch = self.cuda.utils.launch
             self.utils.build_signature_metadata = self.cuda.utils.build_signature_metadata
-        self.launcher_cls = _Launcher
+        self.launcher_cls = _Launcher if self.cuda is None else _real_launcher_class()
         self.calls: List[tuple] = []
-        self.launches: List[Launch] = []
+        self.signatures: dict = {}  # function number -> its kernel signature (Triton's bytes)
         self.record = record
         self.kernels: list = []
+
+    def last_launch(self) -> "Launch":
+        """What the stand-in libcuda's last cuLaunchKernelEx was handed (real_launcher; parameters
+        read once the function was launched through the JIT while recording)."""
+        function = _Record.from_address(self.cuda.fb_stand_in_last()).function
+        return _read_launch(self.cuda, self.signatures.get(function, b""))
+
+    def launch_count(self) -> int:
+        """cuLaunchKernelEx calls so far in this process (real_launcher)."""
+        return self.cuda.fb_stand_in_launches()
 
     def jit(self, fn):
         """A JITFunction of fn (a function in a Python file), whose compiled kernels are let go of

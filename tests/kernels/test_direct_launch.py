@@ -266,23 +266,34 @@ with stand_in_driver(real_launcher=True) as fake:
     # then each parameter the kernel was compiled with (pointers as addresses, ints, fp32), the two
     # scratch pointers last; an int of 1 is a constant of its compiled kernel, not a parameter
     kernel[(8,)](x, y, 1000, 3, 0.5, -7, **options)
-    got = fake.launches[-1]
+    got = fake.last_launch()
     assert got.grid == (8, 1, 1) and got.block == (128, 1, 1) and got.stream == 77, got
     assert got.function == fake.calls[-1][4], got
     assert got.params == (x.data_ptr(), y.data_ptr(), 1000, 3, 0.5, -7, 0, 0), got.params
     kernel[(8,)](x, y, 1000, 1, 0.25, 2, **options)
-    assert fake.launches[-1].params == (x.data_ptr(), y.data_ptr(), 1000, 0.25, 2, 0, 0), fake.launches[-1].params
-    # direct launches (a Bound's, kernels.launch's) hand the driver what the JIT does, byte for byte
+    assert fake.last_launch().params == (x.data_ptr(), y.data_ptr(), 1000, 0.25, 2, 0, 0), fake.last_launch()
+
+
+    def one_launch(call):
+        before = fake.launch_count()
+        call()
+        assert fake.launch_count() == before + 1
+        return fake.last_launch()
+
+
+    # direct launches (a Bound's, kernels.launch's; past the launcher's Python, to its C) hand the
+    # driver what the JIT does, byte for byte
     bound = Bound(kernel, (None, None, 0, 1, 0.5, 3), options, ("X", "Y", "n", "stride_x"))
     for xs, n, stride in ((x, 1000, 1), (x[4:], 1000, 1), (x, 1024, 2), (x, 2**33, 1), (x, 1000, 1)):
         grid = (triton.cdiv(min(n, 4096), 128),)
-        kernel.run(xs, y, n, stride, 0.5, 3, grid=grid, warmup=False, **options)
-        want = fake.launches[-1]
+        want = one_launch(lambda: kernel.run(xs, y, n, stride, 0.5, 3, grid=grid, warmup=False, **options))
         for _ in range(2):  # the first may be the JIT's (kept), the second is direct
-            bound(grid, {"X": xs, "Y": y, "n": n, "stride_x": stride})
-            assert fake.launches[-1] == want, (n, stride, fake.launches[-1], want)
-            launch(kernel, grid, (xs, y, n, stride, 0.5, 3), options)
-            assert fake.launches[-1] == want, (n, stride, fake.launches[-1], want)
+            calls = len(fake.calls)
+            got = one_launch(lambda: bound(grid, {"X": xs, "Y": y, "n": n, "stride_x": stride}))
+            assert got == want, (n, stride, got, want)
+            got = one_launch(lambda: launch(kernel, grid, (xs, y, n, stride, 0.5, 3), options))
+            assert got == want, (n, stride, got, want)
+        assert len(fake.calls) == calls, "the second calls went through the launcher's Python"
 print("ok")
 """
 
