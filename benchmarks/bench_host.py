@@ -15,8 +15,9 @@ backward), it prints
                 its operations cost the host with nothing around them
   own us        host us - floor us: the host time beyond the launches (Python, autograd, views)
 
-A layer's row is its family's two-layer model less its one-layer one. The counts are exact and
-the same on every machine (tests/bench/test_host.py holds them); the times are this CPU's.
+A layer's row is its family's three-layer model less its one-layer one, halved (a time's noise,
+which the difference carries whole, halved with it). The counts are exact and the same on every
+machine (tests/bench/test_host.py holds them); the times are this CPU's.
 
     python benchmarks/bench_host.py [--no-times] [--calls 20] [--rounds 5] [--json PATH]
 """

@@ -17,8 +17,9 @@ calls that launch or allocate replayed back to back, so that the difference is t
 beyond the launches (fastbert's Python, autograd's, views, syncs). The counts are exact and the
 same on every machine; the times are this CPU's.
 
-A layer's share is the difference between a model of two layers and one of one, so that the
-embeddings, the unpadding and the pooling count once, in the model's own line.
+A layer's share is half the difference between a model of three layers and one of one, so that
+the embeddings, the unpadding and the pooling count once, in the model's own line (and a time's
+noise, which the difference of two models' times carries whole, is halved).
 """
 from __future__ import annotations
 
@@ -42,6 +43,12 @@ class Counts(NamedTuple):
 
     def __sub__(self, other: "Counts") -> "Counts":
         return Counts(*(a - b for a, b in zip(self, other)))
+
+    def per(self, n: int) -> "Counts":
+        """These counts shared by n equal parts (n layers of one kind): each must divide."""
+        if any(c % n for c in self):
+            raise ValueError(f"fastbert: counts {tuple(self)} do not divide among {n} layers: they are not alike")
+        return Counts(*(c // n for c in self))
 
     @property
     def operations(self) -> int:
@@ -336,14 +343,15 @@ def _model_case(family: str, layers: int, training: bool) -> Callable[[Sizes], C
 
 
 FAMILIES = ("bert", "modernbert")
+LAYERS = 3  # the larger model: a layer's row is (it - the one-layer model) / (LAYERS - 1)
 
 
 def cases(families=FAMILIES) -> List[Case]:
-    """Every measured call: the ops, then per family a model of one layer and of two."""
+    """Every measured call: the ops, then per family a model of one layer and of LAYERS."""
     out = _op_cases()
     for family in families:
         for training in (False, True):
-            for layers in (1, 2):
+            for layers in (1, LAYERS):
                 out.append(Case(f"{family} x{layers}", "model", training, _model_case(family, layers, training)))
     return out
 
@@ -363,7 +371,8 @@ class Row(NamedTuple):
 
 def measure(selected: List[Case], time_calls: bool = True, calls: int = 20, rounds: int = 5) -> List[Row]:
     """Counts (at COUNTED sizes) and, with time_calls, host microseconds (at TIMED sizes) of every
-    case; for each family, a row '<family> layer' = its two-layer model less its one-layer one.
+    case; for each family, a row '<family> layer' = its LAYERS-layer model less its one-layer one,
+    shared by the LAYERS - 1 layers between them.
     The times of every case and of every floor are taken in turn (timed_together)."""
     counts = [count(_warm(case.make(COUNTED))) for case in selected]
     us = floor = [None] * len(selected)
@@ -375,12 +384,13 @@ def measure(selected: List[Case], time_calls: bool = True, calls: int = 20, roun
     by_name = {(r.name, r.training): r for r in rows}
     for family in FAMILIES:
         for training in (False, True):
-            one, two = by_name.get((f"{family} x1", training)), by_name.get((f"{family} x2", training))
-            if one and two:
+            one, more = by_name.get((f"{family} x1", training)), by_name.get((f"{family} x{LAYERS}", training))
+            if one and more:
+                n = LAYERS - 1
                 us = floor = None
                 if one.us is not None:
-                    us, floor = two.us - one.us, two.floor - one.floor
-                rows.append(Row(f"{family} layer", training, two.counts - one.counts, us, floor))
+                    us, floor = (more.us - one.us) / n, (more.floor - one.floor) / n
+                rows.append(Row(f"{family} layer", training, (more.counts - one.counts).per(n), us, floor))
     return rows
 
 

@@ -20,19 +20,27 @@ COUNTS = {
     ("geglu", False): (1, 1, 0),
     ("geglu", True): (2, 5, 0),
     ("bert x1", False): (5, 23, 4),
-    ("bert x2", False): (9, 27, 4),
+    ("bert x3", False): (13, 31, 4),
     ("bert x1", True): (12, 58, 5),
-    ("bert x2", True): (22, 78, 6),
+    ("bert x3", True): (32, 98, 7),
     ("modernbert x1", False): (4, 21, 4),
-    ("modernbert x2", False): (8, 26, 4),
+    ("modernbert x3", False): (12, 31, 4),
     ("modernbert x1", True): (10, 43, 4),
-    ("modernbert x2", True): (20, 59, 4),
+    ("modernbert x3", True): (30, 75, 4),
 }
 
 
 @pytest.fixture(scope="module")
 def rows():
     return {(r.name, r.training): r.counts for r in host.measure(host.cases(), time_calls=False)}
+
+
+def test_a_layers_share_of_unlike_layers_is_refused():
+    # a layer's row shares the difference of two models among the layers between them: counts that
+    # do not divide mean the layers are not alike, and the row would be no one layer's
+    assert host.Counts(8, 12, 4, 0).per(2) == host.Counts(4, 6, 2, 0)
+    with pytest.raises(ValueError, match="do not divide"):
+        host.Counts(9, 12, 4, 0).per(2)
 
 
 def test_every_call_is_counted(rows):
