@@ -188,23 +188,46 @@ def empty_parts(parts, device):
 
     if _APART.get():
         return tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in parts)
-    offsets, total = [], 0
-    for shape, dtype in parts:
-        offsets.append(total)
-        total += cdiv(math.prod(shape) * dtype.itemsize, _PART_ALIGN) * _PART_ALIGN
+    total, layout = _parts_layout(parts)
     memory = torch.empty(total, dtype=torch.uint8, device=device)
     typed: Dict[Any, Any] = {}  # one view of the memory per dtype; each part one as_strided of it
     out = []
-    for (shape, dtype), offset in zip(parts, offsets):
+    for dtype, shape, strides, offset in layout:
         whole = typed.get(dtype)
         if whole is None:
             whole = typed[dtype] = memory.view(dtype)
-        strides, step = [], 1
-        for size in reversed(shape):
-            strides.append(step)
-            step *= max(size, 1)
-        out.append(whole.as_strided(shape, strides[::-1], offset // dtype.itemsize))
+        out.append(whole.as_strided(shape, strides, offset))
     return tuple(out)
+
+
+_LAYOUTS: Dict[Any, Any] = {}  # parts -> their layout (a step's parts repeat from step to step)
+_LAYOUTS_LIMIT = 1024  # layouts kept before the table starts again (one per layer kind and batch shape)
+
+
+def _parts_layout(parts):
+    # (bytes, [(dtype, shape, contiguous strides, offset in elements)]) of empty_parts' parts, each
+    # part's start rounded up to _PART_ALIGN; kept per parts (the arithmetic cost a call of the
+    # allocator's size in host time)
+    key = tuple(parts)
+    try:
+        found = _LAYOUTS.get(key)
+    except TypeError:  # a shape given as a list: laid out, not kept
+        key = found = None
+    if found is None:
+        total, layout = 0, []
+        for shape, dtype in parts:
+            strides, step = [], 1
+            for size in reversed(shape):
+                strides.append(step)
+                step *= max(size, 1)
+            layout.append((dtype, tuple(shape), tuple(strides[::-1]), total // dtype.itemsize))
+            total += cdiv(math.prod(shape) * dtype.itemsize, _PART_ALIGN) * _PART_ALIGN
+        found = (total, layout)
+        if key is not None:
+            if len(_LAYOUTS) >= _LAYOUTS_LIMIT:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = found
+    return found
 
 
 def fresh_or_given(given, shape, dtype, device, what: str, *, unit_columns: bool = False):

@@ -118,6 +118,12 @@ def test_empty_parts_gives_aligned_independent_parts_of_any_shape_and_dtype():
         p.fill_(i + 1)
     assert all(torch.all(p == i + 1) for i, p in enumerate(parts)), "the parts overlap"
     assert len({p.untyped_storage().data_ptr() for p in parts}) == 1  # one allocation
+    again = empty_parts(specs, "cpu")  # the layout kept from the first call: the same parts, new memory
+    assert [(p.shape, p.stride(), p.storage_offset(), p.dtype) for p in again] == \
+        [(p.shape, p.stride(), p.storage_offset(), p.dtype) for p in parts]
+    assert again[0].untyped_storage().data_ptr() != base
+    listed = empty_parts([([3, 5], torch.float16), ([7], torch.float32)], "cpu")  # shapes as lists: laid out alike
+    assert [(tuple(p.shape), p.stride()) for p in listed] == [((3, 5), (5, 1)), ((7,), (1,))]
     with outputs_apart():
         apart = empty_parts(specs, "cpu")
     assert len({p.untyped_storage().data_ptr() for p in apart}) == len(specs)
