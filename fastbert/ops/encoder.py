@@ -66,6 +66,7 @@ from fastbert.ops.attention import (
 )
 from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_fwd
 from fastbert.ops.checks import check_approximate, check_device, check_float, check_mask, check_tensor
+from fastbert.ops.common import as_rows
 from fastbert.ops.geglu import geglu_fwd
 from fastbert.ops.int8 import int8_add_layer_norm, int8_bias_gelu, int8_dequantize, int8_matmul, quantize_rows
 from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm, add_layer_norm_fwd, add_layer_norm_sum_fwd
@@ -238,7 +239,7 @@ def layer_forward(hidden: Tensor, weights: Sequence[Tensor], heads: int, eps: Tu
             return fb_backend.cpp_function("encoder_layer_forward")(
                 hidden, list(weights), paths, heads, float(eps[0]), float(eps[1]), approximate, key_mask=mask,
                 cu_seqlens=cu_seqlens, max_seqlen=max_seqlen or 0, rel_bias=rel)
-    return _kernels(_rows(hidden), hidden.shape, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens,
+    return _kernels(as_rows(hidden), hidden.shape, LayerWeights(*weights), heads, eps, approximate, mask, cu_seqlens,
                     max_seqlen, rel, backend).view(hidden.shape)
 
 
@@ -252,7 +253,7 @@ def layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Optional[Tenso
     backend = fb_backend.resolve(backend, hidden)
     outs = []
     if backend == "triton" and not torch.is_autocast_enabled(hidden.device.type) and hidden.numel() > 0:
-        shape, x = hidden.shape, _rows(hidden)  # the layers on rows, each state viewed back once
+        shape, x = hidden.shape, as_rows(hidden)  # the layers on rows, each state viewed back once
         for w, heads, eps, approximate in layers:
             x = _kernels(x, shape, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
             if keep_states:
@@ -263,12 +264,6 @@ def layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Optional[Tenso
         if keep_states:
             outs.append(hidden)
     return outs if keep_states else [hidden]
-
-
-def _rows(hidden: Tensor) -> Tensor:
-    """hidden's rows [rows, width], contiguous (a view where it is)."""
-    x = hidden.reshape(-1, hidden.shape[-1])
-    return x if x.is_contiguous() else x.contiguous()
 
 
 def _kernels(x, shape, w: LayerWeights, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend) -> Tensor:
@@ -359,7 +354,7 @@ def prenorm_layer_forward(hidden: Tensor, delta: Optional[Tensor], weights: PreN
     backend = fb_backend.resolve(backend, hidden)
     if (not _prenorm_route(hidden, backend)) or (delta is None) != (weights.attn_norm_weight is None):
         return None
-    stream, out = _prenorm_kernels(_rows(hidden), None if delta is None else delta.reshape(-1, hidden.shape[-1]),
+    stream, out = _prenorm_kernels(as_rows(hidden), None if delta is None else delta.reshape(-1, hidden.shape[-1]),
                                    hidden.shape, weights, heads, eps, approximate, rotary_base, window, mask,
                                    cu_seqlens, max_seqlen, backend)
     return stream.view(hidden.shape), out.view(hidden.shape)
@@ -377,7 +372,7 @@ def prenorm_layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Option
     if not _prenorm_route(hidden, backend) or any((i == 0) != (w.attn_norm_weight is None)
                                                   for i, (w, *_) in enumerate(layers)):
         return None
-    shape, stream, delta = hidden.shape, _rows(hidden), None  # the layers on rows, viewed back once
+    shape, stream, delta = hidden.shape, as_rows(hidden), None  # the layers on rows, viewed back once
     for w, heads, eps, approximate, rotary_base, window in layers:
         stream, delta = _prenorm_kernels(stream, delta, shape, w, heads, eps, approximate, rotary_base, window, mask,
                                          cu_seqlens, max_seqlen, backend)
