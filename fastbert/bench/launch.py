@@ -12,7 +12,7 @@ interpreter only: under TRITON_INTERPRET=1 no kernel is compiled.
 With real_launcher=True the launcher is Triton's own (its CudaLauncher and the C code of its CUDA
 utilities, built against a stand-in libcuda whose cuLaunchKernelEx records the launch configuration
 and the packed parameters instead of launching): every step of a launch on the host but the
-driver's own is then run, and what reaches the driver can be read byte by byte (fake.launches). It
+driver's own is then run, and what reaches the driver can be read byte by byte (fake.last_launch()). It
 loads that libcuda into the process, so it is for a process of its own (benchmarks/bench_launch.py,
 the tests' subprocesses) on a machine where no real one is loaded.
 """
@@ -167,7 +167,9 @@ def _read_launch(cuda, signature: bytes) -> Launch:
     from triton.backends.nvidia import driver as nvidia
 
     r = _Record.from_address(cuda.fb_stand_in_last())
-    names = {index: name for name, index in _extractor_indices(nvidia).items()}
+    names = getattr(cuda, "param_names", None)
+    if names is None:  # asked of Triton once a process
+        names = cuda.param_names = {index: name for name, index in _extractor_indices(nvidia).items()}
     params = []
     for i in range(r.count):
         raw = struct.pack("<Q", r.params[i])
