@@ -8,6 +8,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (-n N) the workers share the cores: each takes its share of torch's threads, so
+# that N workers of two threads each do not wait on each other's spinning OpenMP threads.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 import pytest  # noqa: E402
 
 from tests.helpers.backends import require  # noqa: E402

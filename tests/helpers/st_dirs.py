@@ -169,6 +169,13 @@ def bge_m3_directory(directory, colbert: bool = True, sparse: bool = True):
     return out
 
 
+# How far two fp32 runs of splade_directory's model may give a weight apart when they batch or pad the
+# texts differently: its 0.2-wide random weights make logits of several units, and sums of another
+# order (another batch's shapes, whose product paths are chosen by measurement) move them by a few
+# 1e-5 (seen: 2.8e-5 on an AVX-512 / AMX Xeon), beyond the 2e-5 that suits unit-norm embeddings.
+SPLADE_ATOL = 1e-4
+
+
 def splade_directory(directory):
     """A SPLADE directory as sentence-transformers' SparseEncoder saves it: MLMTransformer (a BERT
     masked LM in all-MiniLM-L6-v2's shape, random weights drawn wide enough that many vocabulary

