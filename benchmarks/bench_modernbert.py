@@ -1,6 +1,7 @@
 """ModernBERT-base (or MPNet-base, --model mpnet, or gte-multilingual-base, --model gte) on fastbert
 against transformers' own model and, with the peers, the same model exported to ONNX and run by ONNX
-Runtime and by OpenVINO, on the CPU, same random weights, same batches, in one process.
+Runtime and by OpenVINO, on the CPU, same random weights, same batches, each engine built and timed
+alone in a process of its own (--in-process: all in this one).
 
 The model: transformers' ModernBertConfig defaults, which are ModernBERT-base's (22 layers, hidden
 768, 12 heads, GeGLU 1152, vocabulary 50,368, a global layer every third with rotary base 160,000,
@@ -45,36 +46,45 @@ MPNet's export (--model mpnet) is the same call, its relative position bias in t
 Workloads (fastbert.bench.workloads): var128 (32 sequences of 16..128 tokens), var512 (8 of
 64..512) and one2048 (one sequence of 2048 tokens); one20 (one query of 20 tokens: a server's
 single short request) and small (4 of 40..160: a quick check that crosses the 64-token window),
-not run unless named. Interleaved rounds: each round calls every
-engine once on the same batch; medians; every ratio is of times measured in this run. Every
-engine's last hidden state is compared with fastbert's at the real tokens (max abs error); a peer
-beyond rounding noise (TOLERANCES: fp32 1e-4, against about 1e-6 measured; bf16 0.5) is reported as
-disagreeing and not timed, so a speed-up never hides a wrong answer. --dtype bfloat16: transformers'
+not run unless named. Timing: by default each engine (fastbert's model, transformers', each peer's
+on the one exported file) is built in a child process of its own (fastbert.bench.isolated), which
+runs every workload once untimed and then --rounds times timed; two passes, the engines in turn, so
+that a change in the machine's load reaches all alike. In one process an engine's thread pools slow
+the engines timed after it (OpenVINO's slowed fastbert's var512 by 1.5x: benchmarks/LOG.md).
+--in-process: interleaved rounds in this process, each calling every engine once on the same batch
+(quicker). Medians; every ratio is of times measured in this run. Every engine's last hidden state
+is compared with fastbert's at the real tokens (max abs error); a peer beyond rounding noise
+(TOLERANCES: fp32 1e-4, against about 1e-6 measured; bf16 0.5) is reported as disagreeing and its
+times are left out (in process: not timed), so a speed-up never hides a wrong answer. --dtype bfloat16: transformers'
 and fastbert's models in bf16, OpenVINO at its bf16 inference precision on the fp32 export, ONNX
 Runtime skipped (its CPU provider runs the graph in fp32). --dtype int8: fastbert's int8 inference
 (quantize_("int8")) and ONNX Runtime on the same export through its dynamic quantization (int8
 weights, activations quantized per call) and OpenVINO on it through NNCF's post-training
-quantization (int8 weights and activations, the activations' scales calibrated on the workload's
-own sequences), against transformers in fp32 (it has no int8 of its own). Each engine's error is then taken
-against transformers' fp32 output, fastbert's included, and an int8 engine whose least cosine
-to it over the real tokens is under INT8_LEAST_COSINE is reported as disagreeing and not timed.
+quantization (int8 weights and activations, the activations' scales calibrated on the two random
+sequences the export is traced on, the workloads' kind of input), against transformers in fp32 (it
+has no int8 of its own). Each engine's error is then taken against transformers' fp32 output,
+fastbert's included, and an int8 engine whose least cosine to it over the real tokens is under
+INT8_LEAST_COSINE is reported as disagreeing, its times left out.
 "vs X" is X's time over fastbert's: fastbert's speed-up over X.
 
     python benchmarks/bench_modernbert.py [--model modernbert|mpnet|gte|nomic_bert|jina_embeddings_v3|eurobert|deberta-v2]
         [--workloads var128,var512,one2048] [--layers N] [--rounds 5] [--peers onnxruntime,openvino]
-        [--dtype float32|bfloat16|int8] [--json PATH]
+        [--dtype float32|bfloat16|int8] [--in-process] [--json PATH]
 """
 from __future__ import annotations
 
+import os
 import statistics
 import sys
+import tempfile
 
 import torch
 
-from fastbert.bench.peers import ONNX_PEERS, onnx_peers
+from fastbert.bench.isolated import isolated_engine_runs
+from fastbert.bench.peers import ONNX_PEERS, export_onnx, onnx_peers, onnx_skips
 from fastbert.bench.report import command_line, header, parser, write_json
 from fastbert.bench.timing import encoder_flops, fp32_gemm_rate, interleaved_cpu_times
-from fastbert.bench.workloads import MODERN_ARCHS, WORKLOADS, make_batch, modern_models
+from fastbert.bench.workloads import MODERN_ARCHS, WORKLOADS, make_batch, modern_models, modern_transformers
 
 MODERN_WORKLOADS = {**{k: WORKLOADS[k] for k in ("var128", "var512", "one20")}, "one2048": dict(batch=1, lo=2048, hi=2048),
                     "small": dict(batch=4, lo=40, hi=160)}
@@ -93,39 +103,84 @@ def engines(theirs, peers, dtype) -> tuple:
     runs = {"transformers": lambda i, m: theirs(input_ids=i, attention_mask=m).last_hidden_state}
     if not peers:
         return runs, {}
-    cfg = theirs.config
-    ids = torch.randint(1000, cfg.vocab_size, (2, 160), generator=torch.Generator().manual_seed(2))
-    mask = (torch.arange(160)[None] < torch.tensor([[160], [100]])).long()  # padded, longer than the window
-    peer_runs, skipped = onnx_peers(theirs, ids.masked_fill(mask == 0, cfg.pad_token_id), mask, peers, dtype)
+    peer_runs, skipped = onnx_peers(theirs, *trace_batch(theirs.config), peers, dtype)
     return {**runs, **peer_runs}, skipped
 
 
+def trace_batch(cfg) -> tuple:
+    """(ids, mask) the ONNX export is traced on: padded, longer than ModernBERT's window."""
+    ids = torch.randint(1000, cfg.vocab_size, (2, 160), generator=torch.Generator().manual_seed(2))
+    mask = (torch.arange(160)[None] < torch.tensor([[160], [100]])).long()
+    return ids.masked_fill(mask == 0, cfg.pad_token_id), mask
+
+
 def measure(name, ours, runs, ids, mask, rounds, dtype) -> dict:
-    """One workload's row: every engine's error against fastbert at the real tokens (int8: against
-    transformers' fp32 output, fastbert's too), then the medians of interleaved rounds of fastbert and
-    every engine that agrees."""
+    """One workload's row, every engine in this process: every engine's error (agreement), then the
+    medians of interleaved rounds of fastbert and every engine that agrees."""
     real = mask.bool()
     with torch.inference_mode():
         outs = {"fastbert": ours(input_ids=ids, attention_mask=mask).last_hidden_state[real].float()}
         outs.update({k: run(ids, mask)[real].float() for k, run in runs.items()})
-        want = outs["transformers" if dtype == torch.int8 else "fastbert"]
-        errors = {k: (v - want).abs().max().item() for k, v in outs.items() if v is not want}
-        cosine = {k: torch.nn.functional.cosine_similarity(v, want, dim=-1).min().item()
-                  for k, v in outs.items() if v is not want}
-        disagree = [k for k in errors if k not in ("transformers", "fastbert") and not _agrees(errors[k], cosine[k], dtype)]
-        against = "transformers fp32" if dtype == torch.int8 else "fastbert"
-        for k in disagree:
-            print(f"# {k} disagrees with {against} on {name}: max abs err {errors[k]:.2e}, least cosine "
-                  f"{cosine[k]:.4f}; not timed", flush=True)
+        errors, cosine, disagree = agreement(name, outs, dtype, "not timed")
         timed = {"fastbert": lambda: ours(input_ids=ids, attention_mask=mask)}
         timed.update({k: (lambda r=run: r(ids, mask)) for k, run in runs.items() if k not in disagree})
         times = interleaved_cpu_times(timed, warmup=1, repeats=rounds)
+    return row_of(name, mask, errors, cosine, disagree, times)
+
+
+def agreement(name, outs, dtype, dropped: str) -> tuple:
+    """({engine: max abs error}, {engine: least cosine}, [engines that disagree]) of outs ({engine: last
+    hidden state at the real tokens}) against fastbert's (int8: against transformers' fp32 output,
+    fastbert's too); each one that disagrees is said, with what is done with its times (`dropped`)."""
+    want = outs["transformers" if dtype == torch.int8 else "fastbert"]
+    errors = {k: (v - want).abs().max().item() for k, v in outs.items() if v is not want}
+    cosine = {k: torch.nn.functional.cosine_similarity(v, want, dim=-1).min().item()
+              for k, v in outs.items() if v is not want}
+    disagree = [k for k in errors if k not in ("transformers", "fastbert") and not _agrees(errors[k], cosine[k], dtype)]
+    against = "transformers fp32" if dtype == torch.int8 else "fastbert"
+    for k in disagree:
+        print(f"# {k} disagrees with {against} on {name}: max abs err {errors[k]:.2e}, least cosine "
+              f"{cosine[k]:.4f}; {dropped}", flush=True)
+    return errors, cosine, disagree
+
+
+def row_of(name, mask, errors, cosine, disagree, times) -> dict:
+    """A workload's row from its errors and the seconds of each engine's timed calls."""
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     tokens = int(mask.sum())
     vs = {k: v / ms["fastbert"] for k, v in ms.items() if k != "fastbert"}
     return dict(workload=name, real_tokens=tokens, ms=ms, speedup=vs["transformers"], speedup_vs=vs,
                 max_abs_err=errors.get("transformers", errors.get("fastbert")), errors=errors, least_cosine=cosine,
                 disagree=disagree, tokens_per_s={k: tokens / v * 1e3 for k, v in ms.items()})
+
+
+def isolated_rows(args, theirs, batches) -> tuple:
+    """(rows, engines, {peer: why skipped}): every engine built and timed alone in a process of its own
+    (fastbert.bench.isolated), `args.rounds` timed calls a pass, two passes; the ONNX file exported
+    once here, in a temporary directory that goes when the children are done."""
+    skipped = onnx_skips(args.peers, args.dtype)
+    wanted = [p for p in args.peers if p not in skipped]
+    with tempfile.TemporaryDirectory(prefix="fastbert-peers-") as d:
+        path, trace = None, trace_batch(theirs.config)
+        if wanted:
+            try:
+                path = export_onnx(theirs, *trace, os.path.join(d, "model.onnx"))
+            except Exception as e:
+                skipped.update({p: f"ONNX export failed: {str(e).strip()[:200]}" for p in wanted})
+                wanted = []
+        outs, times, failed = isolated_engine_runs(args.model, args.layers, args.dtype,
+                                                   ["fastbert", "transformers", *wanted], batches, path, trace,
+                                                   calls=args.rounds)
+    skipped.update(failed)
+    for peer, why in skipped.items():
+        print(f"peer skipped: {peer}: {why}", file=sys.stderr)
+    rows = []
+    for name, (_, mask) in batches.items():
+        errors, cosine, disagree = agreement(name, {k: v[name] for k, v in outs.items()}, args.dtype,
+                                             "its times left out")
+        rows.append(row_of(name, mask, errors, cosine, disagree,
+                           {k: v[name] for k, v in times.items() if k not in disagree}))
+    return rows, [e for e in outs if e != "fastbert"], skipped
 
 
 def _agrees(error: float, cosine: float, dtype) -> bool:
@@ -162,34 +217,53 @@ def print_row(row, names) -> None:
 def run(args) -> tuple:
     """(rows, {peer: why skipped})."""
     gemm = fp32_gemm_rate() if args.dtype == torch.float32 else None
-    theirs, ours = modern_models(args.model, args.layers, "cpp", int8=args.dtype == torch.int8)
-    runs, skipped = engines(theirs, args.peers, args.dtype)
-    if args.dtype == torch.bfloat16:  # after the export, which traces the fp32 model
-        theirs.to(args.dtype)
-        ours.to(args.dtype)
-    names = list(runs)
-    print_header(names)
-    vocab, pad = theirs.config.vocab_size, theirs.config.pad_token_id
-    rows = []
+    if args.in_process:
+        theirs, ours = modern_models(args.model, args.layers, "cpp", int8=args.dtype == torch.int8)
+    else:
+        theirs = modern_transformers(args.model, args.layers)  # for the export; fastbert's is built in its child
+    cfg, batches = theirs.config, {}
     for name in args.workloads:
         w = MODERN_WORKLOADS[name]
-        ids, mask = make_batch(w["batch"], w["lo"], w["hi"], torch.Generator().manual_seed(1), vocab=vocab, pad_id=pad)
-        rows.append(measure(name, ours, runs, ids, mask, args.rounds, args.dtype))
-        rows[-1]["gflop"] = encoder_flops(theirs.config, mask.sum(1).tolist()) / 1e9
-        if gemm is not None:
-            rows[-1].update(floor_ms=rows[-1]["gflop"] / gemm["gflops"] * 1e3, gemm=gemm)
-        print_row(rows[-1], names)
+        batches[name] = make_batch(w["batch"], w["lo"], w["hi"], torch.Generator().manual_seed(1),
+                                   vocab=cfg.vocab_size, pad_id=cfg.pad_token_id)
+    if args.in_process:
+        runs, skipped = engines(theirs, args.peers, args.dtype)
+        if args.dtype == torch.bfloat16:  # after the export, which traces the fp32 model
+            theirs.to(args.dtype)
+            ours.to(args.dtype)
+        names = list(runs)
+        print_header(names)
+        rows = []
+        for name, (ids, mask) in batches.items():
+            rows.append(measure(name, ours, runs, ids, mask, args.rounds, args.dtype))
+            finish(rows[-1], cfg, mask, gemm)
+            print_row(rows[-1], names)
+    else:
+        rows, names, skipped = isolated_rows(args, theirs, batches)
+        print_header(names)
+        for row, (_, mask) in zip(rows, batches.values()):
+            finish(row, cfg, mask, gemm)
+            print_row(row, names)
     if args.dtype == torch.int8:
         print("# vs X: X's ms / fastbert's ms. err X: max abs difference from transformers' fp32 last hidden state at "
-              f"the real tokens; ! least cosine to it under {INT8_LEAST_COSINE} (that engine not timed). fastbert "
+              f"the real tokens; ! least cosine to it under {INT8_LEAST_COSINE} (its times left out). fastbert "
               "int8's own: " + ", ".join(f"{r['workload']} {r['errors']['fastbert']:.2e} (least cosine "
                                          f"{r['least_cosine']['fastbert']:.4f})" for r in rows))
     else:
         print(f"# vs X: X's ms / fastbert's ms. err X: max abs difference from fastbert's last hidden state at the "
-              f"real tokens; ! beyond {TOLERANCES[args.dtype]:g} (that engine not timed)")
+              f"real tokens; ! beyond {TOLERANCES[args.dtype]:g} (its times left out)")
+    print("# timed " + ("in this process, the engines' rounds interleaved" if args.in_process else
+                        f"each engine alone in a process of its own, two passes of {args.rounds} calls"))
     if gemm is not None:
         print_floor(rows, gemm)
     return rows, skipped
+
+
+def finish(row, config, mask, gemm) -> None:
+    """The row's products (GFLOP) and, in fp32, its floor at the run's GEMM rate."""
+    row["gflop"] = encoder_flops(config, mask.sum(1).tolist()) / 1e9
+    if gemm is not None:
+        row.update(floor_ms=row["gflop"] / gemm["gflops"] * 1e3, gemm=gemm)
 
 
 def _versions(peers) -> dict:
@@ -217,6 +291,10 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"],
                     help="the models' dtype (bfloat16: OpenVINO at its bf16 inference precision, ONNX Runtime "
                          "skipped; int8: fastbert's and ONNX Runtime's int8 against transformers fp32)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="time every engine in this process, their rounds interleaved (quicker; an engine's "
+                         "thread pools then slow the ones timed after it); by default each runs alone in a "
+                         "process of its own")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.dtype = getattr(torch, args.dtype)

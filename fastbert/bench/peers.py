@@ -35,7 +35,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -321,6 +321,27 @@ def _print_skipped(skipped: Dict[str, str]) -> None:
         print(f"peer skipped: {name}: {why}", file=sys.stderr)
 
 
+def onnx_skips(peers, dtype: torch.dtype) -> Dict[str, str]:
+    """{peer: why it cannot run here in `dtype`} for those of the ONNX_PEERS asked for that cannot."""
+    skipped = {p: _missing(p) for p in peers if _missing(p)}
+    if dtype == torch.bfloat16 and "onnxruntime" in peers and "onnxruntime" not in skipped:
+        skipped["onnxruntime"] = "its CPU provider runs this graph in fp32: not a bf16 peer"
+    return skipped
+
+
+def onnx_engine(peer: str, path: str, dtype: torch.dtype, ids, mask) -> Tuple[Optional[Engine], str]:
+    """(`peer`'s engine of the ONNX file `path` in `dtype`, "") or (None, why it could not be built):
+    onnx_peers' engines, one at a time (a benchmark that builds each engine in a process of its own)."""
+    try:
+        if peer == "onnxruntime":
+            return (_onnxruntime_int8_engine if dtype == torch.int8 else _onnxruntime_engine)(path), ""
+        return _openvino_peer(path, dtype, ids, mask), ""
+    except _Skip as e:
+        return None, str(e)
+    except Exception as e:  # an engine that cannot load this graph: say so, run the rest
+        return None, f"loading the ONNX file failed: {_first_line(e)}"
+
+
 def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float32
                ) -> Tuple[Dict[str, Engine], Dict[str, str]]:
     """({peer: engine}, {peer: why skipped}) for the ONNX_PEERS asked for: `hf` (transformers' model,
@@ -333,12 +354,8 @@ def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float
     OpenVINO on the file through NNCF, _nncf_int8, calibrated on ids and mask). The file's temporary directory is
     removed before this returns (each engine has read the model by then)."""
     engines: Dict[str, Engine] = {}
-    skipped = {p: _missing(p) for p in peers if _missing(p)}
-    if dtype == torch.bfloat16 and "onnxruntime" in peers and "onnxruntime" not in skipped:
-        skipped["onnxruntime"] = "its CPU provider runs this graph in fp32: not a bf16 peer"
+    skipped = onnx_skips(peers, dtype)
     wanted = [p for p in peers if p not in skipped]
-    onnxruntime = _onnxruntime_int8_engine if dtype == torch.int8 else _onnxruntime_engine
-    build = {"onnxruntime": onnxruntime, "openvino": lambda path: _openvino_peer(path, dtype, ids, mask)}
     if wanted:
         workdir = tempfile.mkdtemp(prefix="fastbert-peers-")
         try:
@@ -348,12 +365,11 @@ def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float
                 skipped.update({p: f"ONNX export failed: {_first_line(e)}" for p in wanted})
                 wanted = []
             for peer in wanted:
-                try:
-                    engines[peer] = build[peer](path)
-                except _Skip as e:
-                    skipped[peer] = str(e)
-                except Exception as e:  # an engine that cannot load this graph: say so, run the rest
-                    skipped[peer] = f"loading the ONNX file failed: {_first_line(e)}"
+                engine, why = onnx_engine(peer, path, dtype, ids, mask)
+                if engine is None:
+                    skipped[peer] = why
+                else:
+                    engines[peer] = engine
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
             hf.eval()

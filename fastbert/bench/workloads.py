@@ -98,13 +98,10 @@ ARCH_CONFIGS = {"deberta-v2": dict(vocab_size=128100, hidden_size=768, num_atten
                                    position_biased_input=False, type_vocab_size=0, layer_norm_eps=1e-7)}
 
 
-def modern_models(name: str, layers: int, backend: str, int8: bool = False):
-    """(transformers' model at its base configuration with `layers` layers and random weights (seeded),
-    with sdpa where it has it, fastbert's with the same weights on `backend`, quantized to int8 with
-    int8), both eval, on the CPU."""
+def modern_transformers(name: str, layers: int):
+    """transformers' model of the family `name` at its base configuration with `layers` layers and
+    random weights (seeded: the same in every process), with sdpa where it has it, eval, on the CPU."""
     import transformers
-
-    import fastbert
 
     cls, config_cls, _ = MODERN_ARCHS[name]
     config = getattr(transformers, config_cls)(**ARCH_CONFIGS.get(name, {}), num_hidden_layers=layers)
@@ -112,7 +109,17 @@ def modern_models(name: str, layers: int, backend: str, int8: bool = False):
     theirs = getattr(transformers, cls)(config).eval()
     if name not in ("mpnet", "deberta-v2"):  # MPNet's sdpa setting loses its relative bias; DeBERTa has no sdpa
         theirs.config._attn_implementation = "sdpa"
-    ours = getattr(fastbert, cls)(getattr(fastbert, config_cls)(**config.to_dict())).eval()
+    return theirs
+
+
+def modern_models(name: str, layers: int, backend: str, int8: bool = False):
+    """(transformers' model (modern_transformers), fastbert's with the same weights on `backend`,
+    quantized to int8 with int8), both eval, on the CPU."""
+    import fastbert
+
+    cls, config_cls, _ = MODERN_ARCHS[name]
+    theirs = modern_transformers(name, layers)
+    ours = getattr(fastbert, cls)(getattr(fastbert, config_cls)(**theirs.config.to_dict())).eval()
     ours.load_state_dict(theirs.state_dict())
     ours.set_backend(backend)
     if int8:

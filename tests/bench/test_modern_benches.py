@@ -31,14 +31,64 @@ def _rows(module, tmp_path, *args):
 def test_bench_modernbert_runs_and_agrees_with_transformers(tmp_path, model, capsys):
     out = tmp_path / "rows.json"
     _script("bench_modernbert").main(["--model", model, "--layers", "1", "--rounds", "1", "--workloads", "var128",
-                                      "--peers", "", "--json", str(out)])
+                                      "--peers", "", "--in-process", "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
     assert [r["workload"] for r in rows] == ["var128"]
     assert rows[0]["max_abs_err"] < 1e-4 and rows[0]["speedup"] > 0
     assert set(rows[0]["ms"]) == {"fastbert", "transformers"}
     assert rows[0]["gflop"] > 0 and rows[0]["floor_ms"] == rows[0]["gflop"] / rows[0]["gemm"]["gflops"] * 1e3
     out = capsys.readouterr().out
-    assert "var128" in out and "# var128: " in out and "of the GEMM rate" in out
+    assert "var128" in out and "# var128: " in out and "of the GEMM rate" in out and "in this process" in out
+
+
+@pytest.mark.slow
+@pytest.mark.peers
+def test_by_default_each_engine_runs_alone_in_its_own_process_and_agrees(tmp_path, monkeypatch, capsys):
+    """Without --in-process every engine (fastbert, transformers, ONNX Runtime and OpenVINO on the file
+    exported once here) is built and timed in a child process of its own, two passes of --rounds
+    calls; the outputs the children send back agree, and the temporary directories are gone."""
+    for package in ("onnxruntime", "openvino"):
+        pytest.importorskip(package, reason=f"{package} is not installed (the peers extra: pip install -e .[peers])")
+    import tempfile
+
+    made, real = [], tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
+    module = _script("bench_modernbert")
+    children = []
+    runs = module.isolated_engine_runs
+    monkeypatch.setattr(module, "isolated_engine_runs", lambda *a, **kw: children.append(a[3]) or runs(*a, **kw))
+    rows, data = _rows(module, tmp_path, "--model", "modernbert", "--layers", "2")
+    assert children == [["fastbert", "transformers", "onnxruntime", "openvino"]]
+    assert len(made) == 2 and not any(os.path.exists(d) for d in made)
+    (row,) = rows
+    assert data["peers_skipped"] == {} and row["disagree"] == []
+    assert set(row["errors"]) == {"transformers", "onnxruntime", "openvino"}
+    assert all(e < 1e-4 for e in row["errors"].values()), row["errors"]
+    assert set(row["ms"]) == {"fastbert", *row["errors"]} and all(v > 0 for v in row["speedup_vs"].values())
+    assert "each engine alone in a process of its own, two passes of 1 calls" in capsys.readouterr().out
+
+
+def test_an_isolated_engine_that_disagrees_is_reported_and_its_times_left_out(tmp_path, monkeypatch, capsys):
+    """The children's outputs are judged as the in-process ones: a peer beyond the tolerance is said
+    and its times are not in the row."""
+    module = _script("bench_modernbert")
+
+    def runs(model, layers, dtype, engines, batches, onnx, trace, calls):
+        real = {w: mask.bool() for w, (_, mask) in batches.items()}
+        right = {w: torch.ones(int(r.sum()), 768) for w, r in real.items()}
+        outs = {"fastbert": right, "transformers": {w: v.clone() for w, v in right.items()},
+                "onnxruntime": {w: v * 0 for w, v in right.items()}}
+        return outs, {e: {w: [0.01, 0.02] for w in batches} for e in outs}, {}
+
+    monkeypatch.setattr(module, "isolated_engine_runs", runs)
+    monkeypatch.setattr(module, "export_onnx", lambda hf, ids, mask, path: path)
+    monkeypatch.setattr(module, "onnx_skips", lambda peers, dtype: {})
+    rows, _ = _rows(module, tmp_path, "--layers", "1", "--peers", "onnxruntime")
+    (row,) = rows
+    assert row["disagree"] == ["onnxruntime"] and row["errors"] == {"transformers": 0.0, "onnxruntime": 1.0}
+    assert set(row["ms"]) == {"fastbert", "transformers"} and row["speedup"] == 1.0
+    assert "onnxruntime disagrees with fastbert on small: max abs err 1.00e+00, least cosine 0.0000; its times " \
+           "left out" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -55,7 +105,7 @@ def test_bench_modernbert_peers_run_the_exported_model_and_agree(tmp_path, monke
 
     made, real = [], peers.tempfile.mkdtemp
     monkeypatch.setattr(peers.tempfile, "mkdtemp", lambda **kw: made.append(real(**kw)) or made[-1])
-    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--model", model, "--layers", str(layers))
+    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--model", model, "--layers", str(layers), "--in-process")
     assert len(made) == 1 and not os.path.exists(made[0])
     assert data["peers_skipped"] == {}
     (row,) = rows
@@ -76,11 +126,11 @@ def test_a_peer_that_disagrees_is_reported_and_not_timed(tmp_path, monkeypatch, 
         return {"onnxruntime": lambda i, m: torch.zeros(*i.shape, theirs.config.hidden_size)}, {}
 
     monkeypatch.setattr(module, "onnx_peers", wrong)
-    rows, _ = _rows(module, tmp_path, "--layers", "1", "--peers", "onnxruntime", "--dtype", dtype)
+    rows, _ = _rows(module, tmp_path, "--layers", "1", "--peers", "onnxruntime", "--dtype", dtype, "--in-process")
     (row,) = rows
     assert row["disagree"] == ["onnxruntime"] and row["errors"]["onnxruntime"] > 0.1
     assert set(row["ms"]) == {"fastbert", "transformers"} and "onnxruntime" not in row["speedup_vs"]
-    assert f"onnxruntime disagrees with {against} on small" in capsys.readouterr().out
+    assert f"onnxruntime disagrees with {against} on small" in capsys.readouterr().out  # and "not timed"
 
 
 @pytest.mark.slow
@@ -93,7 +143,7 @@ def test_int8_times_fastbert_and_the_int8_peers_against_transformers_fp32(tmp_pa
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (the peers extra: pip install -e .[peers])")
     openvino = all(importlib.util.find_spec(p) is not None for p in ("openvino", "nncf"))
     peers = {"onnxruntime"} | ({"openvino"} if openvino else set())
-    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--layers", "2", "--dtype", "int8")
+    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--layers", "2", "--dtype", "int8", "--in-process")
     assert data["machine"]["dtype"] == "int8" and ("openvino" in data["peers_skipped"]) != openvino
     (row,) = rows
     assert set(row["ms"]) == {"fastbert", "transformers"} | peers and row["disagree"] == []
@@ -111,7 +161,7 @@ def test_bf16_runs_the_models_in_bf16_and_skips_onnx_runtime(tmp_path, capsys):
     ONNX Runtime skipped with its reason; OpenVINO at bf16 precision where it loads (a CPU without
     native bf16 may refuse: then skipped with the reason)."""
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (the peers extra: pip install -e .[peers])")
-    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--layers", "1", "--dtype", "bfloat16")
+    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--layers", "1", "--dtype", "bfloat16", "--in-process")
     assert data["machine"]["dtype"] == "bfloat16"
     assert "fp32" in data["peers_skipped"]["onnxruntime"]
     (row,) = rows
@@ -124,7 +174,7 @@ def test_bf16_runs_the_models_in_bf16_and_skips_onnx_runtime(tmp_path, capsys):
 def test_a_missing_peer_is_skipped_with_its_reason(tmp_path, monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
-    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--layers", "1", "--peers", "openvino")
+    rows, data = _rows(_script("bench_modernbert"), tmp_path, "--layers", "1", "--peers", "openvino", "--in-process")
     assert "pip install -e .[peers]" in data["peers_skipped"]["openvino"]
     assert set(rows[0]["ms"]) == {"fastbert", "transformers"}
     captured = capsys.readouterr()
