@@ -11,13 +11,6 @@ bool parse_approximate(const std::string& approximate, const char* op) {
   return approximate == "tanh";
 }
 
-// a gated unit's activation: GELU's forms ("none", "tanh") or "silu"
-kernels::Gate parse_gate(const std::string& gate, const char* op) {
-  TORCH_CHECK(gate == "none" || gate == "tanh" || gate == "silu", "fastbert._C.", op,
-              ": the gate must be 'none' or 'tanh' (GELU's forms) or 'silu', got '", gate, "'");
-  return gate == "silu" ? kernels::Gate::kSilu : gate == "tanh" ? kernels::Gate::kGeluTanh : kernels::Gate::kGeluErf;
-}
-
 // x [rows, 2n]: its last dim split in two halves (geglu's a and b)
 void check_halves(const char* op, const at::Tensor& x) {
   TORCH_CHECK(x.size(1) % 2 == 0, "fastbert._C.", op, ": x's last dim must be even (two halves), got ", x.size(1));
@@ -60,7 +53,7 @@ at::Tensor geglu_forward(const at::Tensor& x, const std::string& approximate) {
   const char* op = "geglu_forward";
   detail::check_rows(op, "x", x);
   check_halves(op, x);
-  const kernels::Gate gate = parse_gate(approximate, op);
+  const kernels::Gate gate = detail::gate_of(op, approximate);
   const int64_t n = x.size(1) / 2;
   at::Tensor y = detail::empty({x.size(0), n}, x.scalar_type());
   if (y.numel() == 0) return y;
@@ -78,7 +71,7 @@ at::Tensor geglu_backward(const at::Tensor& dy, const at::Tensor& x, const std::
               dy.sizes(), " but x has shape ", x.sizes(), "; dy must be [rows, x's last dim / 2]");
   TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "fastbert._C.", op, ": dy has dtype ", dy.scalar_type(),
               " but x has dtype ", x.scalar_type());
-  const kernels::Gate gate = parse_gate(approximate, op);
+  const kernels::Gate gate = detail::gate_of(op, approximate);
   at::Tensor dx = detail::empty_output(x);
   if (dy.numel() == 0) return dx;
   detail::kernels_for(op).geglu_backward(detail::dtype_of(x), dy.data_ptr(), x.data_ptr(), dx.data_ptr(), x.size(0),

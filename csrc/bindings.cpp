@@ -121,6 +121,10 @@ void register_int8(py::module_& m) {
   m.def("int8_bias_gelu", &fastbert::int8_bias_gelu, py::arg("acc"), py::arg("row_scale"), py::arg("row_offset"),
         py::arg("col_scale"), py::arg("bias"), py::arg("approximate") = "none", NoGil(),
         "quantize_rows(gelu(the dequantized acc)), without the fp32 activation in memory.");
+  m.def("int8_glu", &fastbert::int8_glu, py::arg("acc"), py::arg("row_scale"), py::arg("row_offset"),
+        py::arg("col_scale"), py::arg("bias") = py::none(), py::arg("gate") = "none", NoGil(),
+        "quantize_rows(act(h[:, :n]) * h[:, n:]) of the dequantized acc h [rows, 2n] (a gated feed-forward's gate "
+        "and up products); gate: GELU's 'none' (erf) or 'tanh', or 'silu'. No float activation in memory.");
   m.def(
       "int8_add_layer_norm",
       [](const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,

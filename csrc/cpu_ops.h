@@ -101,6 +101,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& 
                                                               const at::Tensor& row_offset,
                                                               const at::Tensor& col_scale, const at::Tensor& bias,
                                                               const std::string& approximate);
+// quantize_rows(act(h[:, :n]) * h[:, n:]) of the dequantized acc h [rows, 2n] (a gated feed-forward's joined
+// gate and up products), gate "none" / "tanh" (GELU's forms) or "silu"
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_glu(const at::Tensor& acc, const at::Tensor& row_scale,
+                                                        const at::Tensor& row_offset, const at::Tensor& col_scale,
+                                                        const c10::optional<at::Tensor>& bias, const std::string& gate);
 // int8_add_layer_norm: (y, q, scale, offset, sum), sum (the dequantized acc + residual, residual's
 // dtype) when return_sum, else undefined
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
@@ -163,6 +168,13 @@ void use_kernels(const std::vector<std::string>& levels, const std::vector<std::
 std::string kernel_level();  // the level of the topmost library in use, "" before use_kernels
 
 namespace detail {
+
+// a gated unit's activation: GELU's forms ("none", "tanh") or "silu"
+inline kernels::Gate gate_of(const char* op, const std::string& gate) {
+  TORCH_CHECK(gate == "none" || gate == "tanh" || gate == "silu", "fastbert._C.", op,
+              ": the gate must be 'none' or 'tanh' (GELU's forms) or 'silu', got '", gate, "'");
+  return gate == "silu" ? kernels::Gate::kSilu : gate == "tanh" ? kernels::Gate::kGeluTanh : kernels::Gate::kGeluErf;
+}
 
 inline bool is_float_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;

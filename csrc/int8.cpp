@@ -92,6 +92,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_bias_gelu(const at::Tensor& 
   return out.tuple();
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_glu(const at::Tensor& acc, const at::Tensor& row_scale,
+                                                        const at::Tensor& row_offset, const at::Tensor& col_scale,
+                                                        const c10::optional<at::Tensor>& bias, const std::string& gate) {
+  const char* op = "int8_glu";
+  at::Tensor bias_c;
+  const Int8Acc a = check_acc(op, acc, row_scale, row_offset, col_scale, bias, bias_c);
+  TORCH_CHECK(a.n % 2 == 0, "fastbert._C.int8_glu: acc must hold the gate's and the up product's columns, an even "
+              "number, got ", a.n);
+  const kernels::Gate g = detail::gate_of(op, gate);
+  Quantized out(a.rows, a.n / 2);
+  if (a.rows > 0 && a.n > 0) detail::kernels_for(op).int8_glu(a, g, out.rows());
+  return out.tuple();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_layer_norm(
     const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
     const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight_in, const at::Tensor& ln_bias_in,

@@ -28,7 +28,7 @@ SINGLE = ("unpad/pad", "linear", "attention_weights", "embedding", "int8_matmul"
           "unpack_int8_weight")
 # int8: no Triton kernels (the CPU backends); "+sum": return_sum=True, which also returns the sum normalized
 INT8_OPS = ("quantize_rows", "quantize_weight", "pack_int8_weight", "unpack_int8_weight", "int8_matmul",
-            "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm", "int8_add_layer_norm+sum")
+            "int8_dequantize", "int8_bias_gelu", "int8_glu", "int8_add_layer_norm", "int8_add_layer_norm+sum")
 ELEMENTWISE = ("bias_gelu", "geglu", "swiglu", "add_layer_norm", "add_layer_norm+sum", "add_rms_norm", "add_rms_norm+sum")
 
 
@@ -387,6 +387,15 @@ def _int8(op, shape, backend, device, g) -> List[Row]:
         want = F.gelu(y64)
         got, theirs = fastbert.ops.int8_bias_gelu(acc, xs, xo, ws, b, **kw), ref.int8_bias_gelu(acc, xs, xo, ws, b)
         return [("gelu (dequantized)", *bound_check(_dequantized(*got), _dequantized(*theirs), want, torch.float32))]
+    if op == "int8_glu":  # the layer's outputs as a gated unit's [gate, up] (an even number of them), each gate
+        cols = n - n % 2
+        a64, u64 = y64[:, :cols].chunk(2, dim=-1)
+        args = (acc[:, :cols].contiguous(), xs, xo, ws[:cols].contiguous(), b[:cols].contiguous())
+        acts = {"none": F.gelu, "tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
+        return [(f"{gate} (dequantized)", *bound_check(_dequantized(*fastbert.ops.int8_glu(*args, gate, **kw)),
+                                                       _dequantized(*ref.int8_glu(*args, gate)), act(a64) * u64,
+                                                       torch.float32))
+                for gate, act in acts.items()]
     residual = torch.randn(m, n, generator=g).to(device)
     lw, lb = (1 + 0.1 * torch.randn(n, generator=g)).to(device), torch.randn(n, generator=g).to(device)
     want = F.layer_norm(y64 + residual.double(), (n,), lw.double(), lb.double(), 1e-12)

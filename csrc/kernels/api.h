@@ -23,7 +23,7 @@
 namespace fastbert {
 namespace kernels {
 
-constexpr int kAbiVersion = 4;
+constexpr int kAbiVersion = 5;
 
 // The activation of a gated linear unit's gate (geglu_forward / _backward): GELU's exact erf form,
 // its tanh approximation (GeGLU), or SiLU, x sigmoid(x) (SwiGLU).
@@ -185,6 +185,8 @@ namespace kernels {
   X(int8_dequantize, void, const Int8Acc& acc, Dtype dtype, void* y)                                                 \
   /* quantize_rows(gelu(the dequantized accumulator)) */                                                              \
   X(int8_bias_gelu, void, const Int8Acc& acc, bool tanh, Int8Rows out)                                               \
+  /* quantize_rows(act(h[:, :n]) * h[:, n:]), h [rows, 2n] the dequantized accumulator (acc.n = 2n) */              \
+  X(int8_glu, void, const Int8Acc& acc, Gate gate, Int8Rows out)                                                      \
   /* y = layer_norm(h) * weight + ln_bias, h = dequantized + residual (residual's dtype); quantized too when out, */  \
   /* h itself into sum (residual's dtype) unless sum is nullptr */                                                    \
   X(int8_add_layer_norm, void, const Int8Acc& acc, Dtype dtype, const void* residual, Param weight, Param ln_bias,   \

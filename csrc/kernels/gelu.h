@@ -1,8 +1,12 @@
 // The GELU forms of the fused CPU kernels and their derivatives, shared by bias_gelu.cpp,
-// geglu.cpp and the int8 kernels (int8.cpp). See bias_gelu.cpp for how each is computed and how
-// accurate it is.
+// geglu.cpp and the int8 kernels (int8_kernel.cpp), and a gated unit's activations (GELU's forms,
+// SiLU) shared by geglu.cpp and int8_kernel.cpp. See bias_gelu.cpp for how each GELU is computed
+// and how accurate it is.
 #pragma once
 
+#include <type_traits>
+
+#include "api.h"
 #include "vec.h"
 
 namespace fastbert {
@@ -112,6 +116,57 @@ namespace kernels {
 // the GELU forms as the kernels call them
 using gelu_math::gelu;
 using gelu_math::gelu_grad;
+
+// silu(x) = x s with s = sigmoid(x) = 1 / (1 + e), e = exp(-x); -x clamped to [-100, 80] (1 + e keeps
+// a normal reciprocal; past the clamp s is 1, or x s is within 2e-33 of 0)
+inline void sigmoid_parts(vec::Vf x, vec::Vf& s, vec::Vf& e) {
+  e = vec::vexp(vec::vmax(vec::vmin(vec::set1(0.0f) - x, vec::set1(80.0f)), vec::set1(-100.0f)));
+  s = vec::recip(e + vec::set1(1.0f));
+}
+
+// a gated unit's activation of its gate: SiLU, or a GELU form
+template <Gate kGate>
+inline vec::Vf gate_act(vec::Vf x) {
+  if constexpr (kGate == Gate::kSilu) {
+    vec::Vf s, e;
+    sigmoid_parts(x, s, e);
+    return x * s;
+  } else {
+    return gelu<kGate == Gate::kGeluTanh>(x);
+  }
+}
+
+// gate_act(x) and its derivative together (the backward needs both: SiLU's share one exp and one
+// reciprocal); SiLU's: d/dx x s = s + x s (1 - s), with 1 - s = e s (e s <= 1: no overflow for
+// large |x|)
+template <Gate kGate>
+inline void gate_act_and_grad(vec::Vf x, vec::Vf& y, vec::Vf& grad) {
+  if constexpr (kGate == Gate::kSilu) {
+    vec::Vf s, e;
+    sigmoid_parts(x, s, e);
+    y = x * s;
+    grad = vec::fmadd(x * (e * s), s, s);
+  } else {
+    y = gelu<kGate == Gate::kGeluTanh>(x);
+    grad = gelu_grad<kGate == Gate::kGeluTanh>(x);
+  }
+}
+
+// f(gate as a std::integral_constant, stream as a std::bool_constant)
+template <class F>
+void dispatch_gate(Gate gate, bool stream, F&& f) {
+  auto with = [&](auto gate_tag) {
+    if (stream)
+      f(gate_tag, std::true_type{});
+    else
+      f(gate_tag, std::false_type{});
+  };
+  switch (gate) {
+    case Gate::kGeluTanh: with(std::integral_constant<Gate, Gate::kGeluTanh>{}); break;
+    case Gate::kSilu: with(std::integral_constant<Gate, Gate::kSilu>{}); break;
+    default: with(std::integral_constant<Gate, Gate::kGeluErf>{}); break;
+  }
+}
 }  // namespace kernels
 
 }  // namespace fastbert

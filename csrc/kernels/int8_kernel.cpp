@@ -14,6 +14,8 @@
 //                         the sum itself for a pre-LN model, whose residual stream it is
 //   int8_bias_gelu        gelu(epilogue), quantized (the FFN's second GEMM input); the fp32
 //                         activation exists only as one row in a thread's buffer
+//   int8_glu              a gated feed-forward's act(gate) * up of the epilogue's two halves,
+//                         quantized (GeGLU, SwiGLU), the same way
 //   int8_dequantize       the epilogue into a float tensor (the general case: the attention's QKV)
 //   quantize_rows         x quantized (what the other kernels do at the end of a row)
 // Quantizing a row: mx, mn = its max and min, o = (mx + mn) / 2, r = (mx - mn) / 2, s = r / 127,
@@ -181,6 +183,30 @@ inline void dequantize_gelu_row(const A* acc, float s, float o, const Epilogue e
   }
 }
 
+// v[c] = act(v[c]) * v[n + c] for c < n, in place, of a dequantized row v [2n] of a gated unit's
+// input (the buffer holds round_up(2n, W) + W floats, so the last vector's read of the second half
+// stays inside it; its lanes past n are not used); the result's min and max.
+template <Gate kGate>
+inline void glu_row(float* v, int64_t n, float& mn, float& mx) {
+  const int64_t body = n / W * W;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  Vf hi = vec::set1(-kInf), lo = vec::set1(kInf);
+  for (int64_t c = 0; c < body; c += W) {
+    const Vf g = gate_act<kGate>(vec::load(v + c)) * vec::load(v + n + c);
+    vec::store(v + c, g);
+    hi = vec::vmax(hi, g);
+    lo = vec::vmin(lo, g);
+  }
+  mx = vec::hmax(hi);
+  mn = -vec::hmax(-lo);
+  if (body < n) {  // writes lanes past n: second-half values the steps before have read
+    vec::store(v + body, gate_act<kGate>(vec::load(v + body)) * vec::load(v + n + body));
+    for (int64_t c = body; c < n; ++c) {
+      mx = std::max(mx, v[c]);
+      mn = std::min(mn, v[c]);
+    }
+  }
+}
 
 // Where a kernel writes its quantized rows (plain pointers, copied into each worker).
 struct QuantizedOut {
@@ -261,6 +287,25 @@ void int8_bias_gelu(const Int8Acc& acc, bool tanh, Int8Rows out) {
         for (int64_t r = r0; r < r1; ++r) {
           float mn, mx;
           dequantize_gelu_row<decltype(kTanh)::value>(ap + r * n, rs[r], ro[r], ep, v, n, mn, mx);
+          qo.row(v, r, n, mn, mx);
+        }
+      });
+    });
+  });
+}
+
+void int8_glu(const Int8Acc& acc, Gate gate, Int8Rows out) {
+  const int64_t rows = acc.rows, wide = acc.n, n = wide / 2, vpad = vec::round_up(wide, W) + W;
+  const float *rs = acc.row_scale, *ro = acc.row_offset;
+  const QuantizedOut qo(out);
+  with_acc(acc, [&](const auto* ap, const Epilogue ep) {
+    dispatch_gate(gate, false, [&](auto gate_tag, auto) {
+      parallel_for(0, rows, row_grain(wide), [=](int64_t r0, int64_t r1) {
+        float* v = vec::thread_buffer<float, kSlotRow>(vpad);
+        for (int64_t r = r0; r < r1; ++r) {
+          float mn, mx;
+          dequantize_row(ap + r * wide, rs[r], ro[r], ep, v, wide);
+          glu_row<decltype(gate_tag)::value>(v, n, mn, mx);
           qo.row(v, r, n, mn, mx);
         }
       });

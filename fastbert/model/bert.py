@@ -25,7 +25,7 @@ from fastbert.model import stack_plan
 from fastbert.model.checks import check_input_shape, check_inputs
 from fastbert.model.config import OTHER_ACTIVATIONS, BertConfig
 from fastbert.model.joined import Unmoved, views_of
-from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler, gated_activation
+from fastbert.model.layers import BertEmbeddings, BertEncoder, BertPooler, gate_form, gated_activation
 from fastbert.model.masks import attention_masks, head_scales
 from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.pretrained import BertPreTrainedModel
@@ -298,11 +298,12 @@ class BertModel(BertPreTrainedModel):
         qkv = encoder.int8_linear(hq, w.qkv_weight, w.qkv_scale, w.qkv_bias, h.dtype)
         ctx, p = layer.attend(qkv, h.shape if packed is not None else shape, mask, packed, bias, scale, want_probs,
                               rel)
-        act = layer.ffn_act
-        if layer.ffn_gated:  # (w's FFN input: the gate and up products joined, whose output this gates)
-            activation = functools.partial(gated_activation, act=act, backend=layer.backend)
+        act, gated = layer.ffn_act, layer.ffn_gated
+        if gated:  # (w's FFN input: the gate and up products joined, whose output this gates)
+            activation = gate_form(act) or functools.partial(gated_activation, act=act, backend=layer.backend)
         else:
             activation = GELU_FORMS[act] if act in GELU_FORMS else OTHER_ACTIVATIONS[act]
         h, hq = encoder.int8_layer_rest(ctx.reshape(-1, h.shape[-1]), h, w,
-                                        (layer.attention_norm.eps, layer.ffn_norm.eps), activation, quantize_out)
+                                        (layer.attention_norm.eps, layer.ffn_norm.eps), activation, quantize_out,
+                                        gated)
         return h, hq, p

@@ -44,7 +44,7 @@ from fastbert.model.heads import (
     task_output,
 )
 from fastbert.model.joined import joined_linear
-from fastbert.model.layers import BackendMixin, embed_words, gated_activation
+from fastbert.model.layers import BackendMixin, embed_words, gate_form, gated_activation
 from fastbert.model.outputs import MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
 from fastbert.model.prenorm import PreNormForward
 from fastbert.model.pretrained import BertPreTrainedModel
@@ -164,8 +164,15 @@ class EuroBertMLP(nn.Module, BackendMixin):
         self.act = config.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = joined_product(self, "gate_up", (self.gate_proj, self.up_proj), x, self.backend)
-        return linear(self.down_proj, gated_activation(h, self.act, self.backend), self.backend)
+        modules, down, form = (self.gate_proj, self.up_proj), self.down_proj, gate_form(self.act)
+        if isinstance(down, Int8Linear) and form is not None and modules[0].weight.dim() == modules[1].weight.dim():
+            # int8: gate and up products, act(gate) * up and its quantization in one pass (int8_glu_rows)
+            gq = encoder.int8_glu_rows(ops.quantize_rows(x.reshape(-1, x.shape[-1])),
+                                       *joined_linear(self, "gate_up", modules), form)
+            y = encoder.int8_linear(gq, down.weight, down.weight_scale, down.bias, x.dtype)
+            return y.view(*x.shape[:-1], -1)
+        h = joined_product(self, "gate_up", modules, x, self.backend)
+        return linear(down, gated_activation(h, self.act, self.backend), self.backend)
 
 
 class EuroBertDecoderLayer(nn.Module, BackendMixin):

@@ -197,13 +197,22 @@ def bias_activation(x: torch.Tensor, bias: torch.Tensor, act: str, backend) -> t
     return OTHER_ACTIVATIONS[act](x + bias)
 
 
+def gate_form(act: str) -> Optional[str]:
+    """How the fused gated units name the activation `act`: "none" or "tanh" (GELU's forms: GeGLU),
+    "silu" (SwiGLU); None for an activation they do not fuse."""
+    if act in GELU_FORMS:
+        return GELU_FORMS[act]
+    return "silu" if act in ("silu", "swish") else None
+
+
 def gated_activation(h: torch.Tensor, act: str, backend) -> torch.Tensor:
     """act(a) * b of a gated feed-forward's joined input product h = [a, b] (one fused GeGLU for the
     GELU forms, one fused SwiGLU for SiLU)."""
-    if act in GELU_FORMS:
-        return ops.geglu(h, GELU_FORMS[act], backend=backend)
-    if act in ("silu", "swish"):
+    form = gate_form(act)
+    if form == "silu":
         return ops.swiglu(h, backend=backend)
+    if form is not None:
+        return ops.geglu(h, form, backend=backend)
     a, b = h.chunk(2, dim=-1)
     return OTHER_ACTIVATIONS[act](a) * b
 

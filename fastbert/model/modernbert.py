@@ -46,7 +46,7 @@ from torch import nn
 from fastbert import ops, reference
 from fastbert.model import stack_plan
 from fastbert.model.config import OTHER_ACTIVATIONS, ModernBertConfig
-from fastbert.model.layers import BackendMixin, embed_words, gated_activation
+from fastbert.model.layers import BackendMixin, embed_words, gate_form, gated_activation
 from fastbert.model.model_utils import trunc_normal_
 from fastbert.model.prenorm import PreNormForward
 from fastbert.model.pretrained import BertPreTrainedModel
@@ -420,13 +420,13 @@ class ModernBertModel(PreNormForward, ModernBertPreTrainedModel):
 
             qkv   = int8_linear(x_q, Wqkv)                 -> attention (rotary, window) -> ctx
             m_q, h = int8_add_norm(quantize_rows(ctx), Wo, residual=h, mlp_norm)
-            g     = geglu(int8_linear(m_q, Wi))
-            x_q, h = int8_add_norm(quantize_rows(g), Wo, residual=h, next attn_norm)
+            g_q   = int8_glu_rows(m_q, Wi)                 (GeGLU's product, gate and quantization in one pass)
+            x_q, h = int8_add_norm(g_q, Wo, residual=h, next attn_norm)
                                           (final_norm after the last layer, whose output it is, unquantized)
 
         Each int8_add_norm gives the norm and the residual stream from one pass over the
-        accumulator. A fused int8 GeGLU (none exists yet) would spare the float [rows, 2
-        intermediate] and [rows, intermediate] tensors the composed one writes and reads."""
+        accumulator; int8_glu_rows writes no float [rows, 2 intermediate] or [rows, intermediate]
+        tensor (an activation it does not fuse: the composed geglu on int8_linear's float rows)."""
         attn, mlp = layer.attn, layer.mlp
         qkv = encoder.int8_linear(xq, attn.Wqkv.weight, attn.Wqkv.weight_scale, attn.Wqkv.bias, stream.dtype)
         ctx, probs = attn.attend(qkv, stream.shape if packed is not None else shape, mask, packed, want_probs)
@@ -434,8 +434,13 @@ class ModernBertModel(PreNormForward, ModernBertPreTrainedModel):
         norm = layer.mlp_norm
         _, mq, stream = encoder.int8_add_norm(ops.quantize_rows(ctx), attn.Wo.weight, attn.Wo.weight_scale, attn.Wo.bias,
                                               stream, norm.weight, norm.bias, norm.eps, True, True)
-        g = mlp.gated(encoder.int8_linear(mq, mlp.Wi.weight, mlp.Wi.weight_scale, mlp.Wi.bias, stream.dtype))
-        y, yq, total = encoder.int8_add_norm(ops.quantize_rows(g), mlp.Wo.weight, mlp.Wo.weight_scale, mlp.Wo.bias,
+        form = gate_form(mlp.act)
+        if form is not None:
+            gq = encoder.int8_glu_rows(mq, mlp.Wi.weight, mlp.Wi.weight_scale, mlp.Wi.bias, form)
+        else:
+            gq = ops.quantize_rows(mlp.gated(encoder.int8_linear(mq, mlp.Wi.weight, mlp.Wi.weight_scale, mlp.Wi.bias,
+                                                                 stream.dtype)))
+        y, yq, total = encoder.int8_add_norm(gq, mlp.Wo.weight, mlp.Wo.weight_scale, mlp.Wo.bias,
                                              stream, next_norm.weight, next_norm.bias, next_norm.eps, not last,
                                              want_sum or not last)
         return y, yq, total, probs

@@ -12,6 +12,7 @@ from fastbert.ops.int8 import (
     int8_add_layer_norm,
     int8_bias_gelu,
     int8_dequantize,
+    int8_glu,
     int8_matmul,
     pack_int8_weight,
     quantize_rows,
@@ -26,5 +27,5 @@ __all__ = [
     "attention", "varlen_attention", "disentangled_attention", "varlen_disentangled_attention", "attention_weights",
     "unpad", "pad", "bias_gelu", "geglu", "swiglu", "add_layer_norm", "add_rms_norm", "linear",
     "embedding", "MAX_HIDDEN", "quantize_rows", "quantize_weight", "pack_int8_weight", "unpack_int8_weight",
-    "int8_matmul", "int8_dequantize", "int8_bias_gelu", "int8_add_layer_norm", "encoder_layer", "LayerWeights",
+    "int8_matmul", "int8_dequantize", "int8_bias_gelu", "int8_glu", "int8_add_layer_norm", "encoder_layer", "LayerWeights",
 ]

@@ -8,6 +8,7 @@
     encoder_stack(hidden, layers, ...)                      a model's float32 layers, all in one C++ call
     int8_encoder_stack(hidden, hq, layers, ...)             its int8 layers, all in one C++ call
     int8_linear(hq, ...)                                    an int8 linear layer (a layer's QKV projection)
+    int8_glu_rows(hq, ...)                                  a gated feed-forward's input products and gate, int8 out
     int8_layer_rest(ctx, hidden, ...)                       a post-LN int8 layer after its attention
     int8_add_norm(hq, ...)                                  a pre-LN int8 layer's tail (ModernBERT's)
     GEMM_PATH_IDS                                           the GEMM paths the C++ layers run, by id
@@ -68,7 +69,7 @@ from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_fwd
 from fastbert.ops.checks import check_approximate, check_device, check_float, check_mask, check_tensor
 from fastbert.ops.common import as_rows
 from fastbert.ops.geglu import geglu_fwd
-from fastbert.ops.int8 import int8_add_layer_norm, int8_bias_gelu, int8_dequantize, int8_matmul, quantize_rows
+from fastbert.ops.int8 import int8_add_layer_norm, int8_bias_gelu, int8_dequantize, int8_glu, int8_matmul, quantize_rows
 from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm, add_layer_norm_fwd, add_layer_norm_sum_fwd
 from fastbert.ops.linear import linear, rows_forward
 from fastbert.ops.padding import pad, unpad_indices
@@ -503,15 +504,18 @@ def int8_encoder_stack(hidden: Tensor, hq: Tuple[Tensor, Tensor, Tensor], layers
 
 
 def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple[float, float],
-                    activation: Union[str, Callable[[Tensor], Tensor]], quantize_out: bool):
+                    activation: Union[str, Callable[[Tensor], Tensor]], quantize_out: bool, gated: bool = False):
     """An int8 layer after its attention: ctx [rows, h] the attention's context, hidden [rows, h]
     the layer's input; activation: a GELU form ("none", "tanh"; fused with the bias and the
-    quantization) or a function of float rows (a gated feed-forward's: act(a) * b of [a, b], w's FFN
-    input then the joined gate and up products). -> (the layer's output [rows, h], its quantized rows
-    (q, scale, offset), or None unless quantize_out)."""
+    quantization) or a function of float rows. gated: a gated feed-forward (w's FFN input the joined
+    gate and up products), activation then a gate form of int8_glu ("none", "tanh", "silu": fused
+    likewise) or a function of float rows giving act(a) * b of [a, b]. -> (the layer's output [rows,
+    h], its quantized rows (q, scale, offset), or None unless quantize_out)."""
     h1, xq, _ = int8_add_norm(quantize_rows(ctx), w.out_weight, w.out_scale, w.out_bias, hidden, w.norm1_weight,
                               w.norm1_bias, eps[0], True, False)
-    if isinstance(activation, str):
+    if isinstance(activation, str) and gated:
+        xq = int8_glu_rows(xq, w.ffn_in_weight, w.ffn_in_scale, w.ffn_in_bias, activation)
+    elif isinstance(activation, str):
         q, s, o = xq
         xq = int8_bias_gelu(int8_matmul(q, w.ffn_in_weight), s, o, w.ffn_in_scale, w.ffn_in_bias, activation)
     else:
@@ -519,6 +523,15 @@ def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple
     h2, xq, _ = int8_add_norm(xq, w.ffn_out_weight, w.ffn_out_scale, w.ffn_out_bias, h1, w.norm2_weight,
                               w.norm2_bias, eps[1], quantize_out, False)
     return h2, xq
+
+
+def int8_glu_rows(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tensor, bias: Optional[Tensor],
+                  gate: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """A gated feed-forward's input products on int8 (weight: the gate and up products joined), then
+    act(gate) * up quantized for the output product (int8_glu; gate: "none", "tanh" or "silu"): the
+    quantized rows (q, scale, offset), with no float activation in memory."""
+    q, s, o = xq
+    return int8_glu(int8_matmul(q, weight), s, o, scale, bias, gate)
 
 
 def int8_linear(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tensor, bias: Optional[Tensor],

@@ -12,7 +12,7 @@ is [rows + 1, n], its last row the weight's column sums. One encoder layer on th
     acc = int8_matmul(ctx_q, Wo_q)
     h1, *h1_quantized = int8_add_layer_norm(acc, ctx_s, ctx_o, Wo_s, bo, x, ...)
     acc = int8_matmul(h1_q, Wi_q)
-    i_q, i_s, i_o = int8_bias_gelu(acc, h1_s, h1_o, Wi_s, bi)
+    i_q, i_s, i_o = int8_bias_gelu(acc, h1_s, h1_o, Wi_s, bi)       (a gated feed-forward: int8_glu)
     acc = int8_matmul(i_q, W2_q)
     h2, *h2_quantized = int8_add_layer_norm(acc, i_s, i_o, W2_s, b2, h1, ...)   (the next layer's input)
 
@@ -257,6 +257,38 @@ def int8_bias_gelu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale
     if backend is not None:
         return tuple(_impl(backend, acc).int8_bias_gelu(*args))
     return _int8_bias_gelu(*args)
+
+
+def _fake_glu(acc, row_scale, row_offset, col_scale, bias, gate):
+    rows, n = acc.shape[0] - 1, acc.shape[1] // 2
+    return _fake_quantize(acc.new_empty((rows, n), dtype=torch.float32))
+
+
+@fused_op("int8_glu", _fake_glu)
+def _int8_glu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Optional[Tensor],
+              gate: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return tuple(_impl(None, acc).int8_glu(acc, row_scale, row_offset, col_scale, bias, gate))
+
+
+GATES = ("none", "tanh", "silu")
+
+
+def int8_glu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Optional[Tensor] = None,
+             gate: str = "none", *, backend: Optional[str] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """quantize_rows(act(a) * b) of the dequantized accumulator [a, b] = int8_dequantize(acc, ...)
+    [rows, 2n]: a gated feed-forward's joined gate and up products, activated (act: GELU's "none" or
+    "tanh", GeGLU; "silu", SwiGLU) and quantized for its output product, in fp32 and with no float
+    activation in memory. -> (q [rows + 1, n], scale [rows], offset [rows])."""
+    _check_acc("int8_glu", acc, row_scale, row_offset, col_scale, bias)
+    if acc.shape[1] % 2:
+        raise ValueError(f"{where_of('int8_glu')}: acc must hold the gate's and the up product's columns (an even "
+                         f"number), got {acc.shape[1]}")
+    if gate not in GATES:
+        raise ValueError(f"{where_of('int8_glu')}: gate must be one of {', '.join(GATES)}, got {gate!r}")
+    args = (acc, row_scale, row_offset, col_scale, bias, gate)
+    if backend is not None:
+        return tuple(_impl(backend, acc).int8_glu(*args))
+    return _int8_glu(*args)
 
 
 def _fake_add_layer_norm(acc, row_scale, row_offset, col_scale, bias, residual, weight, ln_bias, eps, quantize):

@@ -78,6 +78,14 @@ def int8_bias_gelu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale
     return quantize_rows(F.gelu(dequantize(acc, row_scale, row_offset, col_scale, bias), approximate=approximate))
 
 
+def int8_glu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Optional[Tensor],
+             gate: str = "none") -> Tuple[Tensor, Tensor, Tensor]:
+    """quantize_rows(act(a) * b), [a, b] = dequantize(acc, ...) (fp32) split in halves; act: GELU
+    ("none", "tanh") or SiLU ("silu")."""
+    a, b = dequantize(acc, row_scale, row_offset, col_scale, bias).chunk(2, dim=-1)
+    return quantize_rows((F.silu(a) if gate == "silu" else F.gelu(a, approximate=gate)) * b)
+
+
 def int8_add_layer_norm(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor, bias: Tensor,
                         residual: Tensor, weight: Tensor, ln_bias: Tensor, eps: float,
                         quantize: bool, return_sum: bool = False) -> Tuple[Tensor, ...]:

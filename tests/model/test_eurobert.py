@@ -22,6 +22,7 @@ from tests.helpers.modernbert import (
     parity,
     randomize,
 )
+from tests.helpers.profiles import fastbert_op_counts
 
 transformers = pytest.importorskip("transformers")
 
@@ -197,6 +198,9 @@ def test_int8_is_close_to_fp32_and_inference_only():
     assert type(fm.model.layers[0].self_attn.q_proj).__name__ == "Int8Linear"
     cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
     assert cos.min() > 0.99, cos.min()
+    with torch.no_grad():  # SwiGLU in one pass: the gate and up products' dequantization, the gate, the quantization
+        counts = fastbert_op_counts(lambda: fm.model(input_ids=ids, attention_mask=mask))
+    assert counts["int8_glu"] == SMALL["num_hidden_layers"], counts
     with pytest.raises(RuntimeError, match="quantized to int8 for inference"):
         fm.train()(input_ids=ids, attention_mask=mask)
 

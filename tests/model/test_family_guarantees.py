@@ -13,6 +13,7 @@ from tests.helpers.bounds import assert_within_bound
 from tests.helpers.families import CONFIGS, PREFIX, batch, labels_for, pair
 from tests.helpers.fine_tuning import TINY as TRAINER_TINY
 from tests.helpers.fine_tuning import sentiment_rows
+from tests.helpers.profiles import fastbert_op_counts
 
 transformers = pytest.importorskip("transformers")
 
@@ -92,6 +93,22 @@ def test_int8_close_to_fp32_with_transformers_state_dict(family, tmp_path):
     with torch.no_grad():
         c = back(input_ids=ids, attention_mask=mask).last_hidden_state[real]
     assert torch.nn.functional.cosine_similarity(c, b, dim=-1).min() > 0.99
+
+
+@pytest.mark.parametrize("family", ["gte", "nomic_bert"])
+def test_int8_gated_feed_forward_is_one_fused_pass_per_layer(family):
+    """int8 with a gated feed-forward (GeGLU, SwiGLU): in each layer the gate and up products'
+    dequantization, act(gate) * up and its quantization are one int8_glu; only the QKV product is
+    dequantized into a float tensor."""
+    require("cpp")
+    name = PREFIX[family] + "Model"
+    _, model = pair(family, name)
+    model.quantize_("int8")
+    ids, mask, _ = batch(family, 3, 12, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        counts = fastbert_op_counts(lambda: model(input_ids=ids, attention_mask=mask))
+    layers = model.config.num_hidden_layers
+    assert counts["int8_glu"] == layers and counts["int8_dequantize"] == layers, counts
 
 
 @pytest.mark.slow

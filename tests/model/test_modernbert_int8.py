@@ -16,6 +16,7 @@ from fastbert.model.quantize import Int8Linear
 from fastbert.ops import encoder
 from fastbert.reference import int8 as rule
 from tests.helpers.modernbert import BIASED, SMALL, inputs, pair
+from tests.helpers.profiles import fastbert_op_counts
 
 transformers = pytest.importorskip("transformers")
 # tiny models: one thread runs them as fast as two, and far faster when the cores are shared
@@ -52,11 +53,15 @@ def test_int8_close_to_fp32(biased, weight_range):
     Wrong scales or offsets fail here; a layer left in float would pass (the next test catches it)."""
     _, fm = pair(CLASSIFIER, BIASED if biased else None, backend="cpp")
     ids, mask, _ = inputs(CLASSIFIER, 1)
+    q = quantized(fm, weight_range)
     with torch.no_grad():
-        want, got = (m(ids, mask, output_hidden_states=True) for m in (fm, quantized(fm, weight_range)))
+        want, got = (m(ids, mask, output_hidden_states=True) for m in (fm, q))
+        counts = fastbert_op_counts(lambda: q(ids, mask))
     real = mask.bool()
     assert_close_to_fp32("last_hidden_state", got.hidden_states[-1][real], want.hidden_states[-1][real])
     assert_close_to_fp32("logits", got.logits, want.logits)
+    # GeGLU in one pass: the gate and up products' dequantization, the gate and its quantization
+    assert counts["int8_glu"] == fm.config.num_hidden_layers, counts
 
 
 def fake_quant_linear(x, weight, bias=None, **_):

@@ -323,6 +323,33 @@ def test_int8_bias_gelu_against_the_rule(backend, rows, k, n, approximate):
     assert ((_dequantized(q, s, o) - act64).abs() <= s.double()[:, None] * 0.5 + 1e-5).all()
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("gate", ["none", "tanh", "silu"])
+@pytest.mark.parametrize("rows, k, n", [(1, 8, 5), (7, 32, 17), (33, 64, 768), (16, 96, 1000)])
+def test_int8_glu_against_the_rule(backend, rows, k, n, gate, with_bias):
+    """A gated unit's [gate, up] products (2n columns; n not a whole number of vectors puts the up half
+    off the vector grid) -> act(gate) * up quantized, as quantize_rows of it in float64 would be."""
+    g = torch.Generator().manual_seed(rows + n + len(gate))
+    acc, xs, xo, ws, bias = _layer_inputs(rows, k, 2 * n, g)
+    bias = bias if with_bias else None
+    got = fastbert.ops.int8_glu(acc, xs, xo, ws, bias, gate, backend=backend)
+    a, u = _dequantized64(acc, xs, xo, ws, torch.zeros(2 * n) if bias is None else bias).chunk(2, dim=-1)
+    act64 = (F.silu(a) if gate == "silu" else F.gelu(a, approximate=gate)) * u
+    assert got[0].shape == (rows + 1, n)
+    _quantized_close(got, ref.quantize_rows(act64.float()), "int8_glu")
+    q, s, o = got
+    assert ((_dequantized(q, s, o) - act64).abs() <= s.double()[:, None] * 0.5 + 1e-5).all()
+
+
+def test_int8_glu_refuses_an_odd_accumulator_or_an_unknown_gate(backend):
+    acc, xs, xo, ws, bias = _layer_inputs(3, 8, 5, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="an even number"):
+        fastbert.ops.int8_glu(acc, xs, xo, ws, bias, backend=backend)
+    acc, xs, xo, ws, bias = _layer_inputs(3, 8, 6, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="gate must be one of none, tanh, silu, got 'relu'"):
+        fastbert.ops.int8_glu(acc, xs, xo, ws, bias, "relu", backend=backend)
+
+
 @pytest.mark.parametrize("quantize", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows, k, n", [(1, 8, 4), (45, 64, 384), (17, 3072, 768)])
