@@ -1,6 +1,7 @@
 """The newer encoders' benchmarks run end to end at a tiny size and check their own answers: the
 fused model's outputs against transformers' and, with the peers, against ONNX Runtime's and
-OpenVINO's on the model exported once to ONNX (bench_modernbert), and the rows they report."""
+OpenVINO's on the model exported once to ONNX (bench_modernbert), and the rows they report; and
+bench_int8_glu, their gated feed-forward's int8 pass."""
 import importlib.util
 import json
 import os
@@ -185,3 +186,15 @@ def test_bench_modernbert_refuses_an_unknown_workload_or_peer():
     for args in (["--workloads", "var9999"], ["--peers", "ctranslate2"]):
         with pytest.raises(SystemExit):
             _script("bench_modernbert").main(args)
+
+
+def test_bench_int8_glu_times_the_fused_gate_against_the_composed_ops(tmp_path, capsys):
+    """bench_int8_glu (the gated families' int8 feed-forward): both paths agree before they are timed,
+    and the row has each one's time and the ratios."""
+    out = tmp_path / "rows.json"
+    _script("bench_int8_glu").main(["--rows", "5", "--gate", "silu", "--rounds", "1", "--json", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["rows"] == 5 and row["gate"] == "silu"
+    assert set(row["ms"]) == {"composed fp32", "composed bf16", "int8_glu"} and all(v > 0 for v in row["ms"].values())
+    assert set(row["speedup"]) == {"composed fp32", "composed bf16"}
+    assert "| 5 | [2 x 3072] | silu |" in capsys.readouterr().out
