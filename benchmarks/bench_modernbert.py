@@ -81,7 +81,7 @@ import tempfile
 import torch
 
 from fastbert.bench.isolated import isolated_engine_runs
-from fastbert.bench.peers import ONNX_PEERS, export_onnx, onnx_peers, onnx_skips
+from fastbert.bench.peers import ONNX_PEERS, export_for, onnx_peers, onnx_skips, print_skipped
 from fastbert.bench.report import command_line, header, parser, write_json
 from fastbert.bench.timing import encoder_flops, fp32_gemm_rate, interleaved_cpu_times
 from fastbert.bench.workloads import MODERN_ARCHS, WORKLOADS, make_batch, modern_models, modern_transformers
@@ -163,17 +163,13 @@ def isolated_rows(args, theirs, batches) -> tuple:
     with tempfile.TemporaryDirectory(prefix="fastbert-peers-") as d:
         path, trace = None, trace_batch(theirs.config)
         if wanted:
-            try:
-                path = export_onnx(theirs, *trace, os.path.join(d, "model.onnx"))
-            except Exception as e:
-                skipped.update({p: f"ONNX export failed: {str(e).strip()[:200]}" for p in wanted})
-                wanted = []
+            path, failed = export_for(theirs, *trace, wanted, os.path.join(d, "model.onnx"))
+            skipped.update(failed)
         outs, times, failed = isolated_engine_runs(args.model, args.layers, args.dtype,
-                                                   ["fastbert", "transformers", *wanted], batches, path, trace,
-                                                   calls=args.rounds)
+                                                   ["fastbert", "transformers", *(wanted if path else [])], batches,
+                                                   path, trace, calls=args.rounds)
     skipped.update(failed)
-    for peer, why in skipped.items():
-        print(f"peer skipped: {peer}: {why}", file=sys.stderr)
+    print_skipped(skipped)
     rows = []
     for name, (_, mask) in batches.items():
         errors, cosine, disagree = agreement(name, {k: v[name] for k, v in outs.items()}, args.dtype,

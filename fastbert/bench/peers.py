@@ -312,11 +312,12 @@ def peer_providers(hf, ids, mask, dtypes, peers=PEERS) -> Tuple[Providers, Dict[
                 _build_one(peer, dtype, hf, ids, mask, workdir, provs, skipped)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    _print_skipped(skipped)
+    print_skipped(skipped)
     return provs, skipped
 
 
-def _print_skipped(skipped: Dict[str, str]) -> None:
+def print_skipped(skipped: Dict[str, str]) -> None:
+    """Each peer not run, and why, on stderr."""
     for name, why in skipped.items():
         print(f"peer skipped: {name}: {why}", file=sys.stderr)
 
@@ -327,6 +328,15 @@ def onnx_skips(peers, dtype: torch.dtype) -> Dict[str, str]:
     if dtype == torch.bfloat16 and "onnxruntime" in peers and "onnxruntime" not in skipped:
         skipped["onnxruntime"] = "its CPU provider runs this graph in fp32: not a bf16 peer"
     return skipped
+
+
+def export_for(hf, ids, mask, peers, path: str) -> Tuple[Optional[str], Dict[str, str]]:
+    """(`path`, {}) once export_onnx has written `hf` there for `peers`, or (None, {peer: why}) for
+    each of them when the export failed."""
+    try:
+        return export_onnx(hf, ids, mask, path), {}
+    except Exception as e:
+        return None, {p: f"ONNX export failed: {_first_line(e)}" for p in peers}
 
 
 def onnx_engine(peer: str, path: str, dtype: torch.dtype, ids, mask) -> Tuple[Optional[Engine], str]:
@@ -359,12 +369,9 @@ def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float
     if wanted:
         workdir = tempfile.mkdtemp(prefix="fastbert-peers-")
         try:
-            try:
-                path = export_onnx(hf, ids, mask, os.path.join(workdir, "model.onnx"))
-            except Exception as e:
-                skipped.update({p: f"ONNX export failed: {_first_line(e)}" for p in wanted})
-                wanted = []
-            for peer in wanted:
+            path, failed = export_for(hf, ids, mask, wanted, os.path.join(workdir, "model.onnx"))
+            skipped.update(failed)
+            for peer in wanted if path else ():
                 engine, why = onnx_engine(peer, path, dtype, ids, mask)
                 if engine is None:
                     skipped[peer] = why
@@ -373,5 +380,5 @@ def onnx_peers(hf, ids, mask, peers=ONNX_PEERS, dtype: torch.dtype = torch.float
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
             hf.eval()
-    _print_skipped(skipped)
+    print_skipped(skipped)
     return engines, skipped

@@ -60,12 +60,17 @@ def linear(module: nn.Module, x: torch.Tensor, backend) -> torch.Tensor:
     return ops.linear(x, module.weight, module.bias, backend=backend)
 
 
+def joinable(modules) -> bool:
+    """Whether the linear layers' weights can be one GEMM's: float, or int8 all in one layout."""
+    return not isinstance(modules[0], Int8Linear) or len({m.weight.dim() for m in modules}) == 1
+
+
 def joined_product(owner: nn.Module, name: str, modules, x: torch.Tensor, backend) -> torch.Tensor:
     """The products of x by linear layers that read it together (Q, K, V; gate and up) as one GEMM,
     their outputs side by side (joined.joined_linear's tensors, float or int8). int8 weights of
     different layouts (a key projection too narrow for the packed one, beside a packed query's)
     cannot be joined: each layer then multiplies on its own."""
-    if isinstance(modules[0], Int8Linear) and len({m.weight.dim() for m in modules}) > 1:
+    if not joinable(modules):
         return torch.cat([m(x) for m in modules], dim=-1)
     tensors = joined_linear(owner, name, modules)
     if len(tensors) == 2:
@@ -165,7 +170,7 @@ class EuroBertMLP(nn.Module, BackendMixin):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         modules, down, form = (self.gate_proj, self.up_proj), self.down_proj, gate_form(self.act)
-        if isinstance(down, Int8Linear) and form is not None and modules[0].weight.dim() == modules[1].weight.dim():
+        if isinstance(down, Int8Linear) and form is not None and joinable(modules):
             # int8: gate and up products, act(gate) * up and its quantization in one pass (int8_glu_rows)
             gq = encoder.int8_glu_rows(ops.quantize_rows(x.reshape(-1, x.shape[-1])),
                                        *joined_linear(self, "gate_up", modules), form)

@@ -82,7 +82,7 @@ def test_an_isolated_engine_that_disagrees_is_reported_and_its_times_left_out(tm
         return outs, {e: {w: [0.01, 0.02] for w in batches} for e in outs}, {}
 
     monkeypatch.setattr(module, "isolated_engine_runs", runs)
-    monkeypatch.setattr(module, "export_onnx", lambda hf, ids, mask, path: path)
+    monkeypatch.setattr(module, "export_for", lambda hf, ids, mask, peers, path: (path, {}))
     monkeypatch.setattr(module, "onnx_skips", lambda peers, dtype: {})
     rows, _ = _rows(module, tmp_path, "--layers", "1", "--peers", "onnxruntime")
     (row,) = rows
