@@ -46,10 +46,9 @@ def main(argv=None) -> int:
     import contextlib
 
     import torch
-    from triton.runtime.jit import JITFunction
 
     from fastbert import kernels
-    from fastbert.bench.launch import stand_in_driver
+    from fastbert.bench.launch import fastbert_jit_kernels, stand_in_driver
     from fastbert.kernels import attention, bias_gelu, layer_norm
 
     cuda = args.device == "cuda"
@@ -89,9 +88,9 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
         return (time.perf_counter() - t0) / args.calls * 1e6
 
-    jitted = [v for name, module in list(sys.modules.items()) if name.startswith("fastbert.kernels")
-              for v in vars(module).values() if isinstance(v, JITFunction)]
-    with stand_in_driver(record=False, kernels=jitted, real_launcher=True) if not cuda else contextlib.nullcontext():
+    stand_in = contextlib.nullcontext() if cuda else stand_in_driver(
+        record=False, kernels=fastbert_jit_kernels(), real_launcher=True, cpu_route=True)
+    with stand_in:
         for fn in calls.values():  # compiled (sm_90) and kept for direct launches
             fn()
             fn()
@@ -104,17 +103,87 @@ def main(argv=None) -> int:
                         best[name, way] = min(best[name, way], per_call(fn))
         finally:
             kernels.DirectLaunch.__call__ = direct
-    rows = [dict(call=name, jit_us=best[name, "jit"], direct_us=best[name, "direct"],
-                 ratio=best[name, "jit"] / best[name, "direct"]) for name in calls]
+        rows = [dict(call=name, jit_us=best[name, "jit"], direct_us=best[name, "direct"],
+                     ratio=best[name, "jit"] / best[name, "direct"]) for name in calls]
+        rows += _layer_rows(dev, per_call, args.rounds)
 
     def show(rows):
         print(f"# {'wall us a call on ' + torch.cuda.get_device_name() if cuda else 'host us a call, launches not run'}")
         print(f"{'call (launches)':34}{'JIT us':>10}{'direct us':>11}{'JIT / direct':>14}")
         for r in rows:
-            print(f"{r['call']:34}{r['jit_us']:10.1f}{r['direct_us']:11.1f}{r['ratio']:13.2f}x")
+            if "call" in r:
+                print(f"{r['call']:34}{r['jit_us']:10.1f}{r['direct_us']:11.1f}{r['ratio']:13.2f}x")
+        print(f"# a layer: half of a 3-layer stack less a 1-layer one ({LAYER_SIZES}); floor: its aten calls alone")
+        print(f"{'layer (launches)':34}{'Python us':>10}{'C++ us':>11}{'Python / C++':>14}{'floor us':>10}"
+              f"{'own Py':>8}{'own C++':>9}")
+        for r in rows:
+            if "layer" in r:
+                print(f"{r['layer']:34}{r['python_us']:10.1f}{r['cpp_us']:11.1f}{r['ratio']:13.2f}x"
+                      f"{r['floor_us']:10.1f}{r['python_us'] - r['floor_us']:8.1f}{r['cpp_us'] - r['floor_us']:9.1f}")
 
     finish(rows, show, argv, json_path=args.json)
     return 0
+
+
+# the layer stacks' sizes: small, so that the torch calls' arithmetic (a GPU's work) costs the host's
+# CPU next to nothing here (bench_host.py's timed sizes)
+LAYER_SIZES = "BERT layers of hidden 64, 4 heads, FFN 128; 2 sequences of 5 and 8 tokens"
+
+
+def _layer_rows(dev, per_call, rounds: int) -> list:
+    """Post-LN layer stacks through fastbert.ops.encoder.layers_forward, the Python route (its launches
+    direct) and the C++ one (fastbert.ops.cuda_stack), packed and padded with a key mask: host us a
+    layer each way and the floor (the stack's aten calls replayed alone), in turn, fastest kept."""
+    import torch
+
+    from fastbert.bench.host import aten_replay
+    from fastbert.kernels import launches_recorded
+    from fastbert.ops import cuda_stack, encoder
+
+    dtype = torch.float16 if dev == "cuda" else torch.float32  # the CPU's fp16 GEMMs are slow: its floor
+    hidden, heads, ffn = 64, 4, 128
+    g = torch.Generator().manual_seed(0)
+
+    def layer():
+        t = lambda *shape: (torch.randn(*shape, generator=g) * 0.1).to(dev, dtype)  # noqa: E731
+        ones, zeros = torch.ones(hidden, device=dev, dtype=dtype), torch.zeros(hidden, device=dev, dtype=dtype)
+        weights = encoder.LayerWeights(t(3 * hidden, hidden), t(3 * hidden), t(hidden, hidden), t(hidden), ones, zeros,
+                                       t(ffn, hidden), t(ffn), t(hidden, ffn), t(hidden), ones, zeros)
+        return weights, heads, (1e-12, 1e-12), "none"
+
+    stack = [layer() for _ in range(3)]
+    mask = torch.tensor([[True] * 5 + [False] * 3, [True] * 8], device=dev)
+    cu = torch.tensor([0, 5, 13], dtype=torch.int32, device=dev)
+    padded = torch.randn(2, 8, hidden, generator=g).to(dev, dtype)
+    packed = padded[mask]
+    layouts = {"packed (4)": (packed, None, cu, 8), "padded, key mask (5)": (padded, mask, None, None)}
+    rows = []
+    for name, (hidden_state, key_mask, cu_seqlens, max_seqlen) in layouts.items():
+        def call(n, state=hidden_state, key_mask=key_mask, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen):
+            return lambda: encoder.layers_forward(state, stack[:n], key_mask, cu_seqlens, max_seqlen, None, "triton",
+                                                  False)
+
+        calls = {n: call(n) for n in (1, 3)}
+        best = {}
+        with torch.no_grad():
+            for fn in calls.values():
+                for _ in range(2):  # compiled, kept, registered for the C++ launches
+                    fn()
+                with launches_recorded() as record:
+                    fn()
+                if record:
+                    raise RuntimeError(f"fastbert: the C++ launches did not take the {name} stack")
+            floors = {n: aten_replay(fn) for n, fn in calls.items()}
+            for _ in range(rounds):
+                for n, fn in calls.items():
+                    with cuda_stack.python_route():
+                        best["python", n] = min(best.get(("python", n), float("inf")), per_call(fn))
+                    best["cpp", n] = min(best.get(("cpp", n), float("inf")), per_call(fn))
+                    best["floor", n] = min(best.get(("floor", n), float("inf")), per_call(floors[n]))
+        layer = {way: (best[way, 3] - best[way, 1]) / 2 for way in ("python", "cpp", "floor")}
+        rows.append(dict(layer=f"BERT layer, {name}", python_us=layer["python"], cpp_us=layer["cpp"],
+                         floor_us=layer["floor"], ratio=layer["python"] / layer["cpp"]))
+    return rows
 
 
 if __name__ == "__main__":

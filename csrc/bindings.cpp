@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "cpu_ops.h"
+#include "launch_program.h"
 #include "masking.h"
 
 namespace {
@@ -195,6 +196,28 @@ void register_layers(py::module_& m) {
         "slices.");
 }
 
+// A model's layers on the GPU's Triton kernels launched from C++ (fastbert.ops.encoder's CUDA stack). Called with
+// the GIL held: a program's variants are registered from Python between calls, never during one.
+void register_launch_program(py::module_& m) {
+  m.def("launch_role_names", &fastbert::launch_role_names,
+        "[[name]] per role (ranges, attention, norm, gelu): the values a layer computes for that kernel, in order.");
+  py::class_<fastbert::LaunchProgram>(m, "LaunchProgram",
+                                      "One layer's launches (a role each) and the compiled variants registered for "
+                                      "each, launched through the driver's cuLaunchKernelEx at address launch_fn.")
+      .def(py::init<uint64_t, std::vector<int64_t>>(), py::arg("launch_fn"), py::arg("roles"))
+      .def("add", &fastbert::LaunchProgram::add, py::arg("position"), py::arg("function"), py::arg("threads"),
+           py::arg("shared"), py::arg("kinds"), py::arg("value_kinds"), py::arg("tensors"), py::arg("ints"),
+           py::arg("floats"), py::arg("slots"), py::arg("block_m"), py::arg("grid_n"),
+           "Register a compiled variant for launch `position` from a recorded launch's arguments.")
+      .def("variants", &fastbert::LaunchProgram::variants, py::arg("position"))
+      .def("__len__", &fastbert::LaunchProgram::size);
+  m.def("post_ln_stack", &fastbert::post_ln_stack, py::arg("program"), py::arg("x"), py::arg("weights"),
+        py::arg("eps"), py::arg("heads"), py::arg("key_mask"), py::arg("cu_seqlens"), py::arg("seq"), py::arg("sink"),
+        py::arg("stream"), py::arg("keep_states"),
+        "Post-LN layers for inference on the Triton kernels, launched from C++: [the last output] (keep_states: "
+        "every layer's), or [] where a launch had no registered variant.");
+}
+
 // The data side: unpad index building, token masking, word starts and the collator's id padding.
 void register_data_ops(py::module_& m) {
   m.def("unpad_indices", &fastbert::unpad_indices, py::arg("attention_mask"), NoGil(),
@@ -265,6 +288,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_attention(m);
   register_int8(m);
   register_layers(m);
+  register_launch_program(m);
   register_data_ops(m);
   register_runtime(m);
 }

@@ -300,6 +300,69 @@ class Bound:
             self._kernel.run(*args, grid=grid, warmup=False, **self._options)
         else:
             self._direct.launch(grid, args)
+            record = _RECORD.get()
+            if record is not None:
+                record.append((self, grid, args))
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        """The launch's keyword arguments (constexprs, launch options); not to be changed."""
+        return self._options
+
+    def variant(self, args: list):
+        """What a launch of `args` (a recorded call's: launches_recorded) hands the driver, for a
+        launcher outside Python (fastbert.ops.encoder's C++ stacks): (function, threads, dynamic shared
+        memory, forms), forms one (parameter kind, value, varying name or None) per positional
+        argument, kind PARAM_KINDS' letter of the compiled kernel's parameter or "-" where the
+        compiled kernel has none (a constexpr, or a value the JIT made one); None where that launch is
+        not one a plain cuLaunchKernelEx makes (not compiled here, scratch memory, cluster, PDL or
+        cooperative launch, shared memory past the opt-in limit, a parameter of another kind)."""
+        compiled = None if self._direct is None else self._direct.compiled_for(args)
+        if compiled is None:
+            return None
+        md = compiled.metadata
+        num_warps, num_ctas, shared = compiled.packed_metadata
+        if (num_ctas != 1 or shared > 228 * 1024 or getattr(md, "launch_pdl", False)
+                or getattr(md, "launch_cooperative_grid", False) or getattr(md, "global_scratch_size", 0)
+                or getattr(md, "profile_scratch_size", 0)):
+            return None
+        signature = list(compiled.src.signature.values())
+        names = self._kernel.arg_names
+        if len(signature) != len(names):
+            return None
+        varying = dict((i, name) for i, name in self._slots)
+        forms = []
+        for i, value in enumerate(args):
+            ty = signature[i]
+            kind = "-" if ty == "constexpr" else PARAM_KINDS.get("*" if ty.startswith("*") else ty)
+            if kind is None or (kind == "-" and i not in varying and hasattr(value, "data_ptr")):
+                return None
+            forms.append((kind, value, varying.get(i)))
+        return compiled.function, 32 * num_warps, shared, tuple(forms)
+
+
+# A compiled kernel's parameter types (Triton's signature names) as the C++ launcher packs them:
+# p an 8-byte pointer, b 1 byte, i 4-byte int, l 8-byte int, f fp32 (a Python float narrowed), d fp64
+PARAM_KINDS = {"*": "p", "i1": "b", "u1": "b", "i8": "b", "u8": "b", "i32": "i", "u32": "i", "i64": "l", "u64": "l",
+               "fp32": "f", "f32": "f", "fp64": "d", "f64": "d"}
+
+_RECORD = contextvars.ContextVar("fastbert_launches_recorded", default=None)
+
+
+@contextlib.contextmanager
+def launches_recorded():
+    """Inside the block each Bound launch of a compiled kernel is recorded, in order: the list yielded
+    gets (the Bound, its grid, its positional arguments) per launch (Bound.variant reads what it
+    handed the driver); a recording around it gets them too, at its end."""
+    record: list = []
+    outer = _RECORD.get()
+    token = _RECORD.set(record)
+    try:
+        yield record
+    finally:
+        _RECORD.reset(token)
+        if outer is not None:  # a recording around this one gets these launches too
+            outer.extend(record)
 
 
 class DirectLaunch:
@@ -360,6 +423,16 @@ class DirectLaunch:
         at = args.__getitem__
         return (device, *map(self._native, repeat(backend), map(at, index), is_const, specialize, align),
                 *map(at, self._raw))
+
+    def compiled_for(self, args):
+        """The compiled kernel a launch of `args` runs here (on the current device), or None where the
+        JIT has not compiled their specialization here yet."""
+        device = self._driver.active.get_current_device()
+        backend = self._backends.get(device)
+        if backend is None:
+            return None
+        found = self._compiled.get(self._key(device, backend, args))
+        return None if found is None else found[0]
 
     def keep(self, args, compiled) -> None:
         """After the JIT launched `args` as `compiled` (its run's result): launch those directly."""
@@ -441,6 +514,32 @@ def launch(kernel, grid, args, options: Dict[str, Any]) -> None:
     if direct is None:
         direct = _LAUNCHES[key] = DirectLaunch(kernel, len(args), options, tuple(enumerate(kernel.arg_names[:len(args)])))
     direct.launch(grid, args)
+
+
+def launch_target() -> Tuple[int, int]:
+    """(the current device, its current stream): where Triton's launches go now."""
+    from triton.runtime.driver import driver
+
+    active = driver.active
+    device = active.get_current_device()
+    return device, active.get_current_stream(device)
+
+
+_DRIVER_LAUNCH: list = []  # the driver's cuLaunchKernelEx address (0: no driver here), found once a process
+
+
+def driver_launch_address() -> int:
+    """The address of the loaded CUDA driver's cuLaunchKernelEx, what Triton's launcher calls (0 where
+    no libcuda loads: no GPU driver on this machine)."""
+    if not _DRIVER_LAUNCH:
+        import ctypes
+
+        try:
+            address = ctypes.cast(ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx, ctypes.c_void_p).value or 0
+        except (OSError, AttributeError):
+            address = 0
+        _DRIVER_LAUNCH.append(address)
+    return _DRIVER_LAUNCH[0]
 
 
 def _idle(hook) -> bool:

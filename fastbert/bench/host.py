@@ -189,9 +189,15 @@ def floor_replay(fn: Callable[[], object]) -> Callable[[], None]:
     """floor_us's replay of fn's aten calls that launch or allocate (fn called twice to record them)."""
     with launches_counted():
         fn()
-        recorder = _Recorder()
-        with recorder:
-            fn()
+        return aten_replay(fn)
+
+
+def aten_replay(fn: Callable[[], object]) -> Callable[[], None]:
+    """A replay of the aten calls that launch or allocate of one call of fn (made here, launches and
+    all: under launches_counted, or against a stand-in driver), back to back with nothing around them."""
+    recorder = _Recorder()
+    with recorder:
+        fn()
     recorded = recorder.calls
 
     def replay():

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import Iterator, List, NamedTuple, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 MAX_SHARED = 232448  # bytes: an H100's / H200's, what the JIT checks a kernel's shared memory against
 
@@ -60,8 +60,8 @@ def _real_launcher_class():
 
 
 # A libcuda for Triton's CUDA utilities to link and call on a machine with no GPU: every call succeeds;
-# cuLaunchKernelEx counts launches and records the last one's configuration and (for a function whose
-# parameter count was registered) its parameters' first 8 bytes. Built with the wheel's cuda.h, so
+# cuLaunchKernelEx counts launches and records the last 1024 (configuration and, for a function whose
+# parameter count was registered, its parameters' first 8 bytes). Built with the wheel's cuda.h, so
 # every symbol is the one Triton's C code calls.
 _STAND_IN_CUDA = r"""
 #include <string.h>
@@ -73,6 +73,7 @@ typedef struct {
     unsigned long long params[64];
 } fb_launch_t;
 static fb_launch_t fb_last;
+static fb_launch_t fb_log[1024];  /* the last 1024 launches, launch n at n % 1024 */
 static unsigned long long fb_launches = 0;
 static int fb_counts[4096];  /* parameters of each registered function, by its number (0: none read) */
 
@@ -80,6 +81,7 @@ void fb_stand_in_register(unsigned long long f, int n) {
     if (f < 4096) fb_counts[f] = n < 0 ? 0 : (n > 64 ? 64 : n);
 }
 const fb_launch_t *fb_stand_in_last(void) { return &fb_last; }
+const fb_launch_t *fb_stand_in_logged(unsigned long long n) { return &fb_log[n % 1024]; }
 unsigned long long fb_stand_in_launches(void) { return fb_launches; }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
@@ -92,6 +94,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, 
     fb_last.stream = (unsigned long long)c->hStream; fb_last.function = fn;
     fb_last.count = count;
     for (int i = 0; i < count; ++i) memcpy(&fb_last.params[i], params[i], 8);
+    fb_log[(fb_launches - 1) % 1024] = fb_last;
     return CUDA_SUCCESS;
 }
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr ptr) {
@@ -161,12 +164,12 @@ _PARAM_FORMS = {"i1": (1, True, False), "i8": (1, True, False), "i16": (2, True,
                 "fp64": (8, False, True), "f64": (8, False, True)}
 
 
-def _read_launch(cuda, signature: bytes) -> Launch:
+def _read_launch(cuda, signature: bytes, address: Optional[int] = None) -> Launch:
     import struct
 
     from triton.backends.nvidia import driver as nvidia
 
-    r = _Record.from_address(cuda.fb_stand_in_last())
+    r = _Record.from_address(cuda.fb_stand_in_last() if address is None else address)
     names = getattr(cuda, "param_names", None)
     if names is None:  # asked of Triton once a process
         names = cuda.param_names = {index: name for name, index in _extractor_indices(nvidia).items()}
@@ -235,6 +238,8 @@ def stand_in_cuda():
             os.replace(out, path)  # whole or not at all, for a process building it beside this one
     cuda = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     cuda.fb_stand_in_last.restype = ctypes.c_void_p
+    cuda.fb_stand_in_logged.restype = ctypes.c_void_p
+    cuda.fb_stand_in_logged.argtypes = [ctypes.c_ulonglong]
     cuda.fb_stand_in_launches.restype = ctypes.c_ulonglong
     cuda.fb_stand_in_register.argtypes = [ctypes.c_ulonglong, ctypes.c_int]
     knobs.nvidia.libcuda_path = folder  # where Triton's utilities link it from
@@ -287,6 +292,19 @@ class StandInDriver:
         function = _Record.from_address(self.cuda.fb_stand_in_last()).function
         return _read_launch(self.cuda, self.signatures.get(function, b""))
 
+    def launches_since(self, count: int) -> List["Launch"]:
+        """What cuLaunchKernelEx was handed at each launch after the first `count` of this process (a
+        launch_count() taken before; the last 1024 launches are kept)."""
+        now = self.launch_count()
+        if now - count > 1024:
+            raise ValueError(f"fastbert: {now - count} launches since, more than the 1024 the stand-in keeps")
+        out = []
+        for n in range(count, now):
+            address = self.cuda.fb_stand_in_logged(n)
+            function = _Record.from_address(address).function
+            out.append(_read_launch(self.cuda, self.signatures.get(function, b""), address))
+        return out
+
     def launch_count(self) -> int:
         """cuLaunchKernelEx calls so far in this process (real_launcher)."""
         return self.cuda.fb_stand_in_launches()
@@ -317,20 +335,30 @@ class StandInDriver:
 
 
 @contextlib.contextmanager
-def stand_in_driver(record: bool = True, kernels=(), real_launcher: bool = False) -> Iterator[StandInDriver]:
+def stand_in_driver(record: bool = True, kernels=(), real_launcher: bool = False,
+                    cpu_route: bool = False) -> Iterator[StandInDriver]:
     """Inside the block Triton's active driver is a StandInDriver. kernels: JITFunctions made
-    elsewhere (a module's) whose compiled kernels are let go of at the end, as fake.jit's are;
-    real_launcher: Triton's own launcher, down to a stand-in libcuda (see the module's docstring)."""
+    elsewhere (a module's: fastbert_jit_kernels()) whose compiled kernels are let go of at the end, as
+    fake.jit's are; real_launcher: Triton's own launcher, down to a stand-in libcuda (see the module's
+    docstring); cpu_route: fastbert's Triton backend takes CPU tensors in the block as it does under
+    the interpreter (fastbert.backend.triton_interpreting answers yes), so that a model's or an op's
+    whole route runs against the stand-in (its torch calls on the CPU, its launches compiled)."""
     from triton.runtime.driver import driver
+
+    from fastbert import backend as fb_backend
 
     fake = StandInDriver(record, real_launcher)
     fake.kernels.extend(kernels)
     previous = getattr(driver, "_active", None)  # None where none was made (reset_active would make one)
+    interpreting = fb_backend.triton_interpreting
+    if cpu_route:
+        fb_backend.triton_interpreting = lambda: True
     StandInDriver.current = fake
     driver.set_active(fake)
     try:
         yield fake
     finally:
+        fb_backend.triton_interpreting = interpreting
         for kernel in fake.kernels:  # their modules are the stand-in's: nothing for a real driver to unload
             for cache in kernel.device_caches.values():
                 for compiled in cache[0].values():
@@ -338,3 +366,13 @@ def stand_in_driver(record: bool = True, kernels=(), real_launcher: bool = False
             kernel.device_caches.clear()
         driver.set_active(previous)
         StandInDriver.current = None  # type: ignore[assignment]
+
+
+def fastbert_jit_kernels() -> list:
+    """Every JITFunction of fastbert's kernel modules imported so far (stand_in_driver's kernels)."""
+    import sys
+
+    from triton.runtime.jit import JITFunction
+
+    return [v for name, module in list(sys.modules.items()) if name.startswith("fastbert.kernels")
+            for v in vars(module).values() if isinstance(v, JITFunction)]

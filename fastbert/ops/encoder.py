@@ -55,7 +55,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 
 from fastbert import backend as fb_backend
-from fastbert.ops import gemm
+from fastbert.ops import cuda_stack, gemm
 from fastbert.ops.attention import (
     attention,
     attention_fwd,
@@ -255,11 +255,18 @@ def layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Optional[Tenso
     outs = []
     if backend == "triton" and not torch.is_autocast_enabled(hidden.device.type) and hidden.numel() > 0:
         shape, x = hidden.shape, as_rows(hidden)  # the layers on rows, each state viewed back once
-        for w, heads, eps, approximate in layers:
-            x = _kernels(x, shape, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
-            if keep_states:
-                outs.append(x.view(shape))
-        return outs if keep_states else [x.view(shape)]
+
+        def run_python() -> List[Tensor]:
+            rows, out = x, []
+            for w, heads, eps, approximate in layers:
+                rows = _kernels(rows, shape, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
+                if keep_states:
+                    out.append(rows)
+            return out if keep_states else [rows]
+
+        launched = None if rel is not None else cuda_stack.stack(x, shape, layers, mask, cu_seqlens, max_seqlen,
+                                                                 keep_states, run_python)
+        return [t.view(shape) for t in (run_python() if launched is None else launched)]
     for w, heads, eps, approximate in layers:
         hidden = layer_forward(hidden, w, heads, eps, approximate, mask, cu_seqlens, max_seqlen, rel, backend)
         if keep_states:

@@ -16,6 +16,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 from fastbert.bench.launch import stand_in_driver  # noqa: E402
 from fastbert.kernels import Bound, launch  # noqa: E402
+from tests.helpers.stand_in import outside_interpreter  # noqa: E402
 
 
 def _idle(hook):
@@ -159,25 +160,12 @@ def test_a_launch_hook_leaves_every_call_to_the_jit(stand_in):
     assert len(stand_in.calls) == 2 and stand_in.calls[1][6] is not None and stand_in.calls[1][7] is enter
 
 
-def _outside_interpreter(*args) -> str:
-    # python *args in a process of its own without TRITON_INTERPRET (the interpreter compiles nothing;
-    # the stand-in libcuda is loaded into the process that uses it) -> its stdout; it must succeed
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
-
-
 def test_bench_launch_times_both_ways():
     # the benchmark in its own process, outside the interpreter (the attention kernels compiled for sm_90)
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    out = _outside_interpreter(str(root / "benchmarks" / "bench_launch.py"), "--calls", "3", "--rounds", "1")
+    out = outside_interpreter(str(root / "benchmarks" / "bench_launch.py"), "--calls", "3", "--rounds", "1")
     rows = [line.split() for line in out.splitlines() if line.startswith(("attention", "add_layer_norm", "bias_gelu"))]
     assert len(rows) == 4, out
     for row in rows:
@@ -241,7 +229,7 @@ def test_bound_inference_launches_hand_the_launcher_what_the_launchers_do():
     # the kernel modules' *_inference (a model's inference layers' norms and activations, their
     # launches bound once per N and flags) against the launchers' own calls, argument by argument,
     # with the kernels compiled for sm_90 (in its own process: the interpreter compiles nothing)
-    out = _outside_interpreter("-c", _BOUND_INFERENCE_SCRIPT)
+    out = outside_interpreter("-c", _BOUND_INFERENCE_SCRIPT)
     assert out.strip().endswith("ok"), out
 
 
@@ -306,5 +294,5 @@ def test_direct_launches_reach_the_driver_as_the_jits_do(tmp_path):
     # that libcuda)
     script = tmp_path / "driver_level.py"
     script.write_text(_DRIVER_LEVEL_SCRIPT)
-    out = _outside_interpreter(str(script))
+    out = outside_interpreter(str(script))
     assert out.strip().endswith("ok"), out
