@@ -24,6 +24,8 @@ Environment:
   FASTBERT_NO_EXT=1          skip the C++ extension (fastbert then runs the "torch" backend)
   FASTBERT_CPU_ARCH=native   also build a "native" level, -march=native (or any -march value),
                              picked above the others on CPUs that can run it
+  FASTBERT_LEVELS=scalar     build only these levels (comma-separated), for a quick build where the CPU's
+                             speed does not matter (a GPU machine's checks: benchmarks/run_cuda.sh)
   MAX_JOBS=N                 parallel compile jobs of each library (default: every core)
 Objects are kept in build/ between builds: a second install recompiles only what changed.
 """
@@ -71,6 +73,10 @@ def levels():
     arch = os.environ.get("FASTBERT_CPU_ARCH")
     if arch:
         out.append(("native", [f"-march={arch}"], every))
+    only = os.environ.get("FASTBERT_LEVELS")
+    if only:
+        wanted = only.split(",")
+        out = [level for level in out if level[0] in wanted]
     return out
 
 

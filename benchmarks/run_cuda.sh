@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA checks and benchmarks in one command, on a machine with an NVIDIA GPU, from the source
-# tree (no build needed: the Triton kernels compile at first use; the C++ extension's tests skip).
+# tree (the Triton kernels compile at first use; the C++ extension is built at one level first, for
+# the layers launched from C++).
 #
 #     bash benchmarks/run_cuda.sh [OUT_DIR]
 #
@@ -31,6 +32,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 $py -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__,
 '| triton', triton.__version__, '| transformers', transformers.__version__, '|', torch.cuda.get_device_name())"
 
+# the C++ extension, one level (the CPU's speed does not matter here): the layers launched from C++
+# (fastbert.ops.cuda_stack) need it; without it they run their Python route
+step 240 "build (scalar level)" env FASTBERT_LEVELS=scalar $py setup.py build_ext --inplace > "$out/build.txt" 2>&1
+tail -3 "$out/build.txt"
+
 step 180 selfcheck $py -m fastbert selfcheck --device cuda > "$out/selfcheck.txt" 2>&1 &
 checks=$!
 workers=$($py -c "import xdist" 2>/dev/null && echo "-n 8")  # pytest-xdist, where installed, compiles in parallel
@@ -44,12 +50,12 @@ tail -25 "$out/selfcheck.txt"
 step 120 "graph, inference-route and training-node tests" $py -m pytest -q -p no:cacheprovider \
     tests/ops/test_encoder_graphs.py tests/kernels/test_inference_options.py tests/ops/test_encoder.py \
     tests/ops/test_joined_attention.py tests/ops/test_layer_training.py tests/model/test_dropout_seeds.py \
-    -k "triton or gpu or graphs or options or waits"
+    tests/ops/test_cuda_stack.py -k "triton or gpu or graphs or options or waits"
 step 150 "check_modern_cuda" $py benchmarks/check_modern_cuda.py --json "$out/modern.json"
 step 150 "bench_encoder_cuda" $py benchmarks/bench_encoder_cuda.py --json "$out/encoder.json"
 step 60 "bench_encoder_cuda one20" $py benchmarks/bench_encoder_cuda.py --workloads one20 --scale 1 \
     --dtypes float16,bfloat16 --json "$out/encoder_one20.json"
-step 45 "bench_launch" $py benchmarks/bench_launch.py --device cuda --calls 200 --rounds 5 --json "$out/launch.json"
+step 90 "bench_launch" $py benchmarks/bench_launch.py --device cuda --calls 200 --rounds 5 --json "$out/launch.json"
 step 100 "bench_attention fp16" $py benchmarks/bench_attention.py --dtype float16 --json "$out/attention_fp16.json"
 step 90 "bench_ops" $py benchmarks/bench_ops.py --dtypes float32,bfloat16 --json "$out/ops.json"
 step 80 "bench_pretrain" $py benchmarks/bench_pretrain.py --device cuda --rounds 5 --budget 30 --json "$out/pretrain.json"

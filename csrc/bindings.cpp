@@ -200,7 +200,8 @@ void register_layers(py::module_& m) {
 // the GIL held: a program's variants are registered from Python between calls, never during one.
 void register_launch_program(py::module_& m) {
   m.def("launch_role_names", &fastbert::launch_role_names,
-        "[[name]] per role (ranges, attention, norm, gelu): the values a layer computes for that kernel, in order.");
+        "[[name]] per role (ranges, attention, norm, gelu, norm with sum, geglu): the values a layer computes for "
+        "that kernel, in order.");
   py::class_<fastbert::LaunchProgram>(m, "LaunchProgram",
                                       "One layer's launches (a role each) and the compiled variants registered for "
                                       "each, launched through the driver's cuLaunchKernelEx at address launch_fn.")
@@ -216,6 +217,11 @@ void register_launch_program(py::module_& m) {
         py::arg("stream"), py::arg("keep_states"),
         "Post-LN layers for inference on the Triton kernels, launched from C++: [the last output] (keep_states: "
         "every layer's), or [] where a launch had no registered variant.");
+  m.def("pre_ln_stack", &fastbert::pre_ln_stack, py::arg("program"), py::arg("x"), py::arg("weights"),
+        py::arg("eps"), py::arg("heads"), py::arg("ropes"), py::arg("key_mask"), py::arg("cu_seqlens"),
+        py::arg("seq"), py::arg("sink"), py::arg("stream"),
+        "Pre-LN layers (ModernBERT's) for inference on the Triton kernels, launched from C++: [stream, delta] "
+        "after the last layer, or [] where a launch had no registered variant.");
 }
 
 // The data side: unpad index building, token masking, word starts and the collator's id padding.

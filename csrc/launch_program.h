@@ -14,7 +14,7 @@
 namespace fastbert {
 
 // The kernels a post-LN layer launches, each a role: which values the layer computes for it.
-enum class LaunchRole : int { kRanges = 0, kAttention = 1, kNorm = 2, kGelu = 3 };
+enum class LaunchRole : int { kRanges = 0, kAttention = 1, kNorm = 2, kGelu = 3, kNormSum = 4, kGeglu = 5 };
 
 // The names of each role's values, in the order the layer computes them (Python maps a kernel's
 // varying arguments to them by name).
@@ -55,7 +55,9 @@ class LaunchProgram {
   // Register a variant for launch `position` of a layer from a recorded launch: per positional
   // argument of the kernel, its parameter kind ('-': none), its value (value_kinds: 0 none, 1 tensor,
   // 2 int, 3 float; tensors / ints / floats hold it) and the role's value it varies with (-1: fixed).
-  void add(int64_t position, uint64_t function, int64_t threads, int64_t shared, const std::string& kinds,
+  // False where a variant of the same classes was registered with another launch (another kernel or
+  // fixed value: the program's kind was keyed too coarsely, and must not be launched from here).
+  bool add(int64_t position, uint64_t function, int64_t threads, int64_t shared, const std::string& kinds,
            const std::vector<int64_t>& value_kinds, const std::vector<c10::optional<at::Tensor>>& tensors,
            const std::vector<int64_t>& ints, const std::vector<double>& floats, const std::vector<int64_t>& slots,
            int64_t block_m, int64_t grid_n);
@@ -89,5 +91,22 @@ std::vector<at::Tensor> post_ln_stack(const LaunchProgram& program, const at::Te
                                       int64_t heads, const c10::optional<at::Tensor>& key_mask,
                                       const c10::optional<at::Tensor>& cu_seqlens, int64_t seq, const at::Tensor& sink,
                                       uint64_t stream, bool keep_states);
+
+// Pre-LN layers (ModernBERT's) for inference, launched from here: the residual stream enters as x
+// alone (layer 0 has no attention norm) and leaves as (stream, delta), stream + delta the layers'
+// output; per layer [(stream, normed) = add + norm(delta, stream), over delta and stream], qkv = normed
+// Wqkv^T (+ b), the attention with its rotary tables (ropes: cos, sin per layer) and window, (stream,
+// normed) = add + norm(ctx Wo^T (+ b), stream), over the product and (but in layer 0, where a fresh
+// tensor takes it) the stream, delta = geglu(normed Wi^T (+ b)) Wf^T (+ b); what
+// fastbert.ops.encoder's prenorm route launches, in its order. weights: 12 per layer
+// (PreNormLayerWeights' order, None where a layer has none: a bias, layer 0's attention norm); the
+// program's launches are the whole stack's (layers differ: their windows, their first). -> [stream,
+// delta], or empty as post_ln_stack's.
+std::vector<at::Tensor> pre_ln_stack(const LaunchProgram& program, const at::Tensor& x,
+                                     const std::vector<c10::optional<at::Tensor>>& weights,
+                                     const std::vector<double>& eps, int64_t heads, const std::vector<at::Tensor>& ropes,
+                                     const c10::optional<at::Tensor>& key_mask,
+                                     const c10::optional<at::Tensor>& cu_seqlens, int64_t seq, const at::Tensor& sink,
+                                     uint64_t stream);
 
 }  // namespace fastbert

@@ -321,8 +321,9 @@ class Bound:
         if compiled is None:
             return None
         md = compiled.metadata
-        num_warps, num_ctas, shared = compiled.packed_metadata
-        if (num_ctas != 1 or shared > 228 * 1024 or getattr(md, "launch_pdl", False)
+        num_warps, num_ctas, shared = md.num_warps, getattr(md, "num_ctas", 1), md.shared
+        if (num_ctas != 1 or shared > 228 * 1024 or any(d != 1 for d in getattr(md, "cluster_dims", (1, 1, 1)))
+                or getattr(md, "launch_pdl", False)
                 or getattr(md, "launch_cooperative_grid", False) or getattr(md, "global_scratch_size", 0)
                 or getattr(md, "profile_scratch_size", 0)):
             return None

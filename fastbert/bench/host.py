@@ -132,7 +132,7 @@ def count(fn: Callable[[], object]) -> Counts:
 
 
 @contextlib.contextmanager
-def _denormals_flushed() -> Iterator[None]:
+def denormals_flushed() -> Iterator[None]:
     # a skipped launch leaves its output as the allocator found it: bytes that read as denormal floats
     # slow the CPU's arithmetic in the torch calls after it by factors, at random; on a GPU that
     # arithmetic is off the host, so here it is flushed to zero
@@ -146,7 +146,7 @@ def _denormals_flushed() -> Iterator[None]:
 def host_us(fn: Callable[[], object], calls: int = 20, rounds: int = 5) -> float:
     """Microseconds of host time per call of fn, launches skipped: the fastest of `rounds` rounds of
     `calls` calls (after one untimed call)."""
-    with launches_counted(), _denormals_flushed():
+    with launches_counted(), denormals_flushed():
         fn()
         return _fastest(fn, calls, rounds)
 
@@ -180,7 +180,7 @@ def floor_us(fn: Callable[[], object], calls: int = 20, rounds: int = 5) -> floa
     inputs). A Triton launch costs nothing here (it is skipped in both), so host_us - floor_us is
     the host time of everything but the launches: fastbert's Python, autograd's, views, syncs."""
     replay = floor_replay(fn)
-    with _denormals_flushed():
+    with denormals_flushed():
         replay()
         return _fastest(replay, calls, rounds)
 
@@ -212,7 +212,7 @@ def timed_together(fns: List[Callable[[], object]], calls: int, rounds: int) -> 
     before round r + 1 times any, so that a stretch of a busy machine slows one round of each, and
     the fastest round of each (what is kept) comes from the quiet stretches of the whole run."""
     best = [float("inf")] * len(fns)
-    with launches_counted(), _denormals_flushed():
+    with launches_counted(), denormals_flushed():
         for fn in fns:
             fn()
         for _ in range(rounds):

@@ -31,7 +31,7 @@ from fastbert.kernels import cdiv, driver_launch_address, launch_target, launche
 
 Tensor = torch.Tensor
 
-RANGES, ATTENTION, NORM, GELU = range(4)  # the roles of csrc/launch_program.h, in its order
+RANGES, ATTENTION, NORM, GELU, NORM_SUM, GEGLU = range(6)  # the roles of csrc/launch_program.h, in its order
 _PROGRAMS: Dict[tuple, Optional[list]] = {}  # kind of stack -> [program, registered?] or None (Python only)
 _NAMES: list = []  # each role's value names, read from the extension once
 _PYTHON_ONLY = contextvars.ContextVar("fastbert_cuda_stack_off", default=False)
@@ -55,80 +55,127 @@ def stack(x: Tensor, shape, layers: Sequence[tuple], mask: Optional[Tensor], cu_
     every layer (keep_states) or of the last; where a launch had no registered variant, run_python()
     (the Python route, which returns the same) runs with its launches recorded and registered. None
     where this route does not take the stack (the caller's own route runs)."""
-    if not driver_launch_address() or _PYTHON_ONLY.get():
+    if not driver_launch_address() or _PYTHON_ONLY.get() or not layers:
         return None
-    key = _kind(x, shape, layers, mask, cu_seqlens, max_seqlen)
-    if key is None:
-        return None
-    entry = _PROGRAMS.get(key, False)
-    if entry is False:
-        entry = _PROGRAMS[key] = _program(mask is not None)
-    if entry is None:
-        return None
-    program, registered = entry
-    heads = layers[0][1]
-    seq = max_seqlen if cu_seqlens is not None else shape[1]
-    if registered:
-        _, stream = launch_target()
-        weights = [t for w, *_ in layers for t in w]
-        eps = [float(e) for _, _, pair, _ in layers for e in pair]
-        outs = fb_backend.cpp_function("post_ln_stack")(program, x, weights, eps, heads, mask, cu_seqlens, seq,
-                                                        sink(heads * x.shape[0], x.device), stream, keep_states)
-        if outs:
-            return outs
-    with launches_recorded() as record:
-        outs = run_python()
-    batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else x.shape[0] // seq
-    if not _register(program, record, len(layers), x.shape[0], batch, heads, seq, mask is not None):
-        _PROGRAMS[key] = None
-    else:
-        entry[1] = True
-    return outs
-
-
-def _kind(x, shape, layers, mask, cu_seqlens, max_seqlen) -> Optional[tuple]:
-    # what decides the layers' launches but the call's values (those the C++ classes), or None where the
-    # C++ does not take the stack: the same heads, GELU form, widths and dtypes in every layer, every bias
-    if not layers or torch.compiler.is_compiling():
-        return None
+    seq = _seq(x, shape, cu_seqlens, max_seqlen)
     first, heads, _, form = layers[0]
     widths = (x.shape[1], first.ffn_in_weight.shape[0])
     for w, h, _, f in layers:
         if h != heads or f != form or w.ffn_in_weight.shape[0] != widths[1] or any(t is None for t in w):
             return None
-    seq = max_seqlen if cu_seqlens is not None else shape[1]
-    if seq is None or seq <= 1 or x.shape[0] <= 1:  # the attention's launchers take these, unbound
+    if seq is None:
         return None
+    # the post-LN layers' launches, alike in every layer: the program holds one layer's
+    key = ("post", x.device, x.dtype, widths, heads, form, _layout(mask, cu_seqlens, seq))
+    roles = ([RANGES] if mask is not None else []) + [ATTENTION, NORM, GELU, NORM]
+
+    def launched(program, stream):
+        weights = [t for w, *_ in layers for t in w]
+        eps = [float(e) for _, _, pair, _ in layers for e in pair]
+        return fb_backend.cpp_function("post_ln_stack")(program, x, weights, eps, heads, mask, cu_seqlens, seq,
+                                                        sink(heads * x.shape[0], x.device), stream, keep_states)
+
+    return _run(key, roles, len(layers), x, heads, seq, cu_seqlens, launched, run_python)
+
+
+def prenorm_stack(x: Tensor, shape, layers: Sequence[tuple], mask: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  max_seqlen: Optional[int], run_python) -> Optional[List[Tensor]]:
+    """The pre-LN layers `layers` ((PreNormLayerWeights, heads, eps, GeGLU form, rotary base, window)
+    each, layer 0 without an attention norm, every later one with one) on the rows x of a hidden state
+    of shape `shape`, launched from C++ -> [stream, delta] after the last layer (rows), as
+    fastbert.ops.encoder.prenorm_layers_forward's route gives them; misses and None as stack's."""
+    from fastbert.ops.attention import rotary_for  # the rotary tables the Python route reads
+
+    if not driver_launch_address() or _PYTHON_ONLY.get() or not layers:
+        return None
+    seq = _seq(x, shape, cu_seqlens, max_seqlen)
+    heads, form = layers[0][1], layers[0][3]
+    if seq is None or any(h != heads or f != form for _, h, _, f, _, _ in layers):
+        return None
+    # every launch of the stack (layers differ: the first has no attention norm, a window reaches past the
+    # longest sequence or not, a bias or a norm's bias is there or not), each with its own variants
+    windows = tuple(window if 0 <= window < seq - 1 else -1 for *_, window in layers)  # as the attention takes them
+    present = tuple(tuple(t is not None for t in w) for w, *_ in layers)
+    widths = tuple(tuple(t.shape[0] for t in (w.qkv_weight, w.ffn_in_weight)) for w, *_ in layers)
+    key = ("pre", x.device, x.dtype, x.shape[1], heads, form, windows, present, widths, _layout(mask, cu_seqlens, seq))
+    layer = ([NORM_SUM] + ([RANGES] if mask is not None else []) + [ATTENTION, NORM_SUM, GEGLU])
+    roles = layer[1:] + layer * (len(layers) - 1)
+
+    def launched(program, stream):
+        weights = [t for w, *_ in layers for t in w]
+        eps = [float(e) for _, _, pair, *_ in layers for e in pair]
+        tables: dict = {}
+        ropes = []
+        for *_, base, _ in layers:
+            pair = tables.get(base)
+            if pair is None:
+                pair = tables[base] = rotary_for(float(base), x.shape[1] // heads, seq, x.device)
+            ropes.extend(pair)
+        return fb_backend.cpp_function("pre_ln_stack")(program, x, weights, eps, heads, ropes, mask, cu_seqlens, seq,
+                                                       sink(heads * x.shape[0], x.device), stream)
+
+    return _run(key, roles, 1, x, heads, seq, cu_seqlens, launched, run_python)
+
+
+def _seq(x, shape, cu_seqlens, max_seqlen) -> Optional[int]:
+    # the attention's sequence length, or None where the launchers take the problem unbound (one row or
+    # one position) or the route is being traced
+    seq = max_seqlen if cu_seqlens is not None else shape[1]
+    if seq is None or seq <= 1 or x.shape[0] <= 1 or torch.compiler.is_compiling():
+        return None
+    return seq
+
+
+def _layout(mask, cu_seqlens, seq) -> tuple:
     if cu_seqlens is not None:
-        layout = ("varlen", cu_seqlens.dtype)
-    elif mask is not None:
-        layout = ("masked", mask.dtype)
-    else:  # the attention's even tiles or not: a kernel of its own
-        layout = ("padded", min(seq & -seq, 256))
-    return (x.device, x.dtype, widths, heads, form, layout)
+        return ("varlen", cu_seqlens.dtype)
+    if mask is not None:
+        return ("masked", mask.dtype)
+    return ("padded", min(seq & -seq, 256))  # the attention's even tiles or not: a kernel of its own
 
 
-def _program(masked: bool) -> Optional[list]:
+def _run(key, roles, repeats: int, x, heads: int, seq: int, cu_seqlens, launched, run_python):
+    # launched(program, stream) from C++ where the kind's program has its variants, else run_python()
+    # recorded and registered (the kind marked Python only where its launches are not the program's)
+    entry = _PROGRAMS.get(key, False)
+    if entry is False:
+        entry = _PROGRAMS[key] = _program(roles)
+    if entry is None:
+        return None
+    program, registered = entry
+    if registered:
+        outs = launched(program, launch_target()[1])
+        if outs:
+            return outs
+    with launches_recorded() as record:
+        outs = run_python()
+    batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else x.shape[0] // seq
+    if _register(program, roles, record, repeats, x.shape[0], batch, heads, seq):
+        entry[1] = True
+    else:
+        _PROGRAMS[key] = None
+    return outs
+
+
+def _program(roles) -> Optional[list]:
     address = driver_launch_address()
     make = fb_backend.cpp_function("LaunchProgram") if address else None
     if make is None:
         return None
     if not _NAMES:
         _NAMES.extend(fb_backend.cpp_function("launch_role_names")())
-    roles = ([RANGES] if masked else []) + [ATTENTION, NORM, GELU, NORM]
     return [make(address, roles), False]
 
 
-def _register(program, record: list, n_layers: int, rows: int, batch: int, heads: int, seq: int, masked: bool) -> bool:
+def _register(program, roles, record: list, repeats: int, rows: int, batch: int, heads: int, seq: int) -> bool:
     """Register the recorded launches of the Python route's run with `program` (launch i of the run is
-    launch i % len(program) of a layer); False where they are not the program's (their count, a
-    launch no plain cuLaunchKernelEx makes, a grid off the program's rule)."""
-    per_layer = len(program)
-    if len(record) != per_layer * n_layers:
+    the program's launch i % len(roles), its role roles[i % len(roles)]; the run is `repeats` times
+    the program's launches); False where they are not the program's (their count, a launch no plain
+    cuLaunchKernelEx makes, a varying argument the C++ does not compute, a grid off the role's rule)."""
+    if len(record) != len(roles) * repeats:
         return False
-    roles = ([RANGES] if masked else []) + [ATTENTION, NORM, GELU, NORM]
     for i, (bound, grid, args) in enumerate(record):
-        position = i % per_layer
+        position = i % len(roles)
         role = roles[position]
         found = bound.variant(args)
         if found is None:
@@ -138,7 +185,7 @@ def _register(program, record: list, n_layers: int, rows: int, batch: int, heads
         kinds, value_kinds, tensors, ints, floats, slots = [], [], [], [], [], []
         for kind, value, name in forms:
             if name is not None and name not in names:
-                return False  # a varying argument the C++ does not compute
+                return False
             kinds.append(kind)
             slots.append(-1 if name is None else names.index(name))
             tensors.append(value if isinstance(value, Tensor) else None)
@@ -154,12 +201,13 @@ def _register(program, record: list, n_layers: int, rows: int, batch: int, heads
             expected = (batch, 1, 1)
         elif role == ATTENTION:
             expected = (cdiv(seq, block_m), heads, batch)
-        elif role == GELU:
+        elif role in (GELU, GEGLU):
             expected = (cdiv(rows, block_m), grid[1], 1)
         else:
             expected = (cdiv(rows, block_m), 1, 1)
         if grid != expected:
             return False
-        program.add(position, function, threads, shared, "".join(kinds), value_kinds, tensors, ints, floats, slots,
-                    block_m, grid[1] if role == GELU else 1)
+        if not program.add(position, function, threads, shared, "".join(kinds), value_kinds, tensors, ints, floats,
+                           slots, block_m, grid[1] if role in (GELU, GEGLU) else 1):
+            return False
     return True

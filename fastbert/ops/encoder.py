@@ -380,10 +380,19 @@ def prenorm_layers_forward(hidden: Tensor, layers: Sequence[tuple], mask: Option
     if not _prenorm_route(hidden, backend) or any((i == 0) != (w.attn_norm_weight is None)
                                                   for i, (w, *_) in enumerate(layers)):
         return None
-    shape, stream, delta = hidden.shape, as_rows(hidden), None  # the layers on rows, viewed back once
-    for w, heads, eps, approximate, rotary_base, window in layers:
-        stream, delta = _prenorm_kernels(stream, delta, shape, w, heads, eps, approximate, rotary_base, window, mask,
-                                         cu_seqlens, max_seqlen, backend)
+    shape, x = hidden.shape, as_rows(hidden)  # the layers on rows, viewed back once
+
+    def run_python() -> List[Tensor]:
+        stream, delta = x, None
+        for w, heads, eps, approximate, rotary_base, window in layers:
+            stream, delta = _prenorm_kernels(stream, delta, shape, w, heads, eps, approximate, rotary_base, window,
+                                             mask, cu_seqlens, max_seqlen, backend)
+        return [stream, delta]
+
+    launched = None
+    if backend == "triton":
+        launched = cuda_stack.prenorm_stack(x, shape, layers, mask, cu_seqlens, max_seqlen, run_python)
+    stream, delta = run_python() if launched is None else launched
     return stream.view(shape), delta.view(shape)
 
 

@@ -114,9 +114,10 @@ def check(fake, stack, hidden, mask, cu, max_seqlen, keep=False):
     return len(launched)
 
 
-def program(stack, hidden, mask, cu, max_seqlen):
-    rows = hidden.reshape(-1, H)
-    return cuda_stack._PROGRAMS[cuda_stack._kind(rows, hidden.shape, stack, mask, cu, max_seqlen)][0]
+def program(dtype, layout):
+    # the post-LN program of that dtype and layout
+    return next(entry[0] for key, entry in cuda_stack._PROGRAMS.items()
+                if entry and key[0] == "post" and key[2] == dtype and key[-1][0] == layout)
 
 
 with stand_in_driver(record=True, kernels=fastbert_jit_kernels(), real_launcher=True, cpu_route=True) as fake:
@@ -141,9 +142,9 @@ with stand_in_driver(record=True, kernels=fastbert_jit_kernels(), real_launcher=
     # values of another class (16 rows: divisible by 16) miss, run in Python and register a variant each
     stack = layers_of(torch.float32, 2)
     args = case("varlen", torch.float32, [8, 8], 8)
-    before = [program(stack, *args).variants(i) for i in range(4)]
+    before = [program(torch.float32, "varlen").variants(i) for i in range(4)]
     run(stack, *args)
-    after = [program(stack, *args).variants(i) for i in range(4)]
+    after = [program(torch.float32, "varlen").variants(i) for i in range(4)]
     assert all(b >= 1 for b in before) and after != before, (before, after)
     assert check(fake, stack, *args) == 8
     assert check(fake, stack, *case("varlen", torch.float32, [5, 8, 7], 8)) == 8  # the first class still there
@@ -160,7 +161,67 @@ with stand_in_driver(record=True, kernels=fastbert_jit_kernels(), real_launcher=
         for _ in range(2):
             with launches_recorded() as record:
                 run(stack, *args)
-            assert record, ("launched from C++", len(stack), stack[1][1], args[0].shape)
+            assert record, "launched from C++"
+
+    # pre-LN layers (ModernBERT's): global and local ones with their rotary bases, layer 0 with no attention
+    # norm, no biases; every launch of the stack its own
+    from fastbert.ops.attention import rotary_for
+
+    def prenorm_layers(dtype, windows, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        t = lambda *shape: (torch.randn(*shape, generator=g) * 0.1).to(dtype)
+        out = []
+        for i, window in enumerate(windows):
+            w = encoder.PreNormLayerWeights(None if i == 0 else 1 + t(H), None, t(3 * H, H), None, t(H, H), None,
+                                            1 + t(H), None, t(2 * F, H), None, t(H, F), None)
+            out.append((w, HEADS, (1e-5, 1e-5), "tanh", 160000.0 if window < 0 else 10000.0, window))
+        return out
+
+    def prenorm_run(stack, hidden, mask, cu, max_seqlen):
+        with torch.no_grad():
+            return encoder.prenorm_layers_forward(hidden, stack, mask, cu, max_seqlen, "triton")
+
+    def prenorm_check(stack, args, seq):
+        # the C++ route (registered) against the Python route: the same launches and aten calls (the values
+        # are not compared: the kernels do not run here, and the GeGLU writes fresh memory) -> launches
+        known = {"x": args[0], "sink": kernels.sink(1, "cpu")}
+        known.update({f"w{i}.{j}": t for i, (w, *_) in enumerate(stack) for j, t in enumerate(w) if t is not None})
+        for base in (160000.0, 10000.0):
+            known[f"cos{base}"], known[f"sin{base}"] = rotary_for(base, H // HEADS, seq, "cpu")
+        if args[1] is not None:
+            known["mask"] = args[1]
+        if args[2] is not None:
+            known["cu"] = args[2]
+        with launches_recorded() as record:
+            got, launched, ops = traced(fake, lambda: prenorm_run(stack, *args), known)
+        assert not record, "not launched from C++"
+        with cuda_stack.python_route():
+            want, wanted, want_ops = traced(fake, lambda: prenorm_run(stack, *args), known)
+        assert len(launched) == len(wanted), (len(launched), len(wanted))
+        for i, (a, b) in enumerate(zip(launched, wanted)):
+            assert a == b, (i, a, b)
+        assert ops == want_ops
+        assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in want]
+        return launched
+
+    for layout, dtype, windows in (("varlen", torch.float32, (-1, 2, 2, -1)), ("masked", torch.float32, (-1, 2, 2, -1)),
+                                   ("varlen", torch.float16, (-1, 64, 64, -1))):
+        stack = prenorm_layers(dtype, windows)
+        args = case(layout, dtype, [5, 8, 7], 8)
+        prenorm_run(stack, *args)  # compiled, registered
+        per_layer = 5 if layout == "masked" else 4
+        assert len(prenorm_check(stack, args, 8)) == 4 * per_layer - 1, layout
+        print("prenorm", layout, dtype, "ok")
+
+    # a local window that covers every sequence of one call (its layers then attend globally) and not of
+    # another (local): kernels of their own, each launched from C++ where the Python route launches it
+    stack = prenorm_layers(torch.float32, (-1, 6, 6, -1))
+    functions = {}
+    for lengths, seq in (([5, 6, 7], 7), ([5, 8, 7], 8), ([5, 6, 7], 7)):
+        args = case("varlen", torch.float32, lengths, seq)
+        prenorm_run(stack, *args)
+        functions[seq] = [launch[0] for launch in prenorm_check(stack, args, seq)]
+    assert functions[7] != functions[8]
 
     # a model's layers take it: BertModel on the Triton backend, a padded batch with its mask (unpadded once)
     from fastbert.model.bert import BertModel
@@ -184,6 +245,26 @@ with stand_in_driver(record=True, kernels=fastbert_jit_kernels(), real_launcher=
     # the same launches, the layers' 12 from C++ (the model's own around them from Python)
     assert launches["cpp"] == launches["python"] and len(launches["cpp"]) >= 12, launches
     assert recorded["python"] - recorded["cpp"] == 12, recorded
+
+    # and ModernBERT's: its 3 layers' 11 launches from C++
+    from fastbert.model.config import ModernBertConfig
+    from fastbert.model.modernbert import ModernBertModel
+
+    config = ModernBertConfig(vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                              sep_token_id=2, hidden_size=H, num_hidden_layers=3, num_attention_heads=HEADS,
+                              intermediate_size=96, max_position_embeddings=64)
+    model = ModernBertModel(config).set_backend("triton").eval()
+    for route in ("python", "cpp"):
+        with torch.no_grad(), (cuda_stack.python_route() if route == "python" else contextlib.nullcontext()):
+            for _ in range(2):
+                model(input_ids=ids, attention_mask=mask)
+            first = fake.launch_count()
+            with launches_recorded() as record:
+                model(input_ids=ids, attention_mask=mask)
+            launches[route] = [(l.function, l.grid) for l in fake.launches_since(first)]
+            recorded[route] = len(record)
+    assert launches["cpp"] == launches["python"] and len(launches["cpp"]) >= 11, launches
+    assert recorded["python"] - recorded["cpp"] == 11, recorded
 print("ok")
 """
 
@@ -206,3 +287,52 @@ def test_no_driver_no_cuda_stack():
         pytest.skip("a CUDA driver is loaded here")
     x = torch.zeros(4, 64)
     assert cuda_stack.stack(x, x.shape, [], None, None, None, False, lambda: [x]) is None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_stack_on_gpu_equals_the_python_route(dtype):
+    # on a GPU the launches run: BERT's and ModernBERT's stacks, launched from C++, give the Python
+    # route's outputs bit for bit (the same kernels and GEMMs on the same stream), packed and with a mask
+    from functools import partial
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("launching from C++ needs a GPU (the launches are checked without one above)")
+    from fastbert import backend as fb_backend
+    from fastbert.kernels import launches_recorded
+    from fastbert.ops import cuda_stack, encoder
+
+    if fb_backend.cpp_function("post_ln_stack") is None:
+        pytest.skip("the C++ extension is not built here (run_cuda.sh builds it)")
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(0)
+    t = lambda *shape: (torch.randn(*shape, generator=g) * 0.1).to("cuda", dt)  # noqa: E731
+    hidden, heads = 256, 4
+    post = [(encoder.LayerWeights(t(768, 256), t(768), t(256, 256), t(256), 1 + t(256), t(256), t(1024, 256),
+                                  t(1024), t(256, 1024), t(256), 1 + t(256), t(256)), heads, (1e-12, 1e-12), "none")
+            for _ in range(3)]
+    pre = [(encoder.PreNormLayerWeights(None if i == 0 else 1 + t(256), None, t(768, 256), None, t(256, 256), None,
+                                        1 + t(256), None, t(768, 256), None, t(256, 384), None), heads, (1e-5, 1e-5),
+            "tanh", 160000.0 if i % 3 == 2 else 10000.0, -1 if i % 3 == 2 else 32) for i in range(3)]
+    lengths = torch.tensor([37, 128, 90, 5])
+    mask = (torch.arange(128)[None, :] < lengths[:, None]).cuda()
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to("cuda", torch.int32)
+    padded = t(4, 128, hidden)
+    routes = {"packed": (padded[mask], None, cu, 128), "masked": (padded, mask, None, None)}
+    runs = {}
+    for name, (state, key_mask, cu_seqlens, max_seqlen) in routes.items():
+        runs["post", name] = partial(encoder.layers_forward, state, post, key_mask, cu_seqlens, max_seqlen, None,
+                                     "triton", True)
+        runs["pre", name] = partial(encoder.prenorm_layers_forward, state, pre, key_mask, cu_seqlens, max_seqlen,
+                                    "triton")
+    with torch.no_grad():
+        for what, run in runs.items():
+            with cuda_stack.python_route():
+                want = run()
+            run()  # registers
+            with launches_recorded() as record:
+                got = run()
+            assert not record, (what, "not launched from C++")
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), (what, (a.float() - b.float()).abs().max().item())
