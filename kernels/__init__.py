@@ -447,8 +447,7 @@ class DirectLaunch:
 
     def __call__(self, grid, args) -> bool:
         """Launch args on grid if the JIT compiled their specialization here before; False if not."""
-        runtime = self._knobs.runtime
-        if not (_idle(runtime.launch_enter_hook) and _idle(runtime.launch_exit_hook)) or runtime.debug:
+        if not _direct_allowed(self._knobs.runtime):
             return False
         active = self._driver.active
         device = active.get_current_device()
@@ -517,10 +516,15 @@ def launch(kernel, grid, args, options: Dict[str, Any]) -> None:
     direct.launch(grid, args)
 
 
-def launch_target() -> Tuple[int, int]:
-    """(the current device, its current stream): where Triton's launches go now."""
+def launch_target() -> Optional[Tuple[int, int]]:
+    """(the current device, its current stream): where Triton's launches go now; None where a launch
+    must go through Triton's JIT (a launch hook is set, a profiler's, or Triton's debug mode is on),
+    as DirectLaunch leaves such launches to it."""
+    from triton import knobs
     from triton.runtime.driver import driver
 
+    if not _direct_allowed(knobs.runtime):
+        return None
     active = driver.active
     device = active.get_current_device()
     return device, active.get_current_stream(device)
@@ -541,6 +545,12 @@ def driver_launch_address() -> int:
             address = 0
         _DRIVER_LAUNCH.append(address)
     return _DRIVER_LAUNCH[0]
+
+
+def _direct_allowed(runtime) -> bool:
+    """Whether a launch may skip Triton's JIT (triton's knobs.runtime): no launch hook (a profiler's),
+    not Triton's debug mode (which the JIT's options carry)."""
+    return _idle(runtime.launch_enter_hook) and _idle(runtime.launch_exit_hook) and not runtime.debug
 
 
 def _idle(hook) -> bool:

@@ -359,6 +359,9 @@ def stand_in_driver(record: bool = True, kernels=(), real_launcher: bool = False
         yield fake
     finally:
         fb_backend.triton_interpreting = interpreting
+        from fastbert.ops import cuda_stack
+
+        cuda_stack.forget()  # the programs hold the stand-in's kernel handles
         for kernel in fake.kernels:  # their modules are the stand-in's: nothing for a real driver to unload
             for cache in kernel.device_caches.values():
                 for compiled in cache[0].values():

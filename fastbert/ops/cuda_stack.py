@@ -63,10 +63,12 @@ def stack(x: Tensor, shape, layers: Sequence[tuple], mask: Optional[Tensor], cu_
     for w, h, _, f in layers:
         if h != heads or f != form or w.ffn_in_weight.shape[0] != widths[1] or any(t is None for t in w):
             return None
-    if seq is None:
+    target = launch_target()
+    if seq is None or target is None:
         return None
-    # the post-LN layers' launches, alike in every layer: the program holds one layer's
-    key = ("post", x.device, x.dtype, widths, heads, form, _layout(mask, cu_seqlens, seq))
+    # the post-LN layers' launches, alike in every layer: the program holds one layer's (the compiled
+    # kernels are the current device's)
+    key = ("post", target[0], x.device, x.dtype, widths, heads, form, _layout(mask, cu_seqlens, seq))
     roles = ([RANGES] if mask is not None else []) + [ATTENTION, NORM, GELU, NORM]
 
     def launched(program, stream):
@@ -75,7 +77,7 @@ def stack(x: Tensor, shape, layers: Sequence[tuple], mask: Optional[Tensor], cu_
         return fb_backend.cpp_function("post_ln_stack")(program, x, weights, eps, heads, mask, cu_seqlens, seq,
                                                         sink(heads * x.shape[0], x.device), stream, keep_states)
 
-    return _run(key, roles, len(layers), x, heads, seq, cu_seqlens, launched, run_python)
+    return _run(key, roles, len(layers), x, heads, seq, cu_seqlens, target[1], launched, run_python)
 
 
 def prenorm_stack(x: Tensor, shape, layers: Sequence[tuple], mask: Optional[Tensor], cu_seqlens: Optional[Tensor],
@@ -90,14 +92,16 @@ def prenorm_stack(x: Tensor, shape, layers: Sequence[tuple], mask: Optional[Tens
         return None
     seq = _seq(x, shape, cu_seqlens, max_seqlen)
     heads, form = layers[0][1], layers[0][3]
-    if seq is None or any(h != heads or f != form for _, h, _, f, _, _ in layers):
+    target = launch_target()
+    if seq is None or target is None or any(h != heads or f != form for _, h, _, f, _, _ in layers):
         return None
     # every launch of the stack (layers differ: the first has no attention norm, a window reaches past the
     # longest sequence or not, a bias or a norm's bias is there or not), each with its own variants
     windows = tuple(window if 0 <= window < seq - 1 else -1 for *_, window in layers)  # as the attention takes them
     present = tuple(tuple(t is not None for t in w) for w, *_ in layers)
     widths = tuple(tuple(t.shape[0] for t in (w.qkv_weight, w.ffn_in_weight)) for w, *_ in layers)
-    key = ("pre", x.device, x.dtype, x.shape[1], heads, form, windows, present, widths, _layout(mask, cu_seqlens, seq))
+    key = ("pre", target[0], x.device, x.dtype, x.shape[1], heads, form, windows, present, widths,
+           _layout(mask, cu_seqlens, seq))
     layer = ([NORM_SUM] + ([RANGES] if mask is not None else []) + [ATTENTION, NORM_SUM, GEGLU])
     roles = layer[1:] + layer * (len(layers) - 1)
 
@@ -114,7 +118,13 @@ def prenorm_stack(x: Tensor, shape, layers: Sequence[tuple], mask: Optional[Tens
         return fb_backend.cpp_function("pre_ln_stack")(program, x, weights, eps, heads, ropes, mask, cu_seqlens, seq,
                                                        sink(heads * x.shape[0], x.device), stream)
 
-    return _run(key, roles, 1, x, heads, seq, cu_seqlens, launched, run_python)
+    return _run(key, roles, 1, x, heads, seq, cu_seqlens, target[1], launched, run_python)
+
+
+def forget() -> None:
+    """Drop every program (their compiled kernels' handles): for a driver whose loaded kernels are let
+    go of (fastbert.bench.launch's stand-in, at its end)."""
+    _PROGRAMS.clear()
 
 
 def _seq(x, shape, cu_seqlens, max_seqlen) -> Optional[int]:
@@ -134,7 +144,7 @@ def _layout(mask, cu_seqlens, seq) -> tuple:
     return ("padded", min(seq & -seq, 256))  # the attention's even tiles or not: a kernel of its own
 
 
-def _run(key, roles, repeats: int, x, heads: int, seq: int, cu_seqlens, launched, run_python):
+def _run(key, roles, repeats: int, x, heads: int, seq: int, cu_seqlens, stream: int, launched, run_python):
     # launched(program, stream) from C++ where the kind's program has its variants, else run_python()
     # recorded and registered (the kind marked Python only where its launches are not the program's)
     entry = _PROGRAMS.get(key, False)
@@ -144,7 +154,7 @@ def _run(key, roles, repeats: int, x, heads: int, seq: int, cu_seqlens, launched
         return None
     program, registered = entry
     if registered:
-        outs = launched(program, launch_target()[1])
+        outs = launched(program, stream)
         if outs:
             return outs
     with launches_recorded() as record:

@@ -117,7 +117,7 @@ def check(fake, stack, hidden, mask, cu, max_seqlen, keep=False):
 def program(dtype, layout):
     # the post-LN program of that dtype and layout
     return next(entry[0] for key, entry in cuda_stack._PROGRAMS.items()
-                if entry and key[0] == "post" and key[2] == dtype and key[-1][0] == layout)
+                if entry and key[0] == "post" and key[3] == dtype and key[-1][0] == layout)
 
 
 with stand_in_driver(record=True, kernels=fastbert_jit_kernels(), real_launcher=True, cpu_route=True) as fake:
@@ -162,6 +162,22 @@ with stand_in_driver(record=True, kernels=fastbert_jit_kernels(), real_launcher=
             with launches_recorded() as record:
                 run(stack, *args)
             assert record, "launched from C++"
+
+    # a launch hook set (a profiler's) sees every launch: the registered stack runs in Python meanwhile
+    import triton
+
+    stack = layers_of(torch.float32, 2)
+    run(stack, *varlen)
+    hooked = []
+    triton.knobs.runtime.launch_enter_hook = lambda metadata: hooked.append(metadata)
+    try:
+        run(stack, *varlen)
+    finally:
+        triton.knobs.runtime.launch_enter_hook = None
+    assert len(hooked) == 8, len(hooked)
+    with launches_recorded() as record:
+        run(stack, *varlen)
+    assert not record
 
     # pre-LN layers (ModernBERT's): global and local ones with their rotary bases, layer 0 with no attention
     # norm, no biases; every launch of the stack its own
