@@ -6,14 +6,16 @@ one20) with --scale times as many sequences (a GPU needs more than 32 short ones
 Providers in each dtype: fastbert with the model cast to the dtype, transformers cast to it, in
 fp16 / bf16 transformers under torch.autocast, and in inference fastbert with CUDA graphs
 (model.cuda_graphs(): one replay a forward, captured at its bucket's first batch, before the
-timing). Two directions: inference (torch.no_grad) and a training step's forward and backward
+timing); with --compiled, transformers under torch.compile(mode="max-autotune") and fastbert under
+torch.compile(mode="reduce-overhead"), compiled (and autotuned) at their first call, before the
+timing. Two directions: inference (torch.no_grad) and a training step's forward and backward
 (the loss: a fixed random weighting of the last hidden state at the real tokens). Timed with
 triton.testing.do_bench (medians), the providers in turn on the same inputs. Every row carries the
 max abs error at the real tokens against transformers in fp32; the fp32 training row also the
 largest gradient error over all parameters, relative to that parameter's largest gradient.
 
     python benchmarks/bench_encoder_cuda.py [--workloads var128,var512] [--dtypes float32,float16,bfloat16]
-        [--layers 12] [--scale 4] [--json PATH]
+        [--layers 12] [--scale 4] [--compiled] [--json PATH]
 """
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ from fastbert.bench.workloads import WORKLOADS, make_batch, random_transformers_
 from fastbert.dtypes import dtype_name, parse_dtype
 
 
-def providers(layers: int, dtypes):
-    """{name: model called as model(input_ids=..., attention_mask=...)} and the fp32 reference model."""
+def providers(layers: int, dtypes, compiled: bool = False):
+    """{name: model called as model(input_ids=..., attention_mask=...)} and the fp32 reference model.
+    compiled: also transformers under torch.compile(mode="max-autotune") and fastbert under
+    torch.compile(mode="reduce-overhead") (inductor's CUDA graphs over fastbert's kernels)."""
     hf = random_transformers_encoder(layers, "sdpa").cuda()
     fb = fastbert.hf.from_transformers(hf).cuda().eval()
     out = {}
@@ -40,13 +44,18 @@ def providers(layers: int, dtypes):
         mine = fb if dtype == torch.float32 else copy.deepcopy(fb).to(dtype)
         out[f"fastbert {tag}"] = (mine, None)
         out[f"fastbert {tag} graphs"] = (copy.deepcopy(mine).cuda_graphs(), None)  # inference only
-        out[f"transformers {tag}"] = (hf if dtype == torch.float32 else copy.deepcopy(hf).to(dtype), None)
+        theirs = hf if dtype == torch.float32 else copy.deepcopy(hf).to(dtype)
+        out[f"transformers {tag}"] = (theirs, None)
         if dtype != torch.float32:
             out[f"transformers {tag} autocast"] = (hf, dtype)
+        if compiled:
+            out[f"transformers {tag} compiled"] = (torch.compile(theirs, mode="max-autotune"), None)
+            out[f"fastbert {tag} compiled"] = (torch.compile(mine, mode="reduce-overhead"), None)
     return out, hf
 
 
 def call(model, autocast, ids, mask):
+    torch.compiler.cudagraph_mark_step_begin()  # for the compiled models' CUDA graphs: each call a step of its own
     with contextlib.nullcontext() if autocast is None else torch.autocast("cuda", dtype=autocast):
         return model(input_ids=ids, attention_mask=mask).last_hidden_state
 
@@ -73,11 +82,11 @@ def grad_error(fb, hf, ids, mask, weights) -> float:
     return max(((ours[n] - g).abs().max() / max(g.abs().max().item(), floor)).item() for n, g in theirs.items())
 
 
-def run_workload(name, layers, dtypes, scale, g, progress=True):
+def run_workload(name, layers, dtypes, scale, g, progress=True, compiled=False):
     w = WORKLOADS[name]
     ids, mask = make_batch(w["batch"] * scale, w["lo"], w["hi"], g)
     ids, mask = ids.cuda(), mask.cuda()
-    provs, hf = providers(layers, dtypes)
+    provs, hf = providers(layers, dtypes, compiled)
     real = mask.bool()
     tokens = int(real.sum())
     weights = torch.randn(tokens, hf.config.hidden_size, generator=g).cuda() / tokens ** 0.5
@@ -130,6 +139,9 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float32,float16,bfloat16")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--scale", type=int, default=4, help="times as many sequences as the CPU workload")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also torch.compile: transformers with mode='max-autotune', fastbert with 'reduce-overhead' "
+                         "(minutes of compiling, autotuning)")
     report.add_output_options(ap, png=False)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -140,7 +152,8 @@ def main(argv=None):
     dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for both sides
     g = torch.Generator().manual_seed(0)
-    rows = [r for w in args.workloads.split(",") for r in run_workload(w, args.layers, dtypes, args.scale, g)]
+    rows = [r for w in args.workloads.split(",")
+            for r in run_workload(w, args.layers, dtypes, args.scale, g, compiled=args.compiled)]
     report.finish(rows, print_rows, argv, json_path=args.json)
 
 

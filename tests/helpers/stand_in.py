@@ -12,3 +12,11 @@ def outside_interpreter(*args) -> str:
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
+
+
+def script_ends_ok(folder, name: str, text: str) -> None:
+    """Write `text` to folder/name, run it outside the interpreter, and require its output to end in ok."""
+    script = folder / name
+    script.write_text(text)
+    out = outside_interpreter(str(script))
+    assert out.strip().endswith("ok"), out

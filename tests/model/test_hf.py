@@ -181,6 +181,43 @@ def test_torch_compile_fullgraph_trains_and_infers_like_eager():
         torch.testing.assert_close(g_c[n], g_e[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
+def test_torch_compile_reduce_overhead_on_gpu():
+    """torch.compile(model, mode="reduce-overhead") on a GPU (inductor, its CUDA graphs replaying
+    fastbert's kernels): a training step's loss and gradients, and the inference outputs, as eager
+    mode's (dropout off), each replayed more than once."""
+    if not torch.cuda.is_available():
+        pytest.skip("mode='reduce-overhead' captures CUDA graphs: it needs a GPU (the fullgraph tests above run here)")
+    torch.manual_seed(0)
+    cfg = fastbert.BertConfig(**dict(TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), num_labels=3)
+    model = fastbert.BertForSequenceClassification(cfg).cuda()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    ids = torch.randint(1, 97, (3, 16), device="cuda")
+    mask = torch.ones(3, 16, dtype=torch.long, device="cuda")
+    mask[2, 5:] = 0
+    labels = torch.tensor([2, 0, 1], device="cuda")
+    results = []
+    for fn in (model, compiled):
+        for _ in range(3):  # the compiled one: warm-up, recording, replays
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs may be overwritten
+            model.zero_grad(set_to_none=True)
+            model.train()
+            out = fn(ids, mask, labels=labels).loss
+            loss = out.detach().clone()
+            out.backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            model.eval()
+            with torch.no_grad():
+                logits = fn(ids, mask).logits.clone()
+        results.append((loss, grads, logits))
+    (loss_e, g_e, out_e), (loss_c, g_c, out_c) = results
+    torch.testing.assert_close(loss_c, loss_e, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-5)
+    assert g_e.keys() == g_c.keys()
+    for n in g_e:
+        torch.testing.assert_close(g_c[n], g_e[n], rtol=1e-3, atol=1e-5, msg=n)
+
+
 # ---------------------------------------------------------------------------------------------
 # loading old and damaged checkpoints
 

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from tests.helpers.stand_in import outside_interpreter  # noqa: E402
+from tests.helpers.stand_in import script_ends_ok  # noqa: E402
 
 _SCRIPT = r"""
 import contextlib
@@ -243,53 +243,42 @@ with stand_in_driver(record=True, kernels=fastbert_jit_kernels(), real_launcher=
     from fastbert.model.bert import BertModel
     from fastbert.model.config import BertConfig
 
-    config = BertConfig(vocab_size=100, hidden_size=H, num_hidden_layers=3, num_attention_heads=HEADS,
-                        intermediate_size=F, max_position_embeddings=64)
-    model = BertModel(config, add_pooling_layer=False).set_backend("triton").eval()
     ids = torch.randint(5, 100, (3, 8))
     mask = (torch.arange(8)[None, :] < torch.tensor([5, 8, 7])[:, None]).long()
-    launches, recorded = {}, {}
-    for route in ("python", "cpp"):
-        with torch.no_grad(), (cuda_stack.python_route() if route == "python" else contextlib.nullcontext()):
-            for _ in range(2):
-                model(input_ids=ids, attention_mask=mask)
-            first = fake.launch_count()
-            with launches_recorded() as record:
-                model(input_ids=ids, attention_mask=mask)
-            launches[route] = [(l.function, l.grid) for l in fake.launches_since(first)]
-            recorded[route] = len(record)
-    # the same launches, the layers' 12 from C++ (the model's own around them from Python)
-    assert launches["cpp"] == launches["python"] and len(launches["cpp"]) >= 12, launches
-    assert recorded["python"] - recorded["cpp"] == 12, recorded
 
-    # and ModernBERT's: its 3 layers' 11 launches from C++
+    def model_routes(model, layer_launches):
+        # the model's launches both ways: the same, its layers' from C++ (the model's own around them from Python)
+        launches, recorded = {}, {}
+        for route in ("python", "cpp"):
+            with torch.no_grad(), (cuda_stack.python_route() if route == "python" else contextlib.nullcontext()):
+                for _ in range(2):
+                    model(input_ids=ids, attention_mask=mask)
+                first = fake.launch_count()
+                with launches_recorded() as record:
+                    model(input_ids=ids, attention_mask=mask)
+                launches[route] = [(l.function, l.grid) for l in fake.launches_since(first)]
+                recorded[route] = len(record)
+        assert launches["cpp"] == launches["python"] and len(launches["cpp"]) >= layer_launches, launches
+        assert recorded["python"] - recorded["cpp"] == layer_launches, recorded
+
+    config = BertConfig(vocab_size=100, hidden_size=H, num_hidden_layers=3, num_attention_heads=HEADS,
+                        intermediate_size=F, max_position_embeddings=64)
+    model_routes(BertModel(config, add_pooling_layer=False).set_backend("triton").eval(), 12)
+
+    # and ModernBERT's: its 3 layers' 11 launches
     from fastbert.model.config import ModernBertConfig
     from fastbert.model.modernbert import ModernBertModel
 
     config = ModernBertConfig(vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
                               sep_token_id=2, hidden_size=H, num_hidden_layers=3, num_attention_heads=HEADS,
                               intermediate_size=96, max_position_embeddings=64)
-    model = ModernBertModel(config).set_backend("triton").eval()
-    for route in ("python", "cpp"):
-        with torch.no_grad(), (cuda_stack.python_route() if route == "python" else contextlib.nullcontext()):
-            for _ in range(2):
-                model(input_ids=ids, attention_mask=mask)
-            first = fake.launch_count()
-            with launches_recorded() as record:
-                model(input_ids=ids, attention_mask=mask)
-            launches[route] = [(l.function, l.grid) for l in fake.launches_since(first)]
-            recorded[route] = len(record)
-    assert launches["cpp"] == launches["python"] and len(launches["cpp"]) >= 11, launches
-    assert recorded["python"] - recorded["cpp"] == 11, recorded
+    model_routes(ModernBertModel(config).set_backend("triton").eval(), 11)
 print("ok")
 """
 
 
 def test_cuda_stack_launches_what_the_python_route_launches(tmp_path):
-    script = tmp_path / "cuda_stack.py"
-    script.write_text(_SCRIPT)
-    out = outside_interpreter(str(script))
-    assert out.strip().endswith("ok"), out
+    script_ends_ok(tmp_path, "cuda_stack.py", _SCRIPT)
 
 
 def test_no_driver_no_cuda_stack():
