@@ -225,6 +225,8 @@ bool LaunchProgram::add(int64_t position, uint64_t function, int64_t threads, in
   }
   TORCH_CHECK(v.kinds.size() + 2 <= static_cast<size_t>(kMaxParams), "fastbert: LaunchProgram.add: too many parameters");
   LaunchPosition& p = positions_[position];
+  // the grid's rule is the position's: every variant of it must have the same tiles
+  if (!p.variants.empty() && (p.block_m != block_m || p.grid_n != grid_n)) return false;
   for (const LaunchVariant& known : p.variants) {
     if (known.checks == v.checks) {  // registered before: the same classes must take the same launch
       return known.function == v.function && known.threads == v.threads && known.shared == v.shared &&

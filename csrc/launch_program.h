@@ -56,7 +56,8 @@ class LaunchProgram {
   // argument of the kernel, its parameter kind ('-': none), its value (value_kinds: 0 none, 1 tensor,
   // 2 int, 3 float; tensors / ints / floats hold it) and the role's value it varies with (-1: fixed).
   // False where a variant of the same classes was registered with another launch (another kernel or
-  // fixed value: the program's kind was keyed too coarsely, and must not be launched from here).
+  // fixed value), or this one's tiles are not the position's: the program's kind was keyed too
+  // coarsely, and must not be launched from here.
   bool add(int64_t position, uint64_t function, int64_t threads, int64_t shared, const std::string& kinds,
            const std::vector<int64_t>& value_kinds, const std::vector<c10::optional<at::Tensor>>& tensors,
            const std::vector<int64_t>& ints, const std::vector<double>& floats, const std::vector<int64_t>& slots,

@@ -311,7 +311,7 @@ class Bound:
 
     def variant(self, args: list):
         """What a launch of `args` (a recorded call's: launches_recorded) hands the driver, for a
-        launcher outside Python (fastbert.ops.encoder's C++ stacks): (function, threads, dynamic shared
+        launcher outside Python (fastbert.ops.cuda_stack's C++ stacks): (function, threads, dynamic shared
         memory, forms), forms one (parameter kind, value, varying name or None) per positional
         argument, kind PARAM_KINDS' letter of the compiled kernel's parameter or "-" where the
         compiled kernel has none (a constexpr, or a value the JIT made one); None where that launch is
@@ -331,7 +331,7 @@ class Bound:
         names = self._kernel.arg_names
         if len(signature) != len(names):
             return None
-        varying = dict((i, name) for i, name in self._slots)
+        varying = dict(self._slots)
         forms = []
         for i, value in enumerate(args):
             ty = signature[i]
@@ -428,12 +428,13 @@ class DirectLaunch:
     def compiled_for(self, args):
         """The compiled kernel a launch of `args` runs here (on the current device), or None where the
         JIT has not compiled their specialization here yet."""
-        device = self._driver.active.get_current_device()
-        backend = self._backends.get(device)
-        if backend is None:
-            return None
-        found = self._compiled.get(self._key(device, backend, args))
+        found = self._found(self._driver.active.get_current_device(), args)
         return None if found is None else found[0]
+
+    def _found(self, device, args):
+        # (the compiled kernel, its C launch or None) kept for args' specialization on device, or None
+        backend = self._backends.get(device)
+        return None if backend is None else self._compiled.get(self._key(device, backend, args))
 
     def keep(self, args, compiled) -> None:
         """After the JIT launched `args` as `compiled` (its run's result): launch those directly."""
@@ -451,10 +452,7 @@ class DirectLaunch:
             return False
         active = self._driver.active
         device = active.get_current_device()
-        backend = self._backends.get(device)
-        if backend is None:
-            return False
-        found = self._compiled.get(self._key(device, backend, args))
+        found = self._found(device, args)
         if found is None:
             return False
         compiled, c_launch = found

@@ -1,5 +1,6 @@
-"""A model's post-LN inference layers on the Triton kernels, launched from C++ (fastbert._C's
-post_ln_stack): the route fastbert.ops.encoder.layers_forward takes first on a GPU.
+"""A model's inference layers on the Triton kernels, launched from C++ (fastbert._C's post_ln_stack
+for BERT's post-LN layers, pre_ln_stack for ModernBERT's pre-LN ones): the route
+fastbert.ops.encoder.layers_forward and prenorm_layers_forward take first on a GPU.
 
 In Python a BERT layer's four GEMMs and four kernels cost the host some 60-100 us beyond the
 operations themselves (the launchers' arguments, the JIT's specialization of them, the calls in
@@ -9,7 +10,8 @@ Python route makes (the same compiled kernels, arguments, grids and stream; test
 compares them byte by byte through a stand-in driver).
 
 What the C++ launches is learnt from the Python route, never written twice: for each kind of stack
-(device, dtype, sizes, layout) a LaunchProgram holds, per launch of a layer, the compiled variants
+(device, dtype, sizes, layout) a LaunchProgram holds, per launch of a layer (post-LN: every layer
+alike) or of the whole stack (pre-LN: its layers differ), the compiled variants
 the JIT made, each with the classes of argument values it was compiled for (an int's width and
 divisibility by 16, a pointer's dtype and alignment). A call whose values fall in a class no variant
 was registered for gets [] from the C++, runs the Python route with its launches recorded
