@@ -7,8 +7,8 @@ Every op in `fastbert.ops` runs on one of three backends (see DESIGN.md):
 Optional imports (triton, the extension) are guarded here and nowhere else.
 
 The "cpp" kernels are compiled once per instruction-set level (setup.py builds one library per
-level: "scalar", "avx2", "avx512", "avx512_vnni", and "native" when asked for); when the extension
-is first used, the highest level this CPU runs is loaded, or the highest at or below
+level: "scalar", "avx2", "avx512", "avx512_vnni", and "native" when asked for); when fastbert is
+imported, the highest level this CPU runs is loaded, or the highest at or below
 FASTBERT_CPU_CAPABILITY when that is set (for tests, and to reproduce another machine).
 `cpu_capability()` says which runs, `cpu_capabilities()` which could.
 """
@@ -287,6 +287,17 @@ def settle_vector_math() -> None:
 
 
 settle_vector_math()
+
+
+def load_if_built() -> None:
+    """Load the extension and its kernel level now when it was built (done when fastbert is
+    imported): a first use inside torch.compile's trace would break the graph, since dynamo cannot
+    trace the library's loading. When it was not built, the first op that would run it warns."""
+    if importlib.util.find_spec("fastbert._C") is not None:
+        cpp_extension()
+
+
+load_if_built()
 
 
 def describe() -> str:

@@ -151,6 +151,23 @@ def test_torch_compile_has_no_graph_breaks(mode):
         assert explained.graph_break_count == 0, (name, mode, explained.break_reasons)
 
 
+def test_torch_compile_has_no_graph_breaks_in_a_fresh_process():
+    """A model traced in a process whose first fastbert op runs inside the trace: the extension was
+    loaded when fastbert was imported, so dynamo meets no library loading (a graph break)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, fastbert\n"
+        f"m = fastbert.BertModel(fastbert.BertConfig(**{TINY!r})).eval()\n"
+        "ids = torch.randint(1, 97, (2, 8)); mask = torch.ones(2, 8, dtype=torch.long); mask[1, 5:] = 0\n"
+        "with torch.no_grad():\n"
+        "    print(torch._dynamo.explain(m)(ids, mask).graph_break_count)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "0", out.stdout + out.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_torch_compile_fullgraph_trains_and_infers_like_eager():
     """torch.compile(model, fullgraph=True): a training step's loss and gradients, and the inference
