@@ -292,9 +292,13 @@ settle_vector_math()
 def load_if_built() -> None:
     """Load the extension and its kernel level now when it was built (done when fastbert is
     imported): a first use inside torch.compile's trace would break the graph, since dynamo cannot
-    trace the library's loading. When it was not built, the first op that would run it warns."""
+    trace the library's loading. When it was not built, the first op that would run it warns; a
+    FASTBERT_CPU_CAPABILITY that names no level leaves the import alone, and that op says so."""
     if importlib.util.find_spec("fastbert._C") is not None:
-        cpp_extension()
+        try:
+            cpp_extension()
+        except ValueError:
+            pass
 
 
 load_if_built()
