@@ -172,8 +172,10 @@ def bge_m3_directory(directory, colbert: bool = True, sparse: bool = True):
 # How far two fp32 runs of splade_directory's model may give a weight apart when they batch or pad the
 # texts differently: its 0.2-wide random weights make logits of several units, and sums of another
 # order (another batch's shapes, whose product paths are chosen by measurement) move them by a few
-# 1e-5 (seen: 2.8e-5 on an AVX-512 / AMX Xeon), beyond the 2e-5 that suits unit-norm embeddings.
-SPLADE_ATOL = 1e-4
+# 1e-5 (seen: 2.8e-5 on an AVX-512 / AMX Xeon), beyond the 2e-5 that suits unit-norm embeddings; and
+# by up to 1.07e-4 (one weight of 23,245, near 0, where log1p(relu) passes the logit's absolute
+# error on) when a server process timed its paths on a machine loaded by the whole suite.
+SPLADE_ATOL = 3e-4
 
 
 def splade_directory(directory):
