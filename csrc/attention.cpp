@@ -47,6 +47,7 @@ AttnArgs common_args(const at::Tensor& q, bool padded, int64_t batch, double sca
   a.scale = static_cast<float>(scale);
   a.dropout_p = dropout_p;
   a.seed = static_cast<uint64_t>(seed);
+  a.bf16_min_len = a.dtype == kernels::Dtype::kBFloat16 ? attention_bf16_min_len() : -1;
   return a;
 }
 

@@ -263,6 +263,15 @@ void register_runtime(py::module_& m) {
         "Run every kernel from the kernel libraries at `paths` (one per level in `levels`, lowest first; each "
         "library's kernels stand over the ones below). Loads each library once.");
   m.def("kernel_level", &fastbert::kernel_level, "The level of the kernels in use (\"\" before use_kernels).");
+  m.def("attention_bf16_available", &fastbert::attention_bf16_available,
+        "Whether the bf16 attention's forward can multiply on the BLAS's bf16 GEMM here (a CPU that multiplies "
+        "bf16 natively, at a level of avx512 or above).");
+  m.def("attention_bf16_min_len", &fastbert::attention_bf16_min_len,
+        "The shortest sequence whose bf16 attention multiplies on it (-1: none, fp32 products for all; -1 after "
+        "use_kernels until set_attention_bf16_min_len).");
+  m.def("set_attention_bf16_min_len", &fastbert::set_attention_bf16_min_len, py::arg("min_len"),
+        "bf16 products for the bf16 attention's sequences of at least min_len tokens (-1: none); returns the "
+        "previous setting.");
   m.def("release_cached_memory", &fastbert::detail::release_cached_memory,
         "Unmap the freed large-output mappings the kernels keep for reuse (at most 64 of them, 1 GiB in all, and "
         "never more bytes than were ever in use at once).");

@@ -166,6 +166,9 @@ std::vector<std::string> cpu_features();
 // ones below) and runs every kernel on them from then on.
 void use_kernels(const std::vector<std::string>& levels, const std::vector<std::string>& paths);
 std::string kernel_level();  // the level of the topmost library in use, "" before use_kernels
+bool attention_bf16_available();  // whether bf16 attention can multiply in bf16 here (AttnArgs::bf16_min_len)
+int64_t attention_bf16_min_len();  // from which sequence length it does (-1: none; -1 after use_kernels)
+int64_t set_attention_bf16_min_len(int64_t min_len);  // returns the previous setting; >= 0 needs available
 
 namespace detail {
 

@@ -18,6 +18,10 @@
 // extension (the attention ops then raise a clear error).
 extern "C" void sgemm_(char* transa, char* transb, int* m, int* n, int* k, float* alpha, const float* a, int* lda,
                        const float* b, int* ldb, float* beta, float* c, int* ldc) __attribute__((weak));
+// MKL's bf16 GEMM (fp32 results), absent from other BLAS builds.
+extern "C" void gemm_bf16bf16f32_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                                  const float* alpha, const uint16_t* a, const int* lda, const uint16_t* b,
+                                  const int* ldb, const float* beta, float* c, const int* ldc) __attribute__((weak));
 // MKL's per-thread thread count (absent from other BLAS builds).
 extern "C" int MKL_Set_Num_Threads_Local(int n) __attribute__((weak));
 
@@ -66,7 +70,8 @@ void host_parallel_for(int64_t begin, int64_t end, int64_t grain, void (*body)(v
 int64_t host_num_threads() { return at::get_num_threads(); }
 
 const kernels::Host kHost{&host_parallel_for, &host_num_threads, sgemm_ != nullptr ? &sgemm_ : nullptr,
-                          MKL_Set_Num_Threads_Local != nullptr ? &MKL_Set_Num_Threads_Local : nullptr};
+                          MKL_Set_Num_Threads_Local != nullptr ? &MKL_Set_Num_Threads_Local : nullptr,
+                          gemm_bf16bf16f32_ != nullptr ? &gemm_bf16bf16f32_ : nullptr};
 
 // The table of the library at `path`, loaded once (and never unloaded: its code may be running).
 const kernels::Table* load_library(const std::string& level, const std::string& path) {
@@ -95,6 +100,8 @@ const kernels::Table* load_library(const std::string& level, const std::string& 
 std::mutex g_mutex;
 std::atomic<const kernels::Table*> g_active{nullptr};
 std::string g_level;
+std::atomic<bool> g_bf16_available{false};
+std::atomic<int64_t> g_bf16_min_len{-1};
 const kernels::Table kEmpty{};
 
 }  // namespace
@@ -143,7 +150,24 @@ void use_kernels(const std::vector<std::string>& levels, const std::vector<std::
   FASTBERT_KERNEL_ENTRIES(FASTBERT_CHECK_ENTRY)
 #undef FASTBERT_CHECK_ENTRY
   g_level = levels.back();
+  // bf16 attention products offered where the CPU multiplies bf16 natively (AVX512_BF16 or AMX) at a
+  // level of AVX-512 or above: a level capped lower stands for a CPU without them (as the Python
+  // side's backend.native_bf16 reads it). Taken once fastbert.backend has timed them against fp32's.
+  const bool wide = g_level != "scalar" && g_level != "avx2";
+  g_bf16_available.store(wide && gemm_bf16bf16f32_ != nullptr &&
+                         (cpu_features_bits() & (kernels::kAvx512Bf16 | kernels::kAmx)) != 0);
+  g_bf16_min_len.store(-1);
   g_active.store(t);
+}
+
+bool attention_bf16_available() { return g_bf16_available.load(); }
+
+int64_t attention_bf16_min_len() { return g_bf16_min_len.load(); }
+
+int64_t set_attention_bf16_min_len(int64_t min_len) {
+  TORCH_CHECK(min_len < 0 || g_bf16_available.load(), "fastbert._C.set_attention_bf16_min_len: this CPU, at the "
+              "kernel level in use, has no native bf16 GEMM for the attention");
+  return g_bf16_min_len.exchange(min_len < 0 ? -1 : min_len);
 }
 
 std::string kernel_level() {

@@ -314,5 +314,7 @@ def describe() -> str:
         lines += [f"CPU extensions: {', '.join(cpu_features()) or 'none of avx2, avx512, avx512_vnni, avx512_bf16, amx'}",
                   f"C++ kernel levels this CPU runs: {', '.join(cpu_capabilities())}",
                   f"C++ kernels run at: {cpu_capability()}" + (f" (FASTBERT_CPU_CAPABILITY={cap})" if cap else ""),
-                  f"native bf16 matrix products: {native_bf16()}"]
+                  f"native bf16 matrix products: {native_bf16()}",
+                  "bf16 attention's products: " + ("bf16 (the BLAS's bf16 GEMM) from a sequence length timed here, fp32 below"
+                                                   if cpp_extension().attention_bf16_available() else "fp32")]
     return "\n".join(lines)

@@ -111,17 +111,20 @@ def test_fastbert_cpu_capability_caps_the_level(cap):
         import torch, fastbert
         from fastbert import backend
         y = fastbert.ops.bias_gelu(torch.randn(5, 40), torch.randn(40))
-        print(backend.cpu_capability(), backend.native_bf16())
+        print(backend.cpu_capability(), backend.native_bf16(), backend.cpp_extension().attention_bf16_available())
         """,
         FASTBERT_CPU_CAPABILITY=cap,
     )
     assert proc.returncode == 0, proc.stderr
     runnable = fastbert.backend.cpu_capabilities()
     want = [lv for lv in runnable if fastbert.backend.LEVELS.index(lv) <= fastbert.backend.LEVELS.index(cap)][-1]
-    level, bf16 = proc.stdout.split()
+    level, bf16, products = proc.stdout.split()
     assert level == want
     if want in ("scalar", "avx2"):
         assert bf16 == "False"  # a capped level stands for a CPU without native bf16
+    # bf16 attention can multiply in bf16 exactly where the CPU does so natively (torch's x86 wheels
+    # link MKL, whose bf16 GEMM it calls)
+    assert products == bf16
 
 
 def test_an_unknown_capability_is_a_one_line_error():

@@ -23,7 +23,7 @@
 namespace fastbert {
 namespace kernels {
 
-constexpr int kAbiVersion = 5;
+constexpr int kAbiVersion = 6;
 
 // The activation of a gated linear unit's gate (geglu_forward / _backward): GELU's exact erf form,
 // its tanh approximation (GeGLU), or SiLU, x sigmoid(x) (SwiGLU).
@@ -35,6 +35,10 @@ enum class Dtype : int32_t { kFloat = 0, kHalf, kBFloat16, kInt32, kInt8, kUInt8
 // The Fortran-ABI sgemm_ of the BLAS torch links (MKL in the x86 wheels).
 using Sgemm = void (*)(char* transa, char* transb, int* m, int* n, int* k, float* alpha, const float* a, int* lda,
                        const float* b, int* ldb, float* beta, float* c, int* ldc);
+// MKL's gemm_bf16bf16f32_ (Fortran ABI): C (fp32) = alpha op(A) op(B) + beta C, A and B bf16 (their bits).
+using Bf16Gemm = void (*)(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                          const float* alpha, const uint16_t* a, const int* lda, const uint16_t* b, const int* ldb,
+                          const float* beta, float* c, const int* ldc);
 
 // What the host lends the kernels.
 struct Host {
@@ -45,6 +49,7 @@ struct Host {
   int64_t (*num_threads)();
   Sgemm sgemm;                         // nullptr when torch was built without a BLAS
   int (*blas_threads_local)(int n);    // MKL_Set_Num_Threads_Local: returns the previous count; or nullptr
+  Bf16Gemm bf16_gemm;                  // nullptr when the BLAS has no bf16 GEMM
 };
 
 // A per-feature vector [n] (a bias or a LayerNorm weight): float32 or the input's dtype.
@@ -113,6 +118,10 @@ struct AttnArgs {
   int64_t rel_n = 0;
   float* rel_grad = nullptr;
   AttnPositions pos;               // DeBERTa's disentangled terms (none: both tables nullptr)
+  // bf16 q, k, v: the forward's two products on the BLAS's bf16 GEMM (Host::bf16_gemm) for the
+  // sequences of at least this many tokens, the softmax's weights rounded to bf16 for the second
+  // (-1: none); set where the CPU multiplies bf16 natively, from a length measured there
+  int64_t bf16_min_len = -1;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -51,6 +51,17 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float*
   kernels::host().sgemm(&opb, &opa, &mi, &ni, &ki, &alpha, b, &la, a, &lb, &beta, c, &lc);
 }
 
+// The same product of bf16 operands (their bits), fp32 C (Host::bf16_gemm, which must be present).
+inline void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                      const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
+  const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
+  const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
+  const float alpha = 1.0f, beta = 0.0f;
+  kernels::host().bf16_gemm(&opb, &opa, &mi, &ni, &ki, &alpha, b, &la, a, &lb, &beta, c, &lc);
+}
+
 // Keeps the BLAS on one thread for its lifetime: every pair is one thread's work, and a GEMM split
 // over threads could round differently with the thread count.
 struct SingleThreadedBlas {
@@ -100,6 +111,7 @@ struct Problem {
   float* rel_grad = nullptr;  // its gradient per pair [batch, heads, 2 rel_n - 1] (the backward's)
 
   kernels::AttnPositions pos;  // DeBERTa's disentangled terms (none: pos.on() false)
+  int64_t bf16_min_len = -1;  // kernels::AttnArgs::bf16_min_len
 
   bool rope() const { return rope_cos != nullptr; }
   bool local() const { return window >= 0; }
@@ -224,15 +236,16 @@ void pack_transposed(const T* src, int64_t ld, int64_t len, int64_t d, float* ds
 // dst[len, d] (row stride d) = the fp32 rows src + j * ld rotated by the angles of positions
 // pos0 + j (rotate-half convention, fastbert.reference.rotary): with h = d / 2,
 //   dst[i] = x[i] cos - x[i + h] sin,  dst[i + h] = x[i + h] cos + x[i] sin       (sign = +1)
-// and sign = -1 rotates back (the transpose, for the gradients). dst may be src (fp32, ld = d).
-template <class T>
+// and sign = -1 rotates back (the transpose, for the gradients). dst may be src (fp32, ld = d); U:
+// fp32, or bf16 for the forward's bf16 products.
+template <class T, class U = float>
 void rotate_rows(const T* src, int64_t ld, int64_t len, int64_t d, const Problem& pb, int64_t pos0, float sign,
-                 float* dst) {
+                 U* dst) {
   const int64_t h = d / 2;
   const Vf sg = vec::set1(sign);
   for (int64_t j = 0; j < len; ++j) {
     const T* x = src + j * ld;
-    float* y = dst + j * d;
+    U* y = dst + j * d;
     const float* cs = pb.rope_cos + (pos0 + j) * h;
     const float* sn = pb.rope_sin + (pos0 + j) * h;
     for (int64_t c = 0; c < h; c += W) {

@@ -12,6 +12,11 @@
 //   e = exp(t - max t), l = sum e    lse = max + log(l) saved for the backward
 //   e *= keep / (1 - p)              dropout (fastbert's Philox rule, counters from the sequence start)
 //   O = (e V) / l                    GEMM, then the row scale on the way out
+//
+// bf16 inputs, where the CPU multiplies bf16 natively, sequences of at least Problem::bf16_min_len
+// tokens (not with DeBERTa's terms or a relative bias): both GEMMs on the BLAS's bf16 GEMM, which reads Q, K (transposed by
+// the BLAS) and V where they lie (rotated into bf16 rows first when rotary), fp32 scores and
+// softmax, e rounded to bf16 for the second product (as flash attention does on GPUs).
 #include <algorithm>
 #include <cmath>
 
@@ -25,11 +30,12 @@ namespace {
 
 // The softmax of one block's score rows s [m, ld] (queries i0 .. i0 + m, keys ka .. ka + nk of the
 // pair) in place: DeBERTa's terms, scale, key bias, relative bias (rel: fill_relative's, or nullptr),
-// the window, exp, dropout; rinv[r] = 1 / row sum, lse saved.
+// the window, exp, dropout; rinv[r] = 1 / row sum, lse saved. e16 (or nullptr): the weights go there
+// in bf16 ([m, ld] too) instead of back into s, for the bf16 product with V.
 template <bool kDropout>
 void softmax_rows(const Problem& pb, const Seq& sq, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t ka,
                   int64_t nk, const float* bias, const float* rel, const Terms& terms, float* s, int64_t ld,
-                  float* rinv) {
+                  float* rinv, c10::BFloat16* e16 = nullptr) {
   const int64_t nkp = vec::round_up(nk, W), lp = vec::round_up(sq.len, W);
   const Vf scale = vec::set1(pb.scale);
   const uint64_t pair = pb.counter(b, h);
@@ -39,6 +45,7 @@ void softmax_rows(const Problem& pb, const Seq& sq, int64_t b, int64_t h, int64_
     float* lse = pb.lse.at(b, h, sq.first + i);
     if (sq.real != nullptr && !sq.real[i]) {  // a hole: no output, no weight
       std::fill(row, row + nkp, 0.0f);
+      if (e16 != nullptr) std::fill(e16 + r * ld, e16 + r * ld + nkp, c10::BFloat16(0.0f));
       rinv[r] = 0.0f;
       *lse = 0.0f;
       continue;
@@ -66,11 +73,64 @@ void softmax_rows(const Problem& pb, const Seq& sq, int64_t b, int64_t h, int64_
       Vf e = vec::vexp_or_zero(vec::load(row + j) - mv);
       sum = sum + e;
       if constexpr (kDropout) e = e * philox::keep_scale(base + static_cast<uint64_t>(j), pb.keys, pb.thresh, pb.keep);
-      vec::store(row + j, e);
+      if (e16 != nullptr) {
+        vec::store(e16 + r * ld + j, e);
+      } else {
+        vec::store(row + j, e);
+      }
     }
     const float l = vec::hsum(sum);  // >= 1: the row max contributes e^0
     rinv[r] = 1.0f / l;
     *lse = mxs + std::log(l);
+  }
+}
+
+// The pair on bf16 products (the header's last paragraph); zero_outside done.
+template <bool kDropout>
+void forward_pair_bf16(const Problem& pb, const Rows<const c10::BFloat16>& q, const Rows<const c10::BFloat16>& k,
+                       const Rows<const c10::BFloat16>& v, const Rows<c10::BFloat16>& out, int64_t b, int64_t h) {
+  using B = c10::BFloat16;
+  const Seq& sq = pb.seqs[b];
+  const int64_t len = sq.len, d = pb.d;
+  const int64_t lp = vec::round_up(len, W);
+  int64_t mb, ls;
+  block_shape(pb, len, lp, block_rows(lp), mb, ls);
+  const int64_t rotated = pb.rope() ? len * d : 0;  // q and k rotated, bf16: half as many floats
+  float* buf = vec::thread_buffer<float, kSlotAttention>(
+      arena_size({lp + W, mb * ls, (mb * ls + 1) / 2, mb * d, mb, (rotated + 1) / 2, (rotated + 1) / 2}));
+  Arena arena{buf};
+  float* bias = arena.take(lp + W);
+  float* s = arena.take(mb * ls);
+  B* e = reinterpret_cast<B*>(arena.take((mb * ls + 1) / 2));  // the weights in bf16 [mb, ls]
+  float* o = arena.take(mb * d);
+  float* rinv = arena.take(mb);
+  const B *qr = q.at(b, h, sq.first), *kr = k.at(b, h, sq.first);
+  int64_t ldq = q.sr, ldk = k.sr;
+  if (pb.rope()) {
+    const int64_t pos0 = pb.first_position(sq);
+    B* qb = reinterpret_cast<B*>(arena.take((rotated + 1) / 2));
+    B* kb = reinterpret_cast<B*>(arena.take((rotated + 1) / 2));
+    rotate_rows(qr, ldq, len, d, pb, pos0, 1.0f, qb);
+    rotate_rows(kr, ldk, len, d, pb, pos0, 1.0f, kb);
+    qr = qb;
+    kr = kb;
+    ldq = ldk = d;
+  }
+  const B* vr = v.at(b, h, sq.first);
+  auto bits = [](const B* p) { return reinterpret_cast<const uint16_t*>(p); };
+  for (int64_t j = 0; j < lp + W; ++j) bias[j] = j < len && (sq.real == nullptr || sq.real[j]) ? 0.0f : -kInf;
+  for (int64_t i0 = 0; i0 < len; i0 += mb) {
+    const int64_t m = std::min(mb, len - i0);
+    const Span keys = span_of(pb, i0, m, len);
+    const int64_t nk = keys.hi - keys.lo;
+    gemm_bf16(false, true, m, nk, d, bits(qr + i0 * ldq), ldq, bits(kr + keys.lo * ldk), ldk, s, ls);  // S = Q K^T
+    softmax_rows<kDropout>(pb, sq, b, h, i0, m, keys.lo, nk, bias, nullptr, Terms{}, s, ls, rinv, e);
+    gemm_bf16(false, false, m, d, nk, bits(e), ls, bits(vr + keys.lo * v.sr), v.sr, o, d);  // O = E V
+    for (int64_t r = 0; r < m; ++r) {
+      B* dst = out.at(b, h, sq.first + i0 + r);
+      const Vf f = vec::set1(rinv[r]);
+      for (int64_t c = 0; c < d; c += W) put_n(dst + c, load_n(o + r * d + c, d - c) * f, d - c, pb.stream);
+    }
   }
 }
 
@@ -81,6 +141,10 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
   const Seq& sq = pb.seqs[b];
   const int64_t len = sq.len, d = pb.d;
   if (len == 0) return;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (pb.bf16_min_len >= 0 && len >= pb.bf16_min_len && !pb.pos.on() && !pb.relative())
+      return forward_pair_bf16<kDropout>(pb, q, k, v, out, b, h);
+  }
   const int64_t lp = vec::round_up(len, W);
   int64_t mb, ls;  // query rows per block, the stride of a block's score rows
   block_shape(pb, len, lp, block_rows(lp), mb, ls);

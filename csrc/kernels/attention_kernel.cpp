@@ -51,6 +51,7 @@ Problem problem_of(const kernels::AttnArgs& a) {
   pb.rel_n = a.rel_n;
   pb.rel_grad = a.rel_grad;
   pb.pos = a.pos;
+  pb.bf16_min_len = a.bf16_min_len;
   return pb;
 }
 

@@ -22,17 +22,20 @@ functional API (here: the checks, the torch backend, the entry points).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from fastbert import backend as fb_backend
 from fastbert import layouts, reference
+from fastbert.ops import gemm_timing
 from fastbert.ops.checks import check_device, check_float, check_mask, check_tensor
 from fastbert.ops.common import fused_op, needs_grad, op_seed, save_seed, saved_seed, seed_int
+from fastbert.ops.linear import linear
 from fastbert.ops.padding import heads_packed, heads_padded
 
 # ============================================================================================
@@ -75,10 +78,88 @@ def _fake_fwd(q, k, v, key_mask, scale, dropout_p, seed, return_mask, rope_cos, 
     return _dense_like(q), _lse_like(q, False), _keep_like(q, return_mask, q.shape[0], q.shape[2])
 
 
+# bf16 attention on a CPU that multiplies bf16 natively can run a sequence's two products on the
+# BLAS's bf16 GEMM (csrc/kernels/attention_forward.cpp). Between a model's bf16 products (oneDNN's, on
+# AMX) that gained on long sequences and lost on short ones (benchmarks/LOG.md), and where the two
+# cross depends on the CPU: the shortest length from which it gains is timed here, once per
+# (threads, kernel level) (fastbert.ops.gemm_timing), on batches of sequences of each of
+# BF16_LENGTHS tokens, each call after the QKV product that makes its q, k and v, as a model runs
+# it. The extension's whole-layer routes, which run the attention from C++, take whatever was last
+# chosen (fp32 products until then).
+BF16_LENGTHS = (16, 32, 64, 96, 128, 192, 256, 384, 512)
+_BF16_MIN_LEN = gemm_timing.cache()
+_forced_bf16: list = [None]
+
+
+@contextlib.contextmanager
+def forced_bf16_products(on: bool) -> Iterator[None]:
+    """Inside the block the cpp attention's bf16 forward multiplies in bf16 (on) or in fp32 at every
+    length, whatever was timed faster: for comparisons (on needs the extension's
+    attention_bf16_available())."""
+    previous = _forced_bf16[0]
+    _forced_bf16[0] = 0 if on else -1
+    try:
+        yield
+    finally:
+        _forced_bf16[0] = previous
+
+
+def bf16_min_len(ext) -> int:
+    """The shortest sequence whose bf16 forward multiplies in bf16 here (-1: none), timed at the
+    first call (and set in the extension)."""
+    n = _forced_bf16[0]
+    if n is None:
+        key = gemm_timing.here()
+        n = _BF16_MIN_LEN.get(key)
+        if n is None:
+            n = _BF16_MIN_LEN[key] = _bf16_min_len_timed(ext)
+    if ext.attention_bf16_min_len() != n:
+        ext.set_attention_bf16_min_len(n)
+    return n
+
+
+def _bf16_min_len_timed(ext) -> int:
+    """The shortest of BF16_LENGTHS from which every longer one ran faster on bf16 products; -1."""
+    if not ext.attention_bf16_available():
+        return -1
+    previous = ext.attention_bf16_min_len()
+    try:
+        with torch.inference_mode():
+            faster = [_bf16_faster_at(ext, n) for n in BF16_LENGTHS]
+    finally:
+        ext.set_attention_bf16_min_len(previous)
+    shortest = -1
+    for n, gains in zip(reversed(BF16_LENGTHS), reversed(faster)):
+        if not gains:
+            break
+        shortest = n
+    return shortest
+
+
+def _bf16_faster_at(ext, n: int) -> bool:
+    """Both products timed on sequences of n tokens (about 1,024 in all, 8 heads of 64), each call
+    after its QKV product (fastbert.ops.linear)."""
+    tokens, heads = max(1, 1024 // n) * n, 8
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(tokens, heads * 64, generator=g).bfloat16()
+    w = (torch.randn(3 * heads * 64, heads * 64, generator=g) * 0.02).bfloat16()
+    cu = torch.arange(0, tokens + 1, n, dtype=torch.int32)
+
+    def run(path: str) -> None:
+        ext.set_attention_bf16_min_len(0 if path == "bf16" else -1)
+        q, k, v = linear(x, w, backend="cpp").view(tokens, 3, heads, 64).unbind(1)
+        ext.varlen_attention_forward(q, k, v, cu, n, 0.125, 0.0, 0, False)
+
+    seconds = gemm_timing.time_paths(["fp32", "bf16"], run)
+    return seconds["bf16"] < seconds["fp32"]
+
+
 @fused_op("attention_fwd", _fake_fwd)
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], scale: float, dropout_p: float,
                    seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor], rope_sin: Optional[Tensor],
                    window: int, rel_bias: Optional[Tensor], backend: str) -> Tensors3:
+    if backend == "cpp" and q.dtype == torch.bfloat16:
+        bf16_min_len(fb_backend.impl(backend, "attention"))
     out, lse, keep = fb_backend.impl(backend, "attention").attention_forward(
         q, k, v, key_mask, scale, dropout_p, seed_int(seed), return_mask,
         **_extras(rope_cos, rope_sin, window, rel_bias)
@@ -110,6 +191,8 @@ def varlen_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, ma
                           dropout_p: float, seed: Optional[Tensor], return_mask: bool, rope_cos: Optional[Tensor],
                           rope_sin: Optional[Tensor], window: int, rel_bias: Optional[Tensor],
                           backend: str) -> Tensors3:
+    if backend == "cpp" and q.dtype == torch.bfloat16:
+        bf16_min_len(fb_backend.impl(backend, "attention"))
     out, lse, keep = fb_backend.impl(backend, "attention").varlen_attention_forward(
         q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed_int(seed), return_mask,
         **_extras(rope_cos, rope_sin, window, rel_bias)

@@ -4,6 +4,8 @@ Outputs and dq, dk, dv are compared at real-token positions with the bound of ST
 everything else must be finite. Dropout is checked with the keep-mask each backend reports, which
 must also be the reference's counter-based mask bit for bit.
 """
+import sys
+
 import pytest
 import torch
 
@@ -77,6 +79,29 @@ def test_attention_any_head_dim(backend, head_dim):
         pytest.skip("the triton backend takes head_dim 16, 32, 64, 80, 96, 128; its error is tested below")
     check_attention(backend, 3, 2, 37, head_dim, torch.float32, 0.1, seed=head_dim)
     check_attention(backend, 3, 2, 19, head_dim, torch.bfloat16, 0.0, seed=head_dim)
+
+
+def test_bf16_products_both_ways():
+    """Where the CPU multiplies bf16 natively, the cpp attention's bf16 forward can run a sequence's
+    two products on the BLAS's bf16 GEMM (the weights rounded to bf16) or in fp32, the first from a
+    length timed here: both against fp64 within the bf16 bound, with holes, left padding, dropout,
+    rotary positions and local windows, and the timed length set again after a forced one."""
+    from tests.ops.test_attention_local import check_local
+
+    ext = fastbert.backend.cpp_extension()
+    if ext is None or not ext.attention_bf16_available():
+        pytest.skip("no native bf16 GEMM at this CPU's kernel level: the fp32 products, tested above, are the only path")
+    ops_attention = sys.modules["fastbert.ops.attention"]
+    chosen = ops_attention.bf16_min_len(ext)
+    assert chosen == -1 or chosen in ops_attention.BF16_LENGTHS
+    for on in (False, True):
+        with ops_attention.forced_bf16_products(on):
+            check_attention("cpp", 4, 2, 97, 64, torch.bfloat16, 0.0, seed=1)
+            check_attention("cpp", 3, 2, 200, 64, torch.bfloat16, 0.1, seed=2, left=True)
+            check_local("cpp", 3, 2, 300, 64, torch.bfloat16, 40, seed=3, rotary_base=10000.0, holes=True)
+            assert ext.attention_bf16_min_len() == (0 if on else -1)
+    fastbert.ops.attention(*qkv((1, 1, 3, 64), torch.bfloat16, "cpu", torch.Generator()), backend="cpp")
+    assert ext.attention_bf16_min_len() == chosen
 
 
 def test_attention_left_padding_and_dropout(backend):
