@@ -152,7 +152,8 @@ void use_kernels(const std::vector<std::string>& levels, const std::vector<std::
   g_level = levels.back();
   // bf16 attention products offered where the CPU multiplies bf16 natively (AVX512_BF16 or AMX) at a
   // level of AVX-512 or above: a level capped lower stands for a CPU without them (as the Python
-  // side's backend.native_bf16 reads it). Taken once fastbert.backend has timed them against fp32's.
+  // side's backend.native_bf16 reads it). Taken from the sequence length fastbert.ops.attention
+  // times (bf16_min_len) and sets.
   const bool wide = g_level != "scalar" && g_level != "avx2";
   g_bf16_available.store(wide && gemm_bf16bf16f32_ != nullptr &&
                          (cpu_features_bits() & (kernels::kAvx512Bf16 | kernels::kAmx)) != 0);

@@ -14,9 +14,10 @@
 //   O = (e V) / l                    GEMM, then the row scale on the way out
 //
 // bf16 inputs, where the CPU multiplies bf16 natively, sequences of at least Problem::bf16_min_len
-// tokens (not with DeBERTa's terms or a relative bias): both GEMMs on the BLAS's bf16 GEMM, which reads Q, K (transposed by
-// the BLAS) and V where they lie (rotated into bf16 rows first when rotary), fp32 scores and
-// softmax, e rounded to bf16 for the second product (as flash attention does on GPUs).
+// tokens (not with DeBERTa's terms or a relative bias): both GEMMs on the BLAS's bf16 GEMM, which
+// reads Q, K (transposed by the BLAS) and V where they lie (rotated into bf16 rows first when
+// rotary), fp32 scores and softmax, e rounded to bf16 for the second product (as flash attention
+// does on GPUs).
 #include <algorithm>
 #include <cmath>
 
@@ -85,6 +86,24 @@ void softmax_rows(const Problem& pb, const Seq& sq, int64_t b, int64_t h, int64_
   }
 }
 
+// The key bias of a pair's len rows: 0 for a real key, -inf for a hole and past the sequence
+// (bias [lp + W]).
+inline void fill_key_bias(const Seq& sq, int64_t len, int64_t lp, float* bias) {
+  for (int64_t j = 0; j < lp + W; ++j) bias[j] = j < len && (sq.real == nullptr || sq.real[j]) ? 0.0f : -kInf;
+}
+
+// Output rows i0 .. i0 + m of the pair from the unnormalised block o [m, d], each scaled by rinv.
+template <class T>
+void put_block(const Problem& pb, const Rows<T>& out, const Seq& sq, int64_t b, int64_t h, int64_t i0, int64_t m,
+               const float* o, const float* rinv) {
+  const int64_t d = pb.d;
+  for (int64_t r = 0; r < m; ++r) {
+    T* dst = out.at(b, h, sq.first + i0 + r);
+    const Vf f = vec::set1(rinv[r]);
+    for (int64_t c = 0; c < d; c += W) put_n(dst + c, load_n(o + r * d + c, d - c) * f, d - c, pb.stream);
+  }
+}
+
 // The pair on bf16 products (the header's last paragraph); zero_outside done.
 template <bool kDropout>
 void forward_pair_bf16(const Problem& pb, const Rows<const c10::BFloat16>& q, const Rows<const c10::BFloat16>& k,
@@ -118,7 +137,7 @@ void forward_pair_bf16(const Problem& pb, const Rows<const c10::BFloat16>& q, co
   }
   const B* vr = v.at(b, h, sq.first);
   auto bits = [](const B* p) { return reinterpret_cast<const uint16_t*>(p); };
-  for (int64_t j = 0; j < lp + W; ++j) bias[j] = j < len && (sq.real == nullptr || sq.real[j]) ? 0.0f : -kInf;
+  fill_key_bias(sq, len, lp, bias);
   for (int64_t i0 = 0; i0 < len; i0 += mb) {
     const int64_t m = std::min(mb, len - i0);
     const Span keys = span_of(pb, i0, m, len);
@@ -126,11 +145,7 @@ void forward_pair_bf16(const Problem& pb, const Rows<const c10::BFloat16>& q, co
     gemm_bf16(false, true, m, nk, d, bits(qr + i0 * ldq), ldq, bits(kr + keys.lo * ldk), ldk, s, ls);  // S = Q K^T
     softmax_rows<kDropout>(pb, sq, b, h, i0, m, keys.lo, nk, bias, nullptr, Terms{}, s, ls, rinv, e);
     gemm_bf16(false, false, m, d, nk, bits(e), ls, bits(vr + keys.lo * v.sr), v.sr, o, d);  // O = E V
-    for (int64_t r = 0; r < m; ++r) {
-      B* dst = out.at(b, h, sq.first + i0 + r);
-      const Vf f = vec::set1(rinv[r]);
-      for (int64_t c = 0; c < d; c += W) put_n(dst + c, load_n(o + r * d + c, d - c) * f, d - c, pb.stream);
-    }
+    put_block(pb, out, sq, b, h, i0, m, o, rinv);
   }
 }
 
@@ -175,7 +190,7 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
     qr = fp32_rows(q.at(b, h, sq.first), q.sr, len, d, qbuf, ldq);
     pack_transposed(k.at(b, h, sq.first), k.sr, len, d, kt, lp);
   }
-  for (int64_t j = 0; j < lp + W; ++j) bias[j] = j < len && (sq.real == nullptr || sq.real[j]) ? 0.0f : -kInf;
+  fill_key_bias(sq, len, lp, bias);
   float* rel = nullptr;  // the relative bias by distance, for query rows
   if (pb.relative()) {
     rel = arena.take(relative_size(lp));
@@ -191,11 +206,7 @@ void forward_pair(const Problem& pb, const Rows<const T>& q, const Rows<const T>
     gemm(false, false, m, nk, d, qr + i0 * ldq, ldq, kt + keys.lo, lp, s, ls, false);  // S = Q K^T
     softmax_rows<kDropout>(pb, sq, b, h, i0, m, keys.lo, nk, bias, rel, tm, s, ls, rinv);
     gemm(false, false, m, d, nk, s, ls, vr + keys.lo * ldv, ldv, o, d, false);  // O = E V
-    for (int64_t r = 0; r < m; ++r) {
-      T* dst = out.at(b, h, sq.first + i0 + r);
-      const Vf f = vec::set1(rinv[r]);
-      for (int64_t c = 0; c < d; c += W) put_n(dst + c, load_n(o + r * d + c, d - c) * f, d - c, pb.stream);
-    }
+    put_block(pb, out, sq, b, h, i0, m, o, rinv);
   }
 }
 
