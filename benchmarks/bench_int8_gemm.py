@@ -4,7 +4,9 @@ in the plain layout ([out, in], packed on every call: int8_gemm.cpp) and stored 
 layer's only copy: int8_gemm_packed.cpp), at a few row counts. Milliseconds for the four products,
 the fastest of --rounds rounds in which every case runs in turn, and the multiply-adds a second.
 Which scheme each case runs is the kernels' own choice (csrc/kernels/int8_gemm_schemes.h); every
-case's product is checked exact against int64 once.
+case's product is checked exact against int64 once. On a CPU with AMX int8 tiles (which the packed
+layout runs on), the packed layout is timed a second time with the tiles off ("packed, no AMX": the
+VNNI kernel), so the two compare in one run.
 
     python benchmarks/bench_int8_gemm.py [--rows 21,129,513] [--rounds 3] [--json PATH]
 """
@@ -21,21 +23,31 @@ SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # (in, out)
 CASES = [(127, "plain"), (127, "packed"), (64, "plain"), (64, "packed")]
 
 
+def packed_without_amx(a: torch.Tensor, bp: torch.Tensor) -> torch.Tensor:
+    """The packed GEMM with AMX's tiles off (its VNNI kernel), then on again."""
+    ext = backend.cpp_extension()
+    ext.set_int8_amx(False)
+    try:
+        return backend.cpp_function("int8_gemm_packed")(a, bp)
+    finally:
+        ext.set_int8_amx(True)
+
+
 def measure(rows: int, rounds: int, g: torch.Generator) -> list:
     plain, packed = backend.cpp_function("int8_gemm"), backend.cpp_function("int8_gemm_packed")
+    run = {"plain": lambda a, w: plain(a, w, None), "packed": packed, "packed, no AMX": packed_without_amx}
+    cases = CASES + ([(127, "packed, no AMX")] if backend.cpp_extension().int8_amx_available() else [])
     calls = {}
-    for r, layout in CASES:
+    for r, layout in cases:
         work = []
         for k, n in SHAPES:
             a = torch.randint(-127, 128, (rows, k), generator=g, dtype=torch.int8)
             w = torch.randint(-r, r + 1, (n, k), generator=g, dtype=torch.int8)
-            got = plain(a, w, None) if layout == "plain" else packed(a, layouts.pack_weight(w))
-            if not torch.equal(got.long(), a.long() @ w.long().t()):
+            b = w if layout == "plain" else layouts.pack_weight(w)
+            if not torch.equal(run[layout](a, b).long(), a.long() @ w.long().t()):
                 raise RuntimeError(f"the int8 GEMM is not exact: {layout}, weights in [-{r}, {r}], {rows} rows")
-            work.append((a, w if layout == "plain" else layouts.pack_weight(w)))
-        f = plain if layout == "plain" else packed
-        calls[(r, layout)] = (lambda f=f, work=work, layout=layout: [f(a, w, None) if layout == "plain" else f(a, w)
-                                                                      for a, w in work])
+            work.append((a, b))
+        calls[(r, layout)] = lambda f=run[layout], work=work: [f(a, b) for a, b in work]
     best = {key: float("inf") for key in calls}
     for _ in range(rounds):
         for key, call in calls.items():
@@ -51,7 +63,8 @@ def measure(rows: int, rounds: int, g: torch.Generator) -> list:
 
 
 def print_rows(rows) -> None:
-    print(f"fastbert kernel level {backend.cpu_capability()}, {torch.get_num_threads()} threads")
+    amx = "AMX int8 tiles on" if backend.cpp_extension().int8_amx_available() else "no AMX int8 tiles"
+    print(f"fastbert kernel level {backend.cpu_capability()}, {amx}, {torch.get_num_threads()} threads")
     print("| rows | weights | layout | ms (4 products) | G int-MAC/s |")
     print("|---:|---|---|---:|---:|")
     for r in rows:

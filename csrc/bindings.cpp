@@ -272,6 +272,12 @@ void register_runtime(py::module_& m) {
   m.def("set_attention_bf16_min_len", &fastbert::set_attention_bf16_min_len, py::arg("min_len"),
         "bf16 products for the bf16 attention's sequences of at least min_len tokens (-1: none); returns the "
         "previous setting.");
+  m.def("int8_amx_available", &fastbert::int8_amx_available,
+        "Whether the packed int8 GEMM multiplies on AMX's tiles here (a CPU with AMX-INT8 whose OS grants the "
+        "tile state, at the level avx512_vnni or above).");
+  m.def("set_int8_amx", &fastbert::set_int8_amx, py::arg("on"),
+        "AMX's tiles for the packed int8 GEMM on or off (on by default where available); returns the previous "
+        "setting.");
   m.def("release_cached_memory", &fastbert::detail::release_cached_memory,
         "Unmap the freed large-output mappings the kernels keep for reuse (at most 64 of them, 1 GiB in all, and "
         "never more bytes than were ever in use at once).");

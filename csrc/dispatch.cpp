@@ -10,6 +10,10 @@
 #if defined(__linux__) || defined(__APPLE__)
 #include <dlfcn.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "cpu_ops.h"
 
@@ -69,9 +73,26 @@ void host_parallel_for(int64_t begin, int64_t end, int64_t grain, void (*body)(v
 
 int64_t host_num_threads() { return at::get_num_threads(); }
 
+std::atomic<bool> g_int8_amx_available{false};
+std::atomic<bool> g_int8_amx{false};
+
+bool host_int8_amx() { return g_int8_amx.load(std::memory_order_relaxed); }
+
+// Whether the OS lets this process use AMX's tile registers: Linux grants their state (XTILEDATA,
+// xfeature 18) to a process that asks for it with arch_prctl(ARCH_REQ_XCOMP_PERM) before its first
+// tile instruction; asked once (oneDNN asks the same for torch's own AMX kernels).
+bool amx_permitted() {
+#if defined(__linux__) && defined(__x86_64__)
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+  return granted;
+#else
+  return false;
+#endif
+}
+
 const kernels::Host kHost{&host_parallel_for, &host_num_threads, sgemm_ != nullptr ? &sgemm_ : nullptr,
                           MKL_Set_Num_Threads_Local != nullptr ? &MKL_Set_Num_Threads_Local : nullptr,
-                          gemm_bf16bf16f32_ != nullptr ? &gemm_bf16bf16f32_ : nullptr};
+                          gemm_bf16bf16f32_ != nullptr ? &gemm_bf16bf16f32_ : nullptr, &host_int8_amx};
 
 // The table of the library at `path`, loaded once (and never unloaded: its code may be running).
 const kernels::Table* load_library(const std::string& level, const std::string& path) {
@@ -158,7 +179,21 @@ void use_kernels(const std::vector<std::string>& levels, const std::vector<std::
   g_bf16_available.store(wide && gemm_bf16bf16f32_ != nullptr &&
                          (cpu_features_bits() & (kernels::kAvx512Bf16 | kernels::kAmx)) != 0);
   g_bf16_min_len.store(-1);
+  // int8 GEMMs on AMX's tiles (kernels/int8_gemm_packed.cpp) where the CPU has them, at the level
+  // that multiplies int8 with VNNI (a level capped lower stands for a CPU without either)
+  const bool amx = (t->features & kernels::kAvx512Vnni) != 0 && (cpu_features_bits() & kernels::kAmx) != 0 &&
+                   amx_permitted();
+  g_int8_amx_available.store(amx);
+  g_int8_amx.store(amx);
   g_active.store(t);
+}
+
+bool int8_amx_available() { return g_int8_amx_available.load(); }
+
+bool set_int8_amx(bool on) {
+  TORCH_CHECK(!on || g_int8_amx_available.load(), "fastbert._C.set_int8_amx: this CPU, at the kernel level in use, "
+              "has no AMX int8 tiles this process may use");
+  return g_int8_amx.exchange(on);
 }
 
 bool attention_bf16_available() { return g_bf16_available.load(); }

@@ -316,5 +316,7 @@ def describe() -> str:
                   f"C++ kernels run at: {cpu_capability()}" + (f" (FASTBERT_CPU_CAPABILITY={cap})" if cap else ""),
                   f"native bf16 matrix products: {native_bf16()}",
                   "bf16 attention's products: " + ("bf16 (the BLAS's bf16 GEMM) from a sequence length timed here, fp32 below"
-                                                   if cpp_extension().attention_bf16_available() else "fp32")]
+                                                   if cpp_extension().attention_bf16_available() else "fp32"),
+                  "int8 products on a packed weight: " + ("AMX's tiles (whole blocks of 16 rows), AVX-512 VNNI for the rest"
+                                                          if cpp_extension().int8_amx_available() else "vector kernels")]
     return "\n".join(lines)

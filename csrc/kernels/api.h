@@ -23,7 +23,7 @@
 namespace fastbert {
 namespace kernels {
 
-constexpr int kAbiVersion = 6;
+constexpr int kAbiVersion = 7;
 
 // The activation of a gated linear unit's gate (geglu_forward / _backward): GELU's exact erf form,
 // its tanh approximation (GeGLU), or SiLU, x sigmoid(x) (SwiGLU).
@@ -50,6 +50,9 @@ struct Host {
   Sgemm sgemm;                         // nullptr when torch was built without a BLAS
   int (*blas_threads_local)(int n);    // MKL_Set_Num_Threads_Local: returns the previous count; or nullptr
   Bf16Gemm bf16_gemm;                  // nullptr when the BLAS has no bf16 GEMM
+  // whether the int8 GEMMs may run on AMX's tiles now: the CPU has AMX-INT8, the OS has granted this
+  // process the tile state, the level is avx512_vnni or above, and fastbert._C.set_int8_amx allows it
+  bool (*int8_amx)();
 };
 
 // A per-feature vector [n] (a bias or a LayerNorm weight): float32 or the input's dtype.

@@ -19,6 +19,12 @@
 // and a task whose weight holds it runs the plain loop instead. The threads split the column groups
 // (and the rows, when there are fewer groups than threads, or enough rows for a few tasks a thread:
 // packed_gemm).
+// With AMX (a CPU with AMX-INT8 whose OS grants the tile state, at the VNNI level: Host::int8_amx),
+// the rows in whole 16-row blocks run on the tiles instead: the layout is AMX's own for B (a tile of
+// 16 k-groups x 16 columns x 4 bytes is 16 consecutive k-groups of a panel, rows 64 bytes apart), a
+// tile of A is 16 rows of a read where they lie, and tdpbssd multiplies s8 x s8 into int32 exactly,
+// so nothing is packed or shifted per call; the last m % 16 rows, and k not a multiple of 64, take
+// the vector scheme above (amx_gemm).
 // Other levels: the plain loop over the layout, exact, for models whose weight was packed elsewhere;
 // the layout choice (fastbert.ops.int8.int8_layout) measures the packed GEMM against the other paths.
 #include <algorithm>
@@ -226,7 +232,7 @@ bool block(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t l
 // The tasks: column ranges (tn, whole groups) times row ranges (tm, whole tiles). One task a thread
 // when the rows are few; with more rows, up to kClaimsPerThread a thread, of kMinTaskTiles tiles or
 // more, claimed in turn (for_each_claimed), so that a thread the scheduler holds up does fewer.
-void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
+void vector_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
                  int64_t k) {
   constexpr int64_t kGp = kGroupPanels, kMinTaskTiles = 4;
   const int64_t panels = n / kPanel, groups = ceil_div(panels, kGp), tiles = ceil_div(m, kMr);
@@ -244,6 +250,116 @@ void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int
     }
   };
   for_each_claimed(tm * tn, task);  // at most tm x tn workers: one task each when there are no more
+}
+
+#if defined(FASTBERT_GEMM_VNNI) && defined(__x86_64__) && defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 11)
+#define FASTBERT_GEMM_AMX 1
+constexpr int64_t kAmxRows = 16;         // rows of a tile
+constexpr int64_t kAmxK = 64;            // k-values of a tile of A (16 k-groups of B)
+constexpr int64_t kAmxChunkRows = 256;   // rows of a a task takes at a time (256 x 3,072 bytes stay in L2)
+
+// The tile registers: c in tmm0..3 (row block r, panel p at 2r + p), a's two row blocks in tmm4, 5,
+// b's two panels in tmm6, 7; each 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// c's rows [r, r + 16 R) x panels [p, p + P) (R, P: 1 or 2) over k / 64 steps of tiles.
+template <int R, int P>
+__attribute__((target("amx-tile,amx-int8"))) void amx_block(const int8_t* a, int64_t lda, const int8_t* b, int64_t ps,
+                                                             int32_t* c, int64_t ldc, int64_t k) {
+  _tile_zero(0);
+  if constexpr (P == 2) _tile_zero(1);
+  if constexpr (R == 2) _tile_zero(2);
+  if constexpr (R == 2 && P == 2) _tile_zero(3);
+  for (int64_t kk = 0; kk < k; kk += kAmxK) {
+    const int8_t* bk = b + kk / kGroupK * kPanelVec;
+    _tile_loadd(4, a + kk, lda);
+    _tile_loadd(6, bk, kPanelVec);
+    if constexpr (P == 2) _tile_loadd(7, bk + ps, kPanelVec);
+    if constexpr (R == 2) _tile_loadd(5, a + kAmxRows * lda + kk, lda);
+    _tile_dpbssd(0, 4, 6);
+    if constexpr (P == 2) _tile_dpbssd(1, 4, 7);
+    if constexpr (R == 2) _tile_dpbssd(2, 5, 6);
+    if constexpr (R == 2 && P == 2) _tile_dpbssd(3, 5, 7);
+  }
+  const int64_t stride = ldc * static_cast<int64_t>(sizeof(int32_t));  // c's rows, in bytes
+  _tile_stored(0, c, stride);
+  if constexpr (P == 2) _tile_stored(1, c + kPanel, stride);
+  if constexpr (R == 2) _tile_stored(2, c + kAmxRows * ldc, stride);
+  if constexpr (R == 2 && P == 2) _tile_stored(3, c + kAmxRows * ldc + kPanel, stride);
+}
+
+// Rows [m0, m1) (whole 16-row blocks) x panels [p0, p1) on the tiles, on the calling thread: per
+// chunk of rows, per pair of panels (their b read from L2 for every row block of the chunk), the
+// row blocks in pairs.
+__attribute__((target("amx-tile,amx-int8"))) void amx_task(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c,
+                                                            int64_t ldc, int64_t k, int64_t m0, int64_t m1,
+                                                            int64_t p0, int64_t p1) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = kAmxRows;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  const int64_t ps = ceil_div(k, kGroupK) * kPanelVec;
+  for (int64_t ic = m0; ic < m1; ic += kAmxChunkRows) {
+    const int64_t ie = std::min(m1, ic + kAmxChunkRows);
+    for (int64_t p = p0; p < p1; p += 2) {
+      const int8_t* b = bp + p * ps;
+      int32_t* cp = c + p * kPanel;
+      const bool two = p + 1 < p1;
+      int64_t r = ic;
+      for (; r + 2 * kAmxRows <= ie; r += 2 * kAmxRows) {
+        if (two) {
+          amx_block<2, 2>(a + r * lda, lda, b, ps, cp + r * ldc, ldc, k);
+        } else {
+          amx_block<2, 1>(a + r * lda, lda, b, ps, cp + r * ldc, ldc, k);
+        }
+      }
+      if (r < ie) {
+        if (two) {
+          amx_block<1, 2>(a + r * lda, lda, b, ps, cp + r * ldc, ldc, k);
+        } else {
+          amx_block<1, 1>(a + r * lda, lda, b, ps, cp + r * ldc, ldc, k);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+// The rows in whole 16-row blocks on the tiles, the rest (fewer than 16) on vector_gemm. Tasks as
+// vector_gemm's: column ranges (pairs of panels) times chunks of rows, claimed in turn.
+void amx_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
+              int64_t k) {
+  const int64_t whole = m / kAmxRows * kAmxRows, panels = n / kPanel, pairs = ceil_div(panels, 2);
+  const int64_t threads = std::max<int64_t>(1, num_threads());
+  const int64_t tn = std::min(threads, pairs);
+  const int64_t blocks = whole / kAmxRows;
+  const int64_t tm = std::max<int64_t>(1, std::min(blocks, ceil_div(threads * kClaimsPerThread, tn)));
+  for_each_claimed(tm * tn, [&](int64_t t) {
+    const int64_t i = t / tn, j = t % tn;
+    const int64_t m0 = blocks * i / tm * kAmxRows, m1 = blocks * (i + 1) / tm * kAmxRows;
+    const int64_t p0 = std::min(panels, pairs * j / tn * 2), p1 = std::min(panels, pairs * (j + 1) / tn * 2);
+    if (m0 < m1 && p0 < p1) amx_task(a, lda, bp, c, ldc, k, m0, m1, p0, p1);
+  });
+  if (whole < m) vector_gemm(a + whole * lda, lda, bp, c + whole * ldc, ldc, m - whole, n, k);
+}
+#endif
+
+void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
+                 int64_t k) {
+#if defined(FASTBERT_GEMM_AMX)
+  if (m >= kAmxRows && k % kAmxK == 0 && host().int8_amx != nullptr && host().int8_amx()) {
+    return amx_gemm(a, lda, bp, c, ldc, m, n, k);
+  }
+#endif
+  vector_gemm(a, lda, bp, c, ldc, m, n, k);
 }
 #else
 void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
