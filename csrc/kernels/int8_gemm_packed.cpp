@@ -256,7 +256,7 @@ void vector_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int
 #define FASTBERT_GEMM_AMX 1
 constexpr int64_t kAmxRows = 16;         // rows of a tile
 constexpr int64_t kAmxK = 64;            // k-values of a tile of A (16 k-groups of B)
-constexpr int64_t kAmxChunkRows = 256;   // rows of a a task takes at a time (256 x 3,072 bytes stay in L2)
+constexpr int64_t kAmxChunkRows = 256;   // rows of a that a task takes at a time (256 x 3,072 bytes stay in L2)
 
 // The tile registers: c in tmm0..3 (row block r, panel p at 2r + p), a's two row blocks in tmm4, 5,
 // b's two panels in tmm6, 7; each 16 rows of 64 bytes.
@@ -355,7 +355,7 @@ void amx_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_
 void packed_gemm(const int8_t* a, int64_t lda, const int8_t* bp, int32_t* c, int64_t ldc, int64_t m, int64_t n,
                  int64_t k) {
 #if defined(FASTBERT_GEMM_AMX)
-  if (m >= kAmxRows && k % kAmxK == 0 && host().int8_amx != nullptr && host().int8_amx()) {
+  if (m >= kAmxRows && k % kAmxK == 0 && host().int8_amx()) {  // the host always lends the switch (ABI 7)
     return amx_gemm(a, lda, bp, c, ldc, m, n, k);
   }
 #endif
