@@ -112,14 +112,16 @@ def main(argv=None) -> int:
         print(f"{'call (launches)':34}{'JIT us':>10}{'direct us':>11}{'JIT / direct':>14}")
         for r in rows:
             if "call" in r:
-                print(f"{r['call']:34}{r['jit_us']:10.1f}{r['direct_us']:11.1f}{r['ratio']:13.2f}x")
+                print(f"{r['call']:34} {r['jit_us']:9.1f} {r['direct_us']:10.1f} {r['ratio']:12.2f}x")
         print(f"# a layer: half of a 3-layer stack less a 1-layer one ({LAYER_SIZES}); floor: its aten calls alone")
         print(f"{'layer (launches)':40}{'Python us':>10}{'C++ us':>9}{'Python / C++':>14}{'floor us':>10}"
               f"{'own Py':>8}{'own C++':>9}")
         for r in rows:
             if "layer" in r:
-                print(f"{r['layer']:40}{r['python_us']:10.1f}{r['cpp_us']:9.1f}{r['ratio']:13.2f}x"
-                      f"{r['floor_us']:10.1f}{r['python_us'] - r['floor_us']:8.1f}{r['cpp_us'] - r['floor_us']:9.1f}")
+                # a space before each figure: at a few calls a layer's us (a difference of two times) can be
+                # near zero or below, and its ratio wider than its column, which must not run into the next
+                print(f"{r['layer']:40} {r['python_us']:9.1f} {r['cpp_us']:8.1f} {r['ratio']:12.2f}x"
+                      f" {r['floor_us']:9.1f} {r['python_us'] - r['floor_us']:7.1f} {r['cpp_us'] - r['floor_us']:8.1f}")
 
     finish(rows, show, argv, json_path=args.json)
     return 0
