@@ -12,6 +12,7 @@ The levels, lowest first (x86-64; other machines build "scalar" only):
   avx2         -march=x86-64-v3   AVX2, FMA, F16C (Haswell, Zen 1-3 and later)
   avx512       -march=x86-64-v4   AVX-512 F/BW/CD/DQ/VL (Skylake-SP, Zen 4 and later)
   avx512_vnni  + -mavx512vnni     the int8 GEMM only; the other kernels come from avx512
+  (amx)                           no library: avx512_vnni's, its packed int8 GEMM on AMX's tiles
 
 At import, fastbert picks the highest level the CPU runs (FASTBERT_CPU_CAPABILITY caps it; see
 fastbert.backend.cpu_capability). One build therefore runs, at full speed, on every CPU it lands on.

@@ -255,13 +255,14 @@ void register_data_ops(py::module_& m) {
 void register_runtime(py::module_& m) {
   m.def("cpu_levels", &fastbert::cpu_levels,
         "The instruction-set levels this CPU (and its OS) can run, lowest first (\"scalar\", \"avx2\", \"avx512\", "
-        "\"avx512_vnni\").");
+        "\"avx512_vnni\", \"amx\").");
   m.def("cpu_features", &fastbert::cpu_features,
         "The instruction-set extensions this CPU (and its OS) supports among \"avx2\" (with FMA, F16C), "
         "\"avx512\" (F, BW, CD, DQ, VL), \"avx512_vnni\", \"avx512_bf16\" and \"amx\" (TILE, INT8, BF16).");
   m.def("use_kernels", &fastbert::use_kernels, py::arg("levels"), py::arg("paths"),
         "Run every kernel from the kernel libraries at `paths` (one per level in `levels`, lowest first; each "
-        "library's kernels stand over the ones below). Loads each library once.");
+        "library's kernels stand over the ones below; \"amx\" has no library: its path is empty). Loads each "
+        "library once.");
   m.def("kernel_level", &fastbert::kernel_level, "The level of the kernels in use (\"\" before use_kernels).");
   m.def("attention_bf16_available", &fastbert::attention_bf16_available,
         "Whether the bf16 attention's forward can multiply on the BLAS's bf16 GEMM here (a CPU that multiplies "
@@ -272,12 +273,9 @@ void register_runtime(py::module_& m) {
   m.def("set_attention_bf16_min_len", &fastbert::set_attention_bf16_min_len, py::arg("min_len"),
         "bf16 products for the bf16 attention's sequences of at least min_len tokens (-1: none); returns the "
         "previous setting.");
-  m.def("int8_amx_available", &fastbert::int8_amx_available,
-        "Whether the packed int8 GEMM multiplies on AMX's tiles here (a CPU with AMX-INT8 whose OS grants the "
-        "tile state, at the level avx512_vnni or above).");
-  m.def("set_int8_amx", &fastbert::set_int8_amx, py::arg("on"),
-        "AMX's tiles for the packed int8 GEMM on or off (on by default where available); returns the previous "
-        "setting.");
+  m.def("int8_amx", &fastbert::int8_amx,
+        "Whether the packed int8 GEMM multiplies on AMX's tiles at the level in use (amx, or native on a CPU "
+        "with AMX-INT8 whose OS grants the tile state).");
   m.def("release_cached_memory", &fastbert::detail::release_cached_memory,
         "Unmap the freed large-output mappings the kernels keep for reuse (at most 64 of them, 1 GiB in all, and "
         "never more bytes than were ever in use at once).");

@@ -169,8 +169,7 @@ std::string kernel_level();  // the level of the topmost library in use, "" befo
 bool attention_bf16_available();  // whether bf16 attention can multiply in bf16 here (AttnArgs::bf16_min_len)
 int64_t attention_bf16_min_len();  // from which sequence length it does (-1: none; -1 after use_kernels)
 int64_t set_attention_bf16_min_len(int64_t min_len);  // returns the previous setting; >= 0 needs available
-bool int8_amx_available();  // whether the packed int8 GEMM can multiply on AMX's tiles here
-bool set_int8_amx(bool on);  // returns the previous setting; on needs available (the default where it is)
+bool int8_amx();  // whether the packed int8 GEMM multiplies on AMX's tiles at the level in use
 
 namespace detail {
 

@@ -3,6 +3,7 @@
 // by FASTBERT_CPU_CAPABILITY) and hands the libraries' paths to use_kernels.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -43,7 +44,11 @@ constexpr Level kLevels[] = {
     {"avx2", kernels::kAvx2},
     {"avx512", kernels::kAvx2 | kernels::kAvx512},
     {"avx512_vnni", kernels::kAvx2 | kernels::kAvx512 | kernels::kAvx512Vnni},
+    // no library of its own: avx512_vnni's kernels, with the packed int8 GEMM's whole 16-row blocks on
+    // AMX's tiles (kernels/int8_gemm_packed.cpp); also needs the OS to grant the tile state
+    {"amx", kernels::kAvx2 | kernels::kAvx512 | kernels::kAvx512Vnni | kernels::kAmx},
 };
+constexpr const char* kLibrarylessLevel = "amx";
 
 // The Feature bits this CPU and its OS support (the compiler's cpuid + xgetbv checks).
 uint64_t cpu_features_bits() {
@@ -73,7 +78,6 @@ void host_parallel_for(int64_t begin, int64_t end, int64_t grain, void (*body)(v
 
 int64_t host_num_threads() { return at::get_num_threads(); }
 
-std::atomic<bool> g_int8_amx_available{false};
 std::atomic<bool> g_int8_amx{false};
 
 bool host_int8_amx() { return g_int8_amx.load(std::memory_order_relaxed); }
@@ -145,7 +149,7 @@ std::vector<std::string> cpu_levels() {
   std::vector<std::string> out;
   const uint64_t have = cpu_features_bits();
   for (const Level& l : kLevels) {
-    if ((l.features & ~have) == 0) out.emplace_back(l.name);
+    if ((l.features & ~have) == 0 && ((l.features & kernels::kAmx) == 0 || amx_permitted())) out.emplace_back(l.name);
   }
   return out;
 }
@@ -155,7 +159,16 @@ void use_kernels(const std::vector<std::string>& levels, const std::vector<std::
               "fastbert._C.use_kernels: needs one path per level, at least one");
   std::lock_guard<std::mutex> lock(g_mutex);
   auto* t = new kernels::Table();  // never freed: another thread may still be reading the previous one
+  const std::vector<std::string> runnable = cpu_levels();
   for (size_t i = 0; i < levels.size(); ++i) {
+    if (paths[i].empty()) {  // a level without a library: it changes how the ones below run
+      TORCH_CHECK(levels[i] == kLibrarylessLevel && i > 0 && levels[i - 1] == "avx512_vnni",
+                  "fastbert._C.use_kernels: only the level ", kLibrarylessLevel,
+                  " has no library, and it stands over avx512_vnni; got ", levels[i], " with no path");
+      TORCH_CHECK(std::find(runnable.begin(), runnable.end(), levels[i]) != runnable.end(), "fastbert._C.use_kernels: ",
+                  "this CPU (or its OS) does not run the level ", levels[i]);
+      continue;
+    }
     const kernels::Table* lib = load_library(levels[i], paths[i]);
 #define FASTBERT_OVERLAY(name, ret, ...) \
   if (lib->name != nullptr) t->name = lib->name;
@@ -179,22 +192,16 @@ void use_kernels(const std::vector<std::string>& levels, const std::vector<std::
   g_bf16_available.store(wide && gemm_bf16bf16f32_ != nullptr &&
                          (cpu_features_bits() & (kernels::kAvx512Bf16 | kernels::kAmx)) != 0);
   g_bf16_min_len.store(-1);
-  // int8 GEMMs on AMX's tiles (kernels/int8_gemm_packed.cpp) where the CPU has them, at the level
-  // that multiplies int8 with VNNI (a level capped lower stands for a CPU without either)
-  const bool amx = (t->features & kernels::kAvx512Vnni) != 0 && (cpu_features_bits() & kernels::kAmx) != 0 &&
-                   amx_permitted();
-  g_int8_amx_available.store(amx);
-  g_int8_amx.store(amx);
+  // int8 GEMMs on AMX's tiles (kernels/int8_gemm_packed.cpp) at the level amx, and at native (built
+  // for this CPU: everything it has) where the CPU has them and the library multiplies int8 with VNNI;
+  // avx512_vnni and below stand for a CPU without them
+  const bool native_amx = g_level == "native" && (t->features & kernels::kAvx512Vnni) != 0 &&
+                          (cpu_features_bits() & kernels::kAmx) != 0 && amx_permitted();
+  g_int8_amx.store(g_level == kLibrarylessLevel || native_amx);
   g_active.store(t);
 }
 
-bool int8_amx_available() { return g_int8_amx_available.load(); }
-
-bool set_int8_amx(bool on) {
-  TORCH_CHECK(!on || g_int8_amx_available.load(), "fastbert._C.set_int8_amx: this CPU, at the kernel level in use, "
-              "has no AMX int8 tiles this process may use");
-  return g_int8_amx.exchange(on);
-}
+bool int8_amx() { return g_int8_amx.load(); }
 
 bool attention_bf16_available() { return g_bf16_available.load(); }
 

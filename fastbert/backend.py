@@ -7,7 +7,8 @@ Every op in `fastbert.ops` runs on one of three backends (see DESIGN.md):
 Optional imports (triton, the extension) are guarded here and nowhere else.
 
 The "cpp" kernels are compiled once per instruction-set level (setup.py builds one library per
-level: "scalar", "avx2", "avx512", "avx512_vnni", and "native" when asked for); when fastbert is
+level: "scalar", "avx2", "avx512", "avx512_vnni", and "native" when asked for; the level "amx" has
+no library: avx512_vnni's kernels with the packed int8 GEMM on AMX's tiles); when fastbert is
 imported, the highest level this CPU runs is loaded, or the highest at or below
 FASTBERT_CPU_CAPABILITY when that is set (for tests, and to reproduce another machine).
 `cpu_capability()` says which runs, `cpu_capabilities()` which could.
@@ -54,9 +55,10 @@ def cpp_extension():
 
 
 # The kernel libraries' levels, lowest first; each of FULL_LEVELS holds every kernel, the others add to the
-# one below them (avx512_vnni: the int8 GEMM).
-LEVELS = ("scalar", "avx2", "avx512", "avx512_vnni", "native")
+# one below them (avx512_vnni: the int8 GEMM; amx: no library, the tiles under avx512_vnni's int8 GEMM).
+LEVELS = ("scalar", "avx2", "avx512", "avx512_vnni", "amx", "native")
 FULL_LEVELS = ("scalar", "avx2", "avx512", "native")
+NO_LIBRARY = {"amx": "avx512_vnni"}  # a level without a library of its own: the level it stands over
 
 
 def library(level: str) -> Optional[str]:
@@ -75,7 +77,10 @@ def _runnable(ext) -> List[str]:
     """The levels this CPU runs and this build has, lowest first ("native" when it was built for a
     CPU like this one: loading it checks); found once."""
     if not _runnable_levels:
-        levels = [lv for lv in ext.cpu_levels() if library(lv) is not None]
+        levels = []
+        for lv in ext.cpu_levels():
+            if library(lv) is not None or NO_LIBRARY.get(lv) in levels:
+                levels.append(lv)
         if library("native") is not None:
             try:
                 ext.use_kernels(["native"], [library("native")])
@@ -107,12 +112,12 @@ def _use_level(ext, level: str) -> None:
     chain = runnable[:runnable.index(level) + 1]
     first = max(i for i, lv in enumerate(chain) if lv in FULL_LEVELS)
     chain = chain[first:]
-    ext.use_kernels(chain, [library(lv) for lv in chain])
+    ext.use_kernels(chain, ["" if lv in NO_LIBRARY else library(lv) for lv in chain])
 
 
 def cpu_capability() -> Optional[str]:
-    """The instruction-set level the C++ kernels run at ("scalar", "avx2", "avx512", "avx512_vnni" or
-    "native"), None when the extension is not built."""
+    """The instruction-set level the C++ kernels run at ("scalar", "avx2", "avx512", "avx512_vnni",
+    "amx" or "native"), None when the extension is not built."""
     ext = cpp_extension()
     return None if ext is None else ext.kernel_level()
 
@@ -318,5 +323,5 @@ def describe() -> str:
                   "bf16 attention's products: " + ("bf16 (the BLAS's bf16 GEMM) from a sequence length timed here, fp32 below"
                                                    if cpp_extension().attention_bf16_available() else "fp32"),
                   "int8 products on a packed weight: " + ("AMX's tiles (whole blocks of 16 rows), AVX-512 VNNI for the rest"
-                                                          if cpp_extension().int8_amx_available() else "vector kernels")]
+                                                          if cpp_extension().int8_amx() else "vector kernels")]
     return "\n".join(lines)

@@ -225,16 +225,17 @@ def test_packed_int8_gemm_is_exact_whatever_the_threads_and_their_claims(level):
 
 
 def test_packed_int8_gemm_on_amx_tiles_is_exact():
-    """Where the CPU has AMX-INT8 (and the OS grants its tiles), the packed GEMM runs whole blocks of 16
-    rows on them and the rest on the vector kernels: exact against the int64 product and equal to the
-    vector kernels alone, with the tiles' every edge: 16 to 33 rows and a large row count, one panel
-    and an odd number of panels, k of one tile and of many, strided rows, every int8 value (tdpbssd
-    multiplies s8 x s8), at 1, 2 and 3 threads; k not a multiple of 64 stays on the vector kernels."""
+    """At the level amx (a CPU with AMX-INT8 whose OS grants its tiles), the packed GEMM runs whole
+    blocks of 16 rows on them and the rest on the vector kernels: exact against the int64 product and
+    equal to the vector kernels alone (the level avx512_vnni), with the tiles' every edge: 16 to 33
+    rows and a large row count, one panel and an odd number of panels, k of one tile and of many,
+    strided rows, every int8 value (tdpbssd multiplies s8 x s8), at 1, 2 and 3 threads; k not a
+    multiple of 64 stays on the vector kernels."""
     require("cpp")
+    if "amx" not in fastbert.backend.cpu_capabilities():
+        pytest.skip("no AMX int8 tiles here (the CPU, its OS, or a build without the avx512_vnni library): the "
+                    "vector kernels, tested above, are the only path")
     ext = fastbert.backend.cpp_extension()
-    if not ext.int8_amx_available():
-        pytest.skip("no AMX int8 tiles here (the CPU, its OS or the kernel level): the vector kernels, tested above, "
-                    "are the only path")
     gemm_fn = fastbert.backend.cpp_function("int8_gemm_packed")
     g = torch.Generator().manual_seed(17)
     shapes = [(16, 64, 16), (17, 64, 48), (31, 128, 32), (32, 768, 80), (33, 3072, 16), (300, 768, 2304),
@@ -249,30 +250,39 @@ def test_packed_int8_gemm_on_amx_tiles_is_exact():
                 a[0], w[0] = -128, -128
                 packed = fastbert.ops.pack_int8_weight(w)
                 want = a.long() @ w.long().t()
-                ext.set_int8_amx(True)
-                on = gemm_fn(a, packed)
-                ext.set_int8_amx(False)
-                off = gemm_fn(a, packed)
+                with fastbert.backend.cpu_capability_scope("amx"):
+                    assert ext.int8_amx()
+                    on = gemm_fn(a, packed)
+                with fastbert.backend.cpu_capability_scope("avx512_vnni"):
+                    assert not ext.int8_amx()
+                    off = gemm_fn(a, packed)
                 assert torch.equal(on.long(), want), (threads, m, k, n)
                 assert torch.equal(off, on), (threads, m, k, n)
     finally:
-        ext.set_int8_amx(True)
         torch.set_num_threads(before)
 
 
-def test_amx_is_offered_only_where_it_runs():
-    """set_int8_amx(True) where the tiles are not available is a one-line error; below the VNNI
-    level (a capped level stands for a CPU without it) they are not available."""
+def test_amx_runs_only_at_its_level():
+    """The tiles run at the level amx only: it is offered where the CPU has AMX-INT8 and the library
+    below it, and the levels below it (a capped level stands for a CPU without AMX) keep them off;
+    use_kernels refuses the level without a library anywhere but over avx512_vnni, and where the CPU
+    cannot run it, with one line each."""
     require("cpp")
     ext = fastbert.backend.cpp_extension()
-    if not ext.int8_amx_available():
-        with pytest.raises(RuntimeError, match="no AMX int8 tiles"):
-            ext.set_int8_amx(True)
-        assert ext.set_int8_amx(False) is False
-    lower = [level for level in fastbert.backend.cpu_capabilities() if level in ("scalar", "avx2", "avx512")]
-    for level in lower:
-        with fastbert.backend.cpu_capability_scope(level):
-            assert not ext.int8_amx_available(), level
+    levels = fastbert.backend.cpu_capabilities()
+    assert ("amx" in levels) == ("amx" in ext.cpu_levels() and "avx512_vnni" in levels)
+    if "amx" in ext.cpu_levels():  # the CPU has the tiles and its OS grants them
+        assert "amx" in fastbert.backend.cpu_features()
+    for level in levels:
+        if level != "native":
+            with fastbert.backend.cpu_capability_scope(level):
+                assert ext.int8_amx() == (level == "amx"), level
+    with pytest.raises(RuntimeError, match="only the level amx has no library"):
+        ext.use_kernels(["scalar", "amx"], [fastbert.backend.library("scalar"), ""])
+    if "amx" not in ext.cpu_levels() and "avx512_vnni" in levels:
+        with pytest.raises(RuntimeError, match="does not run the level amx"):
+            ext.use_kernels(["avx512", "avx512_vnni", "amx"],
+                            [fastbert.backend.library("avx512"), fastbert.backend.library("avx512_vnni"), ""])
 
 
 @pytest.mark.parametrize("k", [1, 4, 7, 768])
