@@ -145,6 +145,22 @@ void register_int8(py::module_& m) {
       "(y, q, scale, offset): y = layer_norm(h) * weight + ln_bias in residual's dtype, h = the dequantized acc + "
       "residual, and quantize_rows(y) when `quantize` (else empty tensors). return_sum: (y, q, scale, offset, h), "
       "h in residual's dtype, written in the same pass.");
+  m.def("int8_packed_dequantize", &fastbert::int8_packed_dequantize, py::arg("a"), py::arg("bp"), py::arg("row_scale"),
+        py::arg("row_offset"), py::arg("col_scale"), py::arg("bias"), py::arg("dtype"), NoGil(),
+        "int8_dequantize of the product a [rows + 1, k] @ bp^T (bp packed), made in chunks of rows that the "
+        "epilogue takes while they are in cache.");
+  m.def("int8_packed_bias_gelu", &fastbert::int8_packed_bias_gelu, py::arg("a"), py::arg("bp"), py::arg("row_scale"),
+        py::arg("row_offset"), py::arg("col_scale"), py::arg("bias"), py::arg("approximate") = "none", NoGil(),
+        "int8_bias_gelu of the product a [rows + 1, k] @ bp^T (bp packed), in chunks of rows.");
+  m.def("int8_packed_add_layer_norm", &fastbert::int8_packed_add_layer_norm, py::arg("a"), py::arg("bp"),
+        py::arg("row_scale"), py::arg("row_offset"), py::arg("col_scale"), py::arg("bias"), py::arg("residual"),
+        py::arg("weight"), py::arg("ln_bias"), py::arg("eps"), py::arg("quantize"), py::arg("return_sum") = false,
+        NoGil(),
+        "int8_add_layer_norm of the product a [rows + 1, k] @ bp^T (bp packed), in chunks of rows: (y, q, scale, "
+        "offset, h), q / scale / offset empty unless `quantize`, h undefined unless return_sum.");
+  m.def("set_int8_chunk_rows", &fastbert::set_int8_chunk_rows, py::arg("rows"),
+        "The rows a chunk of the int8_packed_* products takes: -1 none (the whole accumulator first), 0 by the "
+        "product's width (the default), else that many; returns the previous setting.");
   m.def("int8_gemm", &fastbert::int8_gemm, py::arg("a"), py::arg("b"), py::arg("out") = py::none(), NoGil(),
         "c [m, n] int32 = a [m, k] int8 @ b [n, k] int8 ^T, exact, on the kernel library's int8 GEMM (rows of a "
         "and b contiguous); written into `out` (contiguous int32 [m, n]) when given.");

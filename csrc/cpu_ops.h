@@ -112,6 +112,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_
     const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
     const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
     double eps, bool quantize, bool return_sum);
+// The same three on the product a [rows + 1, k] (quantized rows) @ bp^T (a packed weight) instead of its
+// accumulator, made in chunks of rows each of which its epilogue takes while it is in cache (the same
+// bits as the product, then the op).
+at::Tensor int8_packed_dequantize(const at::Tensor& a, const at::Tensor& bp, const at::Tensor& row_scale,
+                                  const at::Tensor& row_offset, const at::Tensor& col_scale,
+                                  const c10::optional<at::Tensor>& bias, at::ScalarType dtype);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_packed_bias_gelu(const at::Tensor& a, const at::Tensor& bp,
+                                                                     const at::Tensor& row_scale,
+                                                                     const at::Tensor& row_offset,
+                                                                     const at::Tensor& col_scale,
+                                                                     const at::Tensor& bias,
+                                                                     const std::string& approximate);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_packed_add_layer_norm(
+    const at::Tensor& a, const at::Tensor& bp, const at::Tensor& row_scale, const at::Tensor& row_offset,
+    const at::Tensor& col_scale, const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight,
+    const at::Tensor& ln_bias, double eps, bool quantize, bool return_sum);
+// The rows a chunk of those products takes: -1 none (the whole accumulator first), 0 by the product's
+// width (the default), else that many; returns the previous setting.
+int64_t set_int8_chunk_rows(int64_t rows);
 // c [m, n] int32 = a [m, k] int8 . b [n, k] int8 ^T, exact (kernels/int8_gemm.cpp); into `out` when given.
 at::Tensor int8_gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& out);
 // the same with b packed (bp [n / 16, ceil(k / 4), 16, 4], kernels/int8_gemm_packed.cpp), int32 [m, n]

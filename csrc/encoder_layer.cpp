@@ -219,14 +219,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_encoder_layer_fo
   const at::Tensor x = hidden.contiguous();
   // w: QKV (int8 weight, scale, bias), output (weight, scale, bias), norm1 (weight, bias), FFN in
   // (weight, scale, bias), FFN out (weight, scale, bias), norm2 (weight, bias)
-  const at::Tensor qkv = int8_dequantize(int8_product(hq, w[0], paths[0]), hs, ho, w[1], w[2], x.scalar_type());
+  // a packed weight's product goes to its epilogue in chunks of rows (int8_packed_*), the others whole
+  const at::Tensor qkv = paths[0] == kPacked
+                             ? int8_packed_dequantize(hq, w[0], hs, ho, w[1], w[2], x.scalar_type())
+                             : int8_dequantize(int8_product(hq, w[0], paths[0]), hs, ho, w[1], w[2], x.scalar_type());
   const at::Tensor ctx = attend(qkv, 0, 0, heads, c10::nullopt, cu_seqlens, max_seqlen, rel_bias).contiguous();
   auto [cq, cs, co] = quantize_rows(ctx);
-  auto [h1, q1, s1, o1, unused1] = int8_add_layer_norm(int8_product(cq, w[3], paths[1]), cs, co, w[4], w[5], x,
-                                                       w[6], w[7], eps1, true, false);
-  auto [iq, is, io] = int8_bias_gelu(int8_product(q1, w[8], paths[2]), s1, o1, w[9], w[10], approximate);
-  auto [h2, q2, s2, o2, unused2] = int8_add_layer_norm(int8_product(iq, w[11], paths[3]), is, io, w[12], w[13], h1,
-                                                       w[14], w[15], eps2, quantize_out, false);
+  auto add_norm = [&](const at::Tensor& a, const at::Tensor& as, const at::Tensor& ao, size_t i, int64_t path,
+                      const at::Tensor& residual, double eps, bool quantize) {
+    return path == kPacked ? int8_packed_add_layer_norm(a, w[i], as, ao, w[i + 1], w[i + 2], residual, w[i + 3],
+                                                        w[i + 4], eps, quantize, false)
+                           : int8_add_layer_norm(int8_product(a, w[i], path), as, ao, w[i + 1], w[i + 2], residual,
+                                                 w[i + 3], w[i + 4], eps, quantize, false);
+  };
+  auto [h1, q1, s1, o1, unused1] = add_norm(cq, cs, co, 3, paths[1], x, eps1, true);
+  auto [iq, is, io] = paths[2] == kPacked
+                          ? int8_packed_bias_gelu(q1, w[8], s1, o1, w[9], w[10], approximate)
+                          : int8_bias_gelu(int8_product(q1, w[8], paths[2]), s1, o1, w[9], w[10], approximate);
+  auto [h2, q2, s2, o2, unused2] = add_norm(iq, is, io, 11, paths[3], h1, eps2, quantize_out);
   return {h2, q2, s2, o2};
 }
 

@@ -476,6 +476,60 @@ def test_the_cpp_kernels_take_torchs_int8_gemm_outputs_end_to_end():
     assert ((y.double() - want).abs() <= 1.01 * bound + 1e-4).all()
 
 
+@pytest.mark.parametrize("chunk", [-1, 0, 16, 48])
+@pytest.mark.parametrize("rows, k, n", [(1, 64, 32), (17, 72, 48), (100, 64, 80), (161, 128, 32)])
+def test_packed_products_in_chunks_are_the_accumulator_ops(rows, k, n, chunk):
+    """int8_packed_* (the product of a packed weight handed to its epilogue a chunk of rows at a time,
+    as the C++ int8 layers run it) give the bits of the whole accumulator's op: every chunk length,
+    the last chunk short, a single row, k not a multiple of the tiles', at the levels this CPU runs
+    (the tiles' and the vector kernels' rows)."""
+    require("cpp")
+    ext = fastbert.backend.cpp_extension()
+    g = torch.Generator().manual_seed(rows * 7 + k + n)
+    q, s, o = fastbert.ops.quantize_rows(torch.randn(rows, k, generator=g) + 0.3)
+    packed = fastbert.ops.pack_int8_weight(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
+    cs, b = torch.rand(n, generator=g) * 1e-2, torch.randn(n, generator=g)
+    residual, lw, lb = torch.randn(rows, n, generator=g), torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g)
+    previous = ext.set_int8_chunk_rows(chunk)
+    try:
+        for level in fastbert.backend.cpu_capabilities():
+            with fastbert.backend.cpu_capability_scope(level):
+                acc = ext.int8_gemm_packed(q, packed)
+                assert torch.equal(ext.int8_packed_dequantize(q, packed, s, o, cs, b, torch.float32),
+                                   ext.int8_dequantize(acc, s, o, cs, b, torch.float32)), level
+                for approximate in ("none", "tanh"):
+                    for got, want in zip(ext.int8_packed_bias_gelu(q, packed, s, o, cs, b, approximate),
+                                         ext.int8_bias_gelu(acc, s, o, cs, b, approximate)):
+                        assert torch.equal(got, want), (level, approximate)
+                for quantize in (True, False):
+                    got = ext.int8_packed_add_layer_norm(q, packed, s, o, cs, b, residual, lw, lb, 1e-5, quantize,
+                                                         True)
+                    want = ext.int8_add_layer_norm(acc, s, o, cs, b, residual, lw, lb, 1e-5, quantize, True)
+                    for x, y in zip(got, want):
+                        assert torch.equal(x, y), (level, quantize)
+    finally:
+        ext.set_int8_chunk_rows(previous)
+
+
+def test_packed_products_refuse_bad_input_in_one_line():
+    require("cpp")
+    ext = fastbert.backend.cpp_extension()
+    q, s, o = fastbert.ops.quantize_rows(torch.randn(5, 64))
+    packed = fastbert.ops.pack_int8_weight(torch.ones(32, 64, dtype=torch.int8))
+    for call, message in [
+        (lambda: ext.int8_packed_dequantize(q, packed[:, :8], s, o, torch.ones(32), None, torch.float32),
+         "bp must be a contiguous int8 weight packed"),
+        (lambda: ext.int8_packed_dequantize(q.float(), packed, s, o, torch.ones(32), None, torch.float32),
+         "a must be a 2-D int8"),
+        (lambda: ext.int8_packed_bias_gelu(q, packed, s[:3], o, torch.ones(32), torch.zeros(32)),
+         "row scales and offsets must be contiguous float32 [5]"),
+        (lambda: ext.set_int8_chunk_rows(-2), "rows must be -1 (off), 0"),
+    ]:
+        with pytest.raises(RuntimeError) as e:
+            call()
+        assert message in str(e.value) and "\n" not in str(e.value).strip(), str(e.value)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: fastbert.ops.quantize_rows(torch.zeros(2, 3, 4)), "must be 2-D"),
     (lambda: fastbert.ops.quantize_rows(torch.zeros(2, 3, dtype=torch.int32)), "dtype"),
