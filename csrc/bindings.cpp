@@ -152,6 +152,10 @@ void register_int8(py::module_& m) {
   m.def("int8_packed_bias_gelu", &fastbert::int8_packed_bias_gelu, py::arg("a"), py::arg("bp"), py::arg("row_scale"),
         py::arg("row_offset"), py::arg("col_scale"), py::arg("bias"), py::arg("approximate") = "none", NoGil(),
         "int8_bias_gelu of the product a [rows + 1, k] @ bp^T (bp packed), in chunks of rows.");
+  m.def("int8_packed_glu", &fastbert::int8_packed_glu, py::arg("a"), py::arg("bp"), py::arg("row_scale"),
+        py::arg("row_offset"), py::arg("col_scale"), py::arg("bias") = py::none(), py::arg("gate") = "none", NoGil(),
+        "int8_glu of the product a [rows + 1, k] @ bp^T (bp packed, the gate's and the up product's joined), in "
+        "chunks of rows.");
   m.def("int8_packed_add_layer_norm", &fastbert::int8_packed_add_layer_norm, py::arg("a"), py::arg("bp"),
         py::arg("row_scale"), py::arg("row_offset"), py::arg("col_scale"), py::arg("bias"), py::arg("residual"),
         py::arg("weight"), py::arg("ln_bias"), py::arg("eps"), py::arg("quantize"), py::arg("return_sum") = false,

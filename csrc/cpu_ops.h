@@ -112,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_add_
     const at::Tensor& acc, const at::Tensor& row_scale, const at::Tensor& row_offset, const at::Tensor& col_scale,
     const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& ln_bias,
     double eps, bool quantize, bool return_sum);
-// The same three on the product a [rows + 1, k] (quantized rows) @ bp^T (a packed weight) instead of its
+// The same four on the product a [rows + 1, k] (quantized rows) @ bp^T (a packed weight) instead of its
 // accumulator, made in chunks of rows each of which its epilogue takes while it is in cache (the same
 // bits as the product, then the op).
 at::Tensor int8_packed_dequantize(const at::Tensor& a, const at::Tensor& bp, const at::Tensor& row_scale,
@@ -124,6 +124,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_packed_bias_gelu(const at::T
                                                                      const at::Tensor& col_scale,
                                                                      const at::Tensor& bias,
                                                                      const std::string& approximate);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_packed_glu(const at::Tensor& a, const at::Tensor& bp,
+                                                               const at::Tensor& row_scale, const at::Tensor& row_offset,
+                                                               const at::Tensor& col_scale,
+                                                               const c10::optional<at::Tensor>& bias,
+                                                               const std::string& gate);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> int8_packed_add_layer_norm(
     const at::Tensor& a, const at::Tensor& bp, const at::Tensor& row_scale, const at::Tensor& row_offset,
     const at::Tensor& col_scale, const at::Tensor& bias, const at::Tensor& residual, const at::Tensor& weight,

@@ -237,18 +237,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_packed_bias_gelu(const at::T
                              approximate, packed_rows(op, a, bp));
 }
 
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_quantized(const char* op, const Int8Acc& a, const std::string& gate,
+                                                             const AccRows& rows_of) {
+  TORCH_CHECK(a.n % 2 == 0, "fastbert._C.", op, ": acc must hold the gate's and the up product's columns, an even "
+              "number, got ", a.n);
+  const kernels::Gate g = detail::gate_of(op, gate);
+  Quantized out(a.rows, a.n / 2);
+  if (a.rows > 0 && a.n > 0) {
+    const Int8Rows q = out.rows();
+    rows_of(a, [&](const Int8Acc& part, int64_t r0) {
+      detail::kernels_for(op).int8_glu(part, g, rows_from(q, r0, a.n / 2));
+    });
+  }
+  return out.tuple();
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_glu(const at::Tensor& acc, const at::Tensor& row_scale,
                                                         const at::Tensor& row_offset, const at::Tensor& col_scale,
                                                         const c10::optional<at::Tensor>& bias, const std::string& gate) {
   const char* op = "int8_glu";
   at::Tensor bias_c;
-  const Int8Acc a = check_acc(op, acc, row_scale, row_offset, col_scale, bias, bias_c);
-  TORCH_CHECK(a.n % 2 == 0, "fastbert._C.int8_glu: acc must hold the gate's and the up product's columns, an even "
-              "number, got ", a.n);
-  const kernels::Gate g = detail::gate_of(op, gate);
-  Quantized out(a.rows, a.n / 2);
-  if (a.rows > 0 && a.n > 0) detail::kernels_for(op).int8_glu(a, g, out.rows());
-  return out.tuple();
+  return glu_quantized(op, check_acc(op, acc, row_scale, row_offset, col_scale, bias, bias_c), gate, whole_acc);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_packed_glu(const at::Tensor& a, const at::Tensor& bp,
+                                                               const at::Tensor& row_scale, const at::Tensor& row_offset,
+                                                               const at::Tensor& col_scale,
+                                                               const c10::optional<at::Tensor>& bias,
+                                                               const std::string& gate) {
+  const char* op = "int8_packed_glu";
+  at::Tensor bias_c;
+  return glu_quantized(op, check_packed(op, a, bp, row_scale, row_offset, col_scale, bias, bias_c), gate,
+                       packed_rows(op, a, bp));
 }
 
 namespace {

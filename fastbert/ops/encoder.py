@@ -69,7 +69,15 @@ from fastbert.ops.bias_gelu import bias_gelu, bias_gelu_fwd
 from fastbert.ops.checks import check_approximate, check_device, check_float, check_mask, check_tensor
 from fastbert.ops.common import as_rows
 from fastbert.ops.geglu import geglu_fwd
-from fastbert.ops.int8 import int8_add_layer_norm, int8_bias_gelu, int8_dequantize, int8_glu, int8_matmul, quantize_rows
+from fastbert.ops.int8 import (
+    int8_add_layer_norm,
+    int8_bias_gelu,
+    int8_dequantize,
+    int8_glu,
+    int8_matmul,
+    packed_epilogue,
+    quantize_rows,
+)
 from fastbert.ops.layer_norm import MAX_HIDDEN, add_layer_norm, add_layer_norm_fwd, add_layer_norm_sum_fwd
 from fastbert.ops.linear import linear, rows_forward
 from fastbert.ops.padding import pad, unpad_indices
@@ -533,7 +541,10 @@ def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple
         xq = int8_glu_rows(xq, w.ffn_in_weight, w.ffn_in_scale, w.ffn_in_bias, activation)
     elif isinstance(activation, str):
         q, s, o = xq
-        xq = int8_bias_gelu(int8_matmul(q, w.ffn_in_weight), s, o, w.ffn_in_scale, w.ffn_in_bias, activation)
+        check_approximate("int8_bias_gelu", activation)
+        fused = packed_epilogue("int8_packed_bias_gelu", q, w.ffn_in_weight)
+        xq = (fused(q, w.ffn_in_weight, s, o, w.ffn_in_scale, w.ffn_in_bias, activation) if fused is not None else
+              int8_bias_gelu(int8_matmul(q, w.ffn_in_weight), s, o, w.ffn_in_scale, w.ffn_in_bias, activation))
     else:
         xq = quantize_rows(activation(int8_linear(xq, w.ffn_in_weight, w.ffn_in_scale, w.ffn_in_bias, hidden.dtype)))
     h2, xq, _ = int8_add_norm(xq, w.ffn_out_weight, w.ffn_out_scale, w.ffn_out_bias, h1, w.norm2_weight,
@@ -547,6 +558,9 @@ def int8_glu_rows(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tens
     act(gate) * up quantized for the output product (int8_glu; gate: "none", "tanh" or "silu"): the
     quantized rows (q, scale, offset), with no float activation in memory."""
     q, s, o = xq
+    fused = packed_epilogue("int8_packed_glu", q, weight)
+    if fused is not None:
+        return fused(q, weight, s, o, scale, bias, gate)
     return int8_glu(int8_matmul(q, weight), s, o, scale, bias, gate)
 
 
@@ -555,6 +569,9 @@ def int8_linear(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tensor
     """An int8 linear layer (weight int8, per-channel scale, float bias or None) of the quantized
     rows xq = (q, scale, offset), as float rows of `dtype`."""
     q, s, o = xq
+    fused = packed_epilogue("int8_packed_dequantize", q, weight)
+    if fused is not None:
+        return fused(q, weight, s, o, scale, bias, dtype)
     return int8_dequantize(int8_matmul(q, weight), s, o, scale, bias, dtype)
 
 
@@ -569,8 +586,14 @@ def int8_add_norm(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tens
     bias = torch.zeros(width, dtype=stream.dtype, device=stream.device) if bias is None else bias
     if norm_bias is None:
         norm_bias = torch.zeros(width, dtype=norm_weight.dtype, device=norm_weight.device)
-    y, *rest = int8_add_layer_norm(int8_matmul(q, weight), s, o, scale, bias, stream, norm_weight, norm_bias, eps,
-                                   quantize=quantize, return_sum=want_sum)
+    fused = packed_epilogue("int8_packed_add_layer_norm", q, weight)
+    if fused is not None:
+        y, *rest = fused(q, weight, s, o, scale, bias, stream.contiguous(), norm_weight, norm_bias, float(eps),
+                         bool(quantize), bool(want_sum))
+        rest = rest if want_sum else rest[:3]  # the sum's place holds None unless asked for
+    else:
+        y, *rest = int8_add_layer_norm(int8_matmul(q, weight), s, o, scale, bias, stream, norm_weight, norm_bias, eps,
+                                       quantize=quantize, return_sum=want_sum)
     total = rest.pop() if want_sum else None
     return y, (tuple(rest) if quantize else None), total
 

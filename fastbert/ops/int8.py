@@ -215,6 +215,17 @@ def int8_matmul(a: Tensor, weight: Tensor) -> Tensor:
     return gemm.product("fwd", a.contiguous(), weight, None, alloc)
 
 
+def packed_epilogue(name: str, a: Tensor, weight: Tensor):
+    """The extension's `name` ("int8_packed_dequantize", "_bias_gelu", "_glu", "_add_layer_norm"): that
+    op on the product a @ weight^T itself rather than on its accumulator, made a chunk of rows at a time
+    into an accumulator its epilogue reads while it is in cache (the same bits as int8_matmul then the
+    op), where it runs: a packed weight, CPU rows on the cpp backend, not under torch.compile; else None."""
+    if (weight.dim() != 4 or a.device.type != "cpu" or a.dtype != torch.int8 or a.shape[0] == 0
+            or torch.compiler.is_compiling() or fb_backend.resolve(None, a) != "cpp"):
+        return None
+    return fb_backend.cpp_function(name)
+
+
 def _fake_dequantize(acc, row_scale, row_offset, col_scale, bias, dtype):
     return acc.new_empty((acc.shape[0] - 1, acc.shape[1]), dtype=dtype)
 

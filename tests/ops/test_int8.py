@@ -511,6 +511,40 @@ def test_packed_products_in_chunks_are_the_accumulator_ops(rows, k, n, chunk):
         ext.set_int8_chunk_rows(previous)
 
 
+def test_the_layers_int8_pieces_on_packed_weights_give_the_plain_weights_bits():
+    """fastbert.ops.encoder's int8 pieces (the other families' layers) take a packed weight's chunked
+    product (int8_packed_*) and give the bits of the same weight unpacked (int8_matmul, then the op)."""
+    require("cpp")
+    from fastbert.ops import encoder
+
+    ext = fastbert.backend.cpp_extension()
+    g = torch.Generator().manual_seed(5)
+    rows, k = 70, 64
+    xq = fastbert.ops.quantize_rows(torch.randn(rows, k, generator=g))
+    stream, nw, nb = torch.randn(rows, k, generator=g), torch.rand(k, generator=g) + 0.5, torch.randn(k, generator=g)
+
+    def weight(n):
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        return w, fastbert.ops.pack_int8_weight(w), torch.rand(n, generator=g) * 1e-2, torch.randn(n, generator=g)
+
+    (w1, p1, s1, b1), (w2, p2, s2, b2), (w3, p3, s3, b3) = weight(96), weight(96), weight(k)
+    previous = ext.set_int8_chunk_rows(16)
+    try:
+        pairs = [(encoder.int8_linear(xq, p1, s1, b1, torch.float32), encoder.int8_linear(xq, w1, s1, b1, torch.float32))]
+        pairs += list(zip(encoder.int8_glu_rows(xq, p2, s2, b2, "silu"), encoder.int8_glu_rows(xq, w2, s2, b2, "silu")))
+        for quantize in (True, False):
+            for want_sum in (True, False):
+                got = encoder.int8_add_norm(xq, p3, s3, b3, stream, nw, nb, 1e-5, quantize, want_sum)
+                want = encoder.int8_add_norm(xq, w3, s3, b3, stream, nw, nb, 1e-5, quantize, want_sum)
+                assert (got[1] is None) == (want[1] is None) and (got[2] is None) == (want[2] is None)
+                pairs += [(got[0], want[0])] + list(zip(got[1] or (), want[1] or ()))
+                pairs += [(got[2], want[2])] if want_sum else []
+    finally:
+        ext.set_int8_chunk_rows(previous)
+    for got, want in pairs:
+        assert torch.equal(got, want)
+
+
 def test_packed_products_refuse_bad_input_in_one_line():
     require("cpp")
     ext = fastbert.backend.cpp_extension()
