@@ -542,7 +542,7 @@ def int8_layer_rest(ctx: Tensor, hidden: Tensor, w: Int8LayerWeights, eps: Tuple
     elif isinstance(activation, str):
         q, s, o = xq
         check_approximate("int8_bias_gelu", activation)
-        fused = packed_epilogue("int8_packed_bias_gelu", q, w.ffn_in_weight)
+        fused = packed_epilogue("bias_gelu", q, w.ffn_in_weight)
         xq = (fused(q, w.ffn_in_weight, s, o, w.ffn_in_scale, w.ffn_in_bias, activation) if fused is not None else
               int8_bias_gelu(int8_matmul(q, w.ffn_in_weight), s, o, w.ffn_in_scale, w.ffn_in_bias, activation))
     else:
@@ -558,7 +558,7 @@ def int8_glu_rows(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tens
     act(gate) * up quantized for the output product (int8_glu; gate: "none", "tanh" or "silu"): the
     quantized rows (q, scale, offset), with no float activation in memory."""
     q, s, o = xq
-    fused = packed_epilogue("int8_packed_glu", q, weight)
+    fused = packed_epilogue("glu", q, weight)
     if fused is not None:
         return fused(q, weight, s, o, scale, bias, gate)
     return int8_glu(int8_matmul(q, weight), s, o, scale, bias, gate)
@@ -569,7 +569,7 @@ def int8_linear(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tensor
     """An int8 linear layer (weight int8, per-channel scale, float bias or None) of the quantized
     rows xq = (q, scale, offset), as float rows of `dtype`."""
     q, s, o = xq
-    fused = packed_epilogue("int8_packed_dequantize", q, weight)
+    fused = packed_epilogue("dequantize", q, weight)
     if fused is not None:
         return fused(q, weight, s, o, scale, bias, dtype)
     return int8_dequantize(int8_matmul(q, weight), s, o, scale, bias, dtype)
@@ -586,11 +586,10 @@ def int8_add_norm(xq: Tuple[Tensor, Tensor, Tensor], weight: Tensor, scale: Tens
     bias = torch.zeros(width, dtype=stream.dtype, device=stream.device) if bias is None else bias
     if norm_bias is None:
         norm_bias = torch.zeros(width, dtype=norm_weight.dtype, device=norm_weight.device)
-    fused = packed_epilogue("int8_packed_add_layer_norm", q, weight)
+    fused = packed_epilogue("add_layer_norm_sum" if want_sum else "add_layer_norm", q, weight)
     if fused is not None:
         y, *rest = fused(q, weight, s, o, scale, bias, stream.contiguous(), norm_weight, norm_bias, float(eps),
-                         bool(quantize), bool(want_sum))
-        rest = rest if want_sum else rest[:3]  # the sum's place holds None unless asked for
+                         bool(quantize))
     else:
         y, *rest = int8_add_layer_norm(int8_matmul(q, weight), s, o, scale, bias, stream, norm_weight, norm_bias, eps,
                                        quantize=quantize, return_sum=want_sum)

@@ -215,17 +215,6 @@ def int8_matmul(a: Tensor, weight: Tensor) -> Tensor:
     return gemm.product("fwd", a.contiguous(), weight, None, alloc)
 
 
-def packed_epilogue(name: str, a: Tensor, weight: Tensor):
-    """The extension's `name` ("int8_packed_dequantize", "_bias_gelu", "_glu", "_add_layer_norm"): that
-    op on the product a @ weight^T itself rather than on its accumulator, made a chunk of rows at a time
-    into an accumulator its epilogue reads while it is in cache (the same bits as int8_matmul then the
-    op), where it runs: a packed weight, CPU rows on the cpp backend, not under torch.compile; else None."""
-    if (weight.dim() != 4 or a.device.type != "cpu" or a.dtype != torch.int8 or a.shape[0] == 0
-            or torch.compiler.is_compiling() or fb_backend.resolve(None, a) != "cpp"):
-        return None
-    return fb_backend.cpp_function(name)
-
-
 def _fake_dequantize(acc, row_scale, row_offset, col_scale, bias, dtype):
     return acc.new_empty((acc.shape[0] - 1, acc.shape[1]), dtype=dtype)
 
@@ -348,3 +337,90 @@ def int8_add_layer_norm(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_
     if backend is not None:
         return tuple(_impl(backend, acc).int8_add_layer_norm(*args, return_sum=bool(return_sum)))
     return _int8_add_layer_norm_sum(*args) if return_sum else _int8_add_layer_norm(*args)
+
+
+# --------------------------------------------------------------------------------------------
+# The same epilogues on the product of quantized rows a [rows + 1, k] with a packed weight, which the
+# extension makes a chunk of rows at a time into an accumulator the epilogue reads while it is in
+# cache (csrc/int8.cpp, int8_packed_*): the bits of int8_matmul then the op.
+
+def _packed_rows_like(a: Tensor, weight: Tensor, n: Optional[int] = None) -> Tensor:
+    return a.new_empty((a.shape[0] - 1, n or int8_out_features(weight)), dtype=torch.float32)
+
+
+def _fake_packed_dequantize(a, weight, row_scale, row_offset, col_scale, bias, dtype):
+    return _packed_rows_like(a, weight).to(dtype)
+
+
+@fused_op("int8_packed_dequantize", _fake_packed_dequantize)
+def _int8_packed_dequantize(a: Tensor, weight: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor,
+                            bias: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    return fb_backend.cpp_function("int8_packed_dequantize")(a, weight, row_scale, row_offset, col_scale, bias, dtype)
+
+
+def _fake_packed_bias_gelu(a, weight, row_scale, row_offset, col_scale, bias, approximate):
+    return _fake_quantize(_packed_rows_like(a, weight))
+
+
+@fused_op("int8_packed_bias_gelu", _fake_packed_bias_gelu)
+def _int8_packed_bias_gelu(a: Tensor, weight: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor,
+                           bias: Tensor, approximate: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return tuple(fb_backend.cpp_function("int8_packed_bias_gelu")(a, weight, row_scale, row_offset, col_scale, bias,
+                                                                  approximate))
+
+
+def _fake_packed_glu(a, weight, row_scale, row_offset, col_scale, bias, gate):
+    return _fake_quantize(_packed_rows_like(a, weight, int8_out_features(weight) // 2))
+
+
+@fused_op("int8_packed_glu", _fake_packed_glu)
+def _int8_packed_glu(a: Tensor, weight: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor,
+                     bias: Optional[Tensor], gate: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return tuple(fb_backend.cpp_function("int8_packed_glu")(a, weight, row_scale, row_offset, col_scale, bias, gate))
+
+
+def _fake_packed_add_layer_norm(a, weight, row_scale, row_offset, col_scale, bias, residual, ln_weight, ln_bias, eps,
+                                quantize):
+    if quantize:
+        return (torch.empty_like(residual), *_fake_quantize(residual))
+    empty = a.new_empty(0, dtype=torch.float32)
+    return torch.empty_like(residual), a.new_empty(0, dtype=torch.int8), empty, torch.empty_like(empty)
+
+
+@fused_op("int8_packed_add_layer_norm", _fake_packed_add_layer_norm)
+def _int8_packed_add_layer_norm(a: Tensor, weight: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tensor,
+                                bias: Tensor, residual: Tensor, ln_weight: Tensor, ln_bias: Tensor, eps: float,
+                                quantize: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return tuple(fb_backend.cpp_function("int8_packed_add_layer_norm")(
+        a, weight, row_scale, row_offset, col_scale, bias, residual, ln_weight, ln_bias, eps, quantize, False)[:4])
+
+
+def _fake_packed_add_layer_norm_sum(*args):
+    return (*_fake_packed_add_layer_norm(*args), torch.empty_like(args[6]))
+
+
+@fused_op("int8_packed_add_layer_norm_sum", _fake_packed_add_layer_norm_sum)
+def _int8_packed_add_layer_norm_sum(a: Tensor, weight: Tensor, row_scale: Tensor, row_offset: Tensor,
+                                    col_scale: Tensor, bias: Tensor, residual: Tensor, ln_weight: Tensor,
+                                    ln_bias: Tensor, eps: float, quantize: bool) -> Tuple[Tensor, Tensor, Tensor,
+                                                                                          Tensor, Tensor]:
+    return tuple(fb_backend.cpp_function("int8_packed_add_layer_norm")(
+        a, weight, row_scale, row_offset, col_scale, bias, residual, ln_weight, ln_bias, eps, quantize, True))
+
+
+PACKED_EPILOGUES = {"dequantize": _int8_packed_dequantize, "bias_gelu": _int8_packed_bias_gelu,
+                    "glu": _int8_packed_glu, "add_layer_norm": _int8_packed_add_layer_norm,
+                    "add_layer_norm_sum": _int8_packed_add_layer_norm_sum}
+
+
+def packed_epilogue(name: str, a: Tensor, weight: Tensor):
+    """The epilogue `name` (a key of PACKED_EPILOGUES: "dequantize", "bias_gelu", "glu",
+    "add_layer_norm", "add_layer_norm_sum") on the product a @ weight^T itself, where the extension
+    runs it: a packed weight, CPU rows on the cpp backend, not under torch.compile; else None (then
+    int8_matmul, and the op on its accumulator). Arguments: (a, weight, then the accumulator op's
+    own after acc)."""
+    if (weight.dim() != 4 or a.device.type != "cpu" or a.dtype != torch.int8 or a.shape[0] <= 1
+            or torch.compiler.is_compiling() or fb_backend.resolve(None, a) != "cpp"
+            or fb_backend.cpp_function("int8_packed_dequantize") is None):
+        return None
+    return PACKED_EPILOGUES[name]

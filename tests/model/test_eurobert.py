@@ -200,7 +200,8 @@ def test_int8_is_close_to_fp32_and_inference_only():
     assert cos.min() > 0.99, cos.min()
     with torch.no_grad():  # SwiGLU in one pass: the gate and up products' dequantization, the gate, the quantization
         counts = fastbert_op_counts(lambda: fm.model(input_ids=ids, attention_mask=mask))
-    assert counts["int8_glu"] == SMALL["num_hidden_layers"], counts
+    # (on a packed weight the product is inside the same op, int8_packed_glu)
+    assert counts["int8_glu"] + counts["int8_packed_glu"] == SMALL["num_hidden_layers"], counts
     with pytest.raises(RuntimeError, match="quantized to int8 for inference"):
         fm.train()(input_ids=ids, attention_mask=mask)
 
