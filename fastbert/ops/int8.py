@@ -291,11 +291,16 @@ def int8_glu(acc: Tensor, row_scale: Tensor, row_offset: Tensor, col_scale: Tens
     return _int8_glu(*args)
 
 
-def _fake_add_layer_norm(acc, row_scale, row_offset, col_scale, bias, residual, weight, ln_bias, eps, quantize):
+def _fake_norm_outputs(residual, quantize):
+    """The int8 add + LayerNorm ops' outputs (y, q, scale, offset): q, scale, offset empty unless quantize."""
     if quantize:
-        return (torch.empty_like(residual), *_fake_rows(acc))
-    empty = acc.new_empty(0, dtype=torch.float32)
-    return torch.empty_like(residual), acc.new_empty(0, dtype=torch.int8), empty, torch.empty_like(empty)
+        return (torch.empty_like(residual), *_fake_quantize(residual))
+    empty = residual.new_empty(0, dtype=torch.float32)
+    return torch.empty_like(residual), residual.new_empty(0, dtype=torch.int8), empty, torch.empty_like(empty)
+
+
+def _fake_add_layer_norm(acc, row_scale, row_offset, col_scale, bias, residual, weight, ln_bias, eps, quantize):
+    return _fake_norm_outputs(residual, quantize)
 
 
 @fused_op("int8_add_layer_norm", _fake_add_layer_norm)
@@ -381,10 +386,7 @@ def _int8_packed_glu(a: Tensor, weight: Tensor, row_scale: Tensor, row_offset: T
 
 def _fake_packed_add_layer_norm(a, weight, row_scale, row_offset, col_scale, bias, residual, ln_weight, ln_bias, eps,
                                 quantize):
-    if quantize:
-        return (torch.empty_like(residual), *_fake_quantize(residual))
-    empty = a.new_empty(0, dtype=torch.float32)
-    return torch.empty_like(residual), a.new_empty(0, dtype=torch.int8), empty, torch.empty_like(empty)
+    return _fake_norm_outputs(residual, quantize)
 
 
 @fused_op("int8_packed_add_layer_norm", _fake_packed_add_layer_norm)
